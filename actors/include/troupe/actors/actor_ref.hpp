@@ -1,0 +1,244 @@
+#pragma once
+/// @file
+/// actor_ref<T>: a typed, copyable address of an actor of class T.
+///
+///   ref.tell(&T::method, args...);            // fire and forget, in send order per sender
+///   future<R> f = ref.ask(&T::method, args...);  // R is the method's result (X for task<X>)
+///
+/// Arguments are moved (or copied) into the message; the method runs later on the actor's
+/// worker, never concurrently with another method of the same actor. In process, nothing is
+/// serialized. Any callable `f(T&, args...)` works where a member function pointer does.
+
+#include <concepts>
+#include <functional>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "troupe/actors/detail/cell.hpp"
+#include "troupe/actors/future.hpp"
+
+namespace troupe {
+
+namespace detail {
+
+template <class T, class M, class... Args>
+using method_result_t = std::invoke_result_t<M, T&, Args...>;
+
+/// Starts a root coroutine in `self`; the hook hears of its end.
+template <class X, class Hook>
+void start_root(task<X> t, Hook* hook, cell_base& self) {
+  auto h = t.release();
+  h.promise().root = hook;
+  hook->self_ = &self;
+  hook->running_sync_ = true;
+  h.resume();
+  if (!hook->finished_) {
+    hook->running_sync_ = false;
+    self.coroutine_suspended(h.address());
+  }
+}
+
+/// Bookkeeping shared by the messages that may drive a root coroutine.
+struct root_bookkeeping {
+  cell_base* self_ = nullptr;
+  bool running_sync_ = false;
+  bool finished_ = false;
+
+  template <class X>
+  void end_root(task_promise<X>& p) noexcept {
+    finished_ = true;
+    auto h = std::coroutine_handle<task_promise<X>>::from_promise(p);
+    if (!running_sync_) self_->coroutine_finished(h.address());
+  }
+};
+
+template <class T, class M, class... Args>
+class tell_message final
+    : public message,
+      public root_hook<reply_t<method_result_t<T, M, Args...>>>,
+      private root_bookkeeping {
+  using result_type = method_result_t<T, M, Args...>;
+  using reply_type = reply_t<result_type>;
+  template <class X, class Hook>
+  friend void start_root(task<X>, Hook*, cell_base&);
+
+public:
+  template <class... A>
+  explicit tell_message(M m, A&&... a) : method_(m), args_(std::forward<A>(a)...) {}
+
+  void run(cell_base& self) override {
+    auto& obj = *static_cast<T*>(self.object());
+    if constexpr (is_task<result_type>::value) {
+      owners_ = 2;  // the mailbox and the coroutine frame (it may refer to the arguments)
+      try {
+        start_root(std::apply([&](Args&... a) { return std::invoke(method_, obj, std::move(a)...); },
+                              args_),
+                   this, self);
+      } catch (...) {
+        owners_ = 1;
+        throw;
+      }
+    } else {
+      std::apply([&](Args&... a) { std::invoke(method_, obj, std::move(a)...); }, args_);
+    }
+  }
+  void reject(errc) noexcept override {}
+  void dispose() noexcept override {
+    if (--owners_ == 0) std::unique_ptr<tell_message>{this};
+  }
+  const char* kind() const noexcept override { return "tell"; }
+
+  void root_finished(task_promise<reply_type>& p) noexcept override {
+    end_root(p);
+    if (p.error) self_->fail(p.error);
+    std::coroutine_handle<task_promise<reply_type>>::from_promise(p).destroy();
+    dispose();
+  }
+  void root_abandoned() noexcept override { dispose(); }
+
+private:
+  M method_;
+  std::tuple<Args...> args_;
+  int owners_ = 1;
+};
+
+template <class T, class M, class... Args>
+class ask_message final : public state<reply_t<method_result_t<T, M, Args...>>>,
+                          public root_hook<reply_t<method_result_t<T, M, Args...>>>,
+                          private root_bookkeeping {
+  using result_type = method_result_t<T, M, Args...>;
+  using reply_type = reply_t<result_type>;
+  template <class X, class Hook>
+  friend void start_root(task<X>, Hook*, cell_base&);
+
+public:
+  template <class... A>
+  explicit ask_message(M m, A&&... a) : method_(m), args_(std::forward<A>(a)...) {}
+
+  void root_finished(task_promise<reply_type>& p) noexcept override {
+    end_root(p);
+    if (p.error) {
+      if (self_->fails_on_ask_exception()) self_->fail(p.error);
+      this->fail(p.error, true);
+    } else if constexpr (std::is_void_v<reply_type>) {
+      this->complete_value(true);
+    } else {
+      this->complete_value(true, std::move(*p.value));
+    }
+    std::coroutine_handle<task_promise<reply_type>>::from_promise(p).destroy();
+    this->release();  // the frame's reference
+  }
+  void root_abandoned() noexcept override {
+    this->fail(std::make_exception_ptr(error(errc::actor_dead)), true);
+    this->release();
+  }
+
+protected:
+  void run_request(cell_base& self) override {
+    auto& obj = *static_cast<T*>(self.object());
+    try {
+      if constexpr (is_task<result_type>::value) {
+        this->add_ref();  // the frame's reference
+        try {
+          start_root(
+              std::apply([&](Args&... a) { return std::invoke(method_, obj, std::move(a)...); },
+                         args_),
+              this, self);
+        } catch (...) {
+          this->release();
+          throw;
+        }
+      } else if constexpr (std::is_void_v<result_type>) {
+        std::apply([&](Args&... a) { std::invoke(method_, obj, std::move(a)...); }, args_);
+        this->complete_value(true);
+      } else {
+        this->complete_value(true, std::apply(
+                                       [&](Args&... a) -> result_type {
+                                         return std::invoke(method_, obj, std::move(a)...);
+                                       },
+                                       args_));
+      }
+    } catch (...) {
+      auto e = std::current_exception();
+      this->fail(e, true);
+      if (self.fails_on_ask_exception()) self.fail(e);
+    }
+  }
+  void destroy_state() noexcept override { std::unique_ptr<ask_message>{this}; }
+
+private:
+  M method_;
+  std::tuple<Args...> args_;
+};
+
+void deliver(cell_base& c, message_ptr m);
+
+}  // namespace detail
+
+/// A typed, copyable address of an actor of class T. Default-constructed: points nowhere.
+/// @threadsafe (a ref may be copied and used from any thread)
+template <class T>
+class actor_ref {
+public:
+  using actor_type = T;
+
+  actor_ref() noexcept = default;
+  explicit actor_ref(detail::cell_ptr c) noexcept : cell_(std::move(c)) {}
+
+  actor_id id() const noexcept { return cell_ ? cell_->id() : 0; }
+  explicit operator bool() const noexcept { return static_cast<bool>(cell_); }
+  /// False once the actor has stopped for good (it may still be running when true).
+  bool alive() const noexcept { return cell_ && cell_->alive(); }
+
+  /// Sends `method(args...)` without waiting for it. Messages from one sender to one actor
+  /// are handled in send order. To a dead actor the message goes to the dead letters.
+  template <class M, class... Args>
+    requires std::invocable<M, T&, std::decay_t<Args>...>
+  void tell(M method, Args&&... args) const {
+    using msg_t = detail::tell_message<T, M, std::decay_t<Args>...>;
+    check();
+    detail::deliver(*cell_, detail::message_ptr(
+                                std::make_unique<msg_t>(method, std::forward<Args>(args)...).release()));
+  }
+
+  /// Calls `method(args...)` and returns a future of its result (X when it returns task<X>).
+  /// An exception thrown by the method reaches the caller at get()/co_await.
+  template <class M, class... Args>
+    requires std::invocable<M, T&, std::decay_t<Args>...>
+  auto ask(M method, Args&&... args) const
+      -> future<detail::reply_t<detail::method_result_t<T, M, std::decay_t<Args>...>>> {
+    using reply = detail::reply_t<detail::method_result_t<T, M, std::decay_t<Args>...>>;
+    using msg_t = detail::ask_message<T, M, std::decay_t<Args>...>;
+    check();
+    auto* m = std::make_unique<msg_t>(method, std::forward<Args>(args)...).release();
+    m->set_system(&cell_->system());
+    m->add_ref();  // one reference for the mailbox, one for the future
+    future<reply> f{detail::state_ptr<reply>(m)};
+    detail::deliver(*cell_, detail::message_ptr(m));
+    return f;
+  }
+
+  /// Stops the actor: urgent, so it overtakes queued messages, which are then refused
+  /// (their asks fail with errc::actor_dead). on_stop runs, monitors get a down notice.
+  void stop() const {
+    check();
+    cell_->stop(exit_reason::stopped);
+  }
+
+  friend bool operator==(const actor_ref& a, const actor_ref& b) noexcept {
+    return a.cell_.get() == b.cell_.get();
+  }
+
+  /// The runtime cell (for the runtime's own use).
+  detail::cell_base* cell() const noexcept { return cell_.get(); }
+
+private:
+  void check() const {
+    if (!cell_) throw std::logic_error("troupe::actor_ref is empty (default-constructed)");
+  }
+  detail::cell_ptr cell_;
+};
+
+}  // namespace troupe

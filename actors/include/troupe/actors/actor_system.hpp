@@ -1,0 +1,261 @@
+#pragma once
+/// @file
+/// actor_system: worker threads, spawning, names, timers, monitors, counters, shutdown.
+///
+///   troupe::actor_system sys{{.threads = 2}};
+///   auto c = sys.spawn<counter>(10);        // constructor arguments forwarded
+///   c.tell(&counter::add, 1);
+///   int v = c.ask(&counter::add, 2).get();  // blocking: only outside actors
+///
+/// test_system runs the same actors on the calling thread, only when told
+/// (run_until_idle(), advance(d)), with a virtual clock: deterministic unit tests.
+///
+/// Lifecycle hooks, all optional and found at compile time on the actor's class:
+///   void on_start();                       first message, before any other
+///   void on_stop();                        when the actor stops, before it is destroyed
+///   void on_down(const troupe::down_notice&);  a monitored actor is gone
+///
+/// Shutdown (destructor or shutdown()): stops every actor as stop() does: queued messages are
+/// not run, their asks fail with errc::actor_dead; on_stop hooks run; the workers join.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "troupe/actors/actor_ref.hpp"
+#include "troupe/actors/detail/cell.hpp"
+#include "troupe/actors/future.hpp"
+
+namespace troupe {
+
+/// Settings of an actor_system.
+struct system_config {
+  /// Worker threads; 0 means one per hardware thread.
+  unsigned threads = 0;
+  /// Messages an actor handles before its worker moves on to another actor.
+  unsigned throughput = 64;
+};
+
+/// Counters of one actor, readable while it runs.
+struct actor_stats {
+  actor_id id = 0;
+  const char* type = "";
+  std::uint64_t messages = 0;      ///< messages handled
+  std::int64_t mailbox_depth = 0;  ///< normal messages waiting
+  std::chrono::nanoseconds busy{0};
+};
+
+/// A timer made by tell_after/tell_every. Copyable; cancel() may be called from any thread,
+/// also after the system is gone.
+class timer {
+public:
+  timer() = default;
+  explicit timer(std::shared_ptr<std::atomic<bool>> cancelled) : cancelled_(std::move(cancelled)) {}
+  void cancel() const noexcept {
+    if (cancelled_) cancelled_->store(true, std::memory_order_relaxed);
+  }
+
+private:
+  std::shared_ptr<std::atomic<bool>> cancelled_;
+};
+
+class actor_system;
+
+namespace detail {
+actor_id next_actor_id(system_impl& sys);
+/// Makes a constructed cell live: the system takes its reference, on_start is queued.
+void activate(system_impl& sys, cell_base* c, bool has_on_start);
+system_impl* make_system(actor_system* facade, const system_config& cfg, bool manual);
+void destroy_system(system_impl* s) noexcept;
+void register_name(system_impl& s, std::string name, cell_base* c);
+bool unregister_name(system_impl& s, std::string_view name);
+cell_ptr lookup_name(system_impl& s, std::string_view name);
+timer add_timer(system_impl& s, std::chrono::nanoseconds delay, std::chrono::nanoseconds period,
+                std::function<bool()> fire);
+actor_stats stats_of(cell_base& c);
+std::vector<actor_stats> all_stats(system_impl& s);
+std::uint64_t dead_letters(system_impl& s);
+std::size_t live_actors(system_impl& s);
+void shutdown(system_impl& s) noexcept;
+actor_system& facade_of(system_impl& s);
+// test_system
+bool manual_run_one(system_impl& s);
+std::size_t manual_run_until_idle(system_impl& s);
+void manual_advance(system_impl& s, std::chrono::nanoseconds d);
+std::chrono::nanoseconds manual_now(system_impl& s);
+cell_base& current_cell_or_throw(const char* what);
+}  // namespace detail
+
+class actor_system {
+public:
+  explicit actor_system(system_config cfg = {})
+      : impl_(detail::make_system(this, cfg, false)) {}
+  actor_system(const actor_system&) = delete;
+  actor_system& operator=(const actor_system&) = delete;
+  virtual ~actor_system() { detail::destroy_system(impl_); }
+
+  /// Creates an actor of class T from `args` (forwarded to its constructor, on this thread:
+  /// a throwing constructor throws here). @threadsafe
+  template <class T, class... Args>
+    requires std::constructible_from<T, Args&&...>
+  actor_ref<T> spawn(Args&&... args) {
+    return spawn<T>(spawn_options{}, std::forward<Args>(args)...);
+  }
+
+  /// As spawn(args...), with a bounded mailbox, a restart policy or reentrancy.
+  template <class T, class... Args>
+    requires std::constructible_from<T, Args&&...>
+  actor_ref<T> spawn(const spawn_options& opts, Args&&... args) {
+    auto c = std::make_unique<detail::cell<T>>(*impl_, detail::next_actor_id(*impl_), opts,
+                                               std::forward<Args>(args)...);
+    auto* raw = c.release();
+    auto ref = detail::cell_ptr::adopt(raw);
+    detail::activate(*impl_, raw, detail::has_on_start_hook<T>);
+    return actor_ref<T>(std::move(ref));
+  }
+
+  /// Names an actor so that others find it with lookup<T>(name). Throws
+  /// troupe::error(errc::name_taken) when the name belongs to another live actor.
+  template <class T>
+  void register_name(std::string name, const actor_ref<T>& ref) {
+    detail::register_name(*impl_, std::move(name), ref.cell());
+  }
+  bool unregister_name(std::string_view name) { return detail::unregister_name(*impl_, name); }
+
+  /// The live actor registered as `name`, or nullopt. Throws troupe::error(errc::type_mismatch)
+  /// when it is not a T.
+  template <class T>
+  std::optional<actor_ref<T>> lookup(std::string_view name) {
+    auto c = detail::lookup_name(*impl_, name);
+    if (!c) return std::nullopt;
+    if (c->type() != typeid(T))
+      throw error(errc::type_mismatch, "actor '" + std::string(name) + "' is a " + c->type_name() +
+                                           ", not a " + detail::type_name_of<T>());
+    return actor_ref<T>(std::move(c));
+  }
+
+  /// A future that completes with the down notice when `target` is gone for good.
+  template <class T>
+  future<down_notice> monitor(const actor_ref<T>& target) {
+    return monitor_cell(*target.cell());
+  }
+
+  /// Tells `ref` `method(args...)` once, after `delay`.
+  template <class T, class M, class... Args>
+    requires std::invocable<M, T&, std::decay_t<Args>...>
+  timer tell_after(std::chrono::nanoseconds delay, const actor_ref<T>& ref, M method,
+                   Args&&... args) {
+    return detail::add_timer(*impl_, delay, std::chrono::nanoseconds{0},
+                             make_sender(ref, method, std::forward<Args>(args)...));
+  }
+
+  /// Tells `ref` `method(args...)` every `period` (first after one period) until cancelled
+  /// or the actor is gone. Arguments are copied for each message.
+  template <class T, class M, class... Args>
+    requires std::invocable<M, T&, std::decay_t<Args>...>
+  timer tell_every(std::chrono::nanoseconds period, const actor_ref<T>& ref, M method,
+                   Args&&... args) {
+    if (period <= std::chrono::nanoseconds{0})
+      throw std::invalid_argument("tell_every needs a positive period");
+    return detail::add_timer(*impl_, period, period,
+                             make_sender(ref, method, std::forward<Args>(args)...));
+  }
+
+  /// Counters of one actor. @threadsafe
+  template <class T>
+  actor_stats stats(const actor_ref<T>& ref) const {
+    return detail::stats_of(*ref.cell());
+  }
+  /// Counters of every live actor. @threadsafe
+  std::vector<actor_stats> all_stats() const { return detail::all_stats(*impl_); }
+  /// Messages that reached no method (dead receiver, refused by a full mailbox). @threadsafe
+  std::uint64_t dead_letters() const { return detail::dead_letters(*impl_); }
+  /// Actors spawned and not yet gone. @threadsafe
+  std::size_t live_actors() const { return detail::live_actors(*impl_); }
+
+  /// Stops every actor and joins the workers; idempotent. Not from an actor thread.
+  void shutdown() { detail::shutdown(*impl_); }
+
+  detail::system_impl& impl() noexcept { return *impl_; }
+
+protected:
+  actor_system(system_config cfg, bool manual) : impl_(detail::make_system(this, cfg, manual)) {}
+
+private:
+  future<down_notice> monitor_cell(detail::cell_base& target);
+
+  template <class T, class M, class... Args>
+  static std::function<bool()> make_sender(const actor_ref<T>& ref, M method, Args&&... args) {
+    return [ref, method, ... a = std::decay_t<Args>(std::forward<Args>(args))]() {
+      if (!ref.alive()) return false;
+      ref.tell(method, a...);
+      return true;
+    };
+  }
+
+  detail::system_impl* impl_;
+};
+
+/// A deterministic, single-threaded actor system for unit tests: nothing runs until
+/// run_one(), run_until_idle() or advance() is called, on the calling thread, with a virtual
+/// clock for timers and timeouts. future::get() on it runs the system until the reply is
+/// there, and throws troupe::error(errc::would_deadlock) if it goes idle first.
+/// Use it from one thread only.
+class test_system : public actor_system {
+public:
+  test_system() : actor_system(system_config{.threads = 1}, true) {}
+
+  /// Runs one slice of one runnable actor; false when nothing is runnable.
+  bool run_one() { return detail::manual_run_one(impl()); }
+  /// Runs until no actor is runnable; returns the number of slices run.
+  std::size_t run_until_idle() { return detail::manual_run_until_idle(impl()); }
+  /// Moves the virtual clock forward by `d`, firing due timers in order, running the system
+  /// until idle after each.
+  void advance(std::chrono::nanoseconds d) { detail::manual_advance(impl(), d); }
+  /// Virtual time since the system was made.
+  std::chrono::nanoseconds now() { return detail::manual_now(impl()); }
+};
+
+/// What an actor may ask about itself, from inside one of its methods.
+namespace this_actor {
+
+/// The running actor's id. Throws std::logic_error outside actors.
+inline actor_id id() { return detail::current_cell_or_throw("this_actor::id").id(); }
+
+/// The system the running actor belongs to.
+inline actor_system& system() {
+  return detail::facade_of(detail::current_cell_or_throw("this_actor::system").system());
+}
+
+/// Stops the running actor after the current method returns.
+inline void stop() { detail::current_cell_or_throw("this_actor::stop").stop(exit_reason::stopped); }
+
+/// A ref to the running actor, which must be a T.
+template <class T>
+actor_ref<T> self() {
+  auto& c = detail::current_cell_or_throw("this_actor::self");
+  if (c.type() != typeid(T))
+    throw error(errc::type_mismatch,
+                std::string("this_actor::self<") + detail::type_name_of<T>() + ">() in a " +
+                    c.type_name());
+  return actor_ref<T>(detail::cell_ptr(&c));
+}
+
+/// Watches `target`: the running actor's on_down(const down_notice&) is called when it is
+/// gone for good (at once if it is gone already). The class must have on_down.
+template <class T>
+void monitor(const actor_ref<T>& target) {
+  auto& c = detail::current_cell_or_throw("this_actor::monitor");
+  target.cell()->add_watcher(&c);
+}
+
+}  // namespace this_actor
+
+}  // namespace troupe

@@ -1,0 +1,434 @@
+#pragma once
+/// @file
+/// future<T>: the reply of an ask. One future, three ways to consume it:
+///   - `co_await fut` in a coroutine (inside an actor it resumes in that actor's context),
+///   - `fut.then(on_value[, on_error])` (inside an actor the callback runs in its context),
+///   - `fut.get()` blocking, only outside actors: on an actor thread it throws
+///     troupe::error(errc::would_deadlock) instead of deadlocking.
+/// task<T>: the return type of coroutine methods and helper coroutines.
+
+#include <atomic>
+#include <chrono>
+#include <concepts>
+#include <coroutine>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+#include "troupe/actors/detail/cell.hpp"
+
+namespace troupe {
+
+template <class T>
+class future;
+template <class T = void>
+class task;
+
+namespace detail {
+
+struct unit {};
+template <class T>
+using stored_t = std::conditional_t<std::is_void_v<T>, unit, T>;
+
+class state_base;
+
+struct callback_base {
+  virtual ~callback_base() = default;
+  /// Runs with the completed state that owns this callback.
+  virtual void invoke(state_base& st) noexcept = 0;
+};
+
+/// Shared state of a future; also a message, so that the continuation can travel to the
+/// awaiting actor through its mailbox without another allocation.
+///
+/// status_ protocol (one atomic word, RMW only):
+///   claimed: a completer won the right to write the result (a reply and a timeout may race)
+///   cont:    a continuation is installed (before or after the result)
+///   ready:   the result is written and visible
+///   waiter:  a thread blocks in wait() and needs a futex wake
+/// Exactly one of {completer, continuation setter} sees the other's bit and runs the
+/// continuation; exactly one completer writes the result.
+class state_base : public message {
+public:
+  void add_ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void release() noexcept {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) destroy_state();
+  }
+  void dispose() noexcept final { release(); }
+
+  bool ready() const noexcept { return status_.load(std::memory_order_acquire) & st_ready; }
+
+  /// Blocks until ready; refuses on actor threads; drives a test system instead of sleeping.
+  void wait();
+
+  /// Installs a coroutine continuation; false when the result is already there.
+  bool set_resume(cell_base* cell, std::coroutine_handle<> h) noexcept;
+  /// Installs a callback continuation, consuming the caller's reference; runs it now when
+  /// the result is already there.
+  void set_callback(cell_base* cell, std::unique_ptr<callback_base> cb) noexcept;
+
+  /// Fails the future with `e` unless it is already completed. `node_free` tells whether
+  /// this object is in no mailbox right now (so it can carry the continuation itself).
+  virtual bool fail(std::exception_ptr e, bool node_free) noexcept = 0;
+
+  void run(cell_base& self) final;
+  void reject(errc why) noexcept final;
+  const char* kind() const noexcept final { return phase_ == phase_request ? "ask" : "resume"; }
+  bool is_continuation() const noexcept final { return phase_ != phase_request; }
+
+  system_impl* system() const noexcept { return sys_; }
+  void set_system(system_impl* s) noexcept { sys_ = s; }
+
+protected:
+  state_base() noexcept = default;
+  ~state_base();
+
+  /// Asks (the request phase) override this; plain states are never queued as requests.
+  virtual void run_request(cell_base& self);
+  virtual void destroy_state() noexcept = 0;
+
+  bool try_claim() noexcept {
+    return (status_.fetch_or(st_claimed, std::memory_order_acq_rel) & st_claimed) == 0;
+  }
+  /// Publishes the result written after a successful try_claim().
+  void publish(bool node_free) noexcept;
+
+  static constexpr std::uint32_t st_claimed = 1;
+  static constexpr std::uint32_t st_cont = 2;
+  static constexpr std::uint32_t st_ready = 4;
+  static constexpr std::uint32_t st_waiter = 8;
+
+  static constexpr std::uint8_t phase_request = 0;
+  static constexpr std::uint8_t phase_resume = 1;
+  static constexpr std::uint8_t phase_callback = 2;
+
+private:
+  void dispatch_continuation(bool node_free) noexcept;
+  void run_continuation_inline() noexcept;
+
+  std::atomic<std::uint32_t> refs_{1};
+  std::atomic<std::uint32_t> status_{0};
+  std::uint8_t phase_ = phase_request;
+  system_impl* sys_ = nullptr;
+  cell_base* cont_cell_ = nullptr;  // holds a reference while set
+  std::coroutine_handle<> cont_handle_;
+  std::unique_ptr<callback_base> cont_callback_;
+};
+
+template <class T>
+class state : public state_base {
+public:
+  template <class... A>
+  bool complete_value(bool node_free, A&&... a) noexcept {
+    if (!try_claim()) return false;
+    try {
+      result_.template emplace<1>(std::forward<A>(a)...);
+    } catch (...) {
+      result_.template emplace<2>(std::current_exception());
+    }
+    publish(node_free);
+    return true;
+  }
+  bool fail(std::exception_ptr e, bool node_free) noexcept final {
+    if (!try_claim()) return false;
+    result_.template emplace<2>(std::move(e));
+    publish(node_free);
+    return true;
+  }
+  /// Moves the value out, or rethrows the error. Only once, after ready().
+  T take() {
+    if (result_.index() == 2) std::rethrow_exception(std::get<2>(result_));
+    if constexpr (!std::is_void_v<T>) return std::move(std::get<1>(result_));
+  }
+
+protected:
+  void destroy_state() noexcept override { std::unique_ptr<state>{this}; }
+
+public:
+  ~state() = default;
+
+private:
+  std::variant<std::monostate, stored_t<T>, std::exception_ptr> result_;
+};
+
+template <class T>
+state<T>* make_state() {
+  return std::make_unique<state<T>>().release();
+}
+
+template <class T>
+struct state_deleter {
+  void operator()(state<T>* s) const noexcept { s->release(); }
+};
+template <class T>
+using state_ptr = std::unique_ptr<state<T>, state_deleter<T>>;
+
+/// Arms a timer that fails `st` with errc::timeout after `d`.
+void arm_timeout(state_base& st, std::chrono::nanoseconds d);
+
+// ---- task<T> machinery -------------------------------------------------------------
+
+template <class T>
+struct task_promise;
+
+/// Receives the end of a root coroutine (a coroutine method run by an actor).
+template <class T>
+struct root_hook {
+  virtual void root_finished(task_promise<T>& p) noexcept = 0;
+  virtual void root_abandoned() noexcept = 0;  // the frame was destroyed before it finished
+};
+
+struct task_promise_base {
+  std::coroutine_handle<> continuation;
+  std::exception_ptr error;
+  std::suspend_always initial_suspend() noexcept { return {}; }
+  void unhandled_exception() noexcept { error = std::current_exception(); }
+};
+
+template <class T>
+struct final_awaiter {
+  bool await_ready() const noexcept { return false; }
+  std::coroutine_handle<> await_suspend(std::coroutine_handle<task_promise<T>> h) noexcept {
+    auto& p = h.promise();
+    if (p.continuation) return p.continuation;
+    if (p.root) {
+      auto* hook = std::exchange(p.root, nullptr);
+      hook->root_finished(p);  // may destroy the frame
+    }
+    return std::noop_coroutine();
+  }
+  void await_resume() const noexcept {}
+};
+
+template <class T>
+struct task_promise_value : task_promise_base {
+  std::optional<T> value;
+  template <class U>
+    requires std::convertible_to<U, T>
+  void return_value(U&& v) {
+    value.emplace(std::forward<U>(v));
+  }
+  T take() {
+    if (error) std::rethrow_exception(error);
+    return std::move(*value);
+  }
+};
+template <>
+struct task_promise_value<void> : task_promise_base {
+  void return_void() noexcept {}
+  void take() {
+    if (error) std::rethrow_exception(error);
+  }
+};
+
+template <class T>
+struct task_promise : task_promise_value<T> {
+  root_hook<T>* root = nullptr;
+  task<T> get_return_object() noexcept;
+  final_awaiter<T> final_suspend() noexcept { return {}; }
+  ~task_promise() {
+    if (root) root->root_abandoned();
+  }
+};
+
+template <class T>
+struct is_task : std::false_type {};
+template <class T>
+struct is_task<task<T>> : std::true_type {};
+
+template <class R>
+struct reply_of : std::type_identity<R> {};
+template <class X>
+struct reply_of<task<X>> : std::type_identity<X> {};
+
+/// The value a caller receives from a method returning R: task<X> → X, otherwise R.
+template <class R>
+using reply_t = typename reply_of<R>::type;
+
+}  // namespace detail
+
+/// The reply of an ask. Move-only; consume it once (get, co_await or then).
+template <class T>
+class future {
+public:
+  using value_type = T;
+
+  future() noexcept = default;
+  explicit future(detail::state_ptr<T> st) noexcept : st_(std::move(st)) {}
+
+  bool valid() const noexcept { return st_ != nullptr; }
+  bool ready() const noexcept { return st_ && st_->ready(); }
+
+  /// Blocks until the reply arrives and returns it, or rethrows the method's exception, or
+  /// throws troupe::error (actor_dead, timeout, mailbox_full...). Only outside actors.
+  T get() {
+    check_valid();
+    st_->wait();
+    auto st = std::move(st_);
+    return st->take();
+  }
+
+  /// Fails with errc::timeout when no reply has arrived after `d`. The call itself may still
+  /// run later; its reply is then discarded.
+  future&& timeout(std::chrono::nanoseconds d) && {
+    check_valid();
+    detail::arm_timeout(*st_, d);
+    return std::move(*this);
+  }
+
+  /// Calls `on_value(T)` when the reply arrives. Inside an actor it runs in that actor's
+  /// context (its state is safe to touch); an error there fails the actor as an exception
+  /// from a tell would. Outside actors it runs on the thread that completes the future, and
+  /// an error is logged.
+  template <class F>
+  void then(F&& on_value) && {
+    check_valid();
+    auto* cell = detail::tls_current_cell();
+    auto cb = std::make_unique<value_callback<std::decay_t<F>>>(std::forward<F>(on_value));
+    st_.release()->set_callback(cell, std::move(cb));  // hands our reference over
+  }
+
+  /// As then(on_value), with errors passed to `on_error(std::exception_ptr)`.
+  template <class F, class E>
+  void then(F&& on_value, E&& on_error) && {
+    check_valid();
+    auto* cell = detail::tls_current_cell();
+    auto cb = std::make_unique<full_callback<std::decay_t<F>, std::decay_t<E>>>(
+        std::forward<F>(on_value), std::forward<E>(on_error));
+    st_.release()->set_callback(cell, std::move(cb));  // hands our reference over
+  }
+
+  auto operator co_await() && noexcept {
+    struct awaiter {
+      detail::state_ptr<T> st;
+      bool await_ready() const noexcept { return st->ready(); }
+      bool await_suspend(std::coroutine_handle<> h) noexcept {
+        return st->set_resume(detail::tls_current_cell(), h);
+      }
+      T await_resume() { return st->take(); }
+    };
+    check_valid();
+    return awaiter{std::move(st_)};
+  }
+
+private:
+  void check_valid() const {
+    if (!st_) throw std::logic_error("troupe::future used after it was consumed (or never set)");
+  }
+
+  static void report_unhandled(std::exception_ptr e) noexcept;
+
+  template <class F>
+  struct value_callback final : detail::callback_base {
+    explicit value_callback(F f) : fn(std::move(f)) {}
+    void invoke(detail::state_base& base) noexcept override {
+      auto* st = static_cast<detail::state<T>*>(&base);
+      try {
+        if constexpr (std::is_void_v<T>) {
+          st->take();
+          fn();
+        } else {
+          fn(st->take());
+        }
+      } catch (...) {
+        report_unhandled(std::current_exception());
+      }
+    }
+    F fn;
+  };
+
+  template <class F, class E>
+  struct full_callback final : detail::callback_base {
+    full_callback(F f, E e) : fn(std::move(f)), on_error(std::move(e)) {}
+    void invoke(detail::state_base& base) noexcept override {
+      auto* st = static_cast<detail::state<T>*>(&base);
+      std::exception_ptr err;
+      try {
+        if constexpr (std::is_void_v<T>) {
+          st->take();
+          fn();
+        } else {
+          fn(st->take());
+        }
+        return;
+      } catch (...) {
+        err = std::current_exception();
+      }
+      try {
+        on_error(err);
+      } catch (...) {
+        report_unhandled(std::current_exception());
+      }
+    }
+    F fn;
+    E on_error;
+  };
+
+  detail::state_ptr<T> st_;
+};
+
+namespace detail {
+/// Inside an actor: fails the actor; outside: logs.
+void report_callback_error(std::exception_ptr e) noexcept;
+}  // namespace detail
+
+template <class T>
+void future<T>::report_unhandled(std::exception_ptr e) noexcept {
+  detail::report_callback_error(std::move(e));
+}
+
+/// A lazily started coroutine: the return type of coroutine methods (`task<int> m()`) and of
+/// helpers they co_await. Inside an actor, `co_await` of a future resumes in that actor.
+template <class T>
+class [[nodiscard]] task {
+public:
+  using promise_type = detail::task_promise<T>;
+  using value_type = T;
+
+  task(task&& o) noexcept : h_(std::exchange(o.h_, {})) {}
+  task& operator=(task&& o) noexcept {
+    if (this != &o) {
+      if (h_) h_.destroy();
+      h_ = std::exchange(o.h_, {});
+    }
+    return *this;
+  }
+  ~task() {
+    if (h_) h_.destroy();
+  }
+
+  /// Awaiting a task starts it; the awaiter resumes when it finishes.
+  auto operator co_await() && noexcept {
+    struct awaiter {
+      std::coroutine_handle<promise_type> h;
+      bool await_ready() const noexcept { return false; }
+      std::coroutine_handle<> await_suspend(std::coroutine_handle<> cont) noexcept {
+        h.promise().continuation = cont;
+        return h;
+      }
+      T await_resume() { return h.promise().take(); }
+    };
+    return awaiter{h_};
+  }
+
+  /// Hands the coroutine over (the runtime drives root coroutines).
+  std::coroutine_handle<promise_type> release() noexcept { return std::exchange(h_, {}); }
+
+private:
+  friend struct detail::task_promise<T>;
+  explicit task(std::coroutine_handle<promise_type> h) noexcept : h_(h) {}
+  std::coroutine_handle<promise_type> h_;
+};
+
+namespace detail {
+template <class T>
+task<T> task_promise<T>::get_return_object() noexcept {
+  return task<T>(std::coroutine_handle<task_promise<T>>::from_promise(*this));
+}
+}  // namespace detail
+
+}  // namespace troupe

@@ -1,0 +1,513 @@
+// The life of an actor: its mailbox protocol, its slices on a worker, failure, restart,
+// stop and the down notices.
+//
+// Scheduling protocol. `status_` is idle or scheduled. A sender pushes its message and, if
+// it finds the cell idle, moves it to scheduled and hands it (with a reference) to the
+// scheduler. Only the worker running the slice moves it back to idle, and then re-checks
+// the queues: a message that arrived in between is either seen by that re-check or its
+// sender saw `idle` (sequentially consistent store/load on both sides), so no message is
+// ever stranded and a cell never runs on two workers at once.
+//
+// Bounded mailboxes. `size_` counts normal messages. Past the capacity, the `reject` policy
+// refuses; the `wait` policy blocks a sender thread outside the actors, and lets an actor's
+// message in but throttles the sending actor: after its current method it parks on the
+// receiver's waiter list until the receiver has drained to half its capacity. The waiter
+// registration and the drain check use the same store-then-load pattern, so a waiter is
+// never forgotten.
+//
+// Stop. A stop is an urgent message. Handling it destroys suspended coroutines (their asks
+// fail with actor_dead), runs on_stop, destroys the object, refuses everything still queued
+// (dead letters), releases throttled senders, sends down notices and forgets names. The cell
+// itself lives on while references exist, refusing whatever still arrives.
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "sync.hpp"
+#include "system.hpp"
+#include "troupe/actors/future.hpp"
+#include "troupe/core/log.hpp"
+#include "troupe/core/trace.hpp"
+
+namespace troupe::detail {
+namespace {
+
+class start_message final : public message {
+public:
+  void run(cell_base& self) override { self.handle_start(); }
+  void reject(errc) noexcept override {}
+  void dispose() noexcept override { std::unique_ptr<start_message>{this}; }
+  const char* kind() const noexcept override { return "system"; }
+};
+
+class restart_message final : public message {
+public:
+  void run(cell_base& self) override { self.handle_restart(); }
+  void reject(errc) noexcept override {}
+  void dispose() noexcept override { std::unique_ptr<restart_message>{this}; }
+  const char* kind() const noexcept override { return "system"; }
+};
+
+class stop_message final : public message {
+public:
+  explicit stop_message(exit_reason why) : why_(why) {}
+  void run(cell_base& self) override { self.handle_stop(why_, {}); }
+  void reject(errc) noexcept override {}
+  void dispose() noexcept override { std::unique_ptr<stop_message>{this}; }
+  const char* kind() const noexcept override { return "system"; }
+
+private:
+  exit_reason why_;
+};
+
+class down_message final : public message {
+public:
+  explicit down_message(down_notice n) : notice_(std::move(n)) {}
+  void run(cell_base& self) override { self.handle_down(notice_); }
+  void reject(errc) noexcept override {}
+  void dispose() noexcept override { std::unique_ptr<down_message>{this}; }
+  const char* kind() const noexcept override { return "system"; }
+
+private:
+  down_notice notice_;
+};
+
+std::string describe(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "a non-standard exception";
+  }
+}
+
+}  // namespace
+
+message_ptr make_start_message() { return message_ptr(std::make_unique<start_message>().release()); }
+
+cell_base::cell_base(system_impl& sys, actor_id id, const spawn_options& opts)
+    : system_(&sys),
+      id_(id),
+      capacity_(static_cast<std::uint32_t>(std::min<std::size_t>(opts.mailbox_capacity, 1u << 30))),
+      overflow_(opts.overflow),
+      reentrant_(opts.reentrant),
+      fail_on_ask_exception_(opts.fail_on_ask_exception) {
+  sys.add_ref();
+  if (opts.restart.max_restarts < -1)
+    throw std::invalid_argument("restart_policy.max_restarts must be -1 (forever) or >= 0");
+  if (opts.restart.max_restarts != 0) {
+    extras().restart = opts.restart;
+    extras().next_backoff = opts.restart.backoff;
+  }
+}
+
+cell_base::~cell_base() {
+  // Normally empty: a queued message keeps its cell scheduled and therefore alive.
+  reject_all(errc::actor_dead);
+  system_->release();
+}
+
+cell_extras& cell_base::extras() {
+  if (!extras_) extras_ = std::make_unique<cell_extras>();
+  return *extras_;
+}
+
+void install_restart_factory(cell_base& c, std::unique_ptr<restart_factory> f) {
+  system_access::extras(c).factory = std::move(f);
+}
+
+const restart_factory* find_restart_factory(cell_base& c) noexcept {
+  return system_access::extras(c).factory.get();
+}
+
+void mark_named(cell_base& c) {
+  flag_guard g(system_access::lock(c));
+  system_access::extras(c).named = true;
+}
+
+// ---- sending ------------------------------------------------------------------------
+
+void deliver(cell_base& c, message_ptr m) { c.enqueue(std::move(m)); }
+
+void cell_base::enqueue(message_ptr m) {
+  if (!alive()) {
+    system_->dead_letter(*this, m->kind(), errc::actor_dead);
+    m->reject(errc::actor_dead);
+    return;
+  }
+  if (capacity_ == 0) {
+    size_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    for (;;) {
+      auto prev = size_.fetch_add(1, std::memory_order_seq_cst);
+      if (prev < static_cast<std::int64_t>(capacity_)) break;
+      if (overflow_ == overflow_policy::reject) {
+        size_.fetch_sub(1, std::memory_order_relaxed);
+        system_->dead_letter(*this, m->kind(), errc::mailbox_full);
+        m->reject(errc::mailbox_full);
+        return;
+      }
+      cell_base* sender = tls_current_cell();
+      if (sender != nullptr) {
+        // An actor never blocks its worker: accept, and pause the sender after this method.
+        if (sender != this && !sender->throttled_on_) sender->throttle_on(this);
+        break;
+      }
+      if (tls_on_worker()) break;  // a worker outside any actor must not block either
+      size_.fetch_sub(1, std::memory_order_seq_cst);
+      wait_for_room();
+      if (!alive()) {
+        system_->dead_letter(*this, m->kind(), errc::actor_dead);
+        m->reject(errc::actor_dead);
+        return;
+      }
+    }
+  }
+  normal_.push(m.release());
+  if (status_.load(std::memory_order_seq_cst) == idle &&
+      status_.exchange(scheduled, std::memory_order_seq_cst) == idle) {
+    add_ref();
+    system_->schedule(this);
+  }
+}
+
+void cell_base::enqueue_urgent(message_ptr m) noexcept {
+  urgent_.push(m.release());
+  if (status_.load(std::memory_order_seq_cst) == idle &&
+      status_.exchange(scheduled, std::memory_order_seq_cst) == idle) {
+    add_ref();
+    system_->schedule(this);
+  }
+}
+
+void cell_base::stop(exit_reason why) noexcept {
+  if (!alive()) return;
+  enqueue_urgent(message_ptr(std::make_unique<stop_message>(why).release()));
+}
+
+// ---- bounded mailboxes ----------------------------------------------------------------
+
+namespace {
+std::int64_t low_watermark(std::uint32_t capacity) noexcept { return capacity / 2; }
+}  // namespace
+
+bool cell_base::add_waiter(cell_base* sender) noexcept {
+  flag_guard g(lock_);
+  has_waiters_.store(true, std::memory_order_seq_cst);
+  if (size_.load(std::memory_order_seq_cst) <= low_watermark(capacity_) || !alive()) {
+    if (!extras_ || extras_->waiters.empty()) has_waiters_.store(false, std::memory_order_relaxed);
+    return false;
+  }
+  extras().waiters.push_back({cell_ptr(sender), nullptr});
+  return true;
+}
+
+void cell_base::wait_for_room() noexcept {
+  std::atomic<std::uint32_t> word{0};
+  {
+    flag_guard g(lock_);
+    has_waiters_.store(true, std::memory_order_seq_cst);
+    if (size_.load(std::memory_order_seq_cst) <= low_watermark(capacity_) || !alive()) {
+      if (!extras_ || extras_->waiters.empty()) has_waiters_.store(false, std::memory_order_relaxed);
+      return;
+    }
+    extras().waiters.push_back({cell_ptr(), &word});
+  }
+  while (word.load(std::memory_order_acquire) == 0) futex_wait(word, 0);
+}
+
+namespace {
+void release_waiters(system_impl& sys, std::vector<cell_extras::waiter>& waiters) noexcept {
+  for (auto& w : waiters) {
+    if (w.sender) {
+      // The throttled sender is still "scheduled" and owns its scheduler reference.
+      sys.reschedule(w.sender.get());
+    } else {
+      w.word->store(1, std::memory_order_release);
+      futex_wake_one(*w.word);
+    }
+  }
+  waiters.clear();
+}
+}  // namespace
+
+void cell_base::after_drain(std::int64_t taken) noexcept {
+  auto now = size_.fetch_sub(taken, std::memory_order_seq_cst) - taken;
+  if (capacity_ != 0 && now <= low_watermark(capacity_) &&
+      has_waiters_.load(std::memory_order_seq_cst)) {
+    std::vector<cell_extras::waiter> waiters;
+    {
+      flag_guard g(lock_);
+      if (extras_) waiters.swap(extras_->waiters);
+      has_waiters_.store(false, std::memory_order_relaxed);
+    }
+    release_waiters(*system_, waiters);
+  }
+}
+
+// ---- running ----------------------------------------------------------------------
+
+bool cell_base::has_work() const noexcept {
+  return !urgent_.empty() || (accepts_normal() && !normal_.empty());
+}
+
+void cell_base::handle(message* m) noexcept {
+  const bool tracing = trace::enabled();
+  const char* kind = tracing ? m->kind() : nullptr;
+  const auto t0 = tracing ? trace::now_ns() : 0;
+  try {
+    m->run(*this);
+  } catch (...) {
+    fail(std::current_exception());
+  }
+  m->dispose();
+  if (tracing) trace::record(type_name(), kind, t0, trace::now_ns() - t0, id_);
+}
+
+void cell_base::run_slice(unsigned budget) noexcept {
+  auto& current = tls_current_cell();
+  cell_base* const outer = current;
+  current = this;
+  const auto t0 = trace::now_ns();
+  std::int64_t taken = 0;
+  unsigned n = 0;
+  if (!alive()) {
+    reject_all(errc::actor_dead);
+  } else {
+    while (n < budget) {
+      link* l = urgent_.pop();
+      if (l == nullptr) {
+        if (!accepts_normal()) break;
+        l = normal_.pop();
+        if (l == nullptr) break;
+        ++taken;
+      }
+      handle(static_cast<message*>(l));
+      ++n;
+      if (throttled_on_ != nullptr) break;
+      if (!alive()) {
+        reject_all(errc::actor_dead);
+        break;
+      }
+    }
+  }
+  if (taken != 0) after_drain(taken);
+  handled_.fetch_add(n, std::memory_order_relaxed);
+  busy_ns_.fetch_add(static_cast<std::uint64_t>(trace::now_ns() - t0), std::memory_order_relaxed);
+  current = outer;
+
+  if (throttled_on_ != nullptr) {
+    cell_base* receiver = std::exchange(throttled_on_, nullptr);
+    bool parked = alive() && receiver->add_waiter(this);
+    receiver->release();
+    if (parked) return;  // the receiver reschedules us once it has drained
+  }
+  if (has_work()) {
+    system_->reschedule(this);
+    return;
+  }
+  status_.store(idle, std::memory_order_seq_cst);
+  if (has_work() && status_.exchange(scheduled, std::memory_order_seq_cst) == idle) {
+    system_->reschedule(this);
+    return;
+  }
+  release();  // the scheduler's reference
+}
+
+void cell_base::reject_all(errc why) noexcept {
+  std::int64_t taken = 0;
+  for (;;) {
+    link* l = urgent_.pop();
+    if (l == nullptr) {
+      l = normal_.pop();
+      if (l != nullptr) ++taken;
+    }
+    if (l == nullptr) break;
+    auto* m = static_cast<message*>(l);
+    if (!m->is_continuation()) system_->dead_letter(*this, m->kind(), why);
+    m->reject(why);
+    m->dispose();
+  }
+  if (taken != 0) after_drain(taken);
+}
+
+// ---- coroutines -------------------------------------------------------------------
+
+void cell_base::coroutine_suspended(void* frame) noexcept {
+  ++suspended_;
+  flag_guard g(lock_);
+  extras().frames.push_back(frame);
+}
+
+void cell_base::coroutine_finished(void* frame) noexcept {
+  std::vector<down_notice> deferred;
+  {
+    flag_guard g(lock_);
+    auto& f = extras().frames;
+    f.erase(std::remove(f.begin(), f.end(), frame), f.end());
+    if (--suspended_ == 0) deferred.swap(extras_->deferred);
+  }
+  for (auto& n : deferred) handle_down(n);
+}
+
+namespace {
+void destroy_frames(cell_extras* ex, std::atomic_flag& lock,
+                    std::uint32_t& suspended) noexcept {
+  if (!ex) return;
+  std::vector<void*> frames;
+  {
+    flag_guard g(lock);
+    frames.swap(ex->frames);
+  }
+  suspended = 0;
+  for (void* f : frames) std::coroutine_handle<>::from_address(f).destroy();
+}
+}  // namespace
+
+// ---- lifecycle --------------------------------------------------------------------
+
+void cell_base::handle_start() noexcept {
+  if (life_.load(std::memory_order_relaxed) != life_running) return;
+  try {
+    call_on_start();
+  } catch (...) {
+    fail(std::current_exception());
+  }
+}
+
+void cell_base::fail(std::exception_ptr e) noexcept {
+  const auto life = life_.load(std::memory_order_relaxed);
+  if (life == life_dead) return;
+  std::string what = describe(e);
+  cell_extras* ex = extras_.get();
+  const bool may_restart =
+      ex && ex->factory && (ex->restart.max_restarts < 0 || ex->restarts < ex->restart.max_restarts);
+  if (!may_restart) {
+    log().error("actor {} ({}) failed: {}", id_, type_name(), what);
+    handle_stop(exit_reason::failed, what);
+    return;
+  }
+  ++ex->restarts;
+  ex->failure = what;
+  auto delay = ex->next_backoff;
+  ex->next_backoff = std::min<std::chrono::nanoseconds>(
+      std::chrono::nanoseconds(static_cast<std::int64_t>(
+          static_cast<double>(std::max<std::chrono::nanoseconds>(delay, std::chrono::milliseconds(1)).count()) *
+          ex->restart.backoff_multiplier)),
+      ex->restart.max_backoff);
+  log().warn("actor {} ({}) failed: {}; restart {} in {} ms", id_, type_name(), what, ex->restarts,
+             std::chrono::duration_cast<std::chrono::milliseconds>(delay).count());
+  if (life == life_running) {
+    destroy_frames(ex, lock_, suspended_);
+    call_on_stop();
+  }
+  destroy_object();
+  life_.store(life_restarting, std::memory_order_release);
+  if (delay.count() <= 0) {
+    enqueue_urgent(message_ptr(std::make_unique<restart_message>().release()));
+  } else {
+    add_timer(*system_, delay, std::chrono::nanoseconds{0}, [self = cell_ptr(this)] {
+      self->enqueue_urgent(message_ptr(std::make_unique<restart_message>().release()));
+      return false;
+    });
+  }
+}
+
+void cell_base::handle_restart() noexcept {
+  if (life_.load(std::memory_order_relaxed) != life_restarting) return;
+  try {
+    recreate_object();
+  } catch (...) {
+    // The constructor failed: count it as another failure (restart policy applies).
+    fail(std::current_exception());
+    return;
+  }
+  life_.store(life_running, std::memory_order_release);
+  handle_start();
+}
+
+void cell_base::handle_stop(exit_reason why, const std::string& what) noexcept {
+  const auto life = life_.load(std::memory_order_relaxed);
+  if (life == life_dead) return;
+  if (life == life_running) destroy_frames(extras_.get(), lock_, suspended_);
+  life_.store(life_dead, std::memory_order_release);
+  if (life == life_running) call_on_stop();
+  destroy_object();
+  reject_all(errc::actor_dead);
+
+  std::vector<cell_extras::waiter> waiters;
+  std::vector<cell_extras::watcher> watchers;
+  bool named = false;
+  {
+    flag_guard g(lock_);
+    if (extras_) {
+      waiters.swap(extras_->waiters);
+      watchers.swap(extras_->watchers);
+      extras_->deferred.clear();
+      extras_->down_sent = true;
+      named = extras_->named;
+      if (why == exit_reason::failed) extras_->failure = what;
+    }
+    exit_reason_ = why;
+    down_sent_ = true;
+  }
+  has_waiters_.store(false, std::memory_order_relaxed);
+  release_waiters(*system_, waiters);
+  if (!watchers.empty()) {
+    down_notice n{id_, why, why == exit_reason::failed ? what : std::string()};
+    for (auto& w : watchers) {
+      if (w.cell) w.cell->enqueue_urgent(message_ptr(std::make_unique<down_message>(n).release()));
+      else w.callback->notify(n);
+    }
+  }
+  if (named) system_->forget_names_of(this);
+  system_->remove_live(this);
+  release();  // the system's reference (the scheduler still holds one while we run)
+}
+
+void cell_base::handle_down(const down_notice& n) noexcept {
+  if (life_.load(std::memory_order_relaxed) != life_running) return;
+  if (suspended_ != 0 && !reentrant_) {
+    flag_guard g(lock_);
+    extras().deferred.push_back(n);
+    return;
+  }
+  try {
+    call_on_down(n);
+  } catch (...) {
+    fail(std::current_exception());
+  }
+}
+
+void cell_base::add_watcher(cell_base* watcher) {
+  if (!watcher->has_on_down())
+    throw std::invalid_argument(std::string("monitor: ") + watcher->type_name() +
+                                " has no on_down(const troupe::down_notice&) to receive the notice");
+  down_notice late;
+  {
+    flag_guard g(lock_);
+    if (!down_sent_) {
+      extras().watchers.push_back({cell_ptr(watcher), nullptr});
+      return;
+    }
+    late = {id_, exit_reason_, extras_ ? extras_->failure : std::string()};
+  }
+  watcher->enqueue_urgent(message_ptr(std::make_unique<down_message>(std::move(late)).release()));
+}
+
+void cell_base::on_down(std::unique_ptr<down_callback> f) {
+  down_notice late;
+  {
+    flag_guard g(lock_);
+    if (!down_sent_) {
+      extras().watchers.push_back({cell_ptr(), std::move(f)});
+      return;
+    }
+    late = {id_, exit_reason_, extras_ ? extras_->failure : std::string()};
+  }
+  f->notify(late);
+}
+
+}  // namespace troupe::detail

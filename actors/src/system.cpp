@@ -1,0 +1,294 @@
+#include "system.hpp"
+
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "troupe/core/log.hpp"
+
+namespace troupe::detail {
+
+// ---- system_impl ------------------------------------------------------------------
+
+system_impl::system_impl(actor_system* f, const system_config& cfg, bool is_manual)
+    : facade(f), throughput(cfg.throughput == 0 ? 1 : cfg.throughput) {
+  if (is_manual) {
+    auto m = std::make_unique<manual_runtime>();
+    m->throughput = throughput;
+    manual = m.get();
+    sched_ = std::move(m);
+  } else {
+    unsigned threads = cfg.threads != 0 ? cfg.threads : std::thread::hardware_concurrency();
+    if (threads == 0) threads = 1;
+    sched_ = make_thread_pool(*this, threads, throughput);
+    timers_ = make_timer_thread();
+  }
+}
+
+system_impl::~system_impl() = default;
+
+
+void system_impl::release() noexcept {
+  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) std::unique_ptr<system_impl>{this};
+}
+
+void system_impl::add_live(cell_base* c) {
+  std::lock_guard lock(live_mutex);
+  if (shutting_down.load(std::memory_order_relaxed))
+    throw error(errc::system_shutdown, "spawn after the actor system began to shut down");
+  c->live_prev_ = nullptr;
+  c->live_next_ = live_head;
+  if (live_head) live_head->live_prev_ = c;
+  live_head = c;
+  ++live_count;
+}
+
+void system_impl::remove_live(cell_base* c) noexcept {
+  std::lock_guard lock(live_mutex);
+  if (c->live_prev_) c->live_prev_->live_next_ = c->live_next_;
+  else live_head = c->live_next_;
+  if (c->live_next_) c->live_next_->live_prev_ = c->live_prev_;
+  c->live_prev_ = c->live_next_ = nullptr;
+  if (--live_count == 0) live_cv.notify_all();
+}
+
+void system_impl::dead_letter(const cell_base& target, const char* kind, errc why) noexcept {
+  auto n = dead_letters.fetch_add(1, std::memory_order_relaxed) + 1;
+  // Log the first few and then every 10,000th, so a storm cannot flood the log.
+  if (n <= 10 || n % 10'000 == 0) {
+    log().warn("dead letter #{}: a {} to actor {} ({}) was not handled: {}", n, kind, target.id(),
+               target.type_name(), make_error_code(why).message());
+  }
+}
+
+void system_impl::forget_names_of(cell_base* c) noexcept {
+  std::lock_guard lock(names_mutex);
+  std::erase_if(names, [c](const auto& kv) { return kv.second.get() == c; });
+}
+
+void system_impl::shutdown() noexcept {
+  if (tls_on_worker()) {
+    log().critical("actor_system::shutdown() (or its destructor) called on a worker thread: "
+                   "a worker cannot join itself");
+    std::abort();
+  }
+  std::lock_guard guard(shutdown_mutex_);
+  if (shut_down_) return;
+  shutting_down.store(true);
+  // Stop every live actor; each removes itself from the list when its stop has run.
+  std::vector<cell_ptr> live;
+  {
+    std::lock_guard lock(live_mutex);
+    for (auto* c = live_head; c; c = c->live_next_) live.emplace_back(c);
+  }
+  for (auto& c : live) c->stop(exit_reason::shutdown);
+  live.clear();
+  if (manual) {
+    manual->run_until_idle();
+  } else {
+    std::unique_lock lock(live_mutex);
+    live_cv.wait(lock, [this] { return live_count == 0; });
+  }
+  if (timers_) timers_->stop();
+  if (manual) manual->stop();
+  sched_->stop();
+  {
+    std::lock_guard lock(names_mutex);
+    names.clear();
+  }
+  shut_down_ = true;
+}
+
+// ---- manual_runtime (test_system) -------------------------------------------------------
+
+bool manual_runtime::run_one() noexcept {
+  if (queue_.empty()) return false;
+  cell_base* c = queue_.front();
+  queue_.pop_front();
+  c->run_slice(throughput);
+  return true;
+}
+
+std::size_t manual_runtime::run_until_idle() noexcept {
+  std::size_t n = 0;
+  for (;;) {
+    while (run_one()) ++n;
+    // Timers due now (zero delays, timeouts already reached) fire before "idle".
+    if (!fire_next(now_)) break;
+  }
+  return n;
+}
+
+void manual_runtime::stop() noexcept {
+  stopped_ = true;
+  timers_.clear();
+  while (run_one()) {
+  }
+}
+
+void manual_runtime::add(std::chrono::nanoseconds delay, std::chrono::nanoseconds period,
+                         std::function<bool()> fire, std::shared_ptr<std::atomic<bool>> cancelled) {
+  if (stopped_) return;
+  timers_.emplace(std::make_pair(now_ + delay, seq_++),
+                  entry{period, std::move(fire), std::move(cancelled)});
+}
+
+bool manual_runtime::fire_next(std::chrono::nanoseconds limit) {
+  while (!timers_.empty()) {
+    auto it = timers_.begin();
+    if (it->first.first > limit) return false;
+    auto when = it->first.first;
+    entry e = std::move(it->second);
+    timers_.erase(it);
+    if (e.cancelled && e.cancelled->load()) continue;
+    now_ = std::max(now_, when);
+    bool again = e.fire();
+    if (again && e.period.count() > 0)
+      timers_.emplace(std::make_pair(when + e.period, seq_++), std::move(e));
+    return true;
+  }
+  return false;
+}
+
+void manual_runtime::advance(std::chrono::nanoseconds d) {
+  auto target = now_ + d;
+  run_until_idle();
+  while (fire_next(target)) run_until_idle();
+  now_ = target;
+  run_until_idle();
+}
+
+// ---- the functions actor_system's templates call ---------------------------------------
+
+system_impl* make_system(actor_system* facade, const system_config& cfg, bool manual) {
+  return std::make_unique<system_impl>(facade, cfg, manual).release();
+}
+
+void destroy_system(system_impl* s) noexcept {
+  s->shutdown();
+  s->facade = nullptr;
+  s->release();
+}
+
+actor_id next_actor_id(system_impl& sys) { return sys.next_id(); }
+
+void activate(system_impl& sys, cell_base* c, bool has_on_start) {
+  sys.add_live(c);
+  c->add_ref();  // the system's reference while the actor is alive
+  if (has_on_start) c->enqueue_urgent(make_start_message());
+}
+
+void register_name(system_impl& s, std::string name, cell_base* c) {
+  if (!c) throw std::invalid_argument("register_name: the actor_ref is empty");
+  if (!c->alive()) throw error(errc::actor_dead, "register_name: actor is dead");
+  {
+    std::lock_guard lock(s.names_mutex);
+    auto [it, inserted] = s.names.try_emplace(name, c);
+    if (!inserted) {
+      if (it->second.get() == c) return;
+      if (it->second->alive())
+        throw error(errc::name_taken, "the name '" + name + "' belongs to actor " +
+                                          std::to_string(it->second->id()));
+      it->second = cell_ptr(c);
+    }
+  }
+  mark_named(*c);
+  // The actor may have died meanwhile and already forgotten its names.
+  if (!c->alive()) s.forget_names_of(c);
+}
+
+bool unregister_name(system_impl& s, std::string_view name) {
+  std::lock_guard lock(s.names_mutex);
+  auto it = s.names.find(std::string(name));
+  if (it == s.names.end()) return false;
+  s.names.erase(it);
+  return true;
+}
+
+cell_ptr lookup_name(system_impl& s, std::string_view name) {
+  std::lock_guard lock(s.names_mutex);
+  auto it = s.names.find(std::string(name));
+  if (it == s.names.end() || !it->second->alive()) return {};
+  return it->second;
+}
+
+timer add_timer(system_impl& s, std::chrono::nanoseconds delay, std::chrono::nanoseconds period,
+                std::function<bool()> fire) {
+  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  if (s.manual) s.manual->add(delay, period, std::move(fire), cancelled);
+  else s.timers().add(delay, period, std::move(fire), cancelled);
+  return timer(cancelled);
+}
+
+actor_stats stats_of(cell_base& c) {
+  return actor_stats{c.id(), c.type_name(), c.messages_handled(), c.mailbox_depth(),
+                     std::chrono::nanoseconds(c.busy_ns())};
+}
+
+std::vector<actor_stats> all_stats(system_impl& s) {
+  std::vector<actor_stats> out;
+  std::lock_guard lock(s.live_mutex);
+  out.reserve(s.live_count);
+  for (auto* c = s.live_head; c; c = c->live_next_) out.push_back(stats_of(*c));
+  return out;
+}
+
+std::uint64_t dead_letters(system_impl& s) { return s.dead_letters.load(); }
+
+std::size_t live_actors(system_impl& s) {
+  std::lock_guard lock(s.live_mutex);
+  return s.live_count;
+}
+
+void shutdown(system_impl& s) noexcept { s.shutdown(); }
+
+actor_system& facade_of(system_impl& s) {
+  if (!s.facade) throw error(errc::system_shutdown, "the actor system is gone");
+  return *s.facade;
+}
+
+bool manual_run_one(system_impl& s) { return s.manual->run_one(); }
+std::size_t manual_run_until_idle(system_impl& s) { return s.manual->run_until_idle(); }
+void manual_advance(system_impl& s, std::chrono::nanoseconds d) { s.manual->advance(d); }
+std::chrono::nanoseconds manual_now(system_impl& s) { return s.manual->now(); }
+
+cell_base& current_cell_or_throw(const char* what) {
+  auto* c = tls_current_cell();
+  if (!c) throw std::logic_error(std::string(what) + " called outside an actor");
+  return *c;
+}
+
+std::string demangle(const char* mangled) {
+  int status = 0;
+  std::unique_ptr<char, decltype(&std::free)> p(abi::__cxa_demangle(mangled, nullptr, nullptr, &status),
+                                                &std::free);
+  return status == 0 && p ? std::string(p.get()) : std::string(mangled);
+}
+
+}  // namespace troupe::detail
+
+namespace troupe {
+
+future<down_notice> actor_system::monitor_cell(detail::cell_base& target) {
+  struct sink final : detail::down_callback {
+    explicit sink(detail::state<down_notice>* s) : st(s) {}
+    ~sink() override {
+      // Never notified (the system went away first): the future must not hang.
+      if (st) st->fail(std::make_exception_ptr(error(errc::system_shutdown)), true);
+    }
+    void notify(const down_notice& n) noexcept override {
+      st->complete_value(true, n);
+      st.reset();
+    }
+    detail::state_ptr<down_notice> st;
+  };
+  auto st = detail::make_state<down_notice>();
+  st->set_system(&target.system());
+  st->add_ref();
+  future<down_notice> f{detail::state_ptr<down_notice>(st)};
+  target.on_down(std::make_unique<sink>(st));
+  return f;
+}
+
+}  // namespace troupe

@@ -1,0 +1,153 @@
+#pragma once
+// The runtime behind actor_system (private to the actors module).
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "troupe/actors/actor_system.hpp"
+#include "troupe/actors/detail/cell.hpp"
+
+namespace troupe::detail {
+
+/// Runs cells. A cell handed to schedule() was idle and comes with one reference, which the
+/// cell gives back when it goes idle again; reschedule() is for a cell that is still
+/// scheduled (its slice ended with work left, or a throttled sender was released).
+class scheduler {
+public:
+  virtual ~scheduler() = default;
+  virtual void schedule(cell_base* c) noexcept = 0;
+  virtual void reschedule(cell_base* c) noexcept = 0;
+  /// Joins the workers; afterwards schedule() runs slices on the calling thread.
+  virtual void stop() noexcept = 0;
+};
+
+/// Fires callbacks after a delay (once or periodically). A callback returns false to end a
+/// periodic timer.
+class timer_service {
+public:
+  virtual ~timer_service() = default;
+  virtual void add(std::chrono::nanoseconds delay, std::chrono::nanoseconds period,
+                   std::function<bool()> fire, std::shared_ptr<std::atomic<bool>> cancelled) = 0;
+  virtual void stop() noexcept = 0;
+};
+
+class manual_runtime;
+
+std::unique_ptr<scheduler> make_thread_pool(system_impl& sys, unsigned threads,
+                                            unsigned throughput);
+std::unique_ptr<timer_service> make_timer_thread();
+
+/// Extra state of a cell that most actors never need; allocated on first use.
+struct cell_extras {
+  struct waiter {
+    cell_ptr sender;                            // a throttled actor, or
+    std::atomic<std::uint32_t>* word = nullptr;  // a blocked thread's futex word
+  };
+  struct watcher {
+    cell_ptr cell;                          // an actor with on_down, or
+    std::unique_ptr<down_callback> callback;  // a callback (system::monitor)
+  };
+  std::vector<waiter> waiters;
+  std::vector<watcher> watchers;
+  std::vector<void*> frames;            // suspended root coroutines (actor context)
+  std::vector<down_notice> deferred;    // down notices held while suspended
+  std::unique_ptr<restart_factory> factory;
+  restart_policy restart;
+  int restarts = 0;
+  std::chrono::nanoseconds next_backoff{0};
+  std::string failure;  // what the last failure said
+  bool down_sent = false;
+  bool named = false;
+};
+
+class system_impl {
+public:
+  system_impl(actor_system* facade, const system_config& cfg, bool manual);
+  ~system_impl();
+
+  void schedule(cell_base* c) noexcept { sched_->schedule(c); }
+  void reschedule(cell_base* c) noexcept { sched_->reschedule(c); }
+  timer_service& timers() noexcept { return *timers_; }
+
+  actor_id next_id() noexcept { return next_id_.fetch_add(1, std::memory_order_relaxed); }
+  void add_live(cell_base* c);
+  void remove_live(cell_base* c) noexcept;
+  void dead_letter(const cell_base& target, const char* kind, errc why) noexcept;
+  void forget_names_of(cell_base* c) noexcept;
+  void shutdown() noexcept;
+
+  // Keeps the runtime alive while cells exist: the facade holds one, every cell one.
+  void add_ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void release() noexcept;
+
+  actor_system* facade;
+  manual_runtime* manual = nullptr;  // set for test_system
+  unsigned throughput;
+
+  std::mutex names_mutex;
+  std::unordered_map<std::string, cell_ptr> names;
+
+  std::mutex live_mutex;
+  std::condition_variable live_cv;
+  cell_base* live_head = nullptr;
+  std::size_t live_count = 0;
+  std::atomic<bool> shutting_down{false};
+  std::atomic<std::uint64_t> dead_letters{0};
+
+private:
+  std::unique_ptr<scheduler> sched_;
+  std::unique_ptr<timer_service> timers_;
+  std::atomic<actor_id> next_id_{1};
+  std::atomic<std::size_t> refs_{1};
+  std::mutex shutdown_mutex_;
+  bool shut_down_ = false;
+};
+
+/// The test_system's scheduler and clock: runs only when told, on the calling thread.
+class manual_runtime final : public scheduler, public timer_service {
+public:
+  void schedule(cell_base* c) noexcept override { queue_.push_back(c); }
+  void reschedule(cell_base* c) noexcept override { queue_.push_back(c); }
+  void stop() noexcept override;
+  void add(std::chrono::nanoseconds delay, std::chrono::nanoseconds period,
+           std::function<bool()> fire, std::shared_ptr<std::atomic<bool>> cancelled) override;
+
+  bool run_one() noexcept;
+  std::size_t run_until_idle() noexcept;
+  /// Fires the earliest timer due at or before `limit`; false when there is none.
+  bool fire_next(std::chrono::nanoseconds limit);
+  void advance(std::chrono::nanoseconds d);
+  std::chrono::nanoseconds now() const noexcept { return now_; }
+  bool has_timers() const noexcept { return !timers_.empty(); }
+
+  unsigned throughput = 64;
+
+private:
+  struct entry {
+    std::chrono::nanoseconds period;
+    std::function<bool()> fire;
+    std::shared_ptr<std::atomic<bool>> cancelled;
+  };
+  std::deque<cell_base*> queue_;
+  std::multimap<std::pair<std::chrono::nanoseconds, std::uint64_t>, entry> timers_;
+  std::uint64_t seq_ = 0;
+  std::chrono::nanoseconds now_{0};
+  bool stopped_ = false;
+};
+
+}  // namespace troupe::detail
+
+namespace troupe::detail {
+message_ptr make_start_message();
+void mark_named(cell_base& c);
+}  // namespace troupe::detail

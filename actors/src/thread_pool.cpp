@@ -1,0 +1,347 @@
+// The work-stealing scheduler behind actor_system.
+//
+// Each worker has a LIFO slot and a local FIFO queue; threads outside the pool push to a
+// global queue. An actor that a worker wakes up (by sending it a message) goes to that
+// worker's LIFO slot and runs next on the same thread while its data is hot: a request and
+// its reply ping-pong on one core without waking anybody. The slot is never stolen, so
+// filling it wakes nobody; only work that others can take (a displaced slot occupant, a
+// second runnable actor, the global queue) wakes an idle worker, and only when no worker
+// is already searching for work.
+//
+// Idle protocol. A worker without work first spins for a while as the one "searching"
+// worker (at most half of the pool searches), then parks on its futex after announcing
+// itself in the idle list and re-checking every queue. A producer publishes its work
+// first and then reads `sleeping_`/`searching_`; both sides use sequentially consistent
+// operations, so either the producer sees the sleeper or the sleeper sees the work.
+
+#include <algorithm>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "sync.hpp"
+#include "system.hpp"
+#include "troupe/core/log.hpp"
+
+namespace troupe::detail {
+namespace {
+
+/// A growable ring of cells, guarded by its owner's spinlock.
+class ring {
+public:
+  bool empty() const noexcept { return count_ == 0; }
+  std::size_t size() const noexcept { return count_; }
+  void push_back(cell_base* c) {
+    if (count_ == buf_.size()) grow();
+    buf_[(head_ + count_) & (buf_.size() - 1)] = c;
+    ++count_;
+  }
+  cell_base* pop_front() noexcept {
+    cell_base* c = buf_[head_];
+    head_ = (head_ + 1) & (buf_.size() - 1);
+    --count_;
+    return c;
+  }
+
+private:
+  void grow() {
+    std::vector<cell_base*> next(buf_.empty() ? 256 : buf_.size() * 2);
+    for (std::size_t i = 0; i < count_; ++i) next[i] = buf_[(head_ + i) & (buf_.size() - 1)];
+    buf_.swap(next);
+    head_ = 0;
+  }
+  std::vector<cell_base*> buf_;
+  std::size_t head_ = 0;
+  std::size_t count_ = 0;
+};
+
+class thread_pool;
+
+struct worker {
+  thread_pool* pool = nullptr;
+  unsigned index = 0;
+  std::thread thread;
+  cell_base* lifo = nullptr;  // owner only
+  unsigned lifo_streak = 0;
+  unsigned tick = 0;
+  std::uint64_t rng = 0;
+  spinlock qlock;
+  ring queue;
+  std::atomic<std::size_t> qsize{0};
+  std::atomic<std::uint32_t> parked{0};
+};
+
+thread_local worker* tls_worker = nullptr;
+
+constexpr unsigned max_lifo_streak = 16;
+constexpr unsigned global_check_interval = 61;
+constexpr int spin_rounds = 4000;
+
+class thread_pool final : public scheduler {
+public:
+  thread_pool(system_impl& sys, unsigned threads, unsigned throughput)
+      : sys_(sys), throughput_(throughput) {
+    max_searching_ = std::max(1u, threads / 2);
+    for (unsigned i = 0; i < threads; ++i) {
+      auto w = std::make_unique<worker>();
+      w->pool = this;
+      w->index = i;
+      w->rng = 0x9e3779b97f4a7c15ull * (i + 1);
+      workers_.push_back(std::move(w));
+    }
+    for (auto& w : workers_) w->thread = std::thread([this, p = w.get()] { run(*p); });
+  }
+
+  ~thread_pool() override { stop(); }
+
+  void schedule(cell_base* c) noexcept override {
+    if (stopped_.load(std::memory_order_acquire)) {
+      run_inline(c);
+      return;
+    }
+    worker* w = tls_worker;
+    if (w != nullptr && w->pool == this) {
+      if (w->lifo != nullptr) {
+        push_local(*w, w->lifo);
+        w->lifo = c;
+        notify_if_needed();
+      } else {
+        w->lifo = c;
+      }
+      return;
+    }
+    push_global(c);
+  }
+
+  void reschedule(cell_base* c) noexcept override {
+    if (stopped_.load(std::memory_order_acquire)) {
+      run_inline(c);
+      return;
+    }
+    worker* w = tls_worker;
+    if (w != nullptr && w->pool == this) {
+      push_local(*w, c);
+      // Wake a thief only for work this worker will not run next.
+      if (w->lifo != nullptr || w->qsize.load(std::memory_order_relaxed) > 1) notify_if_needed();
+      return;
+    }
+    push_global(c);
+  }
+
+  void stop() noexcept override {
+    if (stopping_.exchange(true)) {
+      return;
+    }
+    for (auto& w : workers_) {
+      w->parked.store(0, std::memory_order_seq_cst);
+      futex_wake_one(w->parked);
+    }
+    for (auto& w : workers_) {
+      if (w->thread.joinable()) w->thread.join();
+    }
+    stopped_.store(true, std::memory_order_release);
+    // Whatever is still queued belongs to dead actors: let them refuse their messages.
+    for (;;) {
+      cell_base* c = nullptr;
+      for (auto& w : workers_) {
+        if (w->lifo) {
+          c = std::exchange(w->lifo, nullptr);
+          break;
+        }
+        std::lock_guard lock(w->qlock);
+        if (!w->queue.empty()) {
+          c = w->queue.pop_front();
+          break;
+        }
+      }
+      if (!c) {
+        std::lock_guard lock(global_mutex_);
+        if (!global_.empty()) c = global_.pop_front();
+      }
+      if (!c) break;
+      run_inline(c);
+    }
+  }
+
+private:
+  void run_inline(cell_base* c) noexcept {
+    // After stop only dead actors remain; their slices only refuse messages.
+    c->run_slice(~0u);
+  }
+
+  void push_local(worker& w, cell_base* c) noexcept {
+    {
+      std::lock_guard lock(w.qlock);
+      w.queue.push_back(c);
+    }
+    w.qsize.fetch_add(1, std::memory_order_seq_cst);
+  }
+
+  void push_global(cell_base* c) noexcept {
+    {
+      std::lock_guard lock(global_mutex_);
+      global_.push_back(c);
+    }
+    global_size_.fetch_add(1, std::memory_order_seq_cst);
+    notify_if_needed();
+  }
+
+  cell_base* pop_local(worker& w) noexcept {
+    if (w.qsize.load(std::memory_order_relaxed) == 0) return nullptr;
+    std::lock_guard lock(w.qlock);
+    if (w.queue.empty()) return nullptr;
+    w.qsize.fetch_sub(1, std::memory_order_relaxed);
+    return w.queue.pop_front();
+  }
+
+  cell_base* pop_global() noexcept {
+    if (global_size_.load(std::memory_order_relaxed) == 0) return nullptr;
+    std::lock_guard lock(global_mutex_);
+    if (global_.empty()) return nullptr;
+    global_size_.fetch_sub(1, std::memory_order_relaxed);
+    return global_.pop_front();
+  }
+
+  /// Takes half of a victim's queue: one to run, the rest into our queue.
+  cell_base* steal(worker& w) noexcept {
+    const std::size_t n = workers_.size();
+    if (n < 2) return nullptr;
+    w.rng ^= w.rng << 13;
+    w.rng ^= w.rng >> 7;
+    w.rng ^= w.rng << 17;
+    const std::size_t start = w.rng % n;
+    for (std::size_t i = 0; i < n; ++i) {
+      worker& v = *workers_[(start + i) % n];
+      if (&v == &w || v.qsize.load(std::memory_order_relaxed) == 0) continue;
+      cell_base* first = nullptr;
+      std::vector<cell_base*> moved;
+      {
+        std::lock_guard lock(v.qlock);
+        std::size_t take = (v.queue.size() + 1) / 2;
+        if (take == 0) continue;
+        first = v.queue.pop_front();
+        for (std::size_t k = 1; k < take; ++k) moved.push_back(v.queue.pop_front());
+        v.qsize.fetch_sub(take, std::memory_order_relaxed);
+      }
+      for (auto* c : moved) push_local(w, c);
+      return first;
+    }
+    return nullptr;
+  }
+
+  cell_base* next(worker& w) noexcept {
+    if (++w.tick % global_check_interval == 0) {
+      if (auto* c = pop_global()) return c;
+    }
+    if (w.lifo != nullptr) {
+      if (w.lifo_streak < max_lifo_streak) {
+        ++w.lifo_streak;
+        return std::exchange(w.lifo, nullptr);
+      }
+      // Let queued work through: the slot's occupant waits its turn in the queue.
+      push_local(w, std::exchange(w.lifo, nullptr));
+    }
+    w.lifo_streak = 0;
+    if (auto* c = pop_local(w)) return c;
+    if (auto* c = pop_global()) return c;
+    return steal(w);
+  }
+
+  bool work_visible() const noexcept {
+    if (global_size_.load(std::memory_order_seq_cst) != 0) return true;
+    for (auto& v : workers_)
+      if (v->qsize.load(std::memory_order_seq_cst) != 0) return true;
+    return false;
+  }
+
+  void notify_if_needed() noexcept {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (sleeping_.load(std::memory_order_seq_cst) == 0) return;
+    if (searching_.load(std::memory_order_seq_cst) != 0) return;
+    worker* s = nullptr;
+    {
+      std::lock_guard lock(idle_mutex_);
+      if (idle_.empty()) return;
+      s = idle_.back();
+      idle_.pop_back();
+      sleeping_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+    s->parked.store(0, std::memory_order_seq_cst);
+    futex_wake_one(s->parked);
+  }
+
+  /// Spins as a searching worker; returns work if some shows up.
+  cell_base* search(worker& w) noexcept {
+    if (searching_.load(std::memory_order_relaxed) >= max_searching_) return nullptr;
+    searching_.fetch_add(1, std::memory_order_seq_cst);
+    cell_base* found = nullptr;
+    for (int i = 0; i < spin_rounds && !stopping_.load(std::memory_order_relaxed); ++i) {
+      if (work_visible()) {
+        if ((found = pop_global()) || (found = steal(w))) break;
+      }
+      cpu_relax();
+      if ((i & 63) == 63) std::this_thread::yield();
+    }
+    searching_.fetch_sub(1, std::memory_order_seq_cst);
+    return found;
+  }
+
+  void park(worker& w) noexcept {
+    {
+      std::lock_guard lock(idle_mutex_);
+      w.parked.store(1, std::memory_order_seq_cst);
+      idle_.push_back(&w);
+      sleeping_.fetch_add(1, std::memory_order_seq_cst);
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (work_visible() || stopping_.load(std::memory_order_seq_cst)) {
+      std::lock_guard lock(idle_mutex_);
+      auto it = std::find(idle_.begin(), idle_.end(), &w);
+      if (it != idle_.end()) {
+        idle_.erase(it);
+        sleeping_.fetch_sub(1, std::memory_order_seq_cst);
+        w.parked.store(0, std::memory_order_seq_cst);
+      }
+    }
+    while (w.parked.load(std::memory_order_seq_cst) == 1) futex_wait(w.parked, 1);
+  }
+
+  void run(worker& w) noexcept {
+    tls_worker = &w;
+    tls_on_worker() = true;
+    while (!stopping_.load(std::memory_order_relaxed)) {
+      cell_base* c = next(w);
+      if (c == nullptr) c = search(w);
+      if (c != nullptr) {
+        c->run_slice(throughput_);
+        continue;
+      }
+      park(w);
+    }
+    tls_worker = nullptr;
+    tls_on_worker() = false;
+  }
+
+  system_impl& sys_;
+  unsigned throughput_;
+  unsigned max_searching_;
+  std::vector<std::unique_ptr<worker>> workers_;
+  std::mutex global_mutex_;
+  ring global_;
+  std::atomic<std::size_t> global_size_{0};
+  std::atomic<unsigned> searching_{0};
+  std::atomic<unsigned> sleeping_{0};
+  std::mutex idle_mutex_;
+  std::vector<worker*> idle_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace
+
+std::unique_ptr<scheduler> make_thread_pool(system_impl& sys, unsigned threads,
+                                            unsigned throughput) {
+  return std::make_unique<thread_pool>(sys, threads, throughput);
+}
+
+}  // namespace troupe::detail

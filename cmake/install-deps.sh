@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs the Debian packages troupe builds and runs with. Idempotent: only
+# packages that are missing are installed, and nothing is done when all are present.
+#
+#   cmake/install-deps.sh            # the packages the build and tests need
+#   cmake/install-deps.sh --bench    # also CAF, the anchor the benchmarks compare against
+set -euo pipefail
+
+packages=(
+  cmake g++ make pkg-config ccache
+  libboost1.81-dev            # Boost.Asio (header-only) for the TCP transport
+  capnproto libcapnp-dev      # the wire format
+  libspdlog-dev libfmt-dev    # logging
+  libcli11-dev                # the troupe command's argument parsing
+  libgtest-dev libgmock-dev   # tests
+  libbenchmark-dev            # micro-benchmarks
+  libopenblas-dev zlib1g-dev  # GEMM, gzip'd datasets
+  dataset-fashion-mnist       # real training data
+)
+if [[ "${1:-}" == "--bench" ]]; then
+  packages+=(libcaf-dev)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+echo "troupe: installing missing Debian packages: ${missing[*]}"
+sudo=""
+if [[ "$(id -u)" -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    sudo="sudo"
+  else
+    echo "troupe: these packages are missing and installing them needs root:" >&2
+    echo "  apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+# A fresh machine may not know the packages until the lists are updated once.
+if ! $sudo apt-get install -y --no-install-recommends "${missing[@]}"; then
+  $sudo apt-get update
+  $sudo apt-get install -y --no-install-recommends "${missing[@]}"
+fi

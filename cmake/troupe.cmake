@@ -1,0 +1,44 @@
+# troupe_add_module(<name> [SOURCES ...] [PUBLIC_DEPS ...] [PRIVATE_DEPS ...])
+#
+# Gives every module the same shape: target troupe_<name> with alias troupe::<name>,
+# public headers in <name>/include (included as <troupe/<name>/...>), private sources
+# and headers in <name>/src. A module without sources yet is an INTERFACE library so
+# that others can already link against it.
+function(troupe_add_module name)
+  cmake_parse_arguments(M "" "" "SOURCES;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
+  set(target troupe_${name})
+  if(M_SOURCES)
+    add_library(${target} STATIC ${M_SOURCES})
+    target_include_directories(${target}
+      PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include
+      PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
+    target_link_libraries(${target} PUBLIC ${M_PUBLIC_DEPS} PRIVATE ${M_PRIVATE_DEPS})
+    target_compile_options(${target} PRIVATE
+      $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wno-unused-parameter>)
+    set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  else()
+    add_library(${target} INTERFACE)
+    if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/include)
+      target_include_directories(${target} INTERFACE ${CMAKE_CURRENT_SOURCE_DIR}/include)
+    endif()
+    target_link_libraries(${target} INTERFACE ${M_PUBLIC_DEPS})
+  endif()
+  add_library(troupe::${name} ALIAS ${target})
+endfunction()
+
+# troupe_add_module_tests(<module> [DEPS ...])
+#
+# One GoogleTest executable per module, <module>_test, from tests/<module>/*_test.cpp,
+# registered with ctest (one ctest entry per test case).
+function(troupe_add_module_tests module)
+  cmake_parse_arguments(T "" "" "DEPS" ${ARGN})
+  file(GLOB sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${module}/*_test.cpp)
+  if(NOT sources)
+    return()
+  endif()
+  add_executable(${module}_test ${sources})
+  target_link_libraries(${module}_test PRIVATE troupe::${module} ${T_DEPS} GTest::gtest GTest::gtest_main)
+  target_compile_options(${module}_test PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  include(GoogleTest)
+  gtest_discover_tests(${module}_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300)
+endfunction()

@@ -1,0 +1,115 @@
+#include "troupe/core/trace.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "troupe/core/log.hpp"
+
+namespace troupe::trace {
+namespace detail {
+std::atomic<bool> enabled_flag{false};
+}
+
+namespace {
+
+struct event {
+  const char* name;
+  const char* category;
+  std::int64_t begin_ns;
+  std::int64_t dur_ns;
+  std::uint64_t id;
+};
+
+struct thread_buffer {
+  int tid;
+  std::mutex mutex;  // uncontended: only flush() takes it from another thread
+  std::vector<event> events;
+};
+
+struct recorder {
+  std::string path;
+  std::mutex mutex;
+  std::vector<std::shared_ptr<thread_buffer>> buffers;
+
+  recorder() {
+    if (const char* env = std::getenv("TROUPE_TRACE"); env && *env) {
+      path = env;
+      detail::enabled_flag.store(true, std::memory_order_relaxed);
+      std::atexit([] { flush(); });
+    }
+  }
+
+  std::shared_ptr<thread_buffer> add_thread() {
+    std::lock_guard lock(mutex);
+    auto b = std::make_shared<thread_buffer>();
+    b->tid = static_cast<int>(buffers.size()) + 1;
+    buffers.push_back(b);
+    return b;
+  }
+};
+
+recorder& the_recorder() {
+  static recorder r;
+  return r;
+}
+
+// Reads TROUPE_TRACE before main() so that enabled() is right from the start.
+[[maybe_unused]] const bool initialized = (the_recorder(), true);
+
+thread_buffer& local_buffer() {
+  thread_local std::shared_ptr<thread_buffer> buffer = the_recorder().add_thread();
+  return *buffer;
+}
+
+}  // namespace
+
+std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void record(const char* name, const char* category, std::int64_t begin_ns, std::int64_t dur_ns,
+            std::uint64_t id) noexcept {
+  if (!enabled()) return;
+  try {
+    auto& b = local_buffer();
+    std::lock_guard lock(b.mutex);
+    b.events.push_back({name, category, begin_ns, dur_ns, id});
+  } catch (...) {
+    // Out of memory while tracing: drop the event rather than disturb the program.
+  }
+}
+
+void flush() {
+  auto& r = the_recorder();
+  if (r.path.empty()) return;
+  std::lock_guard lock(r.mutex);
+  std::FILE* f = std::fopen(r.path.c_str(), "w");
+  if (!f) {
+    log().error("TROUPE_TRACE: cannot write '{}'", r.path);
+    return;
+  }
+  std::fputs("{\"traceEvents\":[\n", f);
+  bool first = true;
+  for (auto& b : r.buffers) {
+    std::lock_guard block(b->mutex);
+    for (const auto& e : b->events) {
+      std::fprintf(f,
+                   "%s{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
+                   "\"pid\":1,\"tid\":%d,\"args\":{\"id\":%llu}}",
+                   first ? "" : ",\n", e.name, e.category, e.begin_ns / 1000.0, e.dur_ns / 1000.0,
+                   b->tid, static_cast<unsigned long long>(e.id));
+      first = false;
+    }
+  }
+  std::fputs("\n],\"displayTimeUnit\":\"ns\"}\n", f);
+  std::fclose(f);
+}
+
+}  // namespace troupe::trace
