@@ -393,9 +393,8 @@ void cell_base::fail(std::exception_ptr e) noexcept {
   ex->failure = what;
   auto delay = ex->next_backoff;
   ex->next_backoff = std::min<std::chrono::nanoseconds>(
-      std::chrono::nanoseconds(static_cast<std::int64_t>(
-          static_cast<double>(std::max<std::chrono::nanoseconds>(delay, std::chrono::milliseconds(1)).count()) *
-          ex->restart.backoff_multiplier)),
+      std::chrono::nanoseconds(static_cast<std::int64_t>(static_cast<double>(delay.count()) *
+                                                         ex->restart.backoff_multiplier)),
       ex->restart.max_backoff);
   log().warn("actor {} ({}) failed: {}; restart {} in {} ms", id_, type_name(), what, ex->restarts,
              std::chrono::duration_cast<std::chrono::milliseconds>(delay).count());

@@ -1,0 +1,53 @@
+# The front door. Every target installs missing Debian packages and configures CMake first.
+#   make run     the main job with defaults (for now: the tour of the examples)
+#   make test    build everything and run the tests
+#   make bench   run the benchmark suites (and the CAF anchor side by side when installed)
+#   make tsan    build and run the actor runtime's tests under ThreadSanitizer
+
+BUILD      ?= build
+TSAN_BUILD ?= build-tsan
+JOBS       ?= $(shell nproc)
+GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
+CMAKE_ARGS ?=
+
+.PHONY: all deps deps-bench configure build run test bench tsan clean
+
+all: build
+
+deps:
+	@cmake/install-deps.sh
+
+deps-bench:
+	@cmake/install-deps.sh --bench
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
+
+configure: deps $(BUILD)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	@examples/tour.sh $(BUILD)/bin
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+bench: deps-bench configure
+	cmake --build $(BUILD) -j $(JOBS)
+	@if [ -x $(BUILD)/bin/caf_bench ]; then tests/bench/compare.sh --build $(BUILD); \
+	else $(BUILD)/bin/troupe bench actors; fi
+
+$(TSAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(TSAN_BUILD) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DTROUPE_SANITIZE=thread -DTROUPE_WITH_CUDA=OFF -DTROUPE_BUILD_BENCH=OFF \
+	  -DTROUPE_BUILD_EXAMPLES=OFF $(CMAKE_ARGS)
+
+tsan: deps $(TSAN_BUILD)/CMakeCache.txt
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target actors_test
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" TROUPE_STRESS_SCALE=small \
+	  $(TSAN_BUILD)/bin/actors_test
+
+clean:
+	rm -rf $(BUILD) $(TSAN_BUILD)

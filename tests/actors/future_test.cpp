@@ -1,0 +1,169 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include <troupe/actors/actor_system.hpp>
+
+namespace {
+
+using namespace std::chrono_literals;
+using troupe::actor_ref;
+using troupe::errc;
+using troupe::future;
+using troupe::test_system;
+
+struct echo {
+  int value(int x) { return x; }
+};
+
+struct slow {
+  int value(int x) {
+    std::this_thread::sleep_for(50ms);
+    return x;
+  }
+};
+
+errc code_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const troupe::error& e) {
+    return e.code_value();
+  }
+  return errc::ok;
+}
+
+TEST(Future, AnAskOvertakenByStopFailsAtOnceWithActorDead) {
+  test_system sys;
+  auto e = sys.spawn<echo>();
+  auto f = e.ask(&echo::value, 1);
+  e.stop();
+  // stop overtakes the ask: the ask fails at once with actor_dead rather than hanging.
+  EXPECT_EQ(code_of([&] { f.get(); }), errc::actor_dead);
+}
+
+TEST(Future, ThenOutsideActorsRunsWhenTheReplyArrives) {
+  test_system sys;
+  auto e = sys.spawn<echo>();
+  int got = 0;
+  e.ask(&echo::value, 5).then([&](int v) { got = v; });
+  EXPECT_EQ(got, 0);
+  sys.run_until_idle();
+  EXPECT_EQ(got, 5);
+}
+
+TEST(Future, ThenWithAnErrorHandlerReceivesTheError) {
+  test_system sys;
+  struct thrower {
+    int boom() { throw std::runtime_error("boom"); }
+  };
+  auto t = sys.spawn<thrower>();
+  std::string error;
+  bool value_called = false;
+  t.ask(&thrower::boom).then([&](int) { value_called = true; },
+                             [&](std::exception_ptr e) {
+                               try {
+                                 std::rethrow_exception(e);
+                               } catch (const std::exception& ex) {
+                                 error = ex.what();
+                               }
+                             });
+  sys.run_until_idle();
+  EXPECT_FALSE(value_called);
+  EXPECT_EQ(error, "boom");
+}
+
+struct asker {
+  actor_ref<echo> peer;
+  int total = 0;
+  int callbacks_on_this_actor = 0;
+  void start(int n) {
+    for (int i = 1; i <= n; ++i)
+      peer.ask(&echo::value, i).then([this](int v) {
+        total += v;  // runs in this actor's context: no data race
+        if (troupe::this_actor::id() == self_id) ++callbacks_on_this_actor;
+      });
+  }
+  troupe::actor_id self_id = 0;
+  void remember_id() { self_id = troupe::this_actor::id(); }
+  std::pair<int, int> result() const { return {total, callbacks_on_this_actor}; }
+};
+
+TEST(Future, ThenInsideAnActorRunsInThatActorsContext) {
+  troupe::actor_system sys{{.threads = 2}};
+  auto e = sys.spawn<echo>();
+  auto a = sys.spawn<asker>(e);
+  a.tell(&asker::remember_id);
+  a.tell(&asker::start, 1000);
+  std::pair<int, int> r;
+  for (int i = 0; i < 2000; ++i) {
+    r = a.ask(&asker::result).get();
+    if (r.second == 1000) break;
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(r.first, 1000 * 1001 / 2);
+  EXPECT_EQ(r.second, 1000);
+}
+
+TEST(Future, TimeoutFailsAnUnansweredAskOnTheVirtualClock) {
+  test_system sys;
+  auto e = sys.spawn<echo>();
+  auto f = e.ask(&echo::value, 3).timeout(10ms);
+  // Not yet run, not yet timed out.
+  sys.advance(5ms);
+  EXPECT_TRUE(f.ready());  // advance runs the system: the reply came first
+  EXPECT_EQ(f.get(), 3);
+
+  auto g = e.ask(&echo::value, 4);
+  auto h = std::move(g).timeout(10ms);
+  e.stop();  // never answered: actor_dead comes first
+  EXPECT_EQ(code_of([&] { h.get(); }), errc::actor_dead);
+}
+
+TEST(Future, TimeoutFiresWhenTheActorIsBusy) {
+  troupe::actor_system sys{{.threads = 1}};
+  auto s = sys.spawn<slow>();
+  s.tell(&slow::value, 0);  // keeps the actor busy for 50 ms
+  auto f = s.ask(&slow::value, 1).timeout(5ms);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(code_of([&] { f.get(); }), errc::timeout);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 45ms);
+}
+
+TEST(Future, GetOnAnActorThreadIsRefusedNotADeadlock) {
+  troupe::actor_system sys{{.threads = 2}};
+  struct blocker {
+    actor_ref<echo> peer;
+    int try_blocking() {
+      try {
+        peer.ask(&echo::value, 1).get();
+      } catch (const troupe::error& e) {
+        return static_cast<int>(e.code_value());
+      }
+      return 0;
+    }
+  };
+  auto e = sys.spawn<echo>();
+  auto b = sys.spawn<blocker>(e);
+  EXPECT_EQ(b.ask(&blocker::try_blocking).get(), static_cast<int>(errc::would_deadlock));
+}
+
+TEST(Future, BlockingGetFromManyThreadsSeesEveryReply) {
+  troupe::actor_system sys{{.threads = 2}};
+  auto e = sys.spawn<echo>();
+  std::atomic<long long> sum{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 2000; ++i) sum += e.ask(&echo::value, t * 10000 + i).get();
+    });
+  for (auto& th : threads) th.join();
+  long long expected = 0;
+  for (int t = 0; t < 4; ++t)
+    for (int i = 0; i < 2000; ++i) expected += t * 10000 + i;
+  EXPECT_EQ(sum.load(), expected);
+}
+
+}  // namespace

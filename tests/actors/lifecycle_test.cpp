@@ -1,0 +1,333 @@
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <troupe/actors/actor_system.hpp>
+
+namespace {
+
+using namespace std::chrono_literals;
+using troupe::actor_ref;
+using troupe::down_notice;
+using troupe::errc;
+using troupe::exit_reason;
+using troupe::spawn_options;
+using troupe::test_system;
+
+struct journal {
+  std::vector<std::string> lines;
+};
+
+struct hooked {
+  std::shared_ptr<journal> j;
+  explicit hooked(std::shared_ptr<journal> jj) : j(std::move(jj)) { j->lines.push_back("ctor"); }
+  ~hooked() { j->lines.push_back("dtor"); }
+  void on_start() { j->lines.push_back("start"); }
+  void on_stop() { j->lines.push_back("stop"); }
+  void work(int i) { j->lines.push_back("work " + std::to_string(i)); }
+  int value() { return 1; }
+};
+
+TEST(Lifecycle, HooksRunInOrderAroundTheMessages) {
+  test_system sys;
+  auto j = std::make_shared<journal>();
+  auto h = sys.spawn<hooked>(j);
+  h.tell(&hooked::work, 1);
+  sys.run_until_idle();
+  h.stop();
+  sys.run_until_idle();
+  EXPECT_EQ(j->lines, (std::vector<std::string>{"ctor", "start", "work 1", "stop", "dtor"}));
+  EXPECT_FALSE(h.alive());
+  EXPECT_EQ(sys.live_actors(), 0u);
+}
+
+TEST(Lifecycle, StopOvertakesQueuedMessagesAndTheirAsksFailAtOnce) {
+  test_system sys;
+  auto j = std::make_shared<journal>();
+  auto h = sys.spawn<hooked>(j);
+  std::vector<troupe::future<int>> asks;
+  for (int i = 0; i < 5; ++i) asks.push_back(h.ask(&hooked::value));
+  h.tell(&hooked::work, 7);
+  h.stop();
+  sys.run_until_idle();
+  for (auto& f : asks) {
+    ASSERT_TRUE(f.ready());
+    try {
+      f.get();
+      FAIL() << "expected actor_dead";
+    } catch (const troupe::error& e) {
+      EXPECT_EQ(e.code_value(), errc::actor_dead);
+    }
+  }
+  // The five asks and the tell reached no method: all counted as dead letters.
+  EXPECT_EQ(sys.dead_letters(), 6u);
+  for (auto& l : j->lines) EXPECT_NE(l, "work 7");
+}
+
+TEST(Lifecycle, MessagesToADeadActorAreDeadLetters) {
+  test_system sys;
+  auto j = std::make_shared<journal>();
+  auto h = sys.spawn<hooked>(j);
+  h.stop();
+  sys.run_until_idle();
+  h.tell(&hooked::work, 1);
+  auto f = h.ask(&hooked::value);
+  EXPECT_TRUE(f.ready());
+  EXPECT_THROW(f.get(), troupe::error);
+  EXPECT_EQ(sys.dead_letters(), 2u);
+}
+
+TEST(Lifecycle, ThisActorStopEndsTheActorAfterTheCurrentMethod) {
+  struct quitter {
+    int n = 0;
+    int quit() {
+      troupe::this_actor::stop();
+      return ++n;
+    }
+  };
+  test_system sys;
+  auto q = sys.spawn<quitter>();
+  EXPECT_EQ(q.ask(&quitter::quit).get(), 1);
+  auto second = q.ask(&quitter::quit);
+  sys.run_until_idle();
+  EXPECT_THROW(second.get(), troupe::error);
+  EXPECT_FALSE(q.alive());
+}
+
+struct watcher {
+  std::vector<down_notice> notices;
+  template <class T>
+  void watch(actor_ref<T> target) {
+    troupe::this_actor::monitor(target);
+  }
+  void on_down(const down_notice& n) { notices.push_back(n); }
+  std::vector<down_notice> seen() const { return notices; }
+};
+
+struct fragile {
+  void crash(std::string why) { throw std::runtime_error(why); }
+  int ping() { return 1; }
+};
+
+TEST(Monitor, TheWatcherReceivesADownNoticeWithTheReason) {
+  test_system sys;
+  auto w = sys.spawn<watcher>();
+  auto a = sys.spawn<fragile>();
+  auto b = sys.spawn<fragile>();
+  w.tell(&watcher::watch<fragile>, a);
+  w.tell(&watcher::watch<fragile>, b);
+  sys.run_until_idle();
+  a.stop();
+  b.tell(&fragile::crash, std::string("disk on fire"));
+  sys.run_until_idle();
+  auto seen = w.ask(&watcher::seen).get();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].id, a.id());
+  EXPECT_EQ(seen[0].reason, exit_reason::stopped);
+  EXPECT_EQ(seen[1].id, b.id());
+  EXPECT_EQ(seen[1].reason, exit_reason::failed);
+  EXPECT_EQ(seen[1].what, "disk on fire");
+}
+
+TEST(Monitor, WatchingAnActorThatIsAlreadyGoneNotifiesAtOnce) {
+  test_system sys;
+  auto a = sys.spawn<fragile>();
+  a.stop();
+  sys.run_until_idle();
+  auto w = sys.spawn<watcher>();
+  w.tell(&watcher::watch<fragile>, a);
+  sys.run_until_idle();
+  EXPECT_EQ(w.ask(&watcher::seen).get().size(), 1u);
+  auto f = sys.monitor(a);
+  EXPECT_TRUE(f.ready());
+  EXPECT_EQ(f.get().reason, exit_reason::stopped);
+}
+
+TEST(Monitor, AClassWithoutOnDownCannotMonitor) {
+  struct blind {
+    void watch(actor_ref<fragile> t) { troupe::this_actor::monitor(t); }
+  };
+  test_system sys;
+  auto a = sys.spawn<fragile>();
+  auto b = sys.spawn<blind>();
+  EXPECT_THROW(b.ask(&blind::watch, a).get(), std::invalid_argument);
+}
+
+struct flaky {
+  static inline int constructed = 0;
+  int generation;
+  std::string name;
+  explicit flaky(std::string n) : generation(++constructed), name(std::move(n)) {}
+  void crash() { throw std::runtime_error("crash"); }
+  std::string who() const { return name + "#" + std::to_string(generation); }
+};
+
+TEST(Supervision, AFailedActorIsRecreatedFromItsConstructorArguments) {
+  flaky::constructed = 0;
+  test_system sys;
+  auto f = sys.spawn<flaky>(spawn_options{.restart = {.max_restarts = 2}}, std::string("w"));
+  EXPECT_EQ(f.ask(&flaky::who).get(), "w#1");
+  f.tell(&flaky::crash);
+  EXPECT_EQ(f.ask(&flaky::who).get(), "w#2");  // the same ref reaches the new instance
+  f.tell(&flaky::crash);
+  EXPECT_EQ(f.ask(&flaky::who).get(), "w#3");
+  auto down = sys.monitor(f);
+  f.tell(&flaky::crash);  // the third failure exceeds max_restarts
+  EXPECT_EQ(down.get().reason, exit_reason::failed);
+  EXPECT_FALSE(f.alive());
+  EXPECT_EQ(flaky::constructed, 3);
+}
+
+TEST(Supervision, RestartsWaitForTheirBackoffAndKeepQueuedMessages) {
+  flaky::constructed = 0;
+  test_system sys;
+  auto f = sys.spawn<flaky>(
+      spawn_options{.restart = {.max_restarts = -1, .backoff = 100ms, .backoff_multiplier = 2.0}},
+      std::string("b"));
+  f.tell(&flaky::crash);
+  auto who = f.ask(&flaky::who);
+  sys.run_until_idle();
+  EXPECT_FALSE(who.ready());  // waiting for the backoff: the message is kept, not lost
+  sys.advance(99ms);
+  EXPECT_FALSE(who.ready());
+  sys.advance(1ms);
+  ASSERT_TRUE(who.ready());
+  EXPECT_EQ(who.get(), "b#2");
+  f.tell(&flaky::crash);  // the second backoff is twice as long
+  auto again = f.ask(&flaky::who);
+  sys.advance(199ms);
+  EXPECT_FALSE(again.ready());
+  sys.advance(1ms);
+  EXPECT_EQ(again.get(), "b#3");
+}
+
+TEST(Supervision, AnAskedExceptionDoesNotFailTheActorUnlessAskedTo) {
+  flaky::constructed = 0;
+  test_system sys;
+  auto keep = sys.spawn<flaky>(spawn_options{.restart = {.max_restarts = 1}}, std::string("k"));
+  EXPECT_THROW(keep.ask(&flaky::crash).get(), std::runtime_error);
+  EXPECT_EQ(keep.ask(&flaky::who).get(), "k#1");
+  auto strict = sys.spawn<flaky>(
+      spawn_options{.restart = {.max_restarts = 1}, .fail_on_ask_exception = true}, std::string("s"));
+  EXPECT_THROW(strict.ask(&flaky::crash).get(), std::runtime_error);
+  EXPECT_EQ(strict.ask(&flaky::who).get(), "s#3");
+}
+
+TEST(Supervision, RestartNeedsCopyableArguments) {
+  struct owner {
+    explicit owner(std::unique_ptr<int>) {}
+  };
+  test_system sys;
+  EXPECT_THROW(sys.spawn<owner>(spawn_options{.restart = {.max_restarts = 1}}, std::make_unique<int>(1)),
+               std::invalid_argument);
+  EXPECT_NO_THROW(sys.spawn<owner>(std::make_unique<int>(1)));
+}
+
+TEST(Registry, NamedActorsAreFoundByNameAndType) {
+  test_system sys;
+  auto a = sys.spawn<fragile>();
+  sys.register_name("fragile", a);
+  auto found = sys.lookup<fragile>("fragile");
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->id(), a.id());
+  EXPECT_FALSE(sys.lookup<fragile>("nobody").has_value());
+  try {
+    sys.lookup<watcher>("fragile");
+    FAIL() << "expected type_mismatch";
+  } catch (const troupe::error& e) {
+    EXPECT_EQ(e.code_value(), errc::type_mismatch);
+  }
+  auto b = sys.spawn<fragile>();
+  try {
+    sys.register_name("fragile", b);
+    FAIL() << "expected name_taken";
+  } catch (const troupe::error& e) {
+    EXPECT_EQ(e.code_value(), errc::name_taken);
+  }
+}
+
+TEST(Registry, ANameIsReleasedWhenItsActorDies) {
+  test_system sys;
+  auto a = sys.spawn<fragile>();
+  sys.register_name("svc", a);
+  a.stop();
+  sys.run_until_idle();
+  EXPECT_FALSE(sys.lookup<fragile>("svc").has_value());
+  auto b = sys.spawn<fragile>();
+  sys.register_name("svc", b);
+  EXPECT_EQ(sys.lookup<fragile>("svc")->id(), b.id());
+  EXPECT_TRUE(sys.unregister_name("svc"));
+  EXPECT_FALSE(sys.lookup<fragile>("svc").has_value());
+}
+
+struct ticker {
+  int ticks = 0;
+  void tick(int by) { ticks += by; }
+  int count() const { return ticks; }
+};
+
+TEST(Timer, TellAfterDeliversOnceAtItsTime) {
+  test_system sys;
+  auto t = sys.spawn<ticker>();
+  sys.tell_after(50ms, t, &ticker::tick, 1);
+  sys.advance(49ms);
+  EXPECT_EQ(t.ask(&ticker::count).get(), 0);
+  sys.advance(1ms);
+  EXPECT_EQ(t.ask(&ticker::count).get(), 1);
+  sys.advance(1s);
+  EXPECT_EQ(t.ask(&ticker::count).get(), 1);
+}
+
+TEST(Timer, TellEveryRepeatsUntilCancelled) {
+  test_system sys;
+  auto t = sys.spawn<ticker>();
+  auto timer = sys.tell_every(10ms, t, &ticker::tick, 2);
+  sys.advance(35ms);
+  EXPECT_EQ(t.ask(&ticker::count).get(), 6);
+  timer.cancel();
+  sys.advance(100ms);
+  EXPECT_EQ(t.ask(&ticker::count).get(), 6);
+  EXPECT_THROW(sys.tell_every(0ms, t, &ticker::tick, 1), std::invalid_argument);
+}
+
+TEST(Timer, APeriodicTimerEndsWithItsActor) {
+  test_system sys;
+  auto t = sys.spawn<ticker>();
+  sys.tell_every(10ms, t, &ticker::tick, 1);
+  sys.advance(25ms);
+  t.stop();
+  sys.advance(100ms);
+  EXPECT_EQ(sys.dead_letters(), 0u);  // the timer saw the actor gone and stopped sending
+}
+
+TEST(Timer, TimersFireOnTheRealClockToo) {
+  troupe::actor_system sys{{.threads = 2}};
+  auto t = sys.spawn<ticker>();
+  sys.tell_after(20ms, t, &ticker::tick, 5);
+  auto t0 = std::chrono::steady_clock::now();
+  while (t.ask(&ticker::count).get() == 0 && std::chrono::steady_clock::now() - t0 < 5s)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(t.ask(&ticker::count).get(), 5);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 19ms);
+}
+
+TEST(Stats, CountersShowMessagesDepthAndBusyTime) {
+  test_system sys;
+  auto t = sys.spawn<ticker>();
+  for (int i = 0; i < 10; ++i) t.tell(&ticker::tick, 1);
+  auto before = sys.stats(t);
+  EXPECT_EQ(before.mailbox_depth, 10);
+  sys.run_until_idle();
+  auto after = sys.stats(t);
+  EXPECT_EQ(after.messages, 10u);
+  EXPECT_EQ(after.mailbox_depth, 0);
+  EXPECT_GT(after.busy.count(), 0);
+  EXPECT_NE(std::string(after.type).find("ticker"), std::string::npos);
+  EXPECT_EQ(sys.all_stats().size(), 1u);
+}
+
+}  // namespace
