@@ -24,6 +24,7 @@
 #include <cmath>
 #include <thread>
 
+#include "cycle_clock.hpp"
 #include "sync.hpp"
 #include "system.hpp"
 #include "troupe/actors/future.hpp"
@@ -249,10 +250,6 @@ void cell_base::after_drain(std::int64_t taken) noexcept {
 
 // ---- running ----------------------------------------------------------------------
 
-bool cell_base::has_work() const noexcept {
-  return !urgent_.empty() || (accepts_normal() && !normal_.empty());
-}
-
 void cell_base::handle(message* m) noexcept {
   const bool tracing = trace::enabled();
   const char* kind = tracing ? m->kind() : nullptr;
@@ -270,7 +267,7 @@ void cell_base::run_slice(unsigned budget) noexcept {
   auto& current = tls_current_cell();
   cell_base* const outer = current;
   current = this;
-  const auto t0 = trace::now_ns();
+  const auto t0 = cycle_clock::now();
   std::int64_t taken = 0;
   unsigned n = 0;
   if (!alive()) {
@@ -294,8 +291,11 @@ void cell_base::run_slice(unsigned budget) noexcept {
     }
   }
   if (taken != 0) after_drain(taken);
-  handled_.fetch_add(n, std::memory_order_relaxed);
-  busy_ns_.fetch_add(static_cast<std::uint64_t>(trace::now_ns() - t0), std::memory_order_relaxed);
+  // Only the worker running this slice writes the counters (the status handoff orders
+  // successive slices), so plain stores suffice; readers may see a slightly old value.
+  handled_.store(handled_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  busy_ticks_.store(busy_ticks_.load(std::memory_order_relaxed) + (cycle_clock::now() - t0),
+                    std::memory_order_relaxed);
   current = outer;
 
   if (throttled_on_ != nullptr) {
@@ -304,12 +304,15 @@ void cell_base::run_slice(unsigned budget) noexcept {
     receiver->release();
     if (parked) return;  // the receiver reschedules us once it has drained
   }
-  if (has_work()) {
+  const bool accepts = accepts_normal();
+  if (!urgent_.empty() || (accepts && !normal_.empty())) {
     system_->reschedule(this);
     return;
   }
   status_.store(idle, std::memory_order_seq_cst);
-  if (has_work() && status_.exchange(scheduled, std::memory_order_seq_cst) == idle) {
+  // From here on another worker may own the cell: touch only what producers touch.
+  if ((urgent_.pushed_since_empty() || (accepts && normal_.pushed_since_empty())) &&
+      status_.exchange(scheduled, std::memory_order_seq_cst) == idle) {
     system_->reschedule(this);
     return;
   }
@@ -331,6 +334,10 @@ void cell_base::reject_all(errc why) noexcept {
     m->dispose();
   }
   if (taken != 0) after_drain(taken);
+}
+
+std::uint64_t cell_base::busy_ns() const noexcept {
+  return cycle_clock::to_ns(busy_ticks_.load(std::memory_order_relaxed));
 }
 
 // ---- coroutines -------------------------------------------------------------------

@@ -34,23 +34,27 @@ void system_impl::release() noexcept {
 }
 
 void system_impl::add_live(cell_base* c) {
-  std::lock_guard lock(live_mutex);
+  std::lock_guard lock(live_lock);
   if (shutting_down.load(std::memory_order_relaxed))
     throw error(errc::system_shutdown, "spawn after the actor system began to shut down");
   c->live_prev_ = nullptr;
   c->live_next_ = live_head;
   if (live_head) live_head->live_prev_ = c;
   live_head = c;
-  ++live_count;
+  live_count.fetch_add(1, std::memory_order_relaxed);
 }
 
 void system_impl::remove_live(cell_base* c) noexcept {
-  std::lock_guard lock(live_mutex);
-  if (c->live_prev_) c->live_prev_->live_next_ = c->live_next_;
-  else live_head = c->live_next_;
-  if (c->live_next_) c->live_next_->live_prev_ = c->live_prev_;
-  c->live_prev_ = c->live_next_ = nullptr;
-  if (--live_count == 0) live_cv.notify_all();
+  bool last = false;
+  {
+    std::lock_guard lock(live_lock);
+    if (c->live_prev_) c->live_prev_->live_next_ = c->live_next_;
+    else live_head = c->live_next_;
+    if (c->live_next_) c->live_next_->live_prev_ = c->live_prev_;
+    c->live_prev_ = c->live_next_ = nullptr;
+    last = live_count.fetch_sub(1, std::memory_order_acq_rel) == 1;
+  }
+  if (last && shutting_down.load(std::memory_order_acquire)) futex_wake_all(live_count);
 }
 
 void system_impl::dead_letter(const cell_base& target, const char* kind, errc why) noexcept {
@@ -79,7 +83,7 @@ void system_impl::shutdown() noexcept {
   // Stop every live actor; each removes itself from the list when its stop has run.
   std::vector<cell_ptr> live;
   {
-    std::lock_guard lock(live_mutex);
+    std::lock_guard lock(live_lock);
     for (auto* c = live_head; c; c = c->live_next_) live.emplace_back(c);
   }
   for (auto& c : live) c->stop(exit_reason::shutdown);
@@ -87,8 +91,8 @@ void system_impl::shutdown() noexcept {
   if (manual) {
     manual->run_until_idle();
   } else {
-    std::unique_lock lock(live_mutex);
-    live_cv.wait(lock, [this] { return live_count == 0; });
+    for (std::uint32_t n; (n = live_count.load(std::memory_order_acquire)) != 0;)
+      futex_wait(live_count, n);
   }
   if (timers_) timers_->stop();
   if (manual) manual->stop();
@@ -228,18 +232,15 @@ actor_stats stats_of(cell_base& c) {
 
 std::vector<actor_stats> all_stats(system_impl& s) {
   std::vector<actor_stats> out;
-  std::lock_guard lock(s.live_mutex);
-  out.reserve(s.live_count);
+  std::lock_guard lock(s.live_lock);
+  out.reserve(s.live_count.load());
   for (auto* c = s.live_head; c; c = c->live_next_) out.push_back(stats_of(*c));
   return out;
 }
 
 std::uint64_t dead_letters(system_impl& s) { return s.dead_letters.load(); }
 
-std::size_t live_actors(system_impl& s) {
-  std::lock_guard lock(s.live_mutex);
-  return s.live_count;
-}
+std::size_t live_actors(system_impl& s) { return s.live_count.load(std::memory_order_acquire); }
 
 void shutdown(system_impl& s) noexcept { s.shutdown(); }
 

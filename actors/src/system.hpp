@@ -16,6 +16,7 @@
 
 #include "troupe/actors/actor_system.hpp"
 #include "troupe/actors/detail/cell.hpp"
+#include "sync.hpp"
 
 namespace troupe::detail {
 
@@ -97,10 +98,9 @@ public:
   std::mutex names_mutex;
   std::unordered_map<std::string, cell_ptr> names;
 
-  std::mutex live_mutex;
-  std::condition_variable live_cv;
+  spinlock live_lock;  // guards the list; short sections on the spawn/stop paths
   cell_base* live_head = nullptr;
-  std::size_t live_count = 0;
+  std::atomic<std::uint32_t> live_count{0};  // a futex word: shutdown sleeps until it is 0
   std::atomic<bool> shutting_down{false};
   std::atomic<std::uint64_t> dead_letters{0};
 

@@ -54,39 +54,61 @@ struct root_bookkeeping {
   }
 };
 
+/// Calls the method with the stored arguments (moved: a message is delivered once).
 template <class T, class M, class... Args>
-class tell_message final
+struct stored_call {
+  template <class... A>
+  explicit stored_call(M m, A&&... a) : method(m), args(std::forward<A>(a)...) {}
+  decltype(auto) operator()(T& obj) {
+    return std::apply([&](Args&... a) -> decltype(auto) { return std::invoke(method, obj, std::move(a)...); },
+                      args);
+  }
+  M method;
+  std::tuple<Args...> args;
+};
+
+/// tell of a plain method.
+template <class T, class M, class... Args>
+class tell_message final : public message {
+public:
+  template <class... A>
+  explicit tell_message(M m, A&&... a) : call_(m, std::forward<A>(a)...) {}
+  void run(cell_base& self) override { call_(*static_cast<T*>(self.object())); }
+  void reject(errc) noexcept override {}
+  void dispose() noexcept override { std::unique_ptr<tell_message>{this}; }
+  const char* kind() const noexcept override { return "tell"; }
+
+private:
+  stored_call<T, M, Args...> call_;
+};
+
+/// tell of a coroutine method: the message lives until the coroutine ends, since the
+/// coroutine may refer to the arguments.
+template <class T, class M, class... Args>
+class tell_coroutine_message final
     : public message,
       public root_hook<reply_t<method_result_t<T, M, Args...>>>,
       private root_bookkeeping {
-  using result_type = method_result_t<T, M, Args...>;
-  using reply_type = reply_t<result_type>;
+  using reply_type = reply_t<method_result_t<T, M, Args...>>;
   template <class X, class Hook>
   friend void start_root(task<X>, Hook*, cell_base&);
 
 public:
   template <class... A>
-  explicit tell_message(M m, A&&... a) : method_(m), args_(std::forward<A>(a)...) {}
+  explicit tell_coroutine_message(M m, A&&... a) : call_(m, std::forward<A>(a)...) {}
 
   void run(cell_base& self) override {
-    auto& obj = *static_cast<T*>(self.object());
-    if constexpr (is_task<result_type>::value) {
-      owners_ = 2;  // the mailbox and the coroutine frame (it may refer to the arguments)
-      try {
-        start_root(std::apply([&](Args&... a) { return std::invoke(method_, obj, std::move(a)...); },
-                              args_),
-                   this, self);
-      } catch (...) {
-        owners_ = 1;
-        throw;
-      }
-    } else {
-      std::apply([&](Args&... a) { std::invoke(method_, obj, std::move(a)...); }, args_);
+    owners_ = 2;  // the mailbox and the coroutine frame
+    try {
+      start_root(call_(*static_cast<T*>(self.object())), this, self);
+    } catch (...) {
+      owners_ = 1;
+      throw;
     }
   }
   void reject(errc) noexcept override {}
   void dispose() noexcept override {
-    if (--owners_ == 0) std::unique_ptr<tell_message>{this};
+    if (--owners_ == 0) std::unique_ptr<tell_coroutine_message>{this};
   }
   const char* kind() const noexcept override { return "tell"; }
 
@@ -99,23 +121,52 @@ public:
   void root_abandoned() noexcept override { dispose(); }
 
 private:
-  M method_;
-  std::tuple<Args...> args_;
+  stored_call<T, M, Args...> call_;
   int owners_ = 1;
 };
 
+/// ask of a plain method: the message is also the reply's shared state.
 template <class T, class M, class... Args>
-class ask_message final : public state<reply_t<method_result_t<T, M, Args...>>>,
-                          public root_hook<reply_t<method_result_t<T, M, Args...>>>,
-                          private root_bookkeeping {
+class ask_message final : public state<method_result_t<T, M, Args...>> {
   using result_type = method_result_t<T, M, Args...>;
-  using reply_type = reply_t<result_type>;
+
+public:
+  template <class... A>
+  explicit ask_message(M m, A&&... a) : call_(m, std::forward<A>(a)...) {}
+
+protected:
+  void run_request(cell_base& self) override {
+    try {
+      if constexpr (std::is_void_v<result_type>) {
+        call_(*static_cast<T*>(self.object()));
+        this->complete_value(true);
+      } else {
+        this->complete_value(true, call_(*static_cast<T*>(self.object())));
+      }
+    } catch (...) {
+      auto e = std::current_exception();
+      this->fail(e, true);
+      if (self.fails_on_ask_exception()) self.fail(e);
+    }
+  }
+  void destroy_state() noexcept override { std::unique_ptr<ask_message>{this}; }
+
+private:
+  stored_call<T, M, Args...> call_;
+};
+
+/// ask of a coroutine method; the reply comes when the coroutine ends.
+template <class T, class M, class... Args>
+class ask_coroutine_message final : public state<reply_t<method_result_t<T, M, Args...>>>,
+                                    public root_hook<reply_t<method_result_t<T, M, Args...>>>,
+                                    private root_bookkeeping {
+  using reply_type = reply_t<method_result_t<T, M, Args...>>;
   template <class X, class Hook>
   friend void start_root(task<X>, Hook*, cell_base&);
 
 public:
   template <class... A>
-  explicit ask_message(M m, A&&... a) : method_(m), args_(std::forward<A>(a)...) {}
+  explicit ask_coroutine_message(M m, A&&... a) : call_(m, std::forward<A>(a)...) {}
 
   void root_finished(task_promise<reply_type>& p) noexcept override {
     end_root(p);
@@ -137,41 +188,30 @@ public:
 
 protected:
   void run_request(cell_base& self) override {
-    auto& obj = *static_cast<T*>(self.object());
+    this->add_ref();  // the frame's reference
     try {
-      if constexpr (is_task<result_type>::value) {
-        this->add_ref();  // the frame's reference
-        try {
-          start_root(
-              std::apply([&](Args&... a) { return std::invoke(method_, obj, std::move(a)...); },
-                         args_),
-              this, self);
-        } catch (...) {
-          this->release();
-          throw;
-        }
-      } else if constexpr (std::is_void_v<result_type>) {
-        std::apply([&](Args&... a) { std::invoke(method_, obj, std::move(a)...); }, args_);
-        this->complete_value(true);
-      } else {
-        this->complete_value(true, std::apply(
-                                       [&](Args&... a) -> result_type {
-                                         return std::invoke(method_, obj, std::move(a)...);
-                                       },
-                                       args_));
-      }
+      start_root(call_(*static_cast<T*>(self.object())), this, self);
     } catch (...) {
+      this->release();
       auto e = std::current_exception();
       this->fail(e, true);
       if (self.fails_on_ask_exception()) self.fail(e);
     }
   }
-  void destroy_state() noexcept override { std::unique_ptr<ask_message>{this}; }
+  void destroy_state() noexcept override { std::unique_ptr<ask_coroutine_message>{this}; }
 
 private:
-  M method_;
-  std::tuple<Args...> args_;
+  stored_call<T, M, Args...> call_;
 };
+
+template <class T, class M, class... Args>
+using tell_message_for = std::conditional_t<is_task<method_result_t<T, M, Args...>>::value,
+                                            tell_coroutine_message<T, M, Args...>,
+                                            tell_message<T, M, Args...>>;
+template <class T, class M, class... Args>
+using ask_message_for = std::conditional_t<is_task<method_result_t<T, M, Args...>>::value,
+                                           ask_coroutine_message<T, M, Args...>,
+                                           ask_message<T, M, Args...>>;
 
 void deliver(cell_base& c, message_ptr m);
 
@@ -197,7 +237,7 @@ public:
   template <class M, class... Args>
     requires std::invocable<M, T&, std::decay_t<Args>...>
   void tell(M method, Args&&... args) const {
-    using msg_t = detail::tell_message<T, M, std::decay_t<Args>...>;
+    using msg_t = detail::tell_message_for<T, M, std::decay_t<Args>...>;
     check();
     detail::deliver(*cell_, detail::message_ptr(
                                 std::make_unique<msg_t>(method, std::forward<Args>(args)...).release()));
@@ -210,7 +250,7 @@ public:
   auto ask(M method, Args&&... args) const
       -> future<detail::reply_t<detail::method_result_t<T, M, std::decay_t<Args>...>>> {
     using reply = detail::reply_t<detail::method_result_t<T, M, std::decay_t<Args>...>>;
-    using msg_t = detail::ask_message<T, M, std::decay_t<Args>...>;
+    using msg_t = detail::ask_message_for<T, M, std::decay_t<Args>...>;
     check();
     auto* m = std::make_unique<msg_t>(method, std::forward<Args>(args)...).release();
     m->set_system(&cell_->system());

@@ -87,6 +87,8 @@ public:
     std::uint64_t v = 0;
     for (int shift = 0; shift < 64; shift += 7) {
       auto b = static_cast<std::uint8_t>(take(1)[0]);
+      // The tenth byte holds bit 63 only; higher bits would be shifted out silently.
+      if (shift == 63 && b > 1) fail("varint does not fit in 64 bits");
       v |= static_cast<std::uint64_t>(b & 0x7f) << shift;
       if ((b & 0x80) == 0) return v;
     }

@@ -170,6 +170,12 @@ public:
            head_.load(std::memory_order_seq_cst) == &stub_;
   }
 
+  /// True when something was pushed since the queue was last seen empty() by its consumer.
+  /// Reads only the producers' side, so any thread may call it. @threadsafe
+  bool pushed_since_empty() const noexcept {
+    return head_.load(std::memory_order_seq_cst) != &stub_;
+  }
+
 private:
   std::atomic<link*> head_;  // producers
   link* tail_;               // consumer
@@ -214,7 +220,8 @@ public:
   std::uint64_t messages_handled() const noexcept {
     return handled_.load(std::memory_order_relaxed);
   }
-  std::uint64_t busy_ns() const noexcept { return busy_ns_.load(std::memory_order_relaxed); }
+  /// Time spent running this actor's messages.
+  std::uint64_t busy_ns() const noexcept;
   bool fails_on_ask_exception() const noexcept { return fail_on_ask_exception_; }
 
   /// Root coroutines (methods that are coroutines) report suspension and completion here.
@@ -280,7 +287,6 @@ private:
     return life_.load(std::memory_order_relaxed) == life_running &&
            (suspended_ == 0 || reentrant_);
   }
-  bool has_work() const noexcept;
   void handle(message* m) noexcept;
   void after_drain(std::int64_t taken) noexcept;
   void reject_all(errc why) noexcept;
@@ -297,7 +303,7 @@ private:
   system_impl* system_;
   actor_id id_;
   std::atomic<std::uint64_t> handled_{0};
-  std::atomic<std::uint64_t> busy_ns_{0};
+  std::atomic<std::uint64_t> busy_ticks_{0};  // cycle-counter ticks; written by the running worker
   std::uint32_t capacity_;
   std::uint32_t suspended_ = 0;  // root coroutines suspended (actor context only)
   std::atomic<std::uint8_t> life_{life_running};
