@@ -46,7 +46,7 @@ $(TSAN_BUILD)/CMakeCache.txt:
 
 tsan: deps $(TSAN_BUILD)/CMakeCache.txt
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target actors_test
-	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" TROUPE_STRESS_SCALE=small \
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" TROUPE_STRESS_SCALE=small \
 	  $(TSAN_BUILD)/bin/actors_test
 
 clean:
