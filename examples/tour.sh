@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# A guided tour: runs every example in reading order and stops at the first failure.
+#
+#   examples/tour.sh BIN_DIR      (BIN_DIR holds example_hello, ...; `make run` does this)
+#
+# Each example prints what it shows and checks its own results; its source,
+# examples/<name>/main.cpp, is written to be read alongside its output.
+
+set -u
+
+bin_dir=${1:-}
+if [[ -z $bin_dir ]]; then
+  echo "usage: $0 BIN_DIR   (for example: $0 build/bin)" >&2
+  exit 2
+fi
+
+examples=(hello ping_pong supervision fork_join bounded)
+about=(
+  "spawn, tell, ask, exceptions and timeouts"
+  "coroutine methods that await replies without blocking a thread; reentrancy"
+  "on_start/on_stop, restarts after a crash, monitors and down notices"
+  "a parallel sum: fork asks to workers, join their replies"
+  "bounded mailboxes: back-pressure (wait) and refusal (reject)"
+)
+
+# A hang is a failure too: give each example a generous limit when `timeout` exists.
+run_limited() {
+  if command -v timeout >/dev/null 2>&1; then timeout 60 "$@"; else "$@"; fi
+}
+
+total=${#examples[@]}
+for i in "${!examples[@]}"; do
+  name=${examples[$i]}
+  exe="$bin_dir/example_$name"
+  echo
+  echo "=== [$((i + 1))/$total] $name: ${about[$i]}"
+  echo "=== source: examples/$name/main.cpp"
+  if [[ ! -x $exe ]]; then
+    echo "tour: $exe not found; build the examples first (cmake --build build)" >&2
+    exit 1
+  fi
+  run_limited "$exe"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then
+    if [[ $rc -eq 124 ]]; then
+      echo "tour: example '$name' did not finish within 60 s; stopping here" >&2
+    else
+      echo "tour: example '$name' failed (exit code $rc); stopping here" >&2
+    fi
+    exit 1
+  fi
+done
+
+echo
+echo "=== tour complete: all $total examples passed"
+echo "What to read next:"
+echo "  README.md   what troupe is, how to build it, the rest of the project"
+echo "  docs/       the guides, for everything the examples only touch on"
+echo "  examples/   the sources of what you just ran, meant to be read"
