@@ -279,7 +279,10 @@ void cell_base::run_slice(unsigned budget) noexcept {
         if (!accepts_normal()) break;
         l = normal_.pop();
         if (l == nullptr) break;
-        ++taken;
+        // A bounded mailbox frees its slot at once, so that senders see the true depth;
+        // an unbounded one settles its count once per slice.
+        if (capacity_ != 0) after_drain(1);
+        else ++taken;
       }
       handle(static_cast<message*>(l));
       ++n;

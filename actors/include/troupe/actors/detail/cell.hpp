@@ -397,11 +397,21 @@ public:
             "make them copyable or spawn without restarts");
       }
     }
-    ::new (static_cast<void*>(storage_)) T(std::forward<Args>(args)...);
+    construct_in(storage_, std::forward<Args>(args)...);
     constructed_ = true;
   }
 
   T& get() noexcept { return *std::launder(reinterpret_cast<T*>(storage_)); }
+
+  /// Constructs T with parentheses, which also initializes aggregates from leading members
+  /// (the rest are value-initialized, as spawning with fewer arguments intends).
+  template <class... A>
+  static void construct_in(void* storage, A&&... a) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+    ::new (storage) T(std::forward<A>(a)...);
+#pragma GCC diagnostic pop
+  }
   void* object() noexcept override { return &get(); }
   const char* type_name() const noexcept override { return type_name_of<T>(); }
   const std::type_info& type() const noexcept override { return typeid(T); }
@@ -412,7 +422,7 @@ private:
     template <class... A>
     explicit factory(const A&... a) : args(a...) {}
     void construct(void* storage) const override {
-      std::apply([&](const Stored&... a) { ::new (storage) T(a...); }, args);
+      std::apply([&](const Stored&... a) { construct_in(storage, a...); }, args);
     }
     std::tuple<Stored...> args;
   };
