@@ -3,14 +3,16 @@
 #   make test    build everything and run the tests
 #   make bench   run the benchmark suites (and the CAF anchor side by side when installed)
 #   make tsan    build and run the actor runtime's tests under ThreadSanitizer
+#   make asan    build and run the core and actor tests under AddressSanitizer + UBSan
 
 BUILD      ?= build
 TSAN_BUILD ?= build-tsan
+ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
 GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 CMAKE_ARGS ?=
 
-.PHONY: all deps deps-bench configure build run test bench tsan clean
+.PHONY: all deps deps-bench configure build run test bench tsan asan clean
 
 all: build
 
@@ -49,5 +51,16 @@ tsan: deps $(TSAN_BUILD)/CMakeCache.txt
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" TROUPE_STRESS_SCALE=small \
 	  $(TSAN_BUILD)/bin/actors_test
 
+$(ASAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(ASAN_BUILD) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DTROUPE_SANITIZE=address,undefined -DTROUPE_WITH_CUDA=OFF -DTROUPE_BUILD_BENCH=OFF \
+	  -DTROUPE_BUILD_EXAMPLES=OFF $(CMAKE_ARGS)
+
+asan: deps $(ASAN_BUILD)/CMakeCache.txt
+	cmake --build $(ASAN_BUILD) -j $(JOBS) --target actors_test core_test
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  TROUPE_STRESS_SCALE=small $(ASAN_BUILD)/bin/actors_test
+	ASAN_OPTIONS=detect_leaks=1 $(ASAN_BUILD)/bin/core_test
+
 clean:
-	rm -rf $(BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(TSAN_BUILD) $(ASAN_BUILD)

@@ -33,15 +33,22 @@ struct thread_buffer {
 
 struct recorder {
   std::string path;
+  bool exit_hook = false;
   std::mutex mutex;
   std::vector<std::shared_ptr<thread_buffer>> buffers;
 
   recorder() {
-    if (const char* env = std::getenv("TROUPE_TRACE"); env && *env) {
-      path = env;
-      detail::enabled_flag.store(true, std::memory_order_relaxed);
+    if (const char* env = std::getenv("TROUPE_TRACE"); env && *env) enable(env);
+  }
+
+  void enable(const std::string& p) {
+    std::lock_guard lock(mutex);
+    if (!exit_hook) {
+      exit_hook = true;
       std::atexit([] { flush(); });
     }
+    path = p;
+    detail::enabled_flag.store(true, std::memory_order_relaxed);
   }
 
   std::shared_ptr<thread_buffer> add_thread() {
@@ -83,6 +90,20 @@ void record(const char* name, const char* category, std::int64_t begin_ns, std::
     b.events.push_back({name, category, begin_ns, dur_ns, id});
   } catch (...) {
     // Out of memory while tracing: drop the event rather than disturb the program.
+  }
+}
+
+void start(const std::string& path) { the_recorder().enable(path); }
+
+void stop() {
+  flush();
+  auto& r = the_recorder();
+  std::lock_guard lock(r.mutex);
+  detail::enabled_flag.store(false, std::memory_order_relaxed);
+  r.path.clear();
+  for (auto& b : r.buffers) {
+    std::lock_guard block(b->mutex);
+    b->events.clear();
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 namespace troupe::trace {
 
@@ -23,6 +24,12 @@ std::int64_t now_ns() noexcept;
 /// `id` shows up as the event's `args.id` (an actor id, a microbatch...). @threadsafe
 void record(const char* name, const char* category, std::int64_t begin_ns, std::int64_t dur_ns,
             std::uint64_t id) noexcept;
+
+/// Starts recording into `path` (what `TROUPE_TRACE=path` does at startup). @threadsafe
+void start(const std::string& path);
+
+/// Writes what was recorded, stops recording and forgets the events. @threadsafe
+void stop();
 
 /// Writes every event recorded so far to the trace file (rewriting it). @threadsafe
 void flush();
