@@ -279,9 +279,9 @@ void cell_base::run_slice(unsigned budget) noexcept {
         if (!accepts_normal()) break;
         l = normal_.pop();
         if (l == nullptr) break;
-        // A bounded mailbox frees its slot at once, so that senders see the true depth;
-        // an unbounded one settles its count once per slice.
-        if (capacity_ != 0) after_drain(1);
+        // A rejecting mailbox frees its slot at once, so that no sender is refused for room
+        // that exists; the others settle their count once per slice.
+        if (overflow_ == overflow_policy::reject && capacity_ != 0) after_drain(1);
         else ++taken;
       }
       handle(static_cast<message*>(l));

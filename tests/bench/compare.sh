@@ -2,9 +2,10 @@
 # Compares `troupe bench actors` with its CAF anchor (caf_bench, built from
 # tests/bench/caf/ where CAF is installed) and prints one row per metric.
 #
-#   tests/bench/compare.sh [--quick] [--build DIR]
+#   tests/bench/compare.sh [--quick] [--repeat N] [--build DIR]
 #
 #   --quick      smaller sizes, for CI (passed to both programs)
+#   --repeat N   run each program N times, alternating, and compare medians (default 1)
 #   --build DIR  the build tree holding bin/troupe and bin/caf_bench
 #                (default: build/ at the repository root)
 #
@@ -22,14 +23,22 @@ repo_root="$(cd "$script_dir/../.." && pwd)"
 
 build_dir="$repo_root/build"
 quick=()
+repeat=1
 
 usage() {
-  echo "usage: tests/bench/compare.sh [--quick] [--build DIR]"
+  echo "usage: tests/bench/compare.sh [--quick] [--repeat N] [--build DIR]"
 }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=(--quick); shift ;;
+    --repeat)
+      if [[ $# -lt 2 || ! "$2" =~ ^[1-9][0-9]*$ ]]; then
+        echo "compare.sh: --repeat needs a positive count" >&2
+        usage >&2
+        exit 2
+      fi
+      repeat="$2"; shift 2 ;;
     --build)
       if [[ $# -lt 2 ]]; then
         echo "compare.sh: --build needs a directory" >&2
@@ -77,11 +86,14 @@ run() {
   grep '^[[:space:]]*{' "$work/raw" >>"$out" || true
 }
 
-# All workloads, then fan_in alone for an exact memory_growth_mb.
-run troupe "$work/troupe_all" "$troupe_bin" bench actors --json "${quick[@]}"
-run troupe "$work/troupe_fan_in" "$troupe_bin" bench actors --json "${quick[@]}" --only fan_in
-run caf_bench "$work/caf_all" "$caf_bin" --json "${quick[@]}"
-run caf_bench "$work/caf_fan_in" "$caf_bin" --json "${quick[@]}" --only fan_in
+# All workloads, then fan_in alone for an exact memory_growth_mb; the two programs
+# alternate so that both see the same machine conditions.
+for ((i = 1; i <= repeat; i++)); do
+  run troupe "$work/troupe_all" "$troupe_bin" bench actors --json "${quick[@]}"
+  run caf_bench "$work/caf_all" "$caf_bin" --json "${quick[@]}"
+  run troupe "$work/troupe_fan_in" "$troupe_bin" bench actors --json "${quick[@]}" --only fan_in
+  run caf_bench "$work/caf_fan_in" "$caf_bin" --json "${quick[@]}" --only fan_in
+done
 
 # Flattens JSON lines into "bench metric value unit" rows; fan_in rows come
 # from the run of fan_in alone.
@@ -106,18 +118,33 @@ flatten() {
     }' "$@"
 }
 
+# Reduces repeated rows to one per (bench, metric): the median of its values.
+median() {
+  sort -k1,1 -k2,2 -k3,3g | awk '
+    function emit(    m) {
+      if (n == 0) return
+      m = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+      print key_b, key_m, m, key_u
+    }
+    {
+      if ($1 != key_b || $2 != key_m) { emit(); n = 0; key_b = $1; key_m = $2; key_u = $4 }
+      v[++n] = $3
+    }
+    END { emit() }'
+}
+
 for side in troupe caf; do
   {
     flatten "$work/${side}_all" | awk '$1 != "fan_in"'
     flatten "$work/${side}_fan_in" | awk '$1 == "fan_in"'
-  } >"$work/$side.rows"
+  } | median >"$work/$side.rows"
   if [[ ! -s "$work/$side.rows" ]]; then
     echo "compare.sh: no results parsed from $side" >&2
     exit 1
   fi
 done
 
-awk -v quick="${quick[*]:-}" '
+awk -v quick="${quick[*]:-}" -v runs="$repeat" '
   BEGIN {
     # Canonical row order; anything else either side reports follows it.
     n_order = split("pingpong:round_trip_us blocking_call:round_trip_us " \
@@ -181,7 +208,7 @@ awk -v quick="${quick[*]:-}" '
     if (v == 1) n_metrics_won++
   }
   END {
-    printf "troupe vs CAF, actor workloads%s\n\n", (quick != "" ? " (quick sizes)" : "")
+    printf "troupe vs CAF, actor workloads%s%s\n\n", (quick != "" ? " (quick sizes)" : ""), (runs > 1 ? ", medians of " runs " runs" : "")
     printf "%-14s %-17s %14s %14s  %-9s %s\n", "bench", "metric", "troupe", "caf", "unit", "ratio"
     printf "%-14s %-17s %14s %14s  %-9s %s\n", "-----", "------", "------", "---", "----", "-----"
     for (i = 1; i <= n_order; i++) if (order[i] in seen) row(order[i])

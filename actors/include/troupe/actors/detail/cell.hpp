@@ -97,12 +97,22 @@ inline bool& tls_on_worker() noexcept {
   return on_worker;
 }
 
+/// Small-block recycling for messages and cells (see src/message_pool.cpp).
+void* pool_allocate(std::size_t n);
+void pool_free(void* p, std::size_t n) noexcept;
+
+/// Gives a class the runtime's pooled allocation.
+struct pooled {
+  static void* operator new(std::size_t n) { return pool_allocate(n); }
+  static void operator delete(void* p, std::size_t n) noexcept { pool_free(p, n); }
+};
+
 struct link {
   std::atomic<link*> next{nullptr};
 };
 
 /// A unit of work for one actor. Ownership travels with message_ptr; dispose() ends it.
-class message : public link {
+class message : public link, public pooled {
 public:
   /// Delivered: runs in the receiving actor's context.
   virtual void run(cell_base& self) = 0;
@@ -185,7 +195,7 @@ private:
 /// The runtime half of an actor: its mailbox, its scheduling state and its lifecycle.
 /// The typed half (the object itself) is cell<T>. Reference-counted; actor_ref, the
 /// scheduler while it is queued, and the system while it is alive each hold a reference.
-class cell_base {
+class cell_base : public pooled {
 public:
   cell_base(const cell_base&) = delete;
   cell_base& operator=(const cell_base&) = delete;
