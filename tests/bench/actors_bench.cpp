@@ -50,8 +50,10 @@ struct reporter {
   std::ostream& out;
   void operator()(const char* bench, const char* metric, double value, const char* unit) const {
     if (opts.json) {
+      char num[64];
+      std::snprintf(num, sizeof num, "%.3f", value);
       out << "{\"suite\":\"actors\",\"bench\":\"" << bench << "\",\"metric\":\"" << metric
-          << "\",\"value\":" << value << ",\"unit\":\"" << unit << "\"}\n";
+          << "\",\"value\":" << num << ",\"unit\":\"" << unit << "\"}\n";
     } else {
       char line[160];
       std::snprintf(line, sizeof line, "%-14s %-18s %14.3f %s\n", bench, metric, value, unit);
