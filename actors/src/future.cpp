@@ -53,7 +53,10 @@ void state_base::run(cell_base& self) {
     run_request(self);
     return;
   }
-  // The continuation phase, in the awaiting actor's context.
+  continue_now();  // the continuation phase, in the awaiting actor's context
+}
+
+void state_base::continue_now() noexcept {
   if (cont_callback_) {
     auto cb = std::move(cont_callback_);
     cb->invoke(*this);
@@ -85,48 +88,32 @@ void state_base::dispatch_continuation(bool node_free) noexcept {
     c->release();
     return;
   }
-  run_continuation_inline();
+  outside_actor([this] { continue_now(); });
 }
 
-void state_base::run_continuation_inline() noexcept {
-  outside_actor([this] {
-    if (cont_callback_) {
-      auto cb = std::move(cont_callback_);
-      cb->invoke(*this);
-    } else if (auto h = std::exchange(cont_handle_, {})) {
-      h.resume();
-    }
-  });
+bool state_base::install(cell_base* cell) noexcept {
+  if (cell) {
+    cell->add_ref();
+    cont_cell_ = cell;
+  }
+  auto prev = status_.fetch_or(st_cont, std::memory_order_acq_rel);
+  if ((prev & st_ready) == 0) return false;
+  // The completer has come and gone without seeing us: the caller continues itself.
+  if (cont_cell_) std::exchange(cont_cell_, nullptr)->release();
+  return true;
 }
 
 bool state_base::set_resume(cell_base* cell, std::coroutine_handle<> h) noexcept {
   cont_handle_ = h;
-  if (cell) {
-    cell->add_ref();
-    cont_cell_ = cell;
-  }
-  auto prev = status_.fetch_or(st_cont, std::memory_order_acq_rel);
-  if (prev & st_ready) {
-    if (cont_cell_) std::exchange(cont_cell_, nullptr)->release();
-    cont_handle_ = {};
-    return false;  // do not suspend
-  }
-  return true;
+  if (!install(cell)) return true;
+  cont_handle_ = {};
+  return false;  // do not suspend
 }
 
 void state_base::set_callback(cell_base* cell, std::unique_ptr<callback_base> cb) noexcept {
   cont_callback_ = std::move(cb);
-  if (cell) {
-    cell->add_ref();
-    cont_cell_ = cell;
-  }
-  auto prev = status_.fetch_or(st_cont, std::memory_order_acq_rel);
-  if (prev & st_ready) {
-    // Already there: run it now, in the caller's context (the same actor, or none).
-    if (cont_cell_) std::exchange(cont_cell_, nullptr)->release();
-    auto f = std::move(cont_callback_);
-    f->invoke(*this);
-  }
+  // Already there: run it now, in the caller's context (the same actor, or none).
+  if (install(cell)) continue_now();
   // Our caller's reference to this state is gone; the callback owns the consumer's share.
   release();
 }

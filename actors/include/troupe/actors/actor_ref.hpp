@@ -144,9 +144,7 @@ protected:
         this->complete_value(true, call_(*static_cast<T*>(self.object())));
       }
     } catch (...) {
-      auto e = std::current_exception();
-      this->fail(e, true);
-      if (self.fails_on_ask_exception()) self.fail(e);
+      this->fail_in(self, std::current_exception());
     }
   }
   void destroy_state() noexcept override { std::unique_ptr<ask_message>{this}; }
@@ -171,8 +169,7 @@ public:
   void root_finished(task_promise<reply_type>& p) noexcept override {
     end_root(p);
     if (p.error) {
-      if (self_->fails_on_ask_exception()) self_->fail(p.error);
-      this->fail(p.error, true);
+      this->fail_in(*self_, p.error);
     } else if constexpr (std::is_void_v<reply_type>) {
       this->complete_value(true);
     } else {
@@ -193,9 +190,7 @@ protected:
       start_root(call_(*static_cast<T*>(self.object())), this, self);
     } catch (...) {
       this->release();
-      auto e = std::current_exception();
-      this->fail(e, true);
-      if (self.fails_on_ask_exception()) self.fail(e);
+      this->fail_in(self, std::current_exception());
     }
   }
   void destroy_state() noexcept override { std::unique_ptr<ask_coroutine_message>{this}; }

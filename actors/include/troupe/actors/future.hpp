@@ -75,6 +75,13 @@ public:
   /// this object is in no mailbox right now (so it can carry the continuation itself).
   virtual bool fail(std::exception_ptr e, bool node_free) noexcept = 0;
 
+  /// An asked method of actor `self` threw `e`: the asker gets it, and the actor fails too
+  /// when it was spawned with fail_on_ask_exception.
+  void fail_in(cell_base& self, std::exception_ptr e) noexcept {
+    if (self.fails_on_ask_exception()) self.fail(e);
+    fail(std::move(e), true);
+  }
+
   void run(cell_base& self) final;
   void reject(errc why) noexcept final;
   const char* kind() const noexcept final { return phase_ == phase_request ? "ask" : "resume"; }
@@ -108,7 +115,10 @@ protected:
 
 private:
   void dispatch_continuation(bool node_free) noexcept;
-  void run_continuation_inline() noexcept;
+  /// Installs the continuation's target; true when the result was already there.
+  bool install(cell_base* cell) noexcept;
+  /// Runs the installed callback or resumes the installed coroutine.
+  void continue_now() noexcept;
 
   std::atomic<std::uint32_t> refs_{1};
   std::atomic<std::uint32_t> status_{0};
