@@ -1,0 +1,208 @@
+// The schedule generators. Each writes, per rank, the order of its compute actions; the
+// validator and the simulator then check and time them, so a generator only has to get the
+// order right. Orders follow the published constructions (cited at each generator).
+
+#include "troupe/pipeline/generators.hpp"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <stdexcept>
+
+namespace troupe::pipeline {
+namespace {
+
+using row = std::vector<std::optional<action>>;
+
+[[noreturn]] void refuse(const std::string& name, const std::string& why) {
+  throw std::invalid_argument("schedule " + name + ": " + why);
+}
+
+schedule empty_schedule(const std::string& name, int p, int m, int v, placement_kind kind) {
+  schedule s;
+  s.name = name;
+  s.place = placement{p, v, kind};
+  s.microbatches = m;
+  s.ranks.resize(p);
+  return s;
+}
+
+// GPipe (Huang et al., 2019): all forwards, then all backwards.
+schedule gpipe(int p, int m, int v) {
+  if (v != 1) refuse("gpipe", "has one stage per rank; use --virtual 1 or looped-bfs");
+  auto s = empty_schedule("gpipe", p, m, 1, placement_kind::looped);
+  for (int r = 0; r < p; ++r) {
+    for (int j = 0; j < m; ++j) s.ranks[r].push_back(action{r, op::F, j});
+    for (int j = 0; j < m; ++j) s.ranks[r].push_back(action{r, op::B, j});
+  }
+  return s;
+}
+
+// 1F1B (PipeDream-Flush, Narayanan et al., 2021): rank r runs p-1-r warm-up forwards, then
+// alternates one forward and one backward, then drains the remaining backwards.
+schedule one_f_one_b(int p, int m, int v) {
+  if (v != 1) refuse("1f1b", "has one stage per rank; use interleaved-1f1b for --virtual > 1");
+  auto s = empty_schedule("1f1b", p, m, 1, placement_kind::looped);
+  for (int r = 0; r < p; ++r) {
+    const int warmup = std::min(p - 1 - r, m);
+    auto& out = s.ranks[r];
+    for (int j = 0; j < warmup; ++j) out.push_back(action{r, op::F, j});
+    for (int k = 0; k < m - warmup; ++k) {
+      out.push_back(action{r, op::F, warmup + k});
+      out.push_back(action{r, op::B, k});
+    }
+    for (int j = m - warmup; j < m; ++j) out.push_back(action{r, op::B, j});
+  }
+  return s;
+}
+
+// Interleaved 1F1B (Narayanan et al., 2021, Megatron-LM): rank r holds stages r, r+p, ...;
+// forwards go in rounds of p microbatches through each of its v stages in turn, backwards the
+// same way from the last stage; (p-1-r)*2 + (v-1)*p warm-up forwards.
+schedule interleaved(int p, int m, int v) {
+  const std::string name = "interleaved-1f1b";
+  if (v < 2) refuse(name, "needs --virtual >= 2 stages per rank (use 1f1b for one)");
+  if (m % p != 0)
+    refuse(name, "needs the microbatches to be a multiple of the ranks (p=" + std::to_string(p) +
+                     ", m=" + std::to_string(m) + "): use m=" +
+                     std::to_string((m / p + 1) * p) + (m > p ? " or m=" + std::to_string(m / p * p) : ""));
+  auto s = empty_schedule(name, p, m, v, placement_kind::looped);
+  const int total = v * m;
+  auto unit = [&](int r, int k, bool forward) {
+    const int group = k / (p * v), in_group = k % (p * v);
+    int chunk = in_group / p;
+    if (!forward) chunk = v - 1 - chunk;
+    return action{chunk * p + r, forward ? op::F : op::B, group * p + in_group % p};
+  };
+  for (int r = 0; r < p; ++r) {
+    const int warmup = std::min((p - 1 - r) * 2 + (v - 1) * p, total);
+    auto& out = s.ranks[r];
+    for (int k = 0; k < warmup; ++k) out.push_back(unit(r, k, true));
+    for (int k = 0; k < total - warmup; ++k) {
+      out.push_back(unit(r, warmup + k, true));
+      out.push_back(unit(r, k, false));
+    }
+    for (int k = total - warmup; k < total; ++k) out.push_back(unit(r, k, false));
+  }
+  return s;
+}
+
+// Looped BFS (Lamy-Poirier, 2023, "Breadth-First Pipeline Parallelism"): rank r holds stages
+// r, r+p, ...; it runs every microbatch through one stage before the next (all forwards stage by
+// stage, then all backwards from its last stage).
+schedule looped_bfs(int p, int m, int v) {
+  const std::string name = "looped-bfs";
+  if (v < 2) refuse(name, "needs --virtual >= 2 stages per rank (use gpipe for one)");
+  auto s = empty_schedule(name, p, m, v, placement_kind::looped);
+  for (int r = 0; r < p; ++r) {
+    for (int c = 0; c < v; ++c)
+      for (int j = 0; j < m; ++j) s.ranks[r].push_back(action{c * p + r, op::F, j});
+    for (int c = v - 1; c >= 0; --c)
+      for (int j = 0; j < m; ++j) s.ranks[r].push_back(action{c * p + r, op::B, j});
+  }
+  return s;
+}
+
+// ZB-H1 and ZB-H2 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, section 3 and its
+// reference simulator): rank r runs c*(p-1-r) warm-up forwards (c = 1 for H1, 2 for H2), then
+// per microbatch one F (while any are left), its I, and a W once c*(p-1) - warm-up iterations
+// have passed; the W's still owed end the rank. The delayed W's fill 1F1B's cool-down (H1) and,
+// with twice the warm-up, the warm-up bubble too (H2).
+schedule zero_bubble_h(const std::string& name, int p, int m, int v, int c) {
+  if (v != 1) refuse(name, "has one stage per rank; use zb-v for two");
+  auto s = empty_schedule(name, p, m, 1, placement_kind::looped);
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.ranks[r];
+    const int warmup = std::min(c * (p - 1 - r), m);
+    int w = 0;
+    for (int j = 0; j < warmup; ++j) out.push_back(action{r, op::F, j});
+    for (int i = 0; i < m; ++i) {
+      if (warmup + i < m) out.push_back(action{r, op::F, warmup + i});
+      out.push_back(action{r, op::I, i});
+      if (warmup + i >= c * (p - 1)) out.push_back(action{r, op::W, w++});
+    }
+    while (w < m) out.push_back(action{r, op::W, w++});
+  }
+  return s;
+}
+schedule zb_h1(int p, int m, int v) { return zero_bubble_h("zb-h1", p, m, v, 1); }
+schedule zb_h2(int p, int m, int v) { return zero_bubble_h("zb-h2", p, m, v, 2); }
+
+// ZB-V (Qi et al., section 6; the authors' handcrafted schedule, also PyTorch's
+// ScheduleZBVZeroBubble): rank r holds stages r and 2p-1-r. Warm-up: 2(p-r)-1 forwards of the
+// first chunk, r pairs (second, first), p-r groups F-I-W of the second chunk; steady state:
+// F-I-W of the first chunk, then of the second; cool-down: r pairs of I, p-r of I-W of the
+// first chunk, then the W's left. Counters run over max(m, 2p-1) microbatches; those beyond m
+// are left out.
+schedule zb_v(int p, int m, int v) {
+  const std::string name = "zb-v";
+  if (v != 2) refuse(name, "places exactly two stages on each rank; use --virtual 2");
+  auto s = empty_schedule(name, p, m, 2, placement_kind::v_shape);
+  const int n = std::max(m, 2 * p - 1);
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.ranks[r];
+    const int stage[2] = {r, 2 * p - 1 - r};
+    int next[2][3] = {};  // per chunk: the next F, I and W microbatch
+    auto emit = [&](int chunk, op k) {
+      int& j = next[chunk][k == op::F ? 0 : k == op::I ? 1 : 2];
+      if (j < m) out.push_back(action{stage[chunk], k, j});
+      ++j;
+    };
+    for (int i = 0; i < 2 * (p - r) - 1; ++i) emit(0, op::F);
+    for (int i = 0; i < r; ++i) emit(1, op::F), emit(0, op::F);
+    for (int i = 0; i < p - r; ++i) emit(1, op::F), emit(1, op::I), emit(1, op::W);
+    while (next[1][0] < next[0][0] || next[0][0] < n) {
+      if (next[0][0] < n) emit(0, op::F);
+      emit(0, op::I), emit(0, op::W), emit(1, op::F), emit(1, op::I), emit(1, op::W);
+    }
+    for (int i = 0; i < r; ++i) emit(0, op::I), emit(1, op::I);
+    for (int i = 0; i < p - r; ++i) emit(0, op::I), emit(0, op::W);
+    while (next[1][2] < n) emit(1, op::W);
+    while (next[0][2] < n) emit(0, op::W);
+  }
+  return s;
+}
+
+struct generator {
+  const char* name;
+  int default_v;
+  schedule (*make)(int, int, int);
+};
+
+const generator generators[] = {
+    {"gpipe", 1, gpipe},
+    {"1f1b", 1, one_f_one_b},
+    {"interleaved-1f1b", 2, interleaved},
+    {"looped-bfs", 2, looped_bfs},
+    {"zb-h1", 1, zb_h1},
+    {"zb-h2", 1, zb_h2},
+    {"zb-v", 2, zb_v},
+};
+
+const generator& find_generator(const std::string& name) {
+  for (const auto& g : generators)
+    if (name == g.name) return g;
+  std::string known;
+  for (const auto& g : generators) known += std::string(known.empty() ? "" : ", ") + g.name;
+  throw std::invalid_argument("unknown schedule '" + name + "' (known: " + known + ")");
+}
+
+}  // namespace
+
+std::vector<std::string> schedule_names() {
+  std::vector<std::string> out;
+  for (const auto& g : generators) out.emplace_back(g.name);
+  return out;
+}
+
+int default_virtual_stages(const std::string& name) { return find_generator(name).default_v; }
+
+schedule generate(const std::string& name, int ranks, int microbatches, int virtual_stages) {
+  const auto& g = find_generator(name);
+  if (ranks < 1) refuse(name, "needs at least one rank (--stages >= 1)");
+  if (microbatches < 1) refuse(name, "needs at least one microbatch (--microbatches >= 1)");
+  if (virtual_stages < 0) refuse(name, "--virtual must be positive");
+  return g.make(ranks, microbatches, virtual_stages == 0 ? g.default_v : virtual_stages);
+}
+
+}  // namespace troupe::pipeline

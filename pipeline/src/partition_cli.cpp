@@ -1,0 +1,172 @@
+#include <troupe/pipeline/partition_cli.hpp>
+
+#include <charconv>
+#include <cmath>
+#include <iomanip>
+#include <limits>
+#include <optional>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace troupe::pipeline {
+namespace {
+
+// Shortest text that reads back as the same double (17 digits where needed, "6" for 6.0).
+std::string format_number(double v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, res.ptr);
+}
+
+std::string_view trim(std::string_view s) {
+  const auto space = [](char c) { return c == ' ' || c == '\t'; };
+  while (!s.empty() && space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// One finite, non-negative number, the whole of `item`; `where` says which item it is.
+double parse_number(std::string_view item, const std::string& where) {
+  double v = 0;
+  // from_chars takes no leading '+'; accept it as people write it.
+  std::string_view digits = (!item.empty() && item.front() == '+') ? item.substr(1) : item;
+  const auto res = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (res.ec == std::errc::result_out_of_range) {
+    throw std::invalid_argument(where + " \"" + std::string(item) +
+                                "\" is out of the range of a double; use a smaller unit");
+  }
+  if (res.ec != std::errc{} || res.ptr != digits.data() + digits.size() || digits.empty() ||
+      digits.front() == '+') {
+    throw std::invalid_argument(where + " \"" + std::string(item) +
+                                "\" is not a number; write a decimal number such as 2 or 0.5");
+  }
+  if (!std::isfinite(v)) {
+    throw std::invalid_argument(where + " \"" + std::string(item) +
+                                "\" is not finite; write a finite number");
+  }
+  if (v < 0) {
+    throw std::invalid_argument(where + " is negative (" + std::string(item) +
+                                "); write a number of 0 or more");
+  }
+  return v == 0 ? 0.0 : v;  // "-0" reads as 0
+}
+
+void write_list(std::ostream& out, const std::vector<double>& v) {
+  out << '[';
+  for (std::size_t i = 0; i < v.size(); ++i) out << (i ? "," : "") << format_number(v[i]);
+  out << ']';
+}
+
+void write_table(std::ostream& out, const partition& p) {
+  const bool mem = !p.stage_memory.empty();
+  std::ostringstream t;
+  t << std::left << std::setw(7) << "stage" << std::setw(12) << "layers" << std::setw(8)
+    << "count" << std::setw(14) << "cost";
+  if (mem) t << "memory";
+  out << trim(t.str()) << '\n';
+  for (std::size_t s = 0; s < p.stages(); ++s) {
+    std::ostringstream row;
+    const std::string layers = std::to_string(p.boundaries[s]) + "-" +
+                               std::to_string(p.boundaries[s + 1] - 1);
+    row << std::left << std::setw(7) << s << std::setw(12) << layers << std::setw(8)
+        << p.stage_size(s) << std::setw(14) << format_number(p.stage_costs[s]);
+    if (mem) row << format_number(p.stage_memory[s]);
+    out << trim(row.str()) << '\n';
+  }
+  out << "max stage cost: " << format_number(p.max_cost) << '\n';
+}
+
+}  // namespace
+
+std::vector<double> parse_number_list(std::string_view text, std::string_view option) {
+  const std::string name(option);
+  if (trim(text).empty()) {
+    throw std::invalid_argument(name + " is empty; give comma-separated numbers such as 1,2.5,3");
+  }
+  std::vector<double> out;
+  std::size_t start = 0;
+  for (std::size_t item = 1;; ++item) {
+    const std::size_t comma = text.find(',', start);
+    const std::string_view raw =
+        text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    const std::string where = name + " item " + std::to_string(item);
+    const std::string_view value = trim(raw);
+    if (value.empty()) {
+      throw std::invalid_argument(where +
+                                  " is empty; remove the extra comma or put a number there");
+    }
+    out.push_back(parse_number(value, where));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string partition_to_json(const partition& p) {
+  std::ostringstream out;
+  out << "{\"stages\":" << p.stages() << ",\"boundaries\":[";
+  for (std::size_t i = 0; i < p.boundaries.size(); ++i) out << (i ? "," : "") << p.boundaries[i];
+  out << "],\"stage_costs\":";
+  write_list(out, p.stage_costs);
+  out << ",\"max_cost\":" << format_number(p.max_cost);
+  if (!p.stage_memory.empty()) {
+    out << ",\"stage_memory\":";
+    write_list(out, p.stage_memory);
+  }
+  out << '}';
+  return out.str();
+}
+
+int run_partition_command(const partition_cli_options& opts, std::ostream& out,
+                          std::ostream& err) {
+  try {
+    const std::vector<double> costs = parse_number_list(opts.costs, "--costs");
+    if (opts.stages == 0) {
+      throw std::invalid_argument("--stages is missing or 0; give a number of stages from 1 to " +
+                                  std::to_string(costs.size()));
+    }
+    if (opts.stages > costs.size()) {
+      throw std::invalid_argument("--stages " + std::to_string(opts.stages) + " is more than the " +
+                                  std::to_string(costs.size()) +
+                                  " layers in --costs, which would leave a stage empty; use at "
+                                  "most " + std::to_string(costs.size()) + " stages");
+    }
+    std::vector<double> memory;
+    if (!opts.memory.empty()) {
+      memory = parse_number_list(opts.memory, "--memory");
+      if (memory.size() != costs.size()) {
+        throw std::invalid_argument("--memory has " + std::to_string(memory.size()) +
+                                    " values but --costs has " + std::to_string(costs.size()) +
+                                    "; give one memory value per layer");
+      }
+    }
+    std::optional<memory_limit> limit;
+    if (!trim(opts.memory_limit).empty()) {
+      if (memory.empty()) {
+        throw std::invalid_argument(
+            "--memory-limit needs --memory m1,m2,... with the memory of every layer");
+      }
+      limit = memory_limit{memory, parse_number(trim(opts.memory_limit), "--memory-limit")};
+    } else if (!opts.memory_limit.empty()) {
+      throw std::invalid_argument("--memory-limit is empty; give one number such as 16");
+    }
+
+    // Memory without a limit is still worth reporting per stage: the largest double as the
+    // limit constrains nothing but still checks that the memory values add up.
+    if (!limit && !memory.empty()) limit = memory_limit{memory, std::numeric_limits<double>::max()};
+    const partition p = partition_balanced(costs, opts.stages, limit);
+    if (opts.json) {
+      out << partition_to_json(p) << '\n';
+    } else {
+      write_table(out, p);
+    }
+    return 0;
+  } catch (const std::invalid_argument& e) {
+    err << "troupe partition: " << e.what() << '\n';
+    return 1;
+  }
+}
+
+}  // namespace troupe::pipeline

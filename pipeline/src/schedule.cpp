@@ -1,0 +1,223 @@
+#include "troupe/pipeline/schedule.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace troupe::pipeline {
+namespace {
+
+struct op_name {
+  op kind;
+  std::string_view text;
+};
+// Longest names first so that parsing never takes a prefix.
+constexpr op_name op_names[] = {
+    {op::recompute, "RECOMPUTE"}, {op::send_f, "SEND_F"}, {op::recv_f, "RECV_F"},
+    {op::send_b, "SEND_B"},       {op::recv_b, "RECV_B"}, {op::F, "F"},
+    {op::B, "B"},                 {op::I, "I"},           {op::W, "W"},
+};
+
+bool read_int(std::string_view s, int& out) {
+  if (s.empty() || s.size() > 9) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size() && out >= 0;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+std::string to_string(op k) {
+  for (const auto& n : op_names)
+    if (n.kind == k) return std::string(n.text);
+  return "?";
+}
+
+std::string to_string(const action& a) {
+  return std::to_string(a.stage) + to_string(a.kind) + std::to_string(a.microbatch);
+}
+
+action parse_action(std::string_view text) {
+  const std::string_view t = trim(text);
+  std::size_t i = 0;
+  while (i < t.size() && t[i] >= '0' && t[i] <= '9') ++i;
+  action a;
+  if (!read_int(t.substr(0, i), a.stage))
+    throw std::invalid_argument("action '" + std::string(text) +
+                                "' does not start with a stage number (expected e.g. 2F0)");
+  for (const auto& n : op_names) {
+    if (t.substr(i, n.text.size()) == n.text) {
+      a.kind = n.kind;
+      if (!read_int(t.substr(i + n.text.size()), a.microbatch))
+        throw std::invalid_argument("action '" + std::string(text) +
+                                    "' does not end with a microbatch number (expected e.g. 2F0)");
+      return a;
+    }
+  }
+  throw std::invalid_argument("action '" + std::string(text) +
+                              "' has no known type (F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, "
+                              "RECOMPUTE)");
+}
+
+int placement::rank_of(int stage) const noexcept {
+  if (kind == placement_kind::v_shape) {
+    return stage < ranks ? stage : 2 * ranks - 1 - stage;
+  }
+  return stage % ranks;
+}
+
+int placement::chunk_of(int stage) const noexcept {
+  if (kind == placement_kind::v_shape) return stage < ranks ? 0 : 1;
+  return stage / ranks;
+}
+
+std::vector<int> placement::stages_of(int rank) const {
+  std::vector<int> out;
+  for (int s = 0; s < stages(); ++s)
+    if (rank_of(s) == rank) out.push_back(s);
+  return out;
+}
+
+bool schedule::split_backward() const noexcept {
+  for (const auto& r : ranks)
+    for (const auto& a : r)
+      if (a && (a->kind == op::I || a->kind == op::W)) return true;
+  return false;
+}
+
+bool schedule::lowered() const noexcept {
+  for (const auto& r : ranks)
+    for (const auto& a : r)
+      if (a && !is_compute(a->kind)) return true;
+  return false;
+}
+
+std::string to_csv(const schedule& s) {
+  std::string out;
+  for (const auto& r : s.ranks) {
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      if (i) out += ',';
+      if (r[i]) out += to_string(*r[i]);
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+std::string to_text(const schedule& s) {
+  std::string out;
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    out += "rank " + std::to_string(r) + ":";
+    for (const auto& a : s.ranks[r]) out += " " + (a ? to_string(*a) : std::string("-"));
+    out += '\n';
+  }
+  return out;
+}
+
+schedule from_csv(std::string_view text, std::string name) {
+  schedule s;
+  s.name = std::move(name);
+  std::istringstream in{std::string(text)};
+  std::string line;
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (trim(line).empty()) continue;
+    std::vector<std::optional<action>> row;
+    std::string_view rest = line;
+    for (;;) {
+      auto comma = rest.find(',');
+      auto cell = trim(rest.substr(0, comma));
+      if (cell.empty()) {
+        row.emplace_back(std::nullopt);
+      } else {
+        try {
+          row.emplace_back(parse_action(cell));
+        } catch (const std::invalid_argument& e) {
+          throw std::invalid_argument("CSV line " + std::to_string(line_no) + ": " + e.what());
+        }
+      }
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
+    // A trailing idle cell carries no meaning.
+    while (!row.empty() && !row.back()) row.pop_back();
+    s.ranks.push_back(std::move(row));
+  }
+  if (s.ranks.empty()) throw std::invalid_argument("CSV schedule has no rows (one row per rank)");
+  const int p = static_cast<int>(s.ranks.size());
+
+  // Infer the stages each rank holds, the microbatch count and the placement.
+  std::map<int, std::set<int>> stage_ranks;
+  int max_stage = -1, max_mb = -1;
+  for (int r = 0; r < p; ++r) {
+    for (const auto& a : s.ranks[r]) {
+      if (!a || !is_compute(a->kind)) continue;
+      stage_ranks[a->stage].insert(r);
+      max_stage = std::max(max_stage, a->stage);
+      max_mb = std::max(max_mb, a->microbatch);
+    }
+  }
+  if (max_stage < 0) throw std::invalid_argument("CSV schedule has no compute actions");
+  const int stages = max_stage + 1;
+  if (stages % p != 0)
+    throw std::invalid_argument("CSV schedule has " + std::to_string(stages) + " stages on " +
+                                std::to_string(p) + " ranks: not a whole number of stages per rank");
+  s.microbatches = max_mb + 1;
+  for (placement_kind kind : {placement_kind::looped, placement_kind::v_shape}) {
+    placement pl{p, stages / p, kind};
+    if (kind == placement_kind::v_shape && pl.stages_per_rank != 2) continue;
+    bool fits = true;
+    for (const auto& [stage, rs] : stage_ranks)
+      if (rs.size() != 1 || *rs.begin() != pl.rank_of(stage)) fits = false;
+    if (fits && static_cast<int>(stage_ranks.size()) == stages) {
+      s.place = pl;
+      return s;
+    }
+  }
+  throw std::invalid_argument(
+      "CSV schedule: its stages are placed neither looped (rank r holds r, r+p, ...) nor V-shaped "
+      "(rank r holds r and 2p-1-r), or a stage appears on two ranks or on none");
+}
+
+schedule lower(const schedule& s) {
+  if (s.lowered()) return s;
+  schedule out = s;
+  const auto& pl = s.place;
+  const int last = s.stages() - 1;
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    auto& row = out.ranks[r];
+    row.clear();
+    for (const auto& a : s.ranks[r]) {
+      if (!a) {
+        row.emplace_back(std::nullopt);
+        continue;
+      }
+      const int rank = static_cast<int>(r);
+      // Receive what this action needs from another rank, right before it.
+      if (a->kind == op::F && a->stage > 0 && pl.rank_of(a->stage - 1) != rank)
+        row.emplace_back(action{a->stage, op::recv_f, a->microbatch});
+      if ((a->kind == op::B || a->kind == op::I) && a->stage < last &&
+          pl.rank_of(a->stage + 1) != rank)
+        row.emplace_back(action{a->stage, op::recv_b, a->microbatch});
+      row.emplace_back(a);
+      // Send what another rank needs, right after producing it.
+      if (a->kind == op::F && a->stage < last && pl.rank_of(a->stage + 1) != rank)
+        row.emplace_back(action{a->stage, op::send_f, a->microbatch});
+      if ((a->kind == op::B || a->kind == op::I) && a->stage > 0 &&
+          pl.rank_of(a->stage - 1) != rank)
+        row.emplace_back(action{a->stage, op::send_b, a->microbatch});
+    }
+  }
+  return out;
+}
+
+}  // namespace troupe::pipeline

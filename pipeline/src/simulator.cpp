@@ -1,0 +1,386 @@
+// The validator and the simulator share one execution engine: every action is a node with the
+// actions it needs; each rank runs its list in order; an action starts when its rank is free and
+// everything it needs has ended (plus the send latency when that came from another rank). A pass
+// over the ranks that starts nothing while work remains is a deadlock.
+
+#include "troupe/pipeline/simulator.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <numeric>
+#include <sstream>
+
+namespace troupe::pipeline {
+
+// ---- rational ---------------------------------------------------------------------------
+
+rational::rational(std::int64_t num, std::int64_t den) {
+  if (den == 0) throw std::invalid_argument("rational with a zero denominator");
+  if (den < 0) {
+    num = -num;
+    den = -den;
+  }
+  const std::int64_t g = std::gcd(num < 0 ? -num : num, den);
+  num_ = g ? num / g : 0;
+  den_ = g ? den / g : 1;
+}
+
+rational rational::parse(std::string_view text) {
+  auto bad = [&] {
+    return std::invalid_argument("'" + std::string(text) +
+                                 "' is not a number (write e.g. 2, 1.25 or 3/4)");
+  };
+  auto read = [&](std::string_view s, std::int64_t& v) {
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    return !s.empty() && ec == std::errc() && p == s.data() + s.size();
+  };
+  if (auto slash = text.find('/'); slash != std::string_view::npos) {
+    std::int64_t n = 0, d = 0;
+    if (!read(text.substr(0, slash), n) || !read(text.substr(slash + 1), d) || d == 0) throw bad();
+    return rational(n, d);
+  }
+  auto dot = text.find('.');
+  std::int64_t whole = 0;
+  if (!read(text.substr(0, dot), whole)) throw bad();
+  if (dot == std::string_view::npos) return rational(whole);
+  auto frac = text.substr(dot + 1);
+  std::int64_t f = 0;
+  if (frac.size() > 12 || !read(frac, f) || frac.front() == '-' || frac.front() == '+') throw bad();
+  std::int64_t scale = 1;
+  for (std::size_t i = 0; i < frac.size(); ++i) scale *= 10;
+  const bool negative = !text.empty() && text.front() == '-';
+  return rational(whole * scale + (negative ? -f : f), scale);
+}
+
+std::string rational::str() const {
+  return den_ == 1 ? std::to_string(num_) : std::to_string(num_) + "/" + std::to_string(den_);
+}
+
+cost_model cost_model::parse(std::string_view text) {
+  cost_model m;
+  bool b_given = false, iw_given = false;
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    auto comma = rest.find(',');
+    auto item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    auto eq = item.find('=');
+    if (eq == std::string_view::npos)
+      throw std::invalid_argument("cost '" + std::string(item) + "' is not NAME=VALUE (e.g. F=1)");
+    std::string key(item.substr(0, eq));
+    for (auto& c : key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    rational v = rational::parse(item.substr(eq + 1));
+    if (v < rational(0)) throw std::invalid_argument("cost " + key + " must not be negative");
+    if (key == "f") m.uniform.f = v;
+    else if (key == "b") m.uniform.b = v, b_given = true;
+    else if (key == "i") m.uniform.i = v, iw_given = true;
+    else if (key == "w") m.uniform.w = v, iw_given = true;
+    else if (key == "comm") m.uniform.comm = v;
+    else
+      throw std::invalid_argument("unknown cost '" + key + "' (use F, B, I, W and comm)");
+  }
+  if (iw_given && !b_given) m.uniform.b = m.uniform.i + m.uniform.w;
+  return m;
+}
+
+// ---- the engine -------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kinds = 9;
+
+struct node {
+  int rank;
+  int step;  // position in the rank's list, idle steps included (for messages)
+  action a;
+  std::vector<std::pair<int, bool>> deps;  // (node, from another rank)
+  rational start, end;
+  bool done = false;
+};
+
+class engine {
+public:
+  engine(const schedule& s, const cost_model& costs) : s_(s), costs_(costs) {
+    const int p = s.place.ranks;
+    if (p < 1) throw schedule_error("a schedule needs at least one rank");
+    if (static_cast<int>(s.ranks.size()) != p)
+      throw schedule_error("the schedule has " + std::to_string(s.ranks.size()) +
+                           " rows of actions for " + std::to_string(p) + " ranks");
+    if (s.microbatches < 1) throw schedule_error("a schedule needs at least one microbatch");
+    stages_ = s.stages();
+    index_.assign(static_cast<std::size_t>(kinds) * stages_ * s.microbatches, -1);
+    per_rank_.resize(p);
+    for (int r = 0; r < p; ++r) {
+      for (int step = 0; step < static_cast<int>(s.ranks[r].size()); ++step) {
+        const auto& a = s.ranks[r][step];
+        if (!a) continue;
+        if (a->stage < 0 || a->stage >= stages_)
+          fail(r, step, *a, "stage " + std::to_string(a->stage) + " does not exist (the schedule has " +
+                                std::to_string(stages_) + " stages)");
+        if (a->microbatch < 0 || a->microbatch >= s.microbatches)
+          fail(r, step, *a, "microbatch " + std::to_string(a->microbatch) +
+                                " does not exist (the schedule has " +
+                                std::to_string(s.microbatches) + ")");
+        if (s.place.rank_of(a->stage) != r)
+          fail(r, step, *a, "stage " + std::to_string(a->stage) + " lives on rank " +
+                                std::to_string(s.place.rank_of(a->stage)));
+        int& slot = index_[key(*a)];
+        if (slot >= 0)
+          fail(r, step, *a, "appears a second time (first at " + where(nodes_[slot]) + ")");
+        slot = static_cast<int>(nodes_.size());
+        nodes_.push_back(node{r, step, *a, {}, {}, {}, false});
+        per_rank_[r].push_back(slot);
+      }
+    }
+    check_complete();
+    link();
+  }
+
+  simulation run() {
+    const int p = s_.place.ranks;
+    std::vector<std::size_t> next(p, 0);
+    std::vector<rational> free(p);
+    std::size_t remaining = nodes_.size();
+    while (remaining > 0) {
+      bool progress = false;
+      for (int r = 0; r < p; ++r) {
+        while (next[r] < per_rank_[r].size()) {
+          node& n = nodes_[per_rank_[r][next[r]]];
+          rational ready = free[r];
+          bool blocked = false;
+          for (auto [d, remote] : n.deps) {
+            const node& dep = nodes_[d];
+            if (!dep.done) {
+              blocked = true;
+              break;
+            }
+            rational t = dep.end + (remote ? comm_of(dep.a.stage) : rational(0));
+            if (t > ready) ready = t;
+          }
+          if (blocked) break;
+          n.start = ready;
+          n.end = ready + duration(n.a);
+          n.done = true;
+          free[r] = n.end;
+          ++next[r];
+          --remaining;
+          progress = true;
+        }
+      }
+      if (!progress) deadlock(next);
+    }
+    return summarize();
+  }
+
+private:
+  std::size_t key(const action& a) const {
+    return (static_cast<std::size_t>(a.kind) * stages_ + a.stage) * s_.microbatches + a.microbatch;
+  }
+  int find(int stage, op k, int mb) const {
+    if (stage < 0 || stage >= stages_) return -1;
+    return index_[key(action{stage, k, mb})];
+  }
+
+  std::string where(const node& n) const {
+    return "rank " + std::to_string(n.rank) + ", step " + std::to_string(n.step) + " (" +
+           to_string(n.a) + ")";
+  }
+  [[noreturn]] void fail(int rank, int step, const action& a, const std::string& why) const {
+    throw schedule_error("rank " + std::to_string(rank) + ", step " + std::to_string(step) + " (" +
+                         to_string(a) + "): " + why);
+  }
+  [[noreturn]] void fail(const node& n, const std::string& why) const {
+    fail(n.rank, n.step, n.a, why);
+  }
+
+  void check_complete() const {
+    for (int st = 0; st < stages_; ++st) {
+      for (int j = 0; j < s_.microbatches; ++j) {
+        const std::string what = "stage " + std::to_string(st) + ", microbatch " + std::to_string(j);
+        if (find(st, op::F, j) < 0) throw schedule_error(what + " has no forward (" + std::to_string(st) + "F" + std::to_string(j) + ")");
+        const bool b = find(st, op::B, j) >= 0, i = find(st, op::I, j) >= 0, w = find(st, op::W, j) >= 0;
+        if (b && (i || w))
+          throw schedule_error(what + " has a full backward B and a split one (I/W): use one of them");
+        if (!b && !(i && w))
+          throw schedule_error(what + " has no complete backward: it needs " + std::to_string(st) + "B" +
+                               std::to_string(j) + ", or both " + std::to_string(st) + "I" +
+                               std::to_string(j) + " and " + std::to_string(st) + "W" +
+                               std::to_string(j));
+      }
+    }
+  }
+
+  /// The backward that produces stage `st`'s input gradient (B or I), or -1.
+  int backward_of(int st, int mb) const {
+    int b = find(st, op::B, mb);
+    return b >= 0 ? b : find(st, op::I, mb);
+  }
+
+  void need_local(node& n, int dep, const std::string& what) {
+    if (dep < 0) fail(n, "needs " + what + ", which the schedule does not have");
+    const node& d = nodes_[dep];
+    if (d.rank != n.rank || d.step >= n.step)
+      fail(n, "needs " + to_string(d.a) + " earlier on the same rank, but it comes at " + where(d));
+    n.deps.emplace_back(dep, false);
+  }
+
+  /// A dependency on data from stage `from`'s action `dep`, which may live on another rank.
+  void need_data(node& n, int dep, op recv_kind, int dep_stage) {
+    const node& d = nodes_[dep];
+    if (d.rank == n.rank) {
+      need_local(n, dep, to_string(d.a));
+      return;
+    }
+    if (!lowered_) {
+      n.deps.emplace_back(dep, true);
+      return;
+    }
+    const action recv{n.a.stage, recv_kind, n.a.microbatch};
+    need_local(n, find(recv.stage, recv.kind, recv.microbatch),
+               to_string(recv) + " (the data comes from " + where(d) + ")");
+    (void)dep_stage;
+  }
+
+  void link() {
+    lowered_ = s_.lowered();
+    const int last = stages_ - 1;
+    for (auto& n : nodes_) {
+      const int st = n.a.stage, mb = n.a.microbatch;
+      switch (n.a.kind) {
+        case op::F:
+          if (st > 0) need_data(n, find(st - 1, op::F, mb), op::recv_f, st - 1);
+          break;
+        case op::B:
+        case op::I:
+          need_local(n, find(st, op::F, mb), to_string(action{st, op::F, mb}));
+          if (int rc = find(st, op::recompute, mb); rc >= 0) need_local(n, rc, to_string(nodes_[rc].a));
+          if (st < last) need_data(n, backward_of(st + 1, mb), op::recv_b, st + 1);
+          break;
+        case op::W:
+          need_local(n, find(st, op::I, mb), to_string(action{st, op::I, mb}));
+          break;
+        case op::recompute:
+          need_local(n, find(st, op::F, mb), to_string(action{st, op::F, mb}));
+          break;
+        case op::send_f:
+          need_local(n, find(st, op::F, mb), to_string(action{st, op::F, mb}));
+          if (st == last || find(st + 1, op::recv_f, mb) < 0)
+            fail(n, "has no matching " + to_string(action{st + 1, op::recv_f, mb}));
+          break;
+        case op::send_b:
+          need_local(n, backward_of(st, mb), "the backward of stage " + std::to_string(st));
+          if (st == 0 || find(st - 1, op::recv_b, mb) < 0)
+            fail(n, "has no matching " + to_string(action{st - 1, op::recv_b, mb}));
+          break;
+        case op::recv_f: {
+          int snd = find(st - 1, op::send_f, mb);
+          if (snd < 0) fail(n, "has no matching " + to_string(action{st - 1, op::send_f, mb}));
+          n.deps.emplace_back(snd, true);
+          break;
+        }
+        case op::recv_b: {
+          int snd = find(st + 1, op::send_b, mb);
+          if (snd < 0) fail(n, "has no matching " + to_string(action{st + 1, op::send_b, mb}));
+          n.deps.emplace_back(snd, true);
+          break;
+        }
+      }
+    }
+  }
+
+  rational per_action(const action_costs& c, op k) const {
+    switch (k) {
+      case op::F:
+      case op::recompute: return c.f;
+      case op::B: return c.b;
+      case op::I: return c.i;
+      case op::W: return c.w;
+      default: return rational(0);
+    }
+  }
+  rational duration(const action& a) const {
+    if (!is_compute(a.kind)) return rational(0);
+    if (!costs_.per_stage.empty()) return per_action(stage_costs(a.stage), a.kind);
+    return per_action(costs_.uniform, a.kind) / rational(s_.place.stages_per_rank);
+  }
+  const action_costs& stage_costs(int stage) const {
+    if (static_cast<int>(costs_.per_stage.size()) != stages_)
+      throw std::invalid_argument("the cost model has costs for " +
+                                  std::to_string(costs_.per_stage.size()) + " stages; the schedule has " +
+                                  std::to_string(stages_));
+    return costs_.per_stage[stage];
+  }
+  rational comm_of(int stage) const {
+    return costs_.per_stage.empty() ? costs_.uniform.comm : stage_costs(stage).comm;
+  }
+
+  [[noreturn]] void deadlock(const std::vector<std::size_t>& next) const {
+    std::string msg = "deadlock: no rank can go on.";
+    for (int r = 0; r < s_.place.ranks; ++r) {
+      if (next[r] >= per_rank_[r].size()) continue;
+      const node& n = nodes_[per_rank_[r][next[r]]];
+      msg += " " + where(n) + " waits for";
+      for (auto [d, remote] : n.deps)
+        if (!nodes_[d].done) msg += " " + where(nodes_[d]) + ";";
+    }
+    throw schedule_error(msg);
+  }
+
+  simulation summarize() const {
+    const int p = s_.place.ranks;
+    simulation out;
+    out.busy.assign(p, rational(0));
+    out.peak_activations.assign(p, 0.0);
+    out.timeline.resize(p);
+    std::vector<rational> first(p), last(p);
+    std::vector<bool> any(p, false);
+    const bool split = s_.split_backward();
+    for (int r = 0; r < p; ++r) {
+      rational held(0), peak(0);
+      for (int id : per_rank_[r]) {
+        const node& n = nodes_[id];
+        out.timeline[r].push_back({n.a, n.start, n.end});
+        if (n.end > out.makespan) out.makespan = n.end;
+        if (!is_compute(n.a.kind)) continue;
+        out.busy[r] += n.end - n.start;
+        if (!any[r] || n.start < first[r]) first[r] = n.start;
+        if (!any[r] || n.end > last[r]) last[r] = n.end;
+        any[r] = true;
+        const rational unit(1, s_.place.stages_per_rank);
+        if (n.a.kind == op::F) held += unit;
+        if ((split && n.a.kind == op::W) || (!split && n.a.kind == op::B)) held = held - unit;
+        if (held > peak) peak = held;
+      }
+      out.peak_activations[r] = peak.to_double();
+    }
+    rational total_busy(0);
+    for (auto& b : out.busy) total_busy += b;
+    if (out.makespan > rational(0)) {
+      const rational capacity = rational(p) * out.makespan;
+      out.bubble = ((capacity - total_busy) / capacity).to_double();
+    }
+    int widest = 0;
+    for (int r = 1; r < p; ++r)
+      if (last[r] - first[r] > last[widest] - first[widest]) widest = r;
+    const rational span = last[widest] - first[widest];
+    if (span > rational(0)) out.bubble_span = ((span - out.busy[widest]) / span).to_double();
+    return out;
+  }
+
+  const schedule& s_;
+  const cost_model& costs_;
+  int stages_ = 0;
+  bool lowered_ = false;
+  std::vector<int> index_;
+  std::vector<node> nodes_;
+  std::vector<std::vector<int>> per_rank_;
+};
+
+}  // namespace
+
+void validate(const schedule& s) { engine(s, cost_model{}).run(); }
+
+simulation simulate(const schedule& s, const cost_model& costs) { return engine(s, costs).run(); }
+
+}  // namespace troupe::pipeline
