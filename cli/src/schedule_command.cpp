@@ -26,7 +26,16 @@ struct schedule_options {
   std::string cost = "F=1,B=2,I=1,W=1,comm=0";
   bool json = false;
   double memory_limit = 0;
+  std::string checkpoint = "none";
+  int layers = 1;
 };
+
+/// The schedule with the requested activation checkpointing applied.
+schedule prepared(schedule s, const schedule_options& o) {
+  const auto policy = checkpoint_policy::parse(o.checkpoint);
+  if (policy.mode == checkpoint_policy::kind::none) return s;
+  return with_checkpointing(s, policy, o.layers);
+}
 
 std::string number(double v) {
   char buf[64];
@@ -52,7 +61,7 @@ double peak_of(const simulation& sim) {
 }
 
 int simulate_command(const schedule_options& o) {
-  auto s = generate(o.name, o.stages, o.microbatches, o.virtual_stages);
+  auto s = prepared(generate(o.name, o.stages, o.microbatches, o.virtual_stages), o);
   auto sim = simulate(s, cost_model::parse(o.cost));
   if (o.json) {
     std::cout << simulation_json(s, sim) << "\n";
@@ -93,7 +102,8 @@ int best_command(const schedule_options& o) {
     simulation sim;
   };
   std::vector<row> rows;
-  for (auto& s : candidates(o.stages, o.microbatches)) {
+  for (auto& c : candidates(o.stages, o.microbatches)) {
+    auto s = prepared(std::move(c), o);
     auto sim = simulate(s, costs);
     rows.push_back({std::move(s), std::move(sim)});
   }
@@ -162,6 +172,11 @@ void add_shape_options(CLI::App* c, schedule_options& o, bool with_name) {
   c->add_option("--cost", o.cost,
                 "per-action costs of a rank's whole shard, e.g. F=1,B=2,I=1,W=1,comm=0")
       ->capture_default_str();
+  c->add_option("--checkpoint", o.checkpoint, "activation checkpointing: none, every:N or sqrt")
+      ->capture_default_str();
+  c->add_option("--layers", o.layers, "layers per stage, for --checkpoint")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   c->add_flag("--json", o.json, "one JSON object");
 }
 

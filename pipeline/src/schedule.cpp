@@ -188,11 +188,64 @@ schedule from_csv(std::string_view text, std::string name) {
       "(rank r holds r and 2p-1-r), or a stage appears on two ranks or on none");
 }
 
+checkpoint_policy checkpoint_policy::parse(std::string_view text) {
+  checkpoint_policy p;
+  if (text == "none") return p;
+  if (text == "sqrt") {
+    p.mode = kind::sqrt;
+    return p;
+  }
+  if (text.substr(0, 6) == "every:" && read_int(text.substr(6), p.every) && p.every >= 1) {
+    p.mode = kind::every_n;
+    return p;
+  }
+  throw std::invalid_argument("checkpoint policy '" + std::string(text) +
+                              "' is not one of: none, every:N (N >= 1), sqrt");
+}
+
+rational checkpoint_policy::kept(int layers) const {
+  if (layers < 1) throw std::invalid_argument("a stage needs at least one layer to checkpoint");
+  switch (mode) {
+    case kind::none: return rational(1);
+    case kind::every_n: return rational((layers + every - 1) / every, layers);
+    case kind::sqrt: {
+      int root = 1;
+      while (root * root < layers) ++root;  // ceil(sqrt(L))
+      return rational(root, layers);
+    }
+  }
+  return rational(1);
+}
+
+schedule with_checkpointing(const schedule& s, const checkpoint_policy& policy, int layers_per_stage) {
+  if (s.lowered())
+    throw std::invalid_argument("apply checkpointing before lowering (the schedule has sends)");
+  const rational kept = policy.kept(layers_per_stage);
+  schedule out = s;
+  out.activation_kept.assign(s.stages(), kept);
+  if (kept == rational(1)) return out;
+  for (auto& row : out.ranks) {
+    std::vector<std::optional<action>> next;
+    next.reserve(row.size() * 3 / 2);
+    for (const auto& a : row) {
+      if (a && (a->kind == op::B || a->kind == op::I))
+        next.emplace_back(action{a->stage, op::recompute, a->microbatch});
+      next.push_back(a);
+    }
+    row = std::move(next);
+  }
+  return out;
+}
+
 schedule lower(const schedule& s) {
   if (s.lowered()) return s;
   schedule out = s;
   const auto& pl = s.place;
   const int last = s.stages() - 1;
+  std::set<std::pair<int, int>> recomputed;
+  for (const auto& r : s.ranks)
+    for (const auto& a : r)
+      if (a && a->kind == op::recompute) recomputed.insert({a->stage, a->microbatch});
   for (std::size_t r = 0; r < s.ranks.size(); ++r) {
     auto& row = out.ranks[r];
     row.clear();
@@ -202,11 +255,13 @@ schedule lower(const schedule& s) {
         continue;
       }
       const int rank = static_cast<int>(r);
-      // Receive what this action needs from another rank, right before it.
+      // Receive what this action needs from another rank, right before it. A recomputation
+      // waits for the gradient too, so it takes the receive in front of its backward.
       if (a->kind == op::F && a->stage > 0 && pl.rank_of(a->stage - 1) != rank)
         row.emplace_back(action{a->stage, op::recv_f, a->microbatch});
-      if ((a->kind == op::B || a->kind == op::I) && a->stage < last &&
-          pl.rank_of(a->stage + 1) != rank)
+      const bool backward = a->kind == op::B || a->kind == op::I;
+      if ((a->kind == op::recompute || (backward && !recomputed.count({a->stage, a->microbatch}))) &&
+          a->stage < last && pl.rank_of(a->stage + 1) != rank)
         row.emplace_back(action{a->stage, op::recv_b, a->microbatch});
       row.emplace_back(a);
       // Send what another rank needs, right after producing it.

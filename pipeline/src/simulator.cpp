@@ -109,6 +109,10 @@ public:
                            " rows of actions for " + std::to_string(p) + " ranks");
     if (s.microbatches < 1) throw schedule_error("a schedule needs at least one microbatch");
     stages_ = s.stages();
+    if (!s.activation_kept.empty() && static_cast<int>(s.activation_kept.size()) != stages_)
+      throw schedule_error("the schedule keeps activation shares for " +
+                           std::to_string(s.activation_kept.size()) + " stages; it has " +
+                           std::to_string(stages_));
     index_.assign(static_cast<std::size_t>(kinds) * stages_ * s.microbatches, -1);
     per_rank_.resize(p);
     for (int r = 0; r < p; ++r) {
@@ -261,7 +265,10 @@ private:
           need_local(n, find(st, op::I, mb), to_string(action{st, op::I, mb}));
           break;
         case op::recompute:
+          // Recomputation runs inside the backward, once the gradient has come (as autograd's
+          // checkpointing does): a checkpointed backward costs T_B + T_F.
           need_local(n, find(st, op::F, mb), to_string(action{st, op::F, mb}));
+          if (st < last) need_data(n, backward_of(st + 1, mb), op::recv_b, st + 1);
           break;
         case op::send_f:
           need_local(n, find(st, op::F, mb), to_string(action{st, op::F, mb}));
@@ -347,8 +354,13 @@ private:
         if (!any[r] || n.start < first[r]) first[r] = n.start;
         if (!any[r] || n.end > last[r]) last[r] = n.end;
         any[r] = true;
+        // A stage's activations for one microbatch count 1/v. Checkpointing keeps a share
+        // from F to the recompute, which restores the rest; B, or W under the split backward
+        // (which needs them for the weight gradients), frees them all.
         const rational unit(1, s_.place.stages_per_rank);
-        if (n.a.kind == op::F) held += unit;
+        const rational kept = s_.activation_kept.empty() ? rational(1) : s_.activation_kept[n.a.stage];
+        if (n.a.kind == op::F) held += unit * kept;
+        if (n.a.kind == op::recompute) held += unit * (rational(1) - kept);
         if ((split && n.a.kind == op::W) || (!split && n.a.kind == op::B)) held = held - unit;
         if (held > peak) peak = held;
       }

@@ -260,3 +260,49 @@ TEST(ZeroBubble, ReproducesThePapersTable5FromItsProfiledTimes) {
 }
 
 }  // namespace
+
+namespace {
+
+using namespace troupe::pipeline;
+
+TEST(Checkpointing, PoliciesKeepTheDocumentedShare) {
+  EXPECT_EQ(checkpoint_policy::parse("none").kept(8), rational(1));
+  EXPECT_EQ(checkpoint_policy::parse("every:2").kept(8), rational(1, 2));
+  EXPECT_EQ(checkpoint_policy::parse("every:3").kept(8), rational(3, 8));
+  EXPECT_EQ(checkpoint_policy::parse("sqrt").kept(9), rational(1, 3));
+  EXPECT_EQ(checkpoint_policy::parse("sqrt").kept(10), rational(4, 10));
+  for (auto bad : {"", "every:0", "every:x", "all", "sqrt:2"})
+    EXPECT_THROW(checkpoint_policy::parse(bad), std::invalid_argument) << bad;
+}
+
+TEST(Checkpointing, RecomputeCostsAForwardAndSavesActivationMemory) {
+  auto plain = generate("1f1b", 4, 8);
+  auto ckpt = with_checkpointing(plain, checkpoint_policy::parse("every:2"), 4);
+  EXPECT_NO_THROW(validate(ckpt));
+  EXPECT_NO_THROW(validate(lower(ckpt)));
+  auto a = simulate(plain), b = simulate(ckpt);
+  // Each backward now costs B + F = 3: 1F1B's makespan (m + p - 1)(F + B) becomes 11 x 4.
+  EXPECT_EQ(a.makespan, rational(33));
+  EXPECT_EQ(b.makespan, rational(44));
+  // Rank 0 holds half of 4 microbatches plus the one being recomputed.
+  EXPECT_DOUBLE_EQ(a.peak_activations[0], 4);
+  EXPECT_DOUBLE_EQ(b.peak_activations[0], 2.5);
+  EXPECT_EQ(simulate(lower(ckpt), cost_model::parse("comm=1")).makespan,
+            simulate(ckpt, cost_model::parse("comm=1")).makespan);
+}
+
+TEST(Checkpointing, TheSplitBackwardKeepsRecomputedActivationsUntilW) {
+  auto s = with_checkpointing(generate("zb-h2", 2, 4), checkpoint_policy::parse("sqrt"), 9);
+  EXPECT_NO_THROW(validate(s));
+  auto sim = simulate(s);
+  // Rank 0 of ZB-H2 (p = 2): F0 F1 F2 hold 3 x 1/3; the recompute of 0 restores 2/3; its I
+  // frees nothing; W0 frees all of microbatch 0.
+  EXPECT_DOUBLE_EQ(sim.peak_activations[0], 5.0 / 3.0);
+}
+
+TEST(Checkpointing, IsRefusedOnALoweredSchedule) {
+  EXPECT_THROW(with_checkpointing(lower(generate("1f1b", 2, 2)), checkpoint_policy::parse("sqrt"), 4),
+               std::invalid_argument);
+}
+
+}  // namespace

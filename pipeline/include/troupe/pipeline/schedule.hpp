@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "troupe/pipeline/rational.hpp"
+
 namespace troupe::pipeline {
 
 /// What an action does.
@@ -68,6 +70,9 @@ struct schedule {
   int microbatches = 1;
   /// Per rank, the actions in order; nullopt is a deliberate idle step.
   std::vector<std::vector<std::optional<action>>> ranks;
+  /// Per stage, the share of a microbatch's activations kept from F to the backward under
+  /// activation checkpointing (1 for all, the default when empty); RECOMPUTE restores the rest.
+  std::vector<rational> activation_kept;
 
   int stages() const noexcept { return place.stages(); }
   /// True when backward passes are split into I and W.
@@ -84,6 +89,22 @@ schedule from_csv(std::string_view text, std::string name = "csv");
 
 /// One line per rank: `rank 0: 0F0 0F1 - 0B0 ...` (`-` for an idle step).
 std::string to_text(const schedule& s);
+
+/// Activation checkpointing of a stage's layers.
+struct checkpoint_policy {
+  enum class kind : std::uint8_t { none, every_n, sqrt } mode = kind::none;
+  int every = 1;  ///< for every_n: keep the input of every n-th layer
+  /// Parses "none", "every:N" or "sqrt"; throws std::invalid_argument otherwise.
+  static checkpoint_policy parse(std::string_view text);
+  /// The share of a stage's activations kept between F and its backward, for a stage of
+  /// `layers` layers: every_n keeps ceil(L/n) layer inputs of L, sqrt keeps ceil(sqrt(L)).
+  rational kept(int layers) const;
+};
+
+/// Applies `policy` to every stage (each of `layers_per_stage` layers): records the kept share
+/// and inserts RECOMPUTE(s, j) right before each backward (B or I) of a checkpointed stage.
+/// A stage that keeps everything is left alone. Throws on a lowered schedule (apply it first).
+schedule with_checkpointing(const schedule& s, const checkpoint_policy& policy, int layers_per_stage);
 
 /// Inserts SEND_F/RECV_F after/before forwards whose neighbour stage lives on another rank,
 /// and SEND_B/RECV_B for backward (B or I) likewise. Receives go right before the action that
