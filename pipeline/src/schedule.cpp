@@ -167,6 +167,14 @@ schedule from_csv(std::string_view text, std::string name) {
     }
   }
   if (max_stage < 0) throw std::invalid_argument("CSV schedule has no compute actions");
+  // Older PyTorch files wrote the backward for inputs as B next to its W: read such a B as I.
+  std::set<std::pair<int, int>> has_w;
+  for (const auto& row : s.ranks)
+    for (const auto& a : row)
+      if (a && a->kind == op::W) has_w.insert({a->stage, a->microbatch});
+  for (auto& row : s.ranks)
+    for (auto& a : row)
+      if (a && a->kind == op::B && has_w.count({a->stage, a->microbatch})) a->kind = op::I;
   const int stages = max_stage + 1;
   if (stages % p != 0)
     throw std::invalid_argument("CSV schedule has " + std::to_string(stages) + " stages on " +

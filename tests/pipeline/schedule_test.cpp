@@ -160,6 +160,16 @@ TEST(Csv, KeepsDeliberateIdleSteps) {
   EXPECT_NO_THROW(validate(s));
 }
 
+TEST(Csv, ReadsTheOlderFormWhereBWithAWMeansI) {
+  // Two ranks, looped placement of four stages, split backward written as B + W.
+  auto s = from_csv("0F0,2F0,2B0,2W0,0B0,0W0\n,1F0,3F0,3B0,3W0,1B0,1W0\n");
+  EXPECT_EQ(s.place.stages_per_rank, 2);
+  EXPECT_EQ(s.ranks[0][2], (std::optional<action>{action{2, op::I, 0}}));
+  EXPECT_TRUE(s.split_backward());
+  EXPECT_NO_THROW(validate(s));
+  EXPECT_NO_THROW(validate(lower(s)));
+}
+
 TEST(Csv, RejectsCellsThatAreNotActions) {
   EXPECT_THROW(from_csv("0F0,zz\n"), std::invalid_argument);
   EXPECT_THROW(from_csv(""), std::invalid_argument);
