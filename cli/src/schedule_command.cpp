@@ -8,7 +8,12 @@
 #include <string>
 #include <vector>
 
+#include <fstream>
+
+#include <unistd.h>
+
 #include <troupe/pipeline/generators.hpp>
+#include <troupe/pipeline/render.hpp>
 #include <troupe/pipeline/simulator.hpp>
 
 #include "commands.hpp"
@@ -28,6 +33,8 @@ struct schedule_options {
   double memory_limit = 0;
   std::string checkpoint = "none";
   int layers = 1;
+  std::string format = "ascii";
+  std::string out;
 };
 
 /// The schedule with the requested activation checkpointing applied.
@@ -76,6 +83,25 @@ int simulate_command(const schedule_options& o) {
             << "  peak activations per rank:";
   for (double a : sim.peak_activations) std::cout << " " << number(a);
   std::cout << "\n";
+  return 0;
+}
+
+int show_command(const schedule_options& o) {
+  const auto format = parse_render_format(o.format);
+  auto s = prepared(generate(o.name, o.stages, o.microbatches, o.virtual_stages), o);
+  auto sim = simulate(s, cost_model::parse(o.cost));
+  render_options ropts;
+  ropts.color = format == render_format::ascii && o.out.empty() && isatty(STDOUT_FILENO);
+  const std::string text = render(s, sim, format, ropts);
+  if (o.out.empty()) {
+    std::cout << text;
+    return 0;
+  }
+  std::ofstream f(o.out, std::ios::binary);
+  if (!f) throw std::invalid_argument("cannot write '" + o.out + "'");
+  f << text;
+  if (!f.flush()) throw std::invalid_argument("writing '" + o.out + "' failed");
+  std::cerr << "wrote " << o.out << " (" << text.size() << " bytes)\n";
   return 0;
 }
 
@@ -183,7 +209,7 @@ void add_shape_options(CLI::App* c, schedule_options& o, bool with_name) {
 }  // namespace
 
 void add_schedule_command(CLI::App& app, int& rc) {
-  auto* cmd = app.add_subcommand("schedule", "pipeline schedules: simulate, pick the best");
+  auto* cmd = app.add_subcommand("schedule", "pipeline schedules: simulate, draw, pick the best");
   cmd->require_subcommand(1);
 
   auto sim_opts = std::make_shared<schedule_options>();
@@ -191,6 +217,14 @@ void add_schedule_command(CLI::App& app, int& rc) {
   add_shape_options(sim, *sim_opts, true);
   sim->add_option("--virtual", sim_opts->virtual_stages, "stages per rank (default: the schedule's)");
   sim->callback([sim_opts, &rc] { guarded([sim_opts] { return simulate_command(*sim_opts); })(rc); });
+
+  auto show_opts = std::make_shared<schedule_options>();
+  auto* show = cmd->add_subcommand("show", "draw a schedule's timeline");
+  add_shape_options(show, *show_opts, true);
+  show->add_option("--virtual", show_opts->virtual_stages, "stages per rank (default: the schedule's)");
+  show->add_option("--format", show_opts->format, "ascii, csv, svg or chrome")->capture_default_str();
+  show->add_option("--out", show_opts->out, "write to this file instead of the terminal");
+  show->callback([show_opts, &rc] { guarded([show_opts] { return show_command(*show_opts); })(rc); });
 
   auto best_opts = std::make_shared<schedule_options>();
   auto* best = cmd->add_subcommand(

@@ -56,36 +56,57 @@ schedule one_f_one_b(int p, int m, int v) {
   return s;
 }
 
-// Interleaved 1F1B (Narayanan et al., 2021, Megatron-LM): rank r holds stages r, r+p, ...;
-// forwards go in rounds of p microbatches through each of its v stages in turn, backwards the
-// same way from the last stage; (p-1-r)*2 + (v-1)*p warm-up forwards.
-schedule interleaved(int p, int m, int v) {
-  const std::string name = "interleaved-1f1b";
-  if (v < 2) refuse(name, "needs --virtual >= 2 stages per rank (use 1f1b for one)");
-  if (m % p != 0)
-    refuse(name, "needs the microbatches to be a multiple of the ranks (p=" + std::to_string(p) +
-                     ", m=" + std::to_string(m) + "): use m=" +
-                     std::to_string((m / p + 1) * p) + (m > p ? " or m=" + std::to_string(m / p * p) : ""));
+// Interleaved schedules on the looped placement (rank r holds stages r, r+p, ...), in rounds
+// of k = m / max(1, m / p) microbatches (k = p when p divides m): forwards go through the
+// rank's stages one round at a time, backwards likewise from its last stage, each stage taking
+// its microbatches in order. Warm-up: (v-1)*k + f*(p-1-r) forwards, then one forward and one
+// backward alternately, then the remaining backwards.
+//  - interleaved-1f1b (Narayanan et al., 2021; Megatron-LM, f = 2): full backwards.
+//  - interleaved-zb (PyTorch's ScheduleInterleavedZeroBubble, f = 1): backwards split into
+//    I and W; rank r starts its W's r steady steps late and ends with those it still owes.
+schedule interleaved(const std::string& name, int p, int m, int v, bool split) {
+  if (v < 2) refuse(name, "needs --virtual >= 2 stages per rank (use " +
+                              std::string(split ? "zb-h1" : "1f1b") + " for one)");
+  const int rounds = std::max(1, m / p);
+  if (m % rounds != 0)
+    refuse(name, "needs the microbatches to split into equal rounds (p=" + std::to_string(p) +
+                     ", m=" + std::to_string(m) + "): use a multiple of " + std::to_string(p) +
+                     " such as m=" + std::to_string((m / p + 1) * p));
+  const int k = m / rounds;  // microbatches per round
   auto s = empty_schedule(name, p, m, v, placement_kind::looped);
   const int total = v * m;
-  auto unit = [&](int r, int k, bool forward) {
-    const int group = k / (p * v), in_group = k % (p * v);
-    int chunk = in_group / p;
-    if (!forward) chunk = v - 1 - chunk;
-    return action{chunk * p + r, forward ? op::F : op::B, group * p + in_group % p};
-  };
   for (int r = 0; r < p; ++r) {
-    const int warmup = std::min((p - 1 - r) * 2 + (v - 1) * p, total);
     auto& out = s.ranks[r];
-    for (int k = 0; k < warmup; ++k) out.push_back(unit(r, k, true));
-    for (int k = 0; k < total - warmup; ++k) {
-      out.push_back(unit(r, warmup + k, true));
-      out.push_back(unit(r, k, false));
+    std::vector<int> next_f(v, 0), next_b(v, 0);
+    std::vector<action> owed_w;
+    std::size_t w_done = 0;
+    auto forward = [&](int step) {
+      const int c = (step / k) % v;
+      out.push_back(action{c * p + r, op::F, next_f[c]++});
+    };
+    auto backward = [&](int step, int warmup) {
+      const int c = v - 1 - ((step - warmup) / k) % v;
+      const action a{c * p + r, split ? op::I : op::B, next_b[c]++};
+      out.push_back(a);
+      if (split) owed_w.push_back(action{a.stage, op::W, a.microbatch});
+    };
+    const int warmup = std::min((v - 1) * k + (split ? 1 : 2) * (p - 1 - r), total);
+    for (int step = 0; step < warmup; ++step) forward(step);
+    for (int i = 0; i < total - warmup; ++i) {
+      forward(warmup + i);
+      backward(warmup + i, warmup);
+      if (split && i >= r && w_done < owed_w.size()) out.push_back(owed_w[w_done++]);
     }
-    for (int k = total - warmup; k < total; ++k) out.push_back(unit(r, k, false));
+    for (int step = total; step < total + warmup; ++step) {
+      backward(step, warmup);
+      if (split && step - warmup >= r && w_done < owed_w.size()) out.push_back(owed_w[w_done++]);
+    }
+    while (w_done < owed_w.size()) out.push_back(owed_w[w_done++]);
   }
   return s;
 }
+schedule interleaved_1f1b(int p, int m, int v) { return interleaved("interleaved-1f1b", p, m, v, false); }
+schedule interleaved_zb(int p, int m, int v) { return interleaved("interleaved-zb", p, m, v, true); }
 
 // Looped BFS (Lamy-Poirier, 2023, "Breadth-First Pipeline Parallelism"): rank r holds stages
 // r, r+p, ...; it runs every microbatch through one stage before the next (all forwards stage by
@@ -172,7 +193,8 @@ struct generator {
 const generator generators[] = {
     {"gpipe", 1, gpipe},
     {"1f1b", 1, one_f_one_b},
-    {"interleaved-1f1b", 2, interleaved},
+    {"interleaved-1f1b", 2, interleaved_1f1b},
+    {"interleaved-zb", 2, interleaved_zb},
     {"looped-bfs", 2, looped_bfs},
     {"zb-h1", 1, zb_h1},
     {"zb-h2", 1, zb_h2},

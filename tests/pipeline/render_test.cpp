@@ -3,7 +3,6 @@
 #include <cctype>
 #include <cstdlib>
 #include <map>
-#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>

@@ -6,7 +6,8 @@
 ///   rational that divides every start and end time, so the shortest action is one cell and
 ///   nothing is rounded. A cell is as many characters as the longest label (`F7`, `B12`); an
 ///   action shows its letter and microbatch in its first cell, `.` is idle. A timeline wider than
-///   render_options::max_columns is scaled down by a whole factor, and the header says so.
+///   render_options::max_columns gets a coarser, round cell (k x 10^e time units) that shows
+///   each cell's longest action, and the header says so.
 ///   Letters: F forward, B backward, I backward for inputs, W backward for weights, R recompute;
 ///   with v > 1 the letter is lower case on odd chunks (the rank's 2nd, 4th, ... stage).
 /// - csv: to_csv(s), PyTorch's format.
