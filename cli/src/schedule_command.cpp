@@ -35,7 +35,20 @@ struct schedule_options {
   int layers = 1;
   std::string format = "ascii";
   std::string out;
+  std::string stage_costs;
 };
+
+/// The cost model of the options: uniform costs, or one cost list per stage.
+cost_model costs_of(const schedule_options& o) {
+  cost_model m = cost_model::parse(o.cost);
+  std::string_view rest = o.stage_costs;
+  while (!rest.empty()) {
+    auto semi = rest.find(';');
+    m.per_stage.push_back(cost_model::parse(rest.substr(0, semi)).uniform);
+    rest = semi == std::string_view::npos ? std::string_view{} : rest.substr(semi + 1);
+  }
+  return m;
+}
 
 /// The schedule with the requested activation checkpointing applied.
 schedule prepared(schedule s, const schedule_options& o) {
@@ -69,7 +82,7 @@ double peak_of(const simulation& sim) {
 
 int simulate_command(const schedule_options& o) {
   auto s = prepared(generate(o.name, o.stages, o.microbatches, o.virtual_stages), o);
-  auto sim = simulate(s, cost_model::parse(o.cost));
+  auto sim = simulate(s, costs_of(o));
   if (o.json) {
     std::cout << simulation_json(s, sim) << "\n";
     return 0;
@@ -89,7 +102,7 @@ int simulate_command(const schedule_options& o) {
 int show_command(const schedule_options& o) {
   const auto format = parse_render_format(o.format);
   auto s = prepared(generate(o.name, o.stages, o.microbatches, o.virtual_stages), o);
-  auto sim = simulate(s, cost_model::parse(o.cost));
+  auto sim = simulate(s, costs_of(o));
   render_options ropts;
   ropts.color = format == render_format::ascii && o.out.empty() && isatty(STDOUT_FILENO);
   const std::string text = render(s, sim, format, ropts);
@@ -122,7 +135,7 @@ std::vector<schedule> candidates(int p, int m) {
 int best_command(const schedule_options& o) {
   if (o.memory_limit <= 0)
     throw std::invalid_argument("--memory-limit must be positive (in microbatch activations per rank)");
-  const auto costs = cost_model::parse(o.cost);
+  const auto costs = costs_of(o);
   struct row {
     schedule s;
     simulation sim;
@@ -198,6 +211,9 @@ void add_shape_options(CLI::App* c, schedule_options& o, bool with_name) {
   c->add_option("--cost", o.cost,
                 "per-action costs of a rank's whole shard, e.g. F=1,B=2,I=1,W=1,comm=0")
       ->capture_default_str();
+  c->add_option("--stage-costs", o.stage_costs,
+                "one cost list per stage, ';'-separated (e.g. F=1,B=2;F=2,B=4): that stage's own "
+                "costs, overriding --cost");
   c->add_option("--checkpoint", o.checkpoint, "activation checkpointing: none, every:N or sqrt")
       ->capture_default_str();
   c->add_option("--layers", o.layers, "layers per stage, for --checkpoint")
