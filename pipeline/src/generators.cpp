@@ -184,6 +184,57 @@ schedule zb_v(int p, int m, int v) {
   return s;
 }
 
+// DualPipe-V (DeepSeek's DualPipeV, the "cut-in-half" DualPipe; also PyTorch's
+// ScheduleDualPipeV) on the V placement: eight phases per rank in which a forward of one stage
+// overlaps a full backward of the other (OVERLAP_F_B) in the steady state, and the weight
+// gradients of the first and last backwards are deferred (zero bubble) into the gaps.
+schedule dualpipe_v(int p, int m, int v) {
+  const std::string name = "dualpipe-v";
+  if (v != 2) refuse(name, "places exactly two stages on each rank; use --virtual 2");
+  if (m < 2 * p)
+    refuse(name, "needs at least 2p microbatches (p=" + std::to_string(p) + "): use m >= " +
+                     std::to_string(2 * p));
+  auto s = empty_schedule(name, p, m, 2, placement_kind::v_shape);
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.ranks[r];
+    const int s0 = r, s1 = 2 * p - 1 - r;
+    std::map<int, int> next_f, next_b;
+    std::vector<action> owed_w;  // FIFO of weight gradients deferred by I
+    std::size_t w_head = 0;
+    auto f = [&](int st, bool overlap = false) {
+      action a{st, op::F, next_f[st]++};
+      a.overlapped = overlap;
+      out.push_back(a);
+    };
+    auto b = [&](int st, bool split) {
+      const int j = next_b[st]++;
+      out.push_back(action{st, split ? op::I : op::B, j});
+      if (split) owed_w.push_back(action{st, op::W, j});
+    };
+    auto w = [&] { out.push_back(owed_w.at(w_head++)); };
+    for (int i = 0; i < 2 * (p - r - 1); ++i) f(s0);                  // 1: forwards of stage 0
+    for (int i = 0; i < r + 1; ++i) f(s0), f(s1);                      // 2: both stages
+    for (int i = 0; i < p - r - 1; ++i) b(s1, true), w(), f(s1);       // 3: I W F of stage 1
+    for (int i = 0; i < m - 2 * p + r + 1; ++i) {                      // 4: overlapped steady state
+      if (i == 0 && r == p - 1) f(s0), b(s1, false);  // the turn of the V: no overlap here
+      else f(s0, true), b(s1, false);
+      f(s1, true), b(s0, false);
+    }
+    for (int i = 0; i < p - r - 1; ++i) b(s1, false), f(s1, true), b(s0, false);  // 5
+    const int k = (r + 1) / 2;                                         // 6: backwards, W deferred
+    bool zb = false;
+    for (int i = 0; i <= r; ++i) {
+      if (i == k && r % 2 == 1) zb = true;
+      b(s1, zb);
+      if (i == k && r % 2 == 0) zb = true;
+      b(s0, zb);
+    }
+    for (int i = 0; i < p - r - 1; ++i) w(), b(s0, true);              // 7
+    while (w_head < owed_w.size()) w();                                 // 8: the W's still owed
+  }
+  return s;
+}
+
 struct generator {
   const char* name;
   int default_v;
@@ -199,6 +250,7 @@ const generator generators[] = {
     {"zb-h1", 1, zb_h1},
     {"zb-h2", 1, zb_h2},
     {"zb-v", 2, zb_v},
+    {"dualpipe-v", 2, dualpipe_v},
 };
 
 const generator& find_generator(const std::string& name) {

@@ -173,36 +173,48 @@ std::string render_ascii(const schedule& s, const simulation& sim, const render_
     const auto& row = rows[r];
     std::size_t first = 0;
     const timed_action* previous = nullptr;
+    int run_cells = 0;  // cells of `previous` drawn after its first
     bool open = false;  // a coloured run is open
     for (std::int64_t c = 0; c < cells; ++c) {
       const rational from = unit * rational(c), to = unit * rational(c + 1);
       while (first < row.size() && row[first]->end <= from) ++first;
       // The action that covers most of the cell; the earliest on a tie.
       const timed_action* best = nullptr;
+      std::size_t best_index = 0;
       rational best_overlap(0);
       for (std::size_t i = first; i < row.size() && row[i]->start < to; ++i) {
         const rational overlap = std::min(row[i]->end, to) - std::max(row[i]->start, from);
-        if (overlap > best_overlap) best = row[i], best_overlap = overlap;
+        if (overlap > best_overlap) best = row[i], best_index = i, best_overlap = overlap;
       }
       if (best != previous && open) {
         out += ansi_reset;
         open = false;
       }
+      auto label_of = [&](const timed_action& t) {
+        const bool odd = s.place.chunk_of(t.what.stage) % 2 == 1;
+        char l = letter(t.what.kind);
+        if (odd) l = static_cast<char>(l - 'A' + 'a');
+        std::string label = l + std::to_string(t.what.microbatch);
+        label.resize(static_cast<std::size_t>(width), ' ');
+        return label;
+      };
       if (!best) {
         out.append(static_cast<std::size_t>(width), '.');
+        run_cells = 0;
       } else if (best == previous) {
-        out.append(static_cast<std::size_t>(width), ' ');
+        // An overlapped pair (OVERLAP_F_B) shows its second action in its second cell.
+        if (++run_cells == 1 && best->what.overlapped && best_index + 1 < row.size())
+          out += label_of(*row[best_index + 1]);
+        else
+          out.append(static_cast<std::size_t>(width), ' ');
       } else {
         const bool odd = s.place.chunk_of(best->what.stage) % 2 == 1;
         if (o.color) {
           out += ansi_colour(best->what.kind, odd);
           open = true;
         }
-        char l = letter(best->what.kind);
-        if (odd) l = static_cast<char>(l - 'A' + 'a');
-        std::string label = l + std::to_string(best->what.microbatch);
-        label.resize(static_cast<std::size_t>(width), ' ');
-        out += label;
+        out += label_of(*best);
+        run_cells = 0;
       }
       previous = best;
     }
@@ -287,7 +299,7 @@ double tick_step(double span) {
 
 std::string render_svg(const schedule& s, const simulation& sim) {
   const int p = s.place.ranks, v = s.place.stages_per_rank;
-  constexpr double left = 80, right = 24, top = 60, row_h = 30, box_h = 24;
+  constexpr double left = 80, right = 24, top = 60, row_h = 30, full_box_h = 24;
   constexpr double target_box = 28;  // pixels for the shortest action
   constexpr double min_width = 480, max_width = 2400;
 
@@ -330,10 +342,15 @@ std::string render_svg(const schedule& s, const simulation& sim) {
     const double y = top + r * row_h;
     out += "<text x=\"" + number(left - 8) + "\" y=\"" + number(y + row_h / 2 + 4) +
            "\" font-size=\"12\" text-anchor=\"end\">rank " + std::to_string(r) + "</text>\n";
+    bool second_of_pair = false;
     for (const auto& t : sim.timeline[r]) {
       if (!is_compute(t.what.kind)) continue;
       const double x0 = x_of(t.start), w = x_of(t.end) - x0;
-      const double by = y + (row_h - box_h) / 2;
+      // An overlapped pair (OVERLAP_F_B) shares its step: the first on top, the second below.
+      const bool paired = t.what.overlapped || second_of_pair;
+      const double box_h = paired ? full_box_h / 2 : full_box_h;
+      const double by = y + (row_h - full_box_h) / 2 + (second_of_pair ? full_box_h / 2 : 0.0);
+      second_of_pair = t.what.overlapped;
       const int chunk = s.place.chunk_of(t.what.stage);
       const std::string mb = std::to_string(t.what.microbatch);
       const double font = std::clamp(w / (0.62 * static_cast<double>(mb.size()) + 0.5), 4.0, 12.0);

@@ -105,7 +105,13 @@ std::string to_csv(const schedule& s) {
   for (const auto& r : s.ranks) {
     for (std::size_t i = 0; i < r.size(); ++i) {
       if (i) out += ',';
-      if (r[i]) out += to_string(*r[i]);
+      if (!r[i]) continue;
+      if (r[i]->overlapped && i + 1 < r.size() && r[i + 1]) {
+        out += "(" + to_string(*r[i]) + ";" + to_string(*r[i + 1]) + ")OVERLAP_F_B";
+        ++i;
+      } else {
+        out += to_string(*r[i]);
+      }
     }
     out += '\n';
   }
@@ -138,6 +144,22 @@ schedule from_csv(std::string_view text, std::string name) {
       auto cell = trim(rest.substr(0, comma));
       if (cell.empty()) {
         row.emplace_back(std::nullopt);
+      } else if (cell.front() == '(') {
+        // (a;b)OVERLAP_F_B: the commas of a CSV cell never occur inside it.
+        constexpr std::string_view suffix = ")OVERLAP_F_B";
+        const auto semi = cell.find(';');
+        if (semi == std::string_view::npos || cell.size() < suffix.size() + 4 ||
+            cell.substr(cell.size() - suffix.size()) != suffix)
+          throw std::invalid_argument("CSV line " + std::to_string(line_no) + ": '" +
+                                      std::string(cell) + "' is not (a;b)OVERLAP_F_B");
+        try {
+          action first = parse_action(cell.substr(1, semi - 1));
+          first.overlapped = true;
+          row.emplace_back(first);
+          row.emplace_back(parse_action(cell.substr(semi + 1, cell.size() - suffix.size() - semi - 1)));
+        } catch (const std::invalid_argument& e) {
+          throw std::invalid_argument("CSV line " + std::to_string(line_no) + ": " + e.what());
+        }
       } else {
         try {
           row.emplace_back(parse_action(cell));
@@ -257,11 +279,13 @@ schedule lower(const schedule& s) {
   for (std::size_t r = 0; r < s.ranks.size(); ++r) {
     auto& row = out.ranks[r];
     row.clear();
+    std::vector<action> sends_after_pair;  // an overlapped pair stays adjacent: its sends follow it
     for (const auto& a : s.ranks[r]) {
       if (!a) {
         row.emplace_back(std::nullopt);
         continue;
       }
+      const bool in_pair = a->overlapped || (!row.empty() && row.back() && row.back()->overlapped);
       const int rank = static_cast<int>(r);
       // Receive what this action needs from another rank, right before it. A recomputation
       // waits for the gradient too, so it takes the receive in front of its backward.
@@ -271,13 +295,32 @@ schedule lower(const schedule& s) {
       if ((a->kind == op::recompute || (backward && !recomputed.count({a->stage, a->microbatch}))) &&
           a->stage < last && pl.rank_of(a->stage + 1) != rank)
         row.emplace_back(action{a->stage, op::recv_b, a->microbatch});
+      if (in_pair && !a->overlapped) {
+        // The second of a pair: its receive must come before the first.
+        if (!row.empty() && row.back() && !is_compute(row.back()->kind)) {
+          auto recv = *row.back();
+          row.pop_back();
+          auto first = *row.back();
+          row.pop_back();
+          row.emplace_back(recv);
+          row.emplace_back(first);
+        }
+      }
       row.emplace_back(a);
-      // Send what another rank needs, right after producing it.
+      // Send what another rank needs, right after producing it (after the pair, for a pair).
+      std::vector<action> sends;
       if (a->kind == op::F && a->stage < last && pl.rank_of(a->stage + 1) != rank)
-        row.emplace_back(action{a->stage, op::send_f, a->microbatch});
+        sends.push_back(action{a->stage, op::send_f, a->microbatch});
       if ((a->kind == op::B || a->kind == op::I) && a->stage > 0 &&
           pl.rank_of(a->stage - 1) != rank)
-        row.emplace_back(action{a->stage, op::send_b, a->microbatch});
+        sends.push_back(action{a->stage, op::send_b, a->microbatch});
+      if (a->overlapped) {
+        sends_after_pair = std::move(sends);
+        continue;
+      }
+      for (auto& x : sends_after_pair) row.emplace_back(x);
+      sends_after_pair.clear();
+      for (auto& x : sends) row.emplace_back(x);
     }
   }
   return out;

@@ -77,8 +77,9 @@ cost_model cost_model::parse(std::string_view text) {
     else if (key == "i") m.uniform.i = v, iw_given = true;
     else if (key == "w") m.uniform.w = v, iw_given = true;
     else if (key == "comm") m.uniform.comm = v;
+    else if (key == "fb") m.uniform.fb = v;
     else
-      throw std::invalid_argument("unknown cost '" + key + "' (use F, B, I, W and comm)");
+      throw std::invalid_argument("unknown cost '" + key + "' (use F, B, I, W, comm and FB)");
   }
   if (iw_given && !b_given) m.uniform.b = m.uniform.i + m.uniform.w;
   return m;
@@ -94,6 +95,7 @@ struct node {
   int rank;
   int step;  // position in the rank's list, idle steps included (for messages)
   action a;
+  bool second_of_pair = false;  // runs in the same step as the node before it
   std::vector<std::pair<int, bool>> deps;  // (node, from another rank)
   rational start, end;
   bool done = false;
@@ -137,6 +139,7 @@ public:
         per_rank_[r].push_back(slot);
       }
     }
+    check_pairs();
     check_complete();
     link();
   }
@@ -151,24 +154,22 @@ public:
       for (int r = 0; r < p; ++r) {
         while (next[r] < per_rank_[r].size()) {
           node& n = nodes_[per_rank_[r][next[r]]];
+          node* partner = n.a.overlapped ? &nodes_[per_rank_[r][next[r] + 1]] : nullptr;
           rational ready = free[r];
-          bool blocked = false;
-          for (auto [d, remote] : n.deps) {
-            const node& dep = nodes_[d];
-            if (!dep.done) {
-              blocked = true;
-              break;
-            }
-            rational t = dep.end + (remote ? comm_of(dep.a.stage) : rational(0));
-            if (t > ready) ready = t;
-          }
-          if (blocked) break;
+          if (!ready_after(n, partner, ready) || (partner && !ready_after(*partner, &n, ready))) break;
           n.start = ready;
-          n.end = ready + duration(n.a);
+          n.end = ready + (partner ? pair_duration(n.a, partner->a) : duration(n.a));
           n.done = true;
           free[r] = n.end;
           ++next[r];
           --remaining;
+          if (partner) {
+            partner->start = n.start;
+            partner->end = n.end;
+            partner->done = true;
+            ++next[r];
+            --remaining;
+          }
           progress = true;
         }
       }
@@ -178,6 +179,28 @@ public:
   }
 
 private:
+  /// Raises `ready` to when everything `n` needs is there; false when something is missing.
+  /// A pair's partner does not count (the two run together).
+  bool ready_after(const node& n, const node* partner, rational& ready) const {
+    for (auto [d, remote] : n.deps) {
+      const node& dep = nodes_[d];
+      if (&dep == partner)
+        fail(n, "overlaps with " + to_string(dep.a) + ", which it depends on");
+      if (!dep.done) return false;
+      rational t = dep.end + (remote ? comm_of(dep.a.stage) : rational(0));
+      if (t > ready) ready = t;
+    }
+    return true;
+  }
+
+  rational pair_duration(const action& a, const action& b) const {
+    const bool f_and_b = (a.kind == op::F && b.kind == op::B) || (a.kind == op::B && b.kind == op::F);
+    const action_costs& c =
+        costs_.per_stage.empty() ? costs_.uniform : stage_costs(a.kind == op::F ? a.stage : b.stage);
+    if (!f_and_b || !c.fb) return duration(a) + duration(b);
+    return costs_.per_stage.empty() ? *c.fb / rational(s_.place.stages_per_rank) : *c.fb;
+  }
+
   std::size_t key(const action& a) const {
     return (static_cast<std::size_t>(a.kind) * stages_ + a.stage) * s_.microbatches + a.microbatch;
   }
@@ -196,6 +219,22 @@ private:
   }
   [[noreturn]] void fail(const node& n, const std::string& why) const {
     fail(n.rank, n.step, n.a, why);
+  }
+
+  /// An overlapped action needs a compute action right after it on its rank, and the two
+  /// must not depend on each other.
+  void check_pairs() {
+    for (const auto& ids : per_rank_) {
+      for (std::size_t k = 0; k < ids.size(); ++k) {
+        node& n = nodes_[ids[k]];
+        if (!n.a.overlapped) continue;
+        if (!is_compute(n.a.kind) || k + 1 == ids.size() || !is_compute(nodes_[ids[k + 1]].a.kind) ||
+            nodes_[ids[k + 1]].a.overlapped || nodes_[ids[k + 1]].step != n.step + 1)
+          fail(n, "is marked to overlap with the next action, which must be a single compute action "
+                  "right after it");
+        nodes_[ids[k + 1]].second_of_pair = true;
+      }
+    }
   }
 
   void check_complete() const {
@@ -342,7 +381,6 @@ private:
     out.timeline.resize(p);
     std::vector<rational> first(p), last(p);
     std::vector<bool> any(p, false);
-    const bool split = s_.split_backward();
     for (int r = 0; r < p; ++r) {
       rational held(0), peak(0);
       for (int id : per_rank_[r]) {
@@ -350,7 +388,7 @@ private:
         out.timeline[r].push_back({n.a, n.start, n.end});
         if (n.end > out.makespan) out.makespan = n.end;
         if (!is_compute(n.a.kind)) continue;
-        out.busy[r] += n.end - n.start;
+        if (!n.second_of_pair) out.busy[r] += n.end - n.start;
         if (!any[r] || n.start < first[r]) first[r] = n.start;
         if (!any[r] || n.end > last[r]) last[r] = n.end;
         any[r] = true;
@@ -361,7 +399,7 @@ private:
         const rational kept = s_.activation_kept.empty() ? rational(1) : s_.activation_kept[n.a.stage];
         if (n.a.kind == op::F) held += unit * kept;
         if (n.a.kind == op::recompute) held += unit * (rational(1) - kept);
-        if ((split && n.a.kind == op::W) || (!split && n.a.kind == op::B)) held = held - unit;
+        if (n.a.kind == op::W || n.a.kind == op::B) held = held - unit;
         if (held > peak) peak = held;
       }
       out.peak_activations[r] = peak.to_double();

@@ -317,3 +317,54 @@ TEST(Checkpointing, IsRefusedOnALoweredSchedule) {
 }
 
 }  // namespace
+
+namespace {
+
+using namespace troupe::pipeline;
+
+TEST(DualPipeV, OverlapsAForwardWithABackwardInTheSteadyState) {
+  auto s = generate("dualpipe-v", 4, 10);
+  int pairs = 0;
+  for (const auto& a : s.ranks[0])
+    if (a && a->overlapped) ++pairs;
+  EXPECT_EQ(pairs, 2 * 10 - 3 * 4 + 0 + 1);  // 2m - 3p + r + 1 on rank 0
+  const std::string csv = to_csv(s);
+  EXPECT_NE(csv.find("(0F7;7B3)OVERLAP_F_B"), std::string::npos) << csv;
+  auto back = from_csv(csv, "dualpipe-v");
+  EXPECT_EQ(back.ranks, s.ranks);
+  EXPECT_EQ(to_csv(lower(back)), to_csv(lower(s)));
+}
+
+// DeepSeek's table: with PP = 2p stages the bubble is (PP/2 - 1)(F&B + B - 3W), the idle time
+// of the last rank; activations PP + 1 chunks (p + 1/2 of a rank's whole shard).
+TEST(DualPipeV, MatchesThePublishedBubbleAndMemory) {
+  for (const char* fb : {"6", "5", "4"})
+    for (int p = 2; p <= 8; ++p)
+      for (int m = 2 * p; m <= 2 * p + 6; ++m) {
+        // Per stage (chunk): F = I = W = 1, B = 2, F&B = fb / 2.
+        auto costs = cost_model::parse(std::string("F=2,I=2,W=2,B=4,FB=") + fb);
+        auto sim = simulate(generate("dualpipe-v", p, m), costs);
+        const rational idle = sim.makespan - sim.busy[p - 1];
+        const rational expected = rational(p - 1) * (rational::parse(fb) / rational(2) + rational(2) - rational(3));
+        EXPECT_EQ(idle, expected) << "p=" << p << " m=" << m << " FB=" << fb;
+        for (double a : sim.peak_activations) EXPECT_DOUBLE_EQ(a, p + 0.5) << "p=" << p << " m=" << m;
+      }
+}
+
+TEST(DualPipeV, RefusesTooFewMicrobatches) {
+  try {
+    generate("dualpipe-v", 4, 7);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("m >= 8"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Overlap, APairMustBeTwoIndependentComputeActions) {
+  auto s = from_csv("(0F0;0B0)OVERLAP_F_B\n");
+  EXPECT_THROW(validate(s), schedule_error);  // the backward needs that very forward
+  EXPECT_THROW(from_csv("(0F0)OVERLAP_F_B\n"), std::invalid_argument);
+  EXPECT_THROW(from_csv("(0F0;0B0)OVERLAP\n"), std::invalid_argument);
+}
+
+}  // namespace

@@ -29,10 +29,13 @@ struct action {
   int stage = 0;
   op kind = op::F;
   int microbatch = 0;
+  /// Runs together with the rank's next action, as one overlapped step (PyTorch's
+  /// OVERLAP_F_B: a forward of one stage and a backward of another, written `(0F7;7B3)OVERLAP_F_B`).
+  bool overlapped = false;
   friend bool operator==(const action&, const action&) = default;
 };
 
-/// `2F0`, `1SEND_B3`, `0RECOMPUTE1`.
+/// `2F0`, `1SEND_B3`, `0RECOMPUTE1` (the overlap mark is not part of an action's text).
 std::string to_string(const action& a);
 std::string to_string(op k);
 /// Parses the text form; throws std::invalid_argument naming the text on error.

@@ -4,6 +4,7 @@
 /// drift and closed forms can be checked with ==.
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -22,6 +23,8 @@ struct action_costs {
   rational i{1};  ///< backward for inputs
   rational w{1};  ///< backward for weights
   rational comm{0};  ///< latency of one send to another rank
+  /// An overlapped step of a forward and a full backward (OVERLAP_F_B); unset: f + b.
+  std::optional<rational> fb{};
 };
 
 /// The cost model: uniform costs, or one entry per stage (then taken as that stage's own costs,
@@ -30,7 +33,8 @@ struct cost_model {
   action_costs uniform{};
   std::vector<action_costs> per_stage{};
 
-  /// Parses "F=1,B=2,I=1,W=1,comm=0" (any subset, in any order; names are case-insensitive).
+  /// Parses "F=1,B=2,I=1,W=1,comm=0,FB=2.5" (any subset, in any order; names are
+  /// case-insensitive; FB is an overlapped forward + backward step).
   /// For schedules without the split, a backward costs I + W when I or W is given and B is not.
   static cost_model parse(std::string_view text);
 };
