@@ -10,6 +10,10 @@
 #include <stdexcept>
 
 namespace troupe::pipeline {
+
+// controllable_memory.cpp
+schedule controllable_memory_v(const std::string& name, int p, int m, int v, bool half);
+
 namespace {
 
 using row = std::vector<std::optional<action>>;
@@ -235,6 +239,9 @@ schedule dualpipe_v(int p, int m, int v) {
   return s;
 }
 
+schedule v_half(int p, int m, int v) { return controllable_memory_v("v-half", p, m, v, true); }
+schedule v_min(int p, int m, int v) { return controllable_memory_v("v-min", p, m, v, false); }
+
 struct generator {
   const char* name;
   int default_v;
@@ -251,6 +258,8 @@ const generator generators[] = {
     {"zb-h2", 1, zb_h2},
     {"zb-v", 2, zb_v},
     {"dualpipe-v", 2, dualpipe_v},
+    {"v-half", 2, v_half},
+    {"v-min", 2, v_min},
 };
 
 const generator& find_generator(const std::string& name) {

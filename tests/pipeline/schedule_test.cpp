@@ -368,3 +368,52 @@ TEST(Overlap, APairMustBeTwoIndependentComputeActions) {
 }
 
 }  // namespace
+
+namespace {
+
+using namespace troupe::pipeline;
+
+double max_peak(const simulation& sim) {
+  return *std::max_element(sim.peak_activations.begin(), sim.peak_activations.end());
+}
+
+/// The longest rank span minus its busy time, in the units of the costs.
+rational span_bubble(const simulation& sim) {
+  rational worst(0);
+  for (std::size_t r = 0; r < sim.timeline.size(); ++r) {
+    rational first = sim.timeline[r].front().start, last = sim.timeline[r].back().end;
+    if (last - first - sim.busy[r] > worst) worst = last - first - sim.busy[r];
+  }
+  return worst;
+}
+
+// The authors' figures: V-Min holds (p+4)//3 microbatches of activations, V-Half (p+2)//2,
+// against p for 1F1B and ZB-V.
+TEST(ControllableMemory, VMinAndVHalfHoldAThirdAndAHalfOfTheActivations) {
+  for (int p = 2; p <= 12; ++p)
+    for (int m = 2 * p; m <= 2 * p + 8; m += 4) {
+      auto vmin = generate("v-min", p, m), vhalf = generate("v-half", p, m);
+      ASSERT_NO_THROW(validate(vmin)) << "p=" << p << " m=" << m;
+      ASSERT_NO_THROW(validate(vhalf)) << "p=" << p << " m=" << m;
+      EXPECT_DOUBLE_EQ(max_peak(simulate(vmin)), (p + 4) / 3) << "p=" << p << " m=" << m;
+      EXPECT_DOUBLE_EQ(max_peak(simulate(vhalf)), (p + 2) / 2) << "p=" << p << " m=" << m;
+    }
+}
+
+// With every pass of one stage costing 1 (F = I = W = 2 for a rank's two stages), the bubble
+// (longest span minus its busy time) is 3p-7 (even p) or 3p-4 (odd p) for V-Half, and 4p-7
+// (p divisible by 3) or 4p-5 for V-Min, once m is large enough.
+TEST(ControllableMemory, BubblesMatchTheReferenceConstruction) {
+  const auto unit = cost_model::parse("F=2,I=2,W=2");
+  for (int p = 3; p <= 8; ++p) {
+    const int m = 4 * p;
+    const int half = p % 2 == 0 ? 3 * p - 7 : 3 * p - 4;
+    const int min = p % 3 == 0 ? 4 * p - 7 : 4 * p - 5;
+    EXPECT_EQ(span_bubble(simulate(generate("v-half", p, m), unit)), rational(half)) << "p=" << p;
+    EXPECT_EQ(span_bubble(simulate(generate("v-min", p, m), unit)), rational(min)) << "p=" << p;
+  }
+  EXPECT_EQ(simulate(generate("v-min", 4, 8), unit).makespan, rational(59));
+  EXPECT_EQ(simulate(generate("v-half", 4, 8), unit).makespan, rational(53));
+}
+
+}  // namespace
