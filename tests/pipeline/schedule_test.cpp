@@ -97,6 +97,15 @@ TEST(Generators, EveryScheduleIsValidForSmallShapes) {
           }
           EXPECT_NO_THROW(validate(s)) << name << " p=" << p << " m=" << m << " v=" << v;
           EXPECT_NO_THROW(validate(lower(s))) << name << " lowered, p=" << p << " m=" << m;
+          // Every rank does all of its work: m microbatches through its whole shard.
+          auto sim = simulate(s, cost_model::parse("F=1,B=2,I=1,W=1,FB=3"));
+          for (int r = 0; r < p; ++r) {
+            EXPECT_EQ(sim.busy[r], rational(3 * m)) << name << " p=" << p << " m=" << m << " r=" << r;
+            EXPECT_LE(sim.busy[r], sim.makespan);
+            EXPECT_GE(sim.peak_activations[r], 1.0 / s.place.stages_per_rank - 1e-12);
+          }
+          EXPECT_GE(sim.bubble, 0.0);
+          EXPECT_LT(sim.bubble, 1.0);
         }
 }
 
