@@ -1,0 +1,108 @@
+#pragma once
+/// @file
+/// Trainable layers with a split backward, as zero-bubble pipeline schedules need:
+///
+///   y  = layer.forward(x, keep, training)   keeps in `keep` what the backward halves need
+///   dx = layer.backward_input(dy, keep)     the gradient for the previous layer only; frees
+///                                           what only it needed
+///   layer.backward_weight(dy, keep)         accumulates the parameters' gradients; frees the rest
+///   dx = layer.backward(dy, keep)           both
+///
+/// `keep` belongs to one microbatch, so a stage can hold several microbatches between their
+/// forward and their backward (1F1B, zero bubble); its bytes() is the activation memory held.
+/// Tensors are f32 rows on the host: [batch, features].
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "troupe/core/tensor.hpp"
+
+namespace troupe::kernels {
+
+/// A trainable tensor and its gradient (same shape), accumulated by backward_weight.
+struct parameter {
+  std::string name;
+  tensor value;
+  tensor grad;
+};
+
+/// What a layer keeps from its forward for its backward, for one microbatch.
+struct saved_activations {
+  std::vector<tensor> tensors;
+  std::vector<saved_activations> children;  ///< composite layers: one per inner layer
+  std::vector<tensor> output_grads;         ///< composite layers: dy of inner layers, for W
+  /// Bytes held (a tensor shared by two entries counts twice).
+  std::size_t bytes() const;
+  void clear();
+};
+
+class layer {
+public:
+  virtual ~layer() = default;
+  /// "linear(784->256)".
+  virtual std::string describe() const = 0;
+  virtual tensor forward(const tensor& x, saved_activations& keep, bool training) = 0;
+  virtual tensor backward_input(const tensor& dy, saved_activations& keep) = 0;
+  /// Layers without parameters have nothing to do here but forget.
+  virtual void backward_weight(const tensor& dy, saved_activations& keep) { keep.clear(); }
+  tensor backward(const tensor& dy, saved_activations& keep) {
+    tensor dx = backward_input(dy, keep);
+    backward_weight(dy, keep);
+    return dx;
+  }
+  virtual std::vector<parameter*> parameters() { return {}; }
+  /// Deterministic initialization from a seed (PyTorch's defaults where it has one).
+  virtual void initialize(std::uint64_t seed) { (void)seed; }
+  /// True when backward_weight needs `dy` (the layer has parameters).
+  bool needs_output_grad() { return !parameters().empty(); }
+};
+
+/// y = x W^T + b, W [out, in]. Initialized uniform in ±1/sqrt(in), as PyTorch does.
+std::unique_ptr<layer> make_linear(std::int64_t in, std::int64_t out);
+std::unique_ptr<layer> make_relu();
+/// The exact GELU, x * Phi(x).
+std::unique_ptr<layer> make_gelu();
+/// Normalizes each row, then scales by gamma (ones) and shifts by beta (zeros).
+std::unique_ptr<layer> make_layer_norm(std::int64_t features, float eps = 1e-5f);
+/// Zeroes each element with probability p while training (scaling the rest by 1/(1-p)); the
+/// masks come from a generator seeded by initialize(seed), one draw sequence per forward call.
+std::unique_ptr<layer> make_dropout(float p);
+
+/// Layers applied in order; backward_input keeps each parametrized layer's dy for
+/// backward_weight.
+class sequential : public layer {
+public:
+  sequential() = default;
+  explicit sequential(std::vector<std::unique_ptr<layer>> layers) : layers_(std::move(layers)) {}
+  void add(std::unique_ptr<layer> l) { layers_.push_back(std::move(l)); }
+  std::size_t size() const noexcept { return layers_.size(); }
+  layer& at(std::size_t i) { return *layers_.at(i); }
+
+  std::string describe() const override;
+  tensor forward(const tensor& x, saved_activations& keep, bool training) override;
+  tensor backward_input(const tensor& dy, saved_activations& keep) override;
+  void backward_weight(const tensor& dy, saved_activations& keep) override;
+  std::vector<parameter*> parameters() override;
+  void initialize(std::uint64_t seed) override;
+
+private:
+  std::vector<std::unique_ptr<layer>> layers_;
+};
+
+/// y = x + f(x).
+std::unique_ptr<layer> make_residual(std::unique_ptr<layer> inner);
+
+/// "mlp:784-256-128-10": linear layers with ReLU between them.
+std::unique_ptr<sequential> make_mlp(const std::string& spec);
+
+/// Mean softmax cross-entropy of `logits` [N, C] against `labels` [N] (u8, i32 or i64 class
+/// indices); writes d loss / d logits into `dlogits` (allocated when empty). Throws on a label
+/// outside 0..C-1.
+double softmax_cross_entropy(const tensor& logits, const tensor& labels, tensor& dlogits);
+
+/// Rows whose largest logit is at the label.
+std::int64_t count_correct(const tensor& logits, const tensor& labels);
+
+}  // namespace troupe::kernels

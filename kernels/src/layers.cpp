@@ -1,0 +1,477 @@
+#include "troupe/kernels/layers.hpp"
+
+#include <cmath>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include "troupe/kernels/gemm.hpp"
+
+namespace troupe::kernels {
+
+std::size_t saved_activations::bytes() const {
+  std::size_t n = 0;
+  for (const auto& t : tensors) n += t.nbytes();
+  for (const auto& t : output_grads) n += t.nbytes();
+  for (const auto& c : children) n += c.bytes();
+  return n;
+}
+
+void saved_activations::clear() {
+  tensors.clear();
+  children.clear();
+  output_grads.clear();
+}
+
+namespace {
+
+/// Uniform doubles in [0, 1) from 53 bits of the generator: the same on every platform.
+double uniform01(std::mt19937_64& g) { return static_cast<double>(g() >> 11) * 0x1.0p-53; }
+
+void check_rows(const tensor& x, std::int64_t features, const std::string& who) {
+  if (x.rank() != 2 || x.type() != dtype::f32 || x.dim(1) != features)
+    throw std::invalid_argument(who + " expects f32 [batch, " + std::to_string(features) + "], got " + x.str());
+}
+
+void check_same(const tensor& dy, const tensor& like, const std::string& who) {
+  if (dy.shape() != like.shape() || dy.type() != dtype::f32)
+    throw std::invalid_argument(who + ": the gradient " + dy.str() + " does not match the output " + like.str());
+}
+
+void check_kept(const saved_activations& keep, std::size_t n, const std::string& who) {
+  if (keep.tensors.size() < n)
+    throw std::logic_error(who + ": backward without a matching forward (or after it was freed)");
+}
+
+class linear final : public layer {
+public:
+  linear(std::int64_t in, std::int64_t out)
+      : in_(in), out_(out),
+        w_{"weight", tensor::zeros({out, in}), tensor::zeros({out, in})},
+        b_{"bias", tensor::zeros({1, out}), tensor::zeros({1, out})} {
+    if (in < 1 || out < 1) throw std::invalid_argument("linear layer needs positive sizes");
+  }
+  std::string describe() const override {
+    return "linear(" + std::to_string(in_) + "->" + std::to_string(out_) + ")";
+  }
+  tensor forward(const tensor& x, saved_activations& keep, bool) override {
+    check_rows(x, in_, describe());
+    tensor y = tensor::empty({x.dim(0), out_});
+    gemm(x, false, w_.value, true, y);
+    auto yd = y.data<float>();
+    auto bd = b_.value.data<float>();
+    for (std::int64_t i = 0; i < x.dim(0); ++i)
+      for (std::int64_t j = 0; j < out_; ++j) yd[i * out_ + j] += bd[j];
+    keep.tensors = {x};
+    return y;
+  }
+  tensor backward_input(const tensor& dy, saved_activations& keep) override {
+    check_kept(keep, 1, describe());
+    check_rows(dy, out_, describe() + " backward");
+    tensor dx = tensor::empty({dy.dim(0), in_});
+    gemm(dy, false, w_.value, false, dx);
+    return dx;  // x stays: backward_weight needs it
+  }
+  void backward_weight(const tensor& dy, saved_activations& keep) override {
+    check_kept(keep, 1, describe());
+    check_rows(dy, out_, describe() + " backward");
+    gemm(dy, true, keep.tensors[0], false, w_.grad, 1.0f, 1.0f);
+    auto g = b_.grad.data<float>();
+    auto d = dy.data<float>();
+    for (std::int64_t i = 0; i < dy.dim(0); ++i)
+      for (std::int64_t j = 0; j < out_; ++j) g[j] += d[i * out_ + j];
+    keep.clear();
+  }
+  std::vector<parameter*> parameters() override { return {&w_, &b_}; }
+  void initialize(std::uint64_t seed) override {
+    std::mt19937_64 g(seed);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in_));
+    for (auto* p : {&w_, &b_}) {
+      for (float& v : p->value.data<float>()) v = static_cast<float>((2 * uniform01(g) - 1) * bound);
+      for (float& v : p->grad.data<float>()) v = 0;
+    }
+  }
+
+private:
+  std::int64_t in_, out_;
+  parameter w_, b_;
+};
+
+/// Element-wise activation layers: y = f(x), dx = dy * f'(kept).
+class elementwise : public layer {
+public:
+  tensor forward(const tensor& x, saved_activations& keep, bool) override {
+    if (x.type() != dtype::f32) throw std::invalid_argument(describe() + " expects f32, got " + x.str());
+    tensor y = tensor::empty(x.shape());
+    auto xd = x.data<float>();
+    auto yd = y.data<float>();
+    for (std::size_t i = 0; i < xd.size(); ++i) yd[i] = f(xd[i]);
+    keep.tensors = {keeps_output() ? y : x};
+    return y;
+  }
+  tensor backward_input(const tensor& dy, saved_activations& keep) override {
+    check_kept(keep, 1, describe());
+    check_same(dy, keep.tensors[0], describe());
+    tensor dx = tensor::empty(dy.shape());
+    auto k = keep.tensors[0].data<float>();
+    auto d = dy.data<float>();
+    auto o = dx.data<float>();
+    for (std::size_t i = 0; i < d.size(); ++i) o[i] = d[i] * df(k[i]);
+    keep.clear();  // nothing is left for backward_weight
+    return dx;
+  }
+
+protected:
+  virtual float f(float x) const = 0;
+  /// The derivative, from the kept value (the output when keeps_output(), else the input).
+  virtual float df(float kept) const = 0;
+  virtual bool keeps_output() const { return false; }
+};
+
+class relu final : public elementwise {
+public:
+  std::string describe() const override { return "relu"; }
+
+protected:
+  float f(float x) const override { return x > 0 ? x : 0.0f; }
+  float df(float y) const override { return y > 0 ? 1.0f : 0.0f; }
+  bool keeps_output() const override { return true; }
+};
+
+class gelu final : public elementwise {
+public:
+  std::string describe() const override { return "gelu"; }
+
+protected:
+  float f(float x) const override {
+    return static_cast<float>(0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))));
+  }
+  float df(float x) const override {
+    const double cdf = 0.5 * (1.0 + std::erf(x / std::sqrt(2.0)));
+    const double pdf = std::exp(-0.5 * static_cast<double>(x) * x) / std::sqrt(2.0 * M_PI);
+    return static_cast<float>(cdf + x * pdf);
+  }
+};
+
+class layer_norm final : public layer {
+public:
+  layer_norm(std::int64_t features, float eps)
+      : n_(features), eps_(eps),
+        gamma_{"gamma", tensor::zeros({1, features}), tensor::zeros({1, features})},
+        beta_{"beta", tensor::zeros({1, features}), tensor::zeros({1, features})} {
+    if (features < 1) throw std::invalid_argument("layer_norm needs at least one feature");
+    initialize(0);
+  }
+  std::string describe() const override { return "layer_norm(" + std::to_string(n_) + ")"; }
+  tensor forward(const tensor& x, saved_activations& keep, bool) override {
+    check_rows(x, n_, describe());
+    const std::int64_t rows = x.dim(0);
+    tensor y = tensor::empty(x.shape()), xhat = tensor::empty(x.shape()), rstd = tensor::empty({rows, 1});
+    auto xd = x.data<float>();
+    auto yd = y.data<float>();
+    auto hd = xhat.data<float>();
+    auto rd = rstd.data<float>();
+    auto gd = gamma_.value.data<float>();
+    auto bd = beta_.value.data<float>();
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const float* row = xd.data() + i * n_;
+      double mean = 0, var = 0;
+      for (std::int64_t j = 0; j < n_; ++j) mean += row[j];
+      mean /= static_cast<double>(n_);
+      for (std::int64_t j = 0; j < n_; ++j) var += (row[j] - mean) * (row[j] - mean);
+      var /= static_cast<double>(n_);
+      const double r = 1.0 / std::sqrt(var + eps_);
+      rd[i] = static_cast<float>(r);
+      for (std::int64_t j = 0; j < n_; ++j) {
+        const float h = static_cast<float>((row[j] - mean) * r);
+        hd[i * n_ + j] = h;
+        yd[i * n_ + j] = h * gd[j] + bd[j];
+      }
+    }
+    keep.tensors = {xhat, rstd};
+    return y;
+  }
+  tensor backward_input(const tensor& dy, saved_activations& keep) override {
+    check_kept(keep, 2, describe());
+    check_same(dy, keep.tensors[0], describe());
+    const std::int64_t rows = dy.dim(0);
+    tensor dx = tensor::empty(dy.shape());
+    auto d = dy.data<float>();
+    auto h = keep.tensors[0].data<float>();
+    auto r = keep.tensors[1].data<float>();
+    auto g = gamma_.value.data<float>();
+    auto o = dx.data<float>();
+    for (std::int64_t i = 0; i < rows; ++i) {
+      double mean_dh = 0, mean_dh_h = 0;
+      for (std::int64_t j = 0; j < n_; ++j) {
+        const double dh = static_cast<double>(d[i * n_ + j]) * g[j];
+        mean_dh += dh;
+        mean_dh_h += dh * h[i * n_ + j];
+      }
+      mean_dh /= static_cast<double>(n_);
+      mean_dh_h /= static_cast<double>(n_);
+      for (std::int64_t j = 0; j < n_; ++j) {
+        const double dh = static_cast<double>(d[i * n_ + j]) * g[j];
+        o[i * n_ + j] = static_cast<float>(r[i] * (dh - mean_dh - h[i * n_ + j] * mean_dh_h));
+      }
+    }
+    keep.tensors.resize(1);  // x-hat stays for the weight gradients
+    return dx;
+  }
+  void backward_weight(const tensor& dy, saved_activations& keep) override {
+    check_kept(keep, 1, describe());
+    check_same(dy, keep.tensors[0], describe());
+    auto d = dy.data<float>();
+    auto h = keep.tensors[0].data<float>();
+    auto gg = gamma_.grad.data<float>();
+    auto bg = beta_.grad.data<float>();
+    for (std::int64_t i = 0; i < dy.dim(0); ++i)
+      for (std::int64_t j = 0; j < n_; ++j) {
+        gg[j] += d[i * n_ + j] * h[i * n_ + j];
+        bg[j] += d[i * n_ + j];
+      }
+    keep.clear();
+  }
+  std::vector<parameter*> parameters() override { return {&gamma_, &beta_}; }
+  void initialize(std::uint64_t) override {
+    for (float& v : gamma_.value.data<float>()) v = 1;
+    for (float& v : beta_.value.data<float>()) v = 0;
+    for (auto* p : {&gamma_, &beta_})
+      for (float& v : p->grad.data<float>()) v = 0;
+  }
+
+private:
+  std::int64_t n_;
+  float eps_;
+  parameter gamma_, beta_;
+};
+
+class dropout final : public layer {
+public:
+  explicit dropout(float p) : p_(p) {
+    if (!(p >= 0.0f && p < 1.0f)) throw std::invalid_argument("dropout probability must be in [0, 1)");
+  }
+  std::string describe() const override {
+    std::ostringstream s;
+    s << "dropout(" << p_ << ")";
+    return s.str();
+  }
+  tensor forward(const tensor& x, saved_activations& keep, bool training) override {
+    if (!training || p_ == 0.0f) {
+      keep.clear();
+      return x;
+    }
+    tensor y = tensor::empty(x.shape()), mask = tensor::empty(x.shape());
+    auto xd = x.data<float>();
+    auto yd = y.data<float>();
+    auto md = mask.data<float>();
+    const float scale = 1.0f / (1.0f - p_);
+    for (std::size_t i = 0; i < xd.size(); ++i) {
+      md[i] = uniform01(rng_) < p_ ? 0.0f : scale;
+      yd[i] = xd[i] * md[i];
+    }
+    keep.tensors = {mask};
+    return y;
+  }
+  tensor backward_input(const tensor& dy, saved_activations& keep) override {
+    if (keep.tensors.empty()) return dy;  // evaluation mode: the identity
+    check_same(dy, keep.tensors[0], describe());
+    tensor dx = tensor::empty(dy.shape());
+    auto d = dy.data<float>();
+    auto m = keep.tensors[0].data<float>();
+    auto o = dx.data<float>();
+    for (std::size_t i = 0; i < d.size(); ++i) o[i] = d[i] * m[i];
+    keep.clear();
+    return dx;
+  }
+  void initialize(std::uint64_t seed) override { rng_.seed(seed); }
+
+private:
+  float p_;
+  std::mt19937_64 rng_{0};
+};
+
+class residual final : public layer {
+public:
+  explicit residual(std::unique_ptr<layer> inner) : inner_(std::move(inner)) {}
+  std::string describe() const override { return "residual(" + inner_->describe() + ")"; }
+  tensor forward(const tensor& x, saved_activations& keep, bool training) override {
+    keep.clear();
+    keep.children.resize(1);
+    tensor fx = inner_->forward(x, keep.children[0], training);
+    if (fx.shape() != x.shape())
+      throw std::invalid_argument(describe() + ": the inner layers change the shape " + x.str() + " to " + fx.str());
+    tensor y = tensor::empty(x.shape());
+    auto a = x.data<float>();
+    auto b = fx.data<float>();
+    auto o = y.data<float>();
+    for (std::size_t i = 0; i < a.size(); ++i) o[i] = a[i] + b[i];
+    return y;
+  }
+  tensor backward_input(const tensor& dy, saved_activations& keep) override {
+    if (keep.children.size() != 1) throw std::logic_error(describe() + ": backward without forward");
+    tensor dinner = inner_->backward_input(dy, keep.children[0]);
+    tensor dx = tensor::empty(dy.shape());
+    auto a = dy.data<float>();
+    auto b = dinner.data<float>();
+    auto o = dx.data<float>();
+    for (std::size_t i = 0; i < a.size(); ++i) o[i] = a[i] + b[i];
+    return dx;
+  }
+  void backward_weight(const tensor& dy, saved_activations& keep) override {
+    if (keep.children.size() != 1) throw std::logic_error(describe() + ": backward without forward");
+    inner_->backward_weight(dy, keep.children[0]);
+    keep.clear();
+  }
+  std::vector<parameter*> parameters() override { return inner_->parameters(); }
+  void initialize(std::uint64_t seed) override { inner_->initialize(seed); }
+
+private:
+  std::unique_ptr<layer> inner_;
+};
+
+}  // namespace
+
+std::unique_ptr<layer> make_linear(std::int64_t in, std::int64_t out) {
+  auto l = std::make_unique<linear>(in, out);
+  l->initialize(0);
+  return l;
+}
+std::unique_ptr<layer> make_relu() { return std::make_unique<relu>(); }
+std::unique_ptr<layer> make_gelu() { return std::make_unique<gelu>(); }
+std::unique_ptr<layer> make_layer_norm(std::int64_t features, float eps) {
+  return std::make_unique<layer_norm>(features, eps);
+}
+std::unique_ptr<layer> make_dropout(float p) { return std::make_unique<dropout>(p); }
+std::unique_ptr<layer> make_residual(std::unique_ptr<layer> inner) {
+  return std::make_unique<residual>(std::move(inner));
+}
+
+std::string sequential::describe() const {
+  std::string out = "sequential(";
+  for (std::size_t i = 0; i < layers_.size(); ++i) out += (i ? ", " : "") + layers_[i]->describe();
+  return out + ")";
+}
+
+tensor sequential::forward(const tensor& x, saved_activations& keep, bool training) {
+  keep.clear();
+  keep.children.resize(layers_.size());
+  tensor h = x;
+  for (std::size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward(h, keep.children[i], training);
+  return h;
+}
+
+tensor sequential::backward_input(const tensor& dy, saved_activations& keep) {
+  if (keep.children.size() != layers_.size())
+    throw std::logic_error("sequential: backward without a matching forward");
+  keep.output_grads.assign(layers_.size(), tensor());
+  tensor g = dy;
+  for (std::size_t i = layers_.size(); i-- > 0;) {
+    if (layers_[i]->needs_output_grad()) keep.output_grads[i] = g;
+    g = layers_[i]->backward_input(g, keep.children[i]);
+  }
+  return g;
+}
+
+void sequential::backward_weight(const tensor&, saved_activations& keep) {
+  if (keep.children.size() != layers_.size() || keep.output_grads.size() != layers_.size())
+    throw std::logic_error("sequential: backward_weight before backward_input");
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    if (layers_[i]->needs_output_grad()) layers_[i]->backward_weight(keep.output_grads[i], keep.children[i]);
+  keep.clear();
+}
+
+std::vector<parameter*> sequential::parameters() {
+  std::vector<parameter*> out;
+  for (auto& l : layers_)
+    for (auto* p : l->parameters()) out.push_back(p);
+  return out;
+}
+
+void sequential::initialize(std::uint64_t seed) {
+  // One generator stream per layer, derived from the seed and the layer's position.
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    layers_[i]->initialize(seed * 0x9E3779B97F4A7C15ull + (i + 1) * 0xBF58476D1CE4E5B9ull);
+}
+
+std::unique_ptr<sequential> make_mlp(const std::string& spec) {
+  const std::string prefix = "mlp:";
+  if (spec.rfind(prefix, 0) != 0)
+    throw std::invalid_argument("model '" + spec + "' is not of the form mlp:784-256-128-10");
+  std::vector<std::int64_t> sizes;
+  std::string rest = spec.substr(prefix.size());
+  std::size_t pos = 0;
+  while (pos <= rest.size()) {
+    auto dash = rest.find('-', pos);
+    auto item = rest.substr(pos, dash == std::string::npos ? std::string::npos : dash - pos);
+    char* end = nullptr;
+    long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 1)
+      throw std::invalid_argument("model '" + spec + "': '" + item + "' is not a positive layer size");
+    sizes.push_back(v);
+    if (dash == std::string::npos) break;
+    pos = dash + 1;
+  }
+  if (sizes.size() < 2) throw std::invalid_argument("model '" + spec + "' needs at least an input and an output size");
+  auto m = std::make_unique<sequential>();
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
+    if (i) m->add(make_relu());
+    m->add(make_linear(sizes[i], sizes[i + 1]));
+  }
+  return m;
+}
+
+namespace {
+std::int64_t label_at(const tensor& labels, std::int64_t i) {
+  switch (labels.type()) {
+    case dtype::u8: return labels.data<std::uint8_t>()[i];
+    case dtype::i32: return labels.data<std::int32_t>()[i];
+    case dtype::i64: return labels.data<std::int64_t>()[i];
+    default: throw std::invalid_argument("labels must be u8, i32 or i64, not " + labels.str());
+  }
+}
+}  // namespace
+
+double softmax_cross_entropy(const tensor& logits, const tensor& labels, tensor& dlogits) {
+  if (logits.rank() != 2 || logits.type() != dtype::f32)
+    throw std::invalid_argument("softmax_cross_entropy expects f32 logits [N, C], got " + logits.str());
+  const std::int64_t n = logits.dim(0), c = logits.dim(1);
+  if (labels.rank() != 1 || labels.dim(0) != n)
+    throw std::invalid_argument("softmax_cross_entropy: " + std::to_string(n) + " rows of logits but labels " + labels.str());
+  if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = tensor::empty(logits.shape());
+  auto z = logits.data<float>();
+  auto g = dlogits.data<float>();
+  double loss = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t y = label_at(labels, i);
+    if (y < 0 || y >= c)
+      throw std::invalid_argument("label " + std::to_string(y) + " of row " + std::to_string(i) +
+                                  " is outside 0.." + std::to_string(c - 1));
+    const float* row = z.data() + i * c;
+    float top = row[0];
+    for (std::int64_t j = 1; j < c; ++j) top = std::max(top, row[j]);
+    double sum = 0;
+    for (std::int64_t j = 0; j < c; ++j) sum += std::exp(static_cast<double>(row[j]) - top);
+    loss += std::log(sum) + top - row[y];
+    for (std::int64_t j = 0; j < c; ++j) {
+      const double p = std::exp(static_cast<double>(row[j]) - top) / sum;
+      g[i * c + j] = static_cast<float>((p - (j == y ? 1.0 : 0.0)) / static_cast<double>(n));
+    }
+  }
+  return loss / static_cast<double>(n);
+}
+
+std::int64_t count_correct(const tensor& logits, const tensor& labels) {
+  const std::int64_t n = logits.dim(0), c = logits.dim(1);
+  auto z = logits.data<float>();
+  std::int64_t correct = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t best = 0;
+    for (std::int64_t j = 1; j < c; ++j)
+      if (z[i * c + j] > z[i * c + best]) best = j;
+    if (best == label_at(labels, i)) ++correct;
+  }
+  return correct;
+}
+
+}  // namespace troupe::kernels

@@ -1,0 +1,201 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <cstring>
+#include <random>
+
+#include <troupe/kernels/gemm.hpp>
+#include <troupe/kernels/layers.hpp>
+
+namespace {
+
+using namespace troupe;
+using namespace troupe::kernels;
+
+tensor random_tensor(tensor::shape_type shape, std::mt19937& rng, float lo = -1, float hi = 1) {
+  auto t = tensor::empty(std::move(shape));
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (float& v : t.data<float>()) v = u(rng);
+  return t;
+}
+
+TEST(Gemm, MatchesTheReferenceForEveryTransposition) {
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::uniform_int_distribution<int> size(1, 40);
+    const int m = size(rng), n = size(rng), k = size(rng);
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        auto a = random_tensor(ta ? tensor::shape_type{k, m} : tensor::shape_type{m, k}, rng);
+        auto b = random_tensor(tb ? tensor::shape_type{n, k} : tensor::shape_type{k, n}, rng);
+        auto c0 = random_tensor({m, n}, rng);
+        auto c1 = c0.clone();
+        gemm(a, ta, b, tb, c0, 0.5f, 0.25f);
+        gemm_reference(a, ta, b, tb, c1, 0.5f, 0.25f);
+        auto x = c0.data<float>();
+        auto y = c1.data<float>();
+        for (std::size_t i = 0; i < x.size(); ++i)
+          ASSERT_NEAR(x[i], y[i], 1e-5 + 1e-5 * std::abs(y[i])) << m << "x" << n << "x" << k;
+      }
+  }
+  auto a = tensor::zeros({2, 3}), b = tensor::zeros({4, 5}), c = tensor::zeros({2, 5});
+  EXPECT_THROW(gemm(a, false, b, false, c), std::invalid_argument);
+}
+
+/// sum(r * f(x)) in double: a scalar loss with d loss / d y = r.
+double projected(layer& l, const tensor& x, const tensor& r) {
+  saved_activations keep;
+  tensor y = l.forward(x, keep, false);
+  double s = 0;
+  auto yd = y.data<float>();
+  auto rd = r.data<float>();
+  for (std::size_t i = 0; i < yd.size(); ++i) s += static_cast<double>(yd[i]) * rd[i];
+  return s;
+}
+
+/// Checks both split halves against central differences of `projected`, element by element.
+void check_gradients(layer& l, tensor x, std::mt19937& rng, double h = 1e-2, double tol = 2e-2) {
+  saved_activations keep;
+  tensor y = l.forward(x, keep, false);
+  tensor r = random_tensor(y.shape(), rng);
+  for (auto* p : l.parameters()) for (float& g : p->grad.data<float>()) g = 0;
+  tensor dx = l.backward_input(r, keep);
+  l.backward_weight(r, keep);
+  EXPECT_EQ(keep.bytes(), 0u) << l.describe() << " keeps activations after backward_weight";
+
+  auto fd = [&](float& v) {
+    const float saved = v;
+    v = saved + static_cast<float>(h);
+    const double up = projected(l, x, r);
+    v = saved - static_cast<float>(h);
+    const double down = projected(l, x, r);
+    v = saved;
+    return (up - down) / (2 * h);
+  };
+  auto xd = x.data<float>();
+  auto dxd = dx.data<float>();
+  for (std::size_t i = 0; i < xd.size(); ++i) {
+    const double numeric = fd(xd[i]);
+    EXPECT_NEAR(dxd[i], numeric, tol * (1 + std::abs(numeric))) << l.describe() << " dx[" << i << "]";
+  }
+  for (auto* p : l.parameters()) {
+    auto v = p->value.data<float>();
+    auto g = p->grad.data<float>();
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const double numeric = fd(v[i]);
+      EXPECT_NEAR(g[i], numeric, tol * (1 + std::abs(numeric))) << l.describe() << " " << p->name << "[" << i << "]";
+    }
+  }
+}
+
+/// Inputs away from ReLU's kink, so that finite differences are meaningful.
+tensor away_from_zero(tensor x) {
+  for (float& v : x.data<float>())
+    if (std::abs(v) < 0.1f) v = v < 0 ? -0.1f - v : 0.1f + v;
+  return x;
+}
+
+TEST(Layers, GradientsMatchFiniteDifferences) {
+  std::mt19937 rng(2);
+  auto lin = make_linear(5, 4);
+  lin->initialize(3);
+  check_gradients(*lin, random_tensor({3, 5}, rng), rng);
+  check_gradients(*make_relu(), away_from_zero(random_tensor({3, 6}, rng)), rng);
+  check_gradients(*make_gelu(), random_tensor({3, 6}, rng, -3, 3), rng);
+  auto ln = make_layer_norm(6);
+  for (auto* p : ln->parameters()) p->value = random_tensor(p->value.shape(), rng, 0.5f, 1.5f);
+  check_gradients(*ln, random_tensor({4, 6}, rng), rng, 1e-2, 3e-2);
+  auto mlp = make_mlp("mlp:6-5-3");
+  mlp->initialize(4);
+  check_gradients(*mlp, random_tensor({4, 6}, rng), rng);
+  auto res = make_residual(make_mlp("mlp:4-7-4"));
+  res->initialize(5);
+  check_gradients(*res, random_tensor({2, 4}, rng), rng);
+}
+
+TEST(Layers, TheSplitHalvesTogetherEqualTheFullBackward) {
+  std::mt19937 rng(3);
+  auto a = make_mlp("mlp:8-6-4");
+  auto b = make_mlp("mlp:8-6-4");
+  a->initialize(9);
+  b->initialize(9);
+  auto x = random_tensor({5, 8}, rng);
+  saved_activations ka, kb;
+  auto ya = a->forward(x, ka, true), yb = b->forward(x, kb, true);
+  auto dy = random_tensor(ya.shape(), rng);
+  auto dxa = a->backward(dy, ka);
+  auto dxb = b->backward_input(dy, kb);
+  EXPECT_GT(kb.bytes(), 0u);  // the linear layers' inputs wait for backward_weight
+  b->backward_weight(dy, kb);
+  EXPECT_EQ(std::memcmp(dxa.bytes(), dxb.bytes(), dxa.nbytes()), 0);
+  auto pa = a->parameters(), pb = b->parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i)
+    EXPECT_EQ(std::memcmp(pa[i]->grad.bytes(), pb[i]->grad.bytes(), pa[i]->grad.nbytes()), 0);
+}
+
+TEST(Layers, ActivationMemoryIsHeldUntilTheWeightGradient) {
+  auto lin = make_linear(10, 3);
+  auto x = tensor::zeros({4, 10});
+  saved_activations keep;
+  auto y = lin->forward(x, keep, true);
+  EXPECT_EQ(keep.bytes(), x.nbytes());
+  auto dy = tensor::zeros(y.shape());
+  lin->backward_input(dy, keep);
+  EXPECT_EQ(keep.bytes(), x.nbytes());  // x is needed by backward_weight
+  lin->backward_weight(dy, keep);
+  EXPECT_EQ(keep.bytes(), 0u);
+  auto relu = make_relu();
+  saved_activations k2;
+  relu->forward(x, k2, true);
+  relu->backward_input(tensor::zeros({4, 10}), k2);
+  EXPECT_EQ(k2.bytes(), 0u);  // nothing for W
+}
+
+TEST(Layers, DropoutIsSeededAndScales) {
+  auto d1 = make_dropout(0.5f), d2 = make_dropout(0.5f);
+  d1->initialize(7);
+  d2->initialize(7);
+  auto x = tensor::zeros({10, 100});
+  for (float& v : x.data<float>()) v = 1;
+  saved_activations k1, k2;
+  auto y1 = d1->forward(x, k1, true), y2 = d2->forward(x, k2, true);
+  EXPECT_EQ(std::memcmp(y1.bytes(), y2.bytes(), y1.nbytes()), 0);
+  int zeros = 0;
+  for (float v : y1.data<float>()) {
+    EXPECT_TRUE(v == 0.0f || v == 2.0f);
+    zeros += v == 0.0f;
+  }
+  EXPECT_GT(zeros, 400);
+  EXPECT_LT(zeros, 600);
+  saved_activations k3;
+  auto eval = d1->forward(x, k3, false);
+  EXPECT_EQ(eval.bytes(), x.bytes());
+  EXPECT_THROW(make_dropout(1.0f), std::invalid_argument);
+}
+
+TEST(Loss, SoftmaxCrossEntropyMatchesItsDefinitionAndGradient) {
+  auto logits = tensor::from<float>({1, 2, 3, 0, 0, 0}, {2, 3});
+  auto labels = tensor::from<std::int64_t>({2, 0}, {2});
+  tensor d;
+  const double loss = softmax_cross_entropy(logits, labels, d);
+  const double l0 = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0)) - 3.0;
+  const double l1 = std::log(3.0);
+  EXPECT_NEAR(loss, (l0 + l1) / 2, 1e-6);
+  EXPECT_NEAR(d.data<float>()[3], (1.0 / 3 - 1) / 2, 1e-6);
+  EXPECT_EQ(count_correct(logits, labels), 2);  // row 1 ties: the first class wins
+  auto bad = tensor::from<std::int64_t>({3, 0}, {2});
+  EXPECT_THROW(softmax_cross_entropy(logits, bad, d), std::invalid_argument);
+}
+
+TEST(Layers, MlpSpecsAreParsedOrRefused) {
+  auto m = make_mlp("mlp:784-256-128-10");
+  EXPECT_EQ(m->describe(), "sequential(linear(784->256), relu, linear(256->128), relu, linear(128->10))");
+  EXPECT_EQ(m->parameters().size(), 6u);
+  for (auto bad : {"mlp:", "mlp:784", "cnn:1-2", "mlp:784-x-10", "mlp:784-0-10"})
+    EXPECT_THROW(make_mlp(bad), std::invalid_argument) << bad;
+  EXPECT_THROW(m->forward(tensor::zeros({2, 783}), *std::make_unique<saved_activations>(), false),
+               std::invalid_argument);
+}
+
+}  // namespace

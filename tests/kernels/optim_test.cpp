@@ -1,0 +1,158 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include <troupe/kernels/optim.hpp>
+
+namespace {
+
+using namespace troupe;
+using namespace troupe::kernels;
+
+struct fixture {
+  std::vector<parameter> params;
+  explicit fixture(std::uint32_t seed, std::vector<std::int64_t> sizes = {1, 1000, 4099}) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n(0, 1);
+    for (auto size : sizes) {
+      parameter p{"p" + std::to_string(size), tensor::empty({size}), tensor::empty({size})};
+      for (float& v : p.value.data<float>()) v = n(rng);
+      params.push_back(std::move(p));
+    }
+  }
+  std::vector<parameter*> ptrs() {
+    std::vector<parameter*> out;
+    for (auto& p : params) out.push_back(&p);
+    return out;
+  }
+  void fresh_grads(std::mt19937& rng) {
+    std::normal_distribution<float> n(0, 1);
+    for (auto& p : params)
+      for (float& g : p.grad.data<float>()) g = n(rng);
+  }
+};
+
+struct config {
+  const char* name;
+  optimizer_kind kind;
+  hyperparameters hp;
+};
+
+std::vector<config> configs() {
+  return {
+      {"sgd", optimizer_kind::sgd, {.lr = 0.1}},
+      {"sgd momentum dampening wd", optimizer_kind::sgd,
+       {.lr = 0.05, .weight_decay = 0.01, .momentum = 0.9, .dampening = 0.1}},
+      {"sgd nesterov", optimizer_kind::sgd, {.lr = 0.05, .momentum = 0.9, .nesterov = true}},
+      {"adam", optimizer_kind::adam, {.lr = 1e-2}},
+      {"adam l2 amsgrad", optimizer_kind::adam, {.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true}},
+      {"adamw", optimizer_kind::adamw, {.lr = 1e-2, .weight_decay = 0.01}},
+      {"adamw amsgrad", optimizer_kind::adamw,
+       {.lr = 3e-3, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.05, .amsgrad = true}},
+  };
+}
+
+TEST(Optimizer, FusedStepsEqualTheReferenceBitForBit) {
+  for (const auto& c : configs()) {
+    fixture a(11), b(11);
+    optimizer fast(c.kind, {{a.ptrs(), c.hp}}), ref(c.kind, {{b.ptrs(), c.hp}});
+    std::mt19937 ga(5), gb(5);
+    for (int step = 0; step < 5; ++step) {
+      a.fresh_grads(ga);
+      b.fresh_grads(gb);
+      ASSERT_TRUE(fast.step());
+      ASSERT_TRUE(ref.reference_step());
+    }
+    for (std::size_t i = 0; i < a.params.size(); ++i)
+      EXPECT_EQ(std::memcmp(a.params[i].value.bytes(), b.params[i].value.bytes(), a.params[i].value.nbytes()), 0)
+          << c.name << " tensor " << i;
+    EXPECT_EQ(fast.steps(), 5);
+  }
+}
+
+TEST(Optimizer, AdamsFirstStepMovesByLrAgainstTheGradientsSign) {
+  fixture f(3, {64});
+  const auto before = f.params[0].value.clone();
+  std::mt19937 g(1);
+  f.fresh_grads(g);
+  optimizer opt(optimizer_kind::adam, {{f.ptrs(), {.lr = 0.01}}});
+  opt.step();
+  auto p0 = before.data<float>();
+  auto p1 = f.params[0].value.data<float>();
+  auto gr = f.params[0].grad.data<float>();
+  for (std::size_t i = 0; i < p0.size(); ++i)
+    EXPECT_NEAR(p1[i] - p0[i], -0.01 * (gr[i] > 0 ? 1 : -1), 1e-6 + 1e-4 * 0.01);
+}
+
+TEST(Optimizer, SgdMomentumFollowsTheTorchRecurrence) {
+  parameter p{"w", tensor::from<float>({1.0f}, {1}), tensor::from<float>({0.5f}, {1})};
+  optimizer opt(optimizer_kind::sgd, {{{&p}, {.lr = 0.1, .momentum = 0.9, .dampening = 0.5}}});
+  double w = 1.0, buf = 0;
+  for (int t = 1; t <= 4; ++t) {
+    const double g = 0.5;
+    buf = t == 1 ? g : 0.9 * buf + 0.5 * g;
+    w -= 0.1 * buf;
+    opt.step();
+    EXPECT_NEAR(p.value.data<float>()[0], w, 1e-6) << "step " << t;
+  }
+}
+
+TEST(Optimizer, ANonFiniteGradientSkipsTheStepAndChangesNothing) {
+  fixture f(4);
+  std::mt19937 g(2);
+  f.fresh_grads(g);
+  optimizer opt(optimizer_kind::adamw, {{f.ptrs(), {.lr = 1e-2, .weight_decay = 0.1}}});
+  ASSERT_TRUE(opt.step());
+  const auto snapshot = f.params[2].value.clone();
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    f.fresh_grads(g);
+    f.params[2].grad.data<float>()[4000] = bad;
+    EXPECT_FALSE(opt.step());
+  }
+  EXPECT_EQ(opt.skipped(), 2);
+  EXPECT_EQ(opt.steps(), 1);
+  EXPECT_EQ(std::memcmp(snapshot.bytes(), f.params[2].value.bytes(), snapshot.nbytes()), 0);
+  f.fresh_grads(g);
+  EXPECT_TRUE(opt.step());
+}
+
+TEST(Optimizer, CountsItsStateBytesAndZeroesGradients) {
+  fixture f(5, {100, 28});
+  EXPECT_EQ(optimizer(optimizer_kind::adam, {{f.ptrs(), {}}}).state_bytes(), 2u * 128 * 4);
+  EXPECT_EQ(optimizer(optimizer_kind::adamw, {{f.ptrs(), {.amsgrad = true}}}).state_bytes(), 3u * 128 * 4);
+  EXPECT_EQ(optimizer(optimizer_kind::sgd, {{f.ptrs(), {}}}).state_bytes(), 0u);
+  EXPECT_EQ(optimizer(optimizer_kind::sgd, {{f.ptrs(), {.momentum = 0.5}}}).state_bytes(), 128u * 4);
+  optimizer opt(optimizer_kind::sgd, {{f.ptrs(), {}}});
+  std::mt19937 g(3);
+  f.fresh_grads(g);
+  opt.zero_grad();
+  for (float v : f.params[0].grad.data<float>()) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(Optimizer, GroupsKeepTheirOwnHyperparametersAndTheScheduleSetsTheLr) {
+  fixture f(6, {10, 10});
+  for (auto& p : f.params)
+    for (float& g : p.grad.data<float>()) g = 1;
+  const float a0 = f.params[0].value.data<float>()[0], b0 = f.params[1].value.data<float>()[0];
+  optimizer opt(optimizer_kind::sgd, {{{&f.params[0]}, {.lr = 0.1}}, {{&f.params[1]}, {.lr = 1.0}}});
+  opt.set_lr_schedule([](std::int64_t step, double base) { return base * (step == 1 ? 0.5 : 1.0); });
+  opt.step();
+  EXPECT_FLOAT_EQ(f.params[0].value.data<float>()[0], a0 - 0.05f);
+  EXPECT_FLOAT_EQ(f.params[1].value.data<float>()[0], b0 - 0.5f);
+}
+
+TEST(Optimizer, RefusesHyperparametersTorchRefuses) {
+  fixture f(7, {4});
+  EXPECT_THROW(optimizer(optimizer_kind::adam, {{f.ptrs(), {.lr = -1}}}), std::invalid_argument);
+  EXPECT_THROW(optimizer(optimizer_kind::adam, {{f.ptrs(), {.beta1 = 1.0}}}), std::invalid_argument);
+  EXPECT_THROW(optimizer(optimizer_kind::sgd, {{f.ptrs(), {.nesterov = true}}}), std::invalid_argument);
+  EXPECT_THROW(optimizer(optimizer_kind::sgd, {{f.ptrs(), {.momentum = 0.9, .dampening = 0.1, .nesterov = true}}}),
+               std::invalid_argument);
+  EXPECT_THROW(parse_optimizer_kind("lamb"), std::invalid_argument);
+  EXPECT_EQ(parse_optimizer_kind("adamw"), optimizer_kind::adamw);
+}
+
+}  // namespace
