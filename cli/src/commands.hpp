@@ -9,5 +9,6 @@ namespace troupe::cli {
 void add_bench_command(CLI::App& app, int& rc);
 void add_schedule_command(CLI::App& app, int& rc);
 void add_partition_command(CLI::App& app, int& rc);
+void add_train_command(CLI::App& app, int& rc);
 
 }  // namespace troupe::cli

@@ -1,0 +1,59 @@
+// troupe train: single-process training with a progress bar and per-epoch test accuracy.
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include <unistd.h>
+
+#include <troupe/kernels/train.hpp>
+
+#include "commands.hpp"
+
+namespace troupe::cli {
+
+void add_train_command(CLI::App& app, int& rc) {
+  auto o = std::make_shared<troupe::kernels::train_options>();
+  auto json = std::make_shared<bool>(false);
+  auto* cmd = app.add_subcommand("train", "train a model on a dataset in this process");
+  cmd->add_option("--dataset", o->dataset, "fashion-mnist")->capture_default_str();
+  cmd->add_option("--data-dir", o->data_dir, "where the dataset's files are (default: its Debian location)");
+  cmd->add_option("--model", o->model, "mlp:IN-H1-...-OUT")->capture_default_str();
+  cmd->add_option("--optimizer", o->optimizer, "sgd, adam or adamw")->capture_default_str();
+  cmd->add_option("--state", o->state, "optimizer state storage: auto or fp32")->capture_default_str();
+  cmd->add_option("--epochs", o->epochs, "passes over the training set")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "samples per step")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "seed of initialization and shuffling")->capture_default_str();
+  cmd->add_option("--lr", o->lr, "learning rate")->capture_default_str();
+  cmd->add_option("--weight-decay", o->weight_decay, "weight decay (Adam, AdamW)")->capture_default_str();
+  cmd->add_flag("--json", *json, "print a final summary line as JSON");
+  cmd->callback([o, json, &rc] {
+    const bool tty = isatty(STDERR_FILENO);
+    try {
+      auto result = troupe::kernels::train(*o, [&](const troupe::kernels::train_progress& p) {
+        if (p.epoch_done) {
+          std::fprintf(stderr, "%sepoch %d/%d  loss %.4f  %.0f samples/s  test accuracy %.4f\n",
+                       tty ? "\r\033[K" : "", p.epoch, o->epochs, p.loss, p.samples_per_s, p.test_accuracy);
+        } else if (tty) {
+          const int width = 30, done = static_cast<int>(width * p.step / p.steps);
+          std::fprintf(stderr, "\r\033[Kepoch %d/%d [%.*s%*s] loss %.4f  %.0f samples/s", p.epoch,
+                       o->epochs, done, "==============================", width - done, "", p.loss,
+                       p.samples_per_s);
+        }
+        std::fflush(stderr);
+      });
+      if (*json)
+        std::printf("{\"test_accuracy\":%.4f,\"samples_per_s\":%.1f,\"seconds\":%.2f}\n",
+                    result.test_accuracy, result.samples_per_s, result.seconds);
+      else
+        std::printf("test accuracy %.4f after %d epochs, %.0f samples/s, %.1f s\n", result.test_accuracy,
+                    o->epochs, result.samples_per_s, result.seconds);
+      rc = 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "troupe train: %s\n", e.what());
+      rc = 1;
+    }
+  });
+}
+
+}  // namespace troupe::cli

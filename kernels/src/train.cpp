@@ -1,0 +1,116 @@
+#include "troupe/kernels/train.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#include "troupe/kernels/data.hpp"
+#include "troupe/kernels/layers.hpp"
+#include "troupe/kernels/optim.hpp"
+
+namespace troupe::kernels {
+
+namespace {
+using clock_type = std::chrono::steady_clock;
+double since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+double evaluate(sequential& model, const tensor& x, const tensor& labels) {
+  std::int64_t correct = 0;
+  const std::int64_t n = x.dim(0), chunk = 1000;
+  for (std::int64_t b = 0; b < n; b += chunk) {
+    const std::int64_t e = std::min(n, b + chunk);
+    saved_activations keep;
+    tensor logits = model.forward(x.slice(b, e), keep, false);
+    correct += count_correct(logits, labels.slice(b, e));
+  }
+  return static_cast<double>(correct) / static_cast<double>(n);
+}
+}  // namespace
+
+train_result train(const train_options& o, const std::function<void(const train_progress&)>& report) {
+  if (o.dataset != "fashion-mnist")
+    throw std::invalid_argument("dataset '" + o.dataset + "' is not known (use fashion-mnist)");
+  if (o.epochs < 1) throw std::invalid_argument("--epochs must be at least 1");
+  if (o.batch < 1) throw std::invalid_argument("--batch must be at least 1");
+  if (o.state != "auto" && o.state != "fp32")
+    throw std::invalid_argument("optimizer state '" + o.state +
+                                "' is not available yet: use auto or fp32 (bf16 and int8 state are planned)");
+  const auto kind = parse_optimizer_kind(o.optimizer);
+  auto model = make_mlp(o.model);
+
+  const auto start = clock_type::now();
+  const auto data = load_fashion_mnist(o.data_dir.empty() ? fashion_mnist_dir : o.data_dir);
+  const tensor train_x = normalize(data.train.images), test_x = normalize(data.test.images);
+  if (train_x.dim(1) != model->parameters().front()->value.dim(1))
+    throw std::invalid_argument("model '" + o.model + "' takes " +
+                                std::to_string(model->parameters().front()->value.dim(1)) +
+                                " inputs; the images have " + std::to_string(train_x.dim(1)) + " pixels");
+  model->initialize(o.seed);
+
+  hyperparameters hp;
+  hp.lr = o.lr;
+  hp.weight_decay = kind == optimizer_kind::sgd ? 0.0 : o.weight_decay;
+  if (kind == optimizer_kind::sgd) hp.momentum = 0.9;
+  optimizer opt(kind, {{model->parameters(), hp}});
+  const std::int64_t n = data.train.size();
+  const std::int64_t steps_per_epoch = (n + o.batch - 1) / o.batch;
+  const double total_steps = static_cast<double>(steps_per_epoch) * o.epochs;
+  if (o.cosine)
+    opt.set_lr_schedule([total_steps](std::int64_t step, double base) {
+      return base * 0.5 * (1 + std::cos(M_PI * static_cast<double>(step - 1) / total_steps));
+    });
+
+  train_result result;
+  double training_seconds = 0;
+  std::int64_t samples = 0;
+  tensor x, y, dlogits;
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    const auto order = shuffled_indices(n, o.seed * 1000003 + static_cast<std::uint64_t>(epoch));
+    batch_iterator batches(order, o.batch);
+    const auto t0 = clock_type::now();
+    double loss_sum = 0;
+    std::int64_t step = 0;
+    while (auto rows = batches.next()) {
+      x = gather_rows(train_x, *rows);
+      y = gather_rows(data.train.labels.reshape({n, 1}), *rows).reshape({-1});
+      saved_activations keep;
+      opt.zero_grad();
+      tensor logits = model->forward(x, keep, true);
+      loss_sum += softmax_cross_entropy(logits, y, dlogits);
+      model->backward(dlogits, keep);
+      opt.step();
+      ++step;
+      samples += static_cast<std::int64_t>(rows->size());
+      if (report && (step % 50 == 0 || step == steps_per_epoch)) {
+        train_progress p;
+        p.epoch = epoch;
+        p.step = step;
+        p.steps = steps_per_epoch;
+        p.loss = loss_sum / static_cast<double>(step);
+        p.samples_per_s = static_cast<double>(samples) / (training_seconds + since(t0));
+        report(p);
+      }
+    }
+    training_seconds += since(t0);
+    const double acc = evaluate(*model, test_x, data.test.labels);
+    result.epoch_accuracy.push_back(acc);
+    if (report) {
+      train_progress p;
+      p.epoch = epoch;
+      p.step = p.steps = steps_per_epoch;
+      p.loss = loss_sum / static_cast<double>(step);
+      p.samples_per_s = static_cast<double>(samples) / training_seconds;
+      p.epoch_done = true;
+      p.test_accuracy = acc;
+      report(p);
+    }
+  }
+  result.test_accuracy = result.epoch_accuracy.back();
+  result.samples_per_s = static_cast<double>(samples) / training_seconds;
+  result.seconds = since(start);
+  return result;
+}
+
+}  // namespace troupe::kernels
