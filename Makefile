@@ -3,7 +3,7 @@
 #   make test    build everything and run the tests
 #   make bench   run the benchmark suites (and the CAF anchor side by side when installed)
 #   make tsan    build and run the actor runtime's tests under ThreadSanitizer
-#   make asan    build and run the core and actor tests under AddressSanitizer + UBSan
+#   make asan    build and run the unit tests under AddressSanitizer + UBSan
 
 BUILD      ?= build
 TSAN_BUILD ?= build-tsan
@@ -57,10 +57,12 @@ $(ASAN_BUILD)/CMakeCache.txt:
 	  -DTROUPE_BUILD_EXAMPLES=OFF $(CMAKE_ARGS)
 
 asan: deps $(ASAN_BUILD)/CMakeCache.txt
-	cmake --build $(ASAN_BUILD) -j $(JOBS) --target actors_test core_test
+	cmake --build $(ASAN_BUILD) -j $(JOBS) --target actors_test core_test pipeline_test kernels_test
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  TROUPE_STRESS_SCALE=small $(ASAN_BUILD)/bin/actors_test
 	ASAN_OPTIONS=detect_leaks=1 $(ASAN_BUILD)/bin/core_test
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(ASAN_BUILD)/bin/pipeline_test
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(ASAN_BUILD)/bin/kernels_test
 
 clean:
 	rm -rf $(BUILD) $(TSAN_BUILD) $(ASAN_BUILD)
