@@ -1,4 +1,5 @@
 #include <troupe/pipeline/partition_cli.hpp>
+#include <troupe/pipeline/profile.hpp>
 
 #include <charconv>
 #include <cmath>
@@ -122,7 +123,22 @@ std::string partition_to_json(const partition& p) {
 int run_partition_command(const partition_cli_options& opts, std::ostream& out,
                           std::ostream& err) {
   try {
-    const std::vector<double> costs = parse_number_list(opts.costs, "--costs");
+    if (!opts.profile.empty() && !opts.costs.empty())
+      throw std::invalid_argument("give --costs or --profile, not both");
+    if (opts.profile.empty() && opts.costs.empty())
+      throw std::invalid_argument("give the layer costs with --costs c1,c2,... or measure them with --profile MODEL");
+    layer_profile profiled;
+    if (!opts.profile.empty()) {
+      auto model = kernels::make_mlp(opts.profile);
+      profiled = profile_layers(*model, opts.batch, opts.repeats);
+      err << "profiled " << profiled.names.size() << " layers of " << opts.profile << " (batch "
+          << opts.batch << ", median of " << opts.repeats << "):";
+      for (std::size_t i = 0; i < profiled.names.size(); ++i)
+        err << (i ? "," : "") << " " << profiled.names[i] << " " << format_number(profiled.cost_us[i]) << " us";
+      err << '\n';
+    }
+    const std::vector<double> costs =
+        opts.profile.empty() ? parse_number_list(opts.costs, "--costs") : profiled.cost_us;
     if (opts.stages == 0) {
       throw std::invalid_argument("--stages is missing or 0; give a number of stages from 1 to " +
                                   std::to_string(costs.size()));

@@ -34,6 +34,9 @@ struct partition_cli_options {
   std::string memory;        ///< --memory: comma-separated memory per layer; empty when not given
   std::string memory_limit;  ///< --memory-limit: one number; empty when not given (needs --memory)
   bool json = false;         ///< --json: print one JSON object instead of a table
+  std::string profile;       ///< --profile MODEL: measure the layers of MODEL instead of --costs
+  std::int64_t batch = 64;   ///< --batch: rows per profiled batch
+  int repeats = 20;          ///< --repeats: timed runs per layer (the median counts)
 };
 
 /// Parses a comma-separated list of finite, non-negative numbers ("1,2.5,3e2"); spaces around
