@@ -86,13 +86,16 @@ TEST(Stress, ActorsSpawnedAndStoppedWhileMessagesFlyLeaveNothingBehind) {
   for (int t = 0; t < 2; ++t)
     threads.emplace_back([&] {
       std::vector<troupe::future<int>> fs;
+      std::vector<actor_ref<short_lived>> later;  // stopped only once their replies are in
       for (int i = 0; i < n / 2; ++i) {
         auto a = sys.spawn<short_lived>();
+        const bool keep = i % 4 == 0;
         fs.push_back(a.ask(&short_lived::value, i));
         a.tell(&short_lived::value, i);
-        if (i % 2 == 0) a.stop();  // races with the messages above
+        if (!keep && i % 2 == 0) a.stop();  // races with the messages above (stop overtakes)
         fs.push_back(a.ask(&short_lived::value, i));
-        if (i % 2 == 1) a.stop();
+        if (!keep && i % 2 == 1) a.stop();
+        if (keep) later.push_back(a);
         if (fs.size() >= 512) {
           for (auto& f : fs) {
             try {
@@ -104,6 +107,8 @@ TEST(Stress, ActorsSpawnedAndStoppedWhileMessagesFlyLeaveNothingBehind) {
             }
           }
           fs.clear();
+          for (auto& k : later) k.stop();
+          later.clear();
         }
       }
       for (auto& f : fs) {
@@ -114,10 +119,11 @@ TEST(Stress, ActorsSpawnedAndStoppedWhileMessagesFlyLeaveNothingBehind) {
           ++refused;
         }
       }
+      for (auto& k : later) k.stop();
     });
   for (auto& t : threads) t.join();
   EXPECT_EQ(answered + refused, 2LL * n);
-  EXPECT_GT(answered.load(), 0);
+  EXPECT_GE(answered.load(), n / 2);  // the kept quarter answers both asks, whatever the timing
   for (int i = 0; i < 5000 && sys.live_actors() != 0; ++i) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(sys.live_actors(), 0u);
 }
