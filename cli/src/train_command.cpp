@@ -26,6 +26,8 @@ void add_train_command(CLI::App& app, int& rc) {
   cmd->add_option("--seed", o->seed, "seed of initialization and shuffling")->capture_default_str();
   cmd->add_option("--lr", o->lr, "learning rate")->capture_default_str();
   cmd->add_option("--weight-decay", o->weight_decay, "weight decay (Adam, AdamW)")->capture_default_str();
+  cmd->add_option("--save", o->save, "write the trained weights to this file");
+  cmd->add_option("--load", o->load, "start from the weights in this file");
   cmd->add_flag("--json", *json, "print a final summary line as JSON");
   cmd->callback([o, json, &rc] {
     const bool tty = isatty(STDERR_FILENO);

@@ -7,6 +7,7 @@
 #include "troupe/kernels/data.hpp"
 #include "troupe/kernels/layers.hpp"
 #include "troupe/kernels/optim.hpp"
+#include "troupe/kernels/weights.hpp"
 
 namespace troupe::kernels {
 
@@ -48,6 +49,7 @@ train_result train(const train_options& o, const std::function<void(const train_
                                 std::to_string(model->parameters().front()->value.dim(1)) +
                                 " inputs; the images have " + std::to_string(train_x.dim(1)) + " pixels");
   model->initialize(o.seed);
+  if (!o.load.empty()) load_weights(*model, o.load);
 
   hyperparameters hp;
   hp.lr = o.lr;
@@ -107,6 +109,7 @@ train_result train(const train_options& o, const std::function<void(const train_
       report(p);
     }
   }
+  if (!o.save.empty()) save_weights(*model, o.save);
   result.test_accuracy = result.epoch_accuracy.back();
   result.samples_per_s = static_cast<double>(samples) / training_seconds;
   result.seconds = since(start);

@@ -21,6 +21,8 @@ struct train_options {
   double lr = 1e-3;
   double weight_decay = 1e-2;
   bool cosine = true;  ///< decay the lr to zero along a half cosine over the run
+  std::string save;    ///< write the trained weights here (see weights.hpp); empty: do not
+  std::string load;    ///< start from these weights instead of a fresh initialization
 };
 
 /// Reported as training goes.

@@ -1,0 +1,102 @@
+#include "troupe/kernels/weights.hpp"
+
+#include <zlib.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <vector>
+
+namespace troupe::kernels {
+namespace {
+
+constexpr char magic[4] = {'T', 'R', 'P', 'W'};
+constexpr std::uint32_t version = 1;
+
+std::uint32_t checksum(const std::byte* data, std::size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  // zlib takes lengths as uInt: feed large buffers in pieces.
+  while (n > 0) {
+    const auto chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
+    data += chunk;
+    n -= chunk;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+[[noreturn]] void fail(const std::string& path, const std::string& why) {
+  throw std::runtime_error("weights file '" + path + "': " + why);
+}
+
+}  // namespace
+
+void save_weights(layer& model, const std::string& path) {
+  byte_writer w;
+  w.write_bytes(magic, sizeof magic);
+  w.write_raw(version);
+  const auto params = model.parameters();
+  w.write_varint(params.size());
+  for (auto* p : params) {
+    codec<std::string>::encode(w, p->name);
+    codec<tensor>::encode(w, p->value);
+  }
+  const std::uint32_t crc = checksum(w.buffer().data(), w.buffer().size());
+  w.write_raw(crc);
+  // Write to a neighbour and rename, so that a crash never leaves half a file under `path`.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail(path, "cannot be written (check the directory exists and is writable)");
+    out.write(reinterpret_cast<const char*>(w.buffer().data()), static_cast<std::streamsize>(w.buffer().size()));
+    if (!out.flush()) fail(path, "writing failed (disk full?)");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path, "cannot replace the file");
+}
+
+void load_weights(layer& model, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "does not exist or cannot be read");
+  std::vector<std::byte> bytes;
+  {
+    std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    bytes.resize(raw.size());
+    if (!raw.empty()) std::memcpy(bytes.data(), raw.data(), raw.size());
+  }
+  if (bytes.size() < sizeof magic + 8 || std::memcmp(bytes.data(), magic, sizeof magic) != 0)
+    fail(path, "is not a troupe weights file (no TRPW header)");
+  const std::size_t body = bytes.size() - 4;
+  std::uint32_t stored;
+  std::memcpy(&stored, bytes.data() + body, 4);
+  if (checksum(bytes.data(), body) != stored)
+    fail(path, "is corrupted or truncated (checksum mismatch)");
+
+  byte_reader r(std::span<const std::byte>(bytes.data() + sizeof magic, body - sizeof magic));
+  auto params = model.parameters();
+  std::vector<tensor> values;
+  try {
+    const auto v = r.read_raw<std::uint32_t>();
+    if (v != version)
+      fail(path, "has format version " + std::to_string(v) + "; this build reads version " + std::to_string(version));
+    const auto count = r.read_varint();
+    if (count != params.size())
+      fail(path, "holds " + std::to_string(count) + " parameters; the model has " + std::to_string(params.size()));
+    for (auto* p : params) {
+      const auto name = codec<std::string>::decode(r);
+      tensor t = codec<tensor>::decode(r);
+      if (name != p->name || t.shape() != p->value.shape() || t.type() != p->value.type())
+        fail(path, "parameter " + std::to_string(values.size()) + " is '" + name + "' " + t.str() +
+                       "; the model expects '" + p->name + "' " + p->value.str());
+      values.push_back(std::move(t));
+    }
+    if (r.remaining() != 0) fail(path, std::to_string(r.remaining()) + " unexpected bytes after the parameters");
+  } catch (const troupe::error& e) {
+    fail(path, std::string("cannot be decoded: ") + e.what());
+  }
+  // Everything checked: only now change the model.
+  for (std::size_t i = 0; i < params.size(); ++i) copy(values[i], params[i]->value);
+}
+
+}  // namespace troupe::kernels
