@@ -1,3 +1,4 @@
+#include "number_text.hpp"
 #include <troupe/pipeline/partition.hpp>
 
 #include <algorithm>
@@ -11,12 +12,6 @@
 namespace troupe::pipeline {
 namespace {
 
-// Shortest text that reads back as the same double (17 digits where needed, "6" for 6.0).
-std::string format_number(double v) {
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, res.ptr);
-}
 
 void check_stage_count(std::size_t layers, std::size_t stages) {
   if (stages == 0) throw std::invalid_argument("the number of stages is 0; use at least 1 stage");

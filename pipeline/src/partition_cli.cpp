@@ -1,3 +1,4 @@
+#include "number_text.hpp"
 #include <troupe/pipeline/partition_cli.hpp>
 #include <troupe/pipeline/profile.hpp>
 
@@ -14,12 +15,6 @@
 namespace troupe::pipeline {
 namespace {
 
-// Shortest text that reads back as the same double (17 digits where needed, "6" for 6.0).
-std::string format_number(double v) {
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, res.ptr);
-}
 
 std::string_view trim(std::string_view s) {
   const auto space = [](char c) { return c == ' ' || c == '\t'; };
