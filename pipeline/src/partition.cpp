@@ -1,4 +1,3 @@
-#include "number_text.hpp"
 #include <troupe/pipeline/partition.hpp>
 
 #include <algorithm>
@@ -8,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+
+#include "number_text.hpp"
 
 namespace troupe::pipeline {
 namespace {

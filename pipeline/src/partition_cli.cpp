@@ -1,4 +1,3 @@
-#include "number_text.hpp"
 #include <troupe/pipeline/partition_cli.hpp>
 #include <troupe/pipeline/profile.hpp>
 
@@ -11,6 +10,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+
+#include "number_text.hpp"
 
 namespace troupe::pipeline {
 namespace {
