@@ -3,6 +3,7 @@
 #include <string>
 
 #include "actors_bench.hpp"
+#include "nn_bench.hpp"
 #include "commands.hpp"
 
 namespace troupe::cli {
@@ -19,6 +20,13 @@ void add_bench_command(CLI::App& app, int& rc) {
   actors->add_option("--only", opts->only, only_help);
   actors->add_option("--threads", opts->threads, "worker threads (default: hardware threads)");
   actors->callback([opts, &rc] { rc = troupe::bench::run_actors(*opts, std::cout); });
+
+  auto nn_opts = std::make_shared<troupe::bench::options>();
+  auto* nn = bench->add_subcommand("nn", "GEMM at the default MLP's shapes, and its training throughput");
+  nn->add_flag("--json", nn_opts->json, "one JSON object per line");
+  nn->add_flag("--quick", nn_opts->quick, "shorter timings (for CI)");
+  nn->add_option("--only", nn_opts->only, "gemm, train, or one GEMM shape");
+  nn->callback([nn_opts, &rc] { rc = troupe::bench::run_nn(*nn_opts, std::cout); });
 }
 
 }  // namespace troupe::cli
