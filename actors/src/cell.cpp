@@ -406,8 +406,10 @@ void cell_base::fail(std::exception_ptr e) noexcept {
       std::chrono::nanoseconds(static_cast<std::int64_t>(static_cast<double>(delay.count()) *
                                                          ex->restart.backoff_multiplier)),
       ex->restart.max_backoff);
-  log().warn("actor {} ({}) failed: {}; restart {} in {} ms", id_, type_name(), what, ex->restarts,
-             std::chrono::duration_cast<std::chrono::milliseconds>(delay).count());
+  // A restart loop must not flood the log: the first few restarts, then every 1,000th.
+  if (ex->restarts <= 10 || ex->restarts % 1000 == 0)
+    log().warn("actor {} ({}) failed: {}; restart {} in {} ms", id_, type_name(), what, ex->restarts,
+               std::chrono::duration_cast<std::chrono::milliseconds>(delay).count());
   if (life == life_running) {
     destroy_frames(ex, lock_, suspended_);
     call_on_stop();

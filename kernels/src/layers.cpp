@@ -292,6 +292,16 @@ private:
 };
 
 class residual final : public layer {
+  /// a + b, element by element (same shapes).
+  static tensor sum(const tensor& a, const tensor& b) {
+    tensor out = tensor::empty(a.shape());
+    auto x = a.data<float>();
+    auto y = b.data<float>();
+    auto o = out.data<float>();
+    for (std::size_t i = 0; i < x.size(); ++i) o[i] = x[i] + y[i];
+    return out;
+  }
+
 public:
   explicit residual(std::unique_ptr<layer> inner) : inner_(std::move(inner)) {}
   std::string describe() const override { return "residual(" + inner_->describe() + ")"; }
@@ -301,22 +311,11 @@ public:
     tensor fx = inner_->forward(x, keep.children[0], training);
     if (fx.shape() != x.shape())
       throw std::invalid_argument(describe() + ": the inner layers change the shape " + x.str() + " to " + fx.str());
-    tensor y = tensor::empty(x.shape());
-    auto a = x.data<float>();
-    auto b = fx.data<float>();
-    auto o = y.data<float>();
-    for (std::size_t i = 0; i < a.size(); ++i) o[i] = a[i] + b[i];
-    return y;
+    return sum(x, fx);
   }
   tensor backward_input(const tensor& dy, saved_activations& keep) override {
     if (keep.children.size() != 1) throw std::logic_error(describe() + ": backward without forward");
-    tensor dinner = inner_->backward_input(dy, keep.children[0]);
-    tensor dx = tensor::empty(dy.shape());
-    auto a = dy.data<float>();
-    auto b = dinner.data<float>();
-    auto o = dx.data<float>();
-    for (std::size_t i = 0; i < a.size(); ++i) o[i] = a[i] + b[i];
-    return dx;
+    return sum(dy, inner_->backward_input(dy, keep.children[0]));
   }
   void backward_weight(const tensor& dy, saved_activations& keep) override {
     if (keep.children.size() != 1) throw std::logic_error(describe() + ": backward without forward");

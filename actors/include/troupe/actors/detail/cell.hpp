@@ -139,7 +139,7 @@ using message_ptr = std::unique_ptr<message, message_disposer>;
 /// its node makes pop() return nullptr while ready() is false and empty() is false.
 class mpsc_queue {
 public:
-  mpsc_queue() noexcept : head_(&stub_), tail_(&stub_) {}
+  mpsc_queue() noexcept : head_(&sentinel_), tail_(&sentinel_) {}
   mpsc_queue(const mpsc_queue&) = delete;
   mpsc_queue& operator=(const mpsc_queue&) = delete;
 
@@ -154,7 +154,7 @@ public:
   link* pop() noexcept {
     link* tail = tail_;
     link* next = tail->next.load(std::memory_order_acquire);
-    if (tail == &stub_) {
+    if (tail == &sentinel_) {
       if (next == nullptr) return nullptr;
       tail_ = next;
       tail = next;
@@ -165,7 +165,7 @@ public:
       return tail;
     }
     if (tail != head_.load(std::memory_order_acquire)) return nullptr;  // a push is in flight
-    push(&stub_);
+    push(&sentinel_);
     next = tail->next.load(std::memory_order_acquire);
     if (next != nullptr) {
       tail_ = next;
@@ -176,20 +176,20 @@ public:
 
   /// Nothing queued and no push in flight. Only the consumer may call this.
   bool empty() const noexcept {
-    return tail_ == &stub_ && stub_.next.load(std::memory_order_acquire) == nullptr &&
-           head_.load(std::memory_order_seq_cst) == &stub_;
+    return tail_ == &sentinel_ && sentinel_.next.load(std::memory_order_acquire) == nullptr &&
+           head_.load(std::memory_order_seq_cst) == &sentinel_;
   }
 
   /// True when something was pushed since the queue was last seen empty() by its consumer.
   /// Reads only the producers' side, so any thread may call it. @threadsafe
   bool pushed_since_empty() const noexcept {
-    return head_.load(std::memory_order_seq_cst) != &stub_;
+    return head_.load(std::memory_order_seq_cst) != &sentinel_;
   }
 
 private:
   std::atomic<link*> head_;  // producers
   link* tail_;               // consumer
-  link stub_;
+  link sentinel_;  // the dummy node of Vyukov's queue: never a message
 };
 
 /// The runtime half of an actor: its mailbox, its scheduling state and its lifecycle.
