@@ -1,0 +1,122 @@
+#include "troupe/federated/robust.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+namespace troupe::federated {
+
+namespace {
+
+std::size_t check_updates(std::span<const update_view> updates, const char* who) {
+  if (updates.empty()) throw std::invalid_argument(std::string(who) + ": no updates");
+  const std::size_t dim = updates[0].size();
+  for (const auto& u : updates)
+    if (u.size() != dim)
+      throw std::invalid_argument(std::string(who) + ": updates have different lengths (" + std::to_string(dim) +
+                                  " and " + std::to_string(u.size()) + ")");
+  return dim;
+}
+
+}  // namespace
+
+std::vector<float> coordinate_median(std::span<const update_view> updates) {
+  const std::size_t dim = check_updates(updates, "coordinate_median"), n = updates.size();
+  std::vector<float> out(dim), column(n);
+  for (std::size_t j = 0; j < dim; ++j) {
+    for (std::size_t i = 0; i < n; ++i) column[i] = updates[i][j];
+    auto mid = column.begin() + n / 2;
+    std::nth_element(column.begin(), mid, column.end());
+    if (n % 2) {
+      out[j] = *mid;
+    } else {
+      const float lower = *std::max_element(column.begin(), mid);
+      out[j] = static_cast<float>((static_cast<double>(lower) + *mid) / 2);
+    }
+  }
+  return out;
+}
+
+std::vector<float> trimmed_mean(std::span<const update_view> updates, std::size_t trim) {
+  const std::size_t dim = check_updates(updates, "trimmed_mean"), n = updates.size();
+  if (2 * trim >= n)
+    throw std::invalid_argument("trimmed_mean: trimming " + std::to_string(trim) + " from each end of " +
+                                std::to_string(n) + " updates leaves none");
+  std::vector<float> out(dim), column(n);
+  for (std::size_t j = 0; j < dim; ++j) {
+    for (std::size_t i = 0; i < n; ++i) column[i] = updates[i][j];
+    std::sort(column.begin(), column.end());
+    double sum = 0;
+    for (std::size_t i = trim; i < n - trim; ++i) sum += column[i];
+    out[j] = static_cast<float>(sum / static_cast<double>(n - 2 * trim));
+  }
+  return out;
+}
+
+krum_choice krum_select(std::span<const update_view> updates, std::size_t byzantine, std::size_t m) {
+  check_updates(updates, "krum");
+  const std::size_t n = updates.size();
+  if (n <= 2 * byzantine + 2)
+    throw std::invalid_argument("krum: " + std::to_string(n) + " updates cannot tolerate " +
+                                std::to_string(byzantine) + " Byzantine ones (needs n > 2f + 2)");
+  if (m < 1 || m > n) throw std::invalid_argument("krum: m must be in [1, " + std::to_string(n) + "]");
+  std::vector<double> distance(n * n, 0.0);
+  for (std::size_t a = 0; a < n; ++a)
+    for (std::size_t b = a + 1; b < n; ++b) {
+      double d = 0;
+      for (std::size_t j = 0; j < updates[a].size(); ++j) {
+        const double diff = static_cast<double>(updates[a][j]) - updates[b][j];
+        d += diff * diff;
+      }
+      distance[a * n + b] = distance[b * n + a] = d;
+    }
+  krum_choice choice;
+  choice.scores.resize(n);
+  const std::size_t neighbours = n - byzantine - 2;
+  std::vector<double> row;
+  for (std::size_t a = 0; a < n; ++a) {
+    row.clear();
+    for (std::size_t b = 0; b < n; ++b)
+      if (b != a) row.push_back(distance[a * n + b]);
+    std::partial_sort(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(neighbours), row.end());
+    choice.scores[a] = std::accumulate(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(neighbours), 0.0);
+  }
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t x, std::size_t y) { return choice.scores[x] < choice.scores[y]; });
+  choice.selected.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(m));
+  return choice;
+}
+
+std::vector<float> multi_krum(std::span<const update_view> updates, std::size_t byzantine, std::size_t m) {
+  const auto choice = krum_select(updates, byzantine, m);
+  std::vector<double> sum(updates[0].size(), 0.0);
+  for (std::size_t i : choice.selected)
+    for (std::size_t j = 0; j < sum.size(); ++j) sum[j] += updates[i][j];
+  std::vector<float> out(sum.size());
+  for (std::size_t j = 0; j < sum.size(); ++j) out[j] = static_cast<float>(sum[j] / static_cast<double>(m));
+  return out;
+}
+
+void apply_update_attack(update_attack attack, std::span<float> update, double factor) {
+  switch (attack) {
+    case update_attack::none: return;
+    case update_attack::sign_flip: factor = -factor; [[fallthrough]];
+    case update_attack::scale:
+      for (float& x : update) x = static_cast<float>(x * factor);
+      return;
+  }
+}
+
+void stamp_backdoor(std::span<std::uint8_t> image, int side, int size, int margin) {
+  if (side <= 0 || size <= 0 || margin < 0 || size + margin > side ||
+      image.size() != static_cast<std::size_t>(side) * static_cast<std::size_t>(side))
+    throw std::invalid_argument("stamp_backdoor: the trigger does not fit the image");
+  for (int r = side - margin - size; r < side - margin; ++r)
+    for (int c = side - margin - size; c < side - margin; ++c)
+      image[static_cast<std::size_t>(r) * static_cast<std::size_t>(side) + static_cast<std::size_t>(c)] = 255;
+}
+
+}  // namespace troupe::federated
