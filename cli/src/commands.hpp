@@ -10,5 +10,6 @@ void add_bench_command(CLI::App& app, int& rc);
 void add_schedule_command(CLI::App& app, int& rc);
 void add_partition_command(CLI::App& app, int& rc);
 void add_train_command(CLI::App& app, int& rc);
+void add_fedsim_command(CLI::App& app, int& rc);
 
 }  // namespace troupe::cli

@@ -1,0 +1,179 @@
+#pragma once
+/// @file
+/// A federated simulation on one host (what `troupe fedsim` runs).
+///
+/// Every client is an actor holding a view of its shard (a range of one shared index array),
+/// an 8-byte generator and, only when its algorithm needs one, persistent state (SCAFFOLD's
+/// control variate, a transform's residual): no model while idle. Working model copies exist
+/// once per worker thread. Each round the server (the thread calling run_round) samples
+/// clients with a seeded generator, asks them to train from the shared, immutable global
+/// model, and adds their updates into the aggregator in sample order through a bounded
+/// window of outstanding asks, so that the result is bit-identical at any thread count and at
+/// most `window` updates exist at once.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "troupe/federated/rng.hpp"
+#include "troupe/federated/strategy.hpp"
+#include "troupe/federated/update.hpp"
+
+namespace troupe {
+struct fashion_mnist;
+}
+
+namespace troupe::federated {
+
+struct simulation_options {
+  std::size_t clients = 100;
+  std::size_t per_round = 10;     ///< clients sampled per round (unless fraction > 0)
+  double fraction = 0;            ///< > 0: sample round(fraction * clients) ...
+  std::size_t min_per_round = 1;  ///< ... but at least this many
+  int rounds = 200;
+  int local_epochs = 1;
+  int batch = 10;
+  double lr = 0.05;               ///< clients' SGD learning rate
+  std::string model = "mlp:784-100-10";
+  std::string partition = "dirichlet:0.5";  ///< see partition.hpp
+  std::string strategy = "fedavg";          ///< see strategy.hpp
+  strategy_options server;
+  std::uint64_t seed = 0;
+  int eval_every = 10;            ///< evaluate every N rounds (and after the last one)
+  unsigned threads = 0;           ///< worker threads; 0: one per hardware thread
+  std::string data_dir;           ///< empty: Debian's fashion-mnist location
+  /// "mlp" trains the model; "noop" returns a tiny update without training (measures the
+  /// orchestration alone).
+  std::string trainer = "mlp";
+  std::size_t train_limit = 0;    ///< use only the first N training examples (0: all)
+  std::size_t test_limit = 0;     ///< evaluate on the first N test examples (0: all)
+  /// Asks outstanding at once; 0: from the update size (about 16 MB of updates, at least
+  /// 4 per thread, at most 256).
+  std::size_t window = 0;
+};
+
+/// A test-set evaluation.
+struct evaluation {
+  double accuracy = 0;
+  double loss = 0;
+};
+
+/// One client's local work in a round.
+struct local_job {
+  std::uint64_t client = 0;
+  std::span<const float> global;            ///< the model broadcast this round
+  std::span<const std::uint32_t> shard;     ///< indices into the training set
+  int epochs = 1;
+  int batch = 10;
+  double lr = 0.05;
+  double proximal_mu = 0;                   ///< FedProx: gradient += mu * (w - global)
+  std::span<const float> correction;        ///< empty, or dim floats added to every gradient
+};
+
+struct local_result {
+  double loss = 0;        ///< mean training loss
+  std::int64_t steps = 0; ///< optimizer steps taken
+  std::int64_t samples = 0;
+};
+
+/// What a client does in a round. The engine makes one per worker thread (plus one for the
+/// server's evaluations), so an instance may keep scratch buffers; it is used by one thread
+/// at a time.
+class local_trainer {
+public:
+  virtual ~local_trainer() = default;
+  /// Floats in the model.
+  virtual std::size_t dim() const = 0;
+  /// Writes the initial global model.
+  virtual void initialize(std::span<float> model, std::uint64_t seed) = 0;
+  /// Trains `model` (a copy of job.global on entry) in place; draws only from `rng`.
+  virtual local_result train(const local_job& job, std::span<float> model, splitmix64& rng) = 0;
+  /// Test accuracy and mean loss of `model`.
+  virtual evaluation evaluate(std::span<const float> model) = 0;
+};
+
+/// The data a simulation trains on, shared read-only by every client.
+using shared_data = std::shared_ptr<const fashion_mnist>;
+/// Makes a trainer for `data`; called once per worker thread.
+using trainer_factory = std::function<std::unique_ptr<local_trainer>(const shared_data& data)>;
+
+/// The built-in trainers: "mlp" (SGD on the options' MLP) and "noop".
+trainer_factory make_trainer_factory(const simulation_options& options);
+
+struct round_report {
+  int round = 0;
+  std::size_t participants = 0;
+  double train_loss = 0;   ///< sample-weighted mean of the clients' training losses
+  double seconds = 0;      ///< wall time of the round
+  std::vector<std::pair<std::string, double>> metrics;  ///< from the transforms' end_round
+};
+
+/// Not thread-safe: one thread drives it.
+class simulation {
+public:
+  /// Loads the data (unless given), partitions it, initializes the model and spawns the
+  /// clients. Throws std::invalid_argument for bad options (with what to change) and
+  /// std::runtime_error for missing data.
+  explicit simulation(simulation_options options, shared_data data = nullptr,
+                      trainer_factory trainer = nullptr);
+  ~simulation();
+  simulation(const simulation&) = delete;
+  simulation& operator=(const simulation&) = delete;
+
+  /// Replaces the strategy (before the first round).
+  void set_strategy(std::unique_ptr<server_strategy> strategy);
+  /// Replaces the aggregator (default: make_weighted_mean()).
+  void set_aggregator(std::unique_ptr<aggregator> aggregator);
+  /// Appends a client-side transform (before the first round).
+  void add_transform(std::unique_ptr<update_transform> transform);
+
+  /// Runs the next round.
+  round_report run_round();
+  /// Evaluates the current global model on the test set.
+  evaluation evaluate();
+
+  int rounds_done() const noexcept;
+  std::span<const float> global_model() const noexcept;
+  std::size_t population() const noexcept;
+  std::size_t sample_size() const noexcept;
+  /// The clients sampled in round `round` (1-based), in aggregation order.
+  std::vector<std::uint64_t> sample(int round) const;
+  /// Bytes of persistent client state allocated so far (all clients together).
+  std::size_t client_state_bytes() const noexcept;
+
+private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+/// Reported by run_simulation after every round.
+struct progress {
+  const round_report* round = nullptr;
+  int rounds = 0;
+  bool evaluated = false;
+  evaluation eval;          ///< when evaluated
+  double seconds = 0;       ///< since the start, setup included
+  double rounds_per_s = 0;  ///< rounds per second of round time so far (evaluations excluded)
+};
+
+struct summary {
+  int rounds = 0;
+  double final_accuracy = 0;
+  double final_loss = 0;
+  double rounds_per_s = 0;  ///< rounds per second of round time (evaluations excluded)
+  double seconds = 0;       ///< wall time of the whole run
+  double peak_rss_mb = 0;   ///< the process's peak resident memory
+};
+
+/// Runs options.rounds rounds with evaluations every options.eval_every rounds.
+summary run_simulation(const simulation_options& options,
+                       const std::function<void(const progress&)>& report = {});
+
+/// The process's peak resident set size in MB (getrusage).
+double peak_rss_mb();
+
+}  // namespace troupe::federated

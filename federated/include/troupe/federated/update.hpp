@@ -1,0 +1,98 @@
+#pragma once
+/// @file
+/// The hook points of a federated round, where the mechanisms that change what travels plug in:
+///
+///   client:  trained model - global model = delta
+///            -> update_transform chain, in order (clipping + noise, compression with an
+///               error-feedback residual, masking...), each on the client's own update
+///   server:  aggregator.begin(round) -> aggregator.add(...) once per update, in the round's
+///            sample order -> aggregator.finish() = the aggregate the strategy applies
+///            -> every transform's end_round (metrics such as epsilon)
+///
+/// Interfaces only; the engine (simulation.hpp) calls them, and the weighted mean (FedAvg) is
+/// the default aggregator.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "troupe/federated/rng.hpp"
+
+namespace troupe::federated {
+
+/// What everybody may know about a round.
+struct round_info {
+  int round = 0;                 ///< 1-based
+  std::size_t dim = 0;           ///< floats per update
+  std::size_t population = 0;    ///< clients in the simulation
+  /// The sampled clients, in the order their updates are added (a client that drops out is
+  /// skipped, the others keep this order).
+  std::span<const std::uint64_t> participants;
+  std::uint64_t seed = 0;        ///< this round's seed, for server-side draws
+};
+
+/// What one client sends back at the end of a round.
+struct client_update {
+  std::uint64_t client = 0;
+  double weight = 0;           ///< aggregation weight (FedAvg: the client's number of examples)
+  std::int64_t samples = 0;    ///< examples trained on in this round
+  double loss = 0;             ///< mean training loss of the round
+  std::vector<float> delta;    ///< trained - global (round_info::dim floats), unless encoded
+  /// An encoded form of the update (masked integers under secure aggregation, a compressed
+  /// payload...). When not empty, delta is empty and the aggregator's add_encoded receives it.
+  std::vector<std::uint32_t> words;
+};
+
+/// A client-side step applied to the update before it leaves the client.
+///
+/// Thread contract: apply() runs on worker threads, for different clients at the same time:
+/// it must not change the transform's members (it is const); per-client state lives in the
+/// `state` span the engine keeps for each client. end_round() runs on the server's thread.
+class update_transform {
+public:
+  virtual ~update_transform() = default;
+  /// "dp-gaussian", "topk"... (for messages).
+  virtual std::string name() const = 0;
+  /// Floats of persistent state each client keeps for this transform between rounds (an
+  /// error-feedback residual: dim); 0 (the default) when none. Allocated, zero-filled, on the
+  /// client's first round only when non-zero.
+  virtual std::size_t client_state_floats(std::size_t dim) const { return 0; }
+  /// Changes `u` in place. `state` is this client's slice (client_state_floats floats);
+  /// `rng` is seeded for (client, round, transform) and drawn from by this call only.
+  virtual void apply(client_update& u, std::span<float> state, const round_info& round,
+                     splitmix64& rng) const = 0;
+  /// Server side, after the round's aggregate: metrics to report with the round, as
+  /// (name, value) pairs, e.g. ("epsilon", 1.7) under differential privacy.
+  virtual void end_round(const round_info& round,
+                         std::vector<std::pair<std::string, double>>& metrics) {}
+};
+
+/// Combines the updates of a round into one vector.
+///
+/// Thread contract: called from one thread, in the order begin, add* (in the round's
+/// participant order, which makes the result independent of thread timing), finish.
+/// A streaming aggregator (the weighted mean) keeps O(dim) memory; robust ones may buffer.
+class aggregator {
+public:
+  virtual ~aggregator() = default;
+  virtual std::string name() const = 0;
+  /// Starts a round; forgets the previous one.
+  virtual void begin(const round_info& round) = 0;
+  /// One client's update (dim floats) and its weight (>= 0).
+  virtual void add(std::uint64_t client, double weight, std::span<const float> delta) = 0;
+  /// An encoded update (client_update::words). The default throws std::logic_error: only
+  /// aggregators that know the encoding accept it.
+  virtual void add_encoded(std::uint64_t client, double weight, std::span<const std::uint32_t> words);
+  /// The aggregate, dim floats. Throws std::logic_error when nothing was added.
+  virtual std::vector<float> finish() = 0;
+};
+
+/// sum(weight * delta) / sum(weight), accumulated in double in the order of add(): FedAvg's
+/// aggregate. Holds one double per coordinate. A round whose weights sum to zero gives the
+/// plain mean.
+std::unique_ptr<aggregator> make_weighted_mean();
+
+}  // namespace troupe::federated

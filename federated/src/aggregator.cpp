@@ -1,0 +1,61 @@
+#include <stdexcept>
+#include <vector>
+
+#include "troupe/federated/update.hpp"
+
+namespace troupe::federated {
+
+void aggregator::add_encoded(std::uint64_t, double, std::span<const std::uint32_t>) {
+  throw std::logic_error("aggregator '" + name() + "' does not take encoded updates");
+}
+
+namespace {
+
+class weighted_mean final : public aggregator {
+public:
+  std::string name() const override { return "weighted-mean"; }
+  void begin(const round_info& round) override {
+    sum_.assign(round.dim, 0.0);
+    plain_.clear();
+    weight_ = 0;
+    count_ = 0;
+  }
+  void add(std::uint64_t client, double weight, std::span<const float> delta) override {
+    if (delta.size() != sum_.size())
+      throw std::invalid_argument("client " + std::to_string(client) + " sent " + std::to_string(delta.size()) +
+                                  " floats; the round expects " + std::to_string(sum_.size()));
+    if (!(weight >= 0)) throw std::invalid_argument("aggregation weights must be non-negative");
+    const std::size_t n = delta.size();
+    double* s = sum_.data();
+    const float* d = delta.data();
+    for (std::size_t i = 0; i < n; ++i) s[i] += weight * static_cast<double>(d[i]);
+    // The plain sum as well, only while every weight so far is zero (rare; see finish).
+    if (weight == 0 && weight_ == 0) {
+      plain_.resize(n, 0.0);
+      for (std::size_t i = 0; i < n; ++i) plain_[i] += d[i];
+    }
+    weight_ += weight;
+    ++count_;
+  }
+  std::vector<float> finish() override {
+    if (count_ == 0) throw std::logic_error("weighted mean of no update");
+    std::vector<float> out(sum_.size());
+    if (weight_ > 0) {
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(sum_[i] / weight_);
+    } else {
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(plain_[i] / static_cast<double>(count_));
+    }
+    return out;
+  }
+
+private:
+  std::vector<double> sum_, plain_;
+  double weight_ = 0;
+  std::size_t count_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<aggregator> make_weighted_mean() { return std::make_unique<weighted_mean>(); }
+
+}  // namespace troupe::federated

@@ -1,0 +1,514 @@
+#include "troupe/federated/simulation.hpp"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <unordered_set>
+
+#include "mlp.hpp"
+#include "troupe/actors/actor_system.hpp"
+#include "troupe/federated/partition.hpp"
+#include "troupe/kernels/data.hpp"
+#include "troupe/kernels/layers.hpp"
+
+namespace troupe::federated {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+// Seed streams: each random choice draws from its own stream of the run's seed.
+constexpr std::uint64_t stream_model = 1;
+constexpr std::uint64_t stream_partition = 2;
+constexpr std::uint64_t stream_sample = 1ull << 32;   // + round
+constexpr std::uint64_t stream_client = 2ull << 32;   // + client
+constexpr std::uint64_t stream_transform = 3ull << 32;
+
+// ---- the built-in trainers --------------------------------------------------------------
+
+/// SGD on an MLP over the shared Fashion-MNIST images, normalized batch by batch through a
+/// 256-entry table (the shared copy stays u8: 47 MB rather than 188 MB of floats).
+class mlp_trainer final : public local_trainer {
+public:
+  mlp_trainer(shared_data data, const simulation_options& o)
+      : data_(std::move(data)), spec_(o.model), net_(detail::flat_mlp::from_spec(o.model)), test_limit_(o.test_limit) {
+    if (!data_) throw std::invalid_argument("the mlp trainer needs data");
+    pixels_ = static_cast<int>(data_->train.images.numel() / std::max<std::int64_t>(1, data_->train.size()));
+    if (net_.inputs() != pixels_)
+      throw std::invalid_argument("model '" + spec_ + "' takes " + std::to_string(net_.inputs()) + " inputs; the images have " +
+                                  std::to_string(pixels_) + " pixels");
+    if (net_.outputs() < fashion_mnist_classes)
+      throw std::invalid_argument("model '" + spec_ + "' has " + std::to_string(net_.outputs()) + " outputs; the data has " +
+                                  std::to_string(fashion_mnist_classes) + " classes");
+    for (int v = 0; v < 256; ++v) lut_[v] = (static_cast<float>(v) / 255.0f - fashion_mnist_mean) / fashion_mnist_std;
+  }
+  std::size_t dim() const override { return net_.dim(); }
+  void initialize(std::span<float> model, std::uint64_t seed) override {
+    auto m = kernels::make_mlp(spec_);
+    m->initialize(seed);
+    std::size_t at = 0;
+    for (auto* p : m->parameters())
+      for (float v : p->value.data<float>()) model[at++] = v;
+  }
+  local_result train(const local_job& job, std::span<float> model, splitmix64& rng) override {
+    local_result r;
+    order_.assign(job.shard.begin(), job.shard.end());
+    const std::size_t n = order_.size(), batch = static_cast<std::size_t>(job.batch);
+    x_.resize(batch * static_cast<std::size_t>(pixels_));
+    y_.resize(batch);
+    const std::uint8_t* images = data_->train.images.data<std::uint8_t>().data();
+    const std::uint8_t* labels = data_->train.labels.data<std::uint8_t>().data();
+    detail::gradient_extras extras;
+    if (job.proximal_mu > 0) {
+      extras.mu = static_cast<float>(job.proximal_mu);
+      extras.center = job.global.data();
+    }
+    if (!job.correction.empty()) extras.correction = job.correction.data();
+    double loss = 0;
+    for (int e = 0; e < job.epochs; ++e) {
+      for (std::size_t i = n; i > 1; --i) std::swap(order_[i - 1], order_[rng.below(i)]);
+      for (std::size_t s = 0; s < n; s += batch) {
+        const std::size_t rows = std::min(batch, n - s);
+        gather(images, labels, order_.data() + s, rows);
+        loss += net_.step(model.data(), x_.data(), y_.data(), static_cast<int>(rows), static_cast<float>(job.lr), extras);
+        ++r.steps;
+        r.samples += static_cast<std::int64_t>(rows);
+      }
+    }
+    r.loss = r.samples ? loss / static_cast<double>(r.samples) : 0.0;
+    return r;
+  }
+  evaluation evaluate(std::span<const float> model) override {
+    const std::size_t total = static_cast<std::size_t>(data_->test.size());
+    const std::size_t n = test_limit_ ? std::min(test_limit_, total) : total;
+    const std::size_t chunk = 240;
+    x_.resize(chunk * static_cast<std::size_t>(pixels_));
+    y_.resize(chunk);
+    const std::uint8_t* images = data_->test.images.data<std::uint8_t>().data();
+    const std::uint8_t* labels = data_->test.labels.data<std::uint8_t>().data();
+    std::vector<std::uint32_t> rows(chunk);
+    double loss = 0;
+    std::int64_t correct = 0;
+    for (std::size_t s = 0; s < n; s += chunk) {
+      const std::size_t m = std::min(chunk, n - s);
+      for (std::size_t i = 0; i < m; ++i) rows[i] = static_cast<std::uint32_t>(s + i);
+      gather(images, labels, rows.data(), m);
+      net_.evaluate(model.data(), x_.data(), y_.data(), static_cast<int>(m), loss, correct);
+    }
+    return {static_cast<double>(correct) / static_cast<double>(n), loss / static_cast<double>(n)};
+  }
+
+private:
+  void gather(const std::uint8_t* images, const std::uint8_t* labels, const std::uint32_t* rows, std::size_t m) {
+    const std::size_t d = static_cast<std::size_t>(pixels_);
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::uint8_t* src = images + static_cast<std::size_t>(rows[i]) * d;
+      float* dst = x_.data() + i * d;
+      for (std::size_t k = 0; k < d; ++k) dst[k] = lut_[src[k]];
+      y_[i] = labels[rows[i]];
+    }
+  }
+
+  shared_data data_;
+  std::string spec_;
+  detail::flat_mlp net_;
+  std::size_t test_limit_;
+  int pixels_ = 0;
+  float lut_[256];
+  std::vector<std::uint32_t> order_;
+  std::vector<float> x_;
+  std::vector<std::uint8_t> y_;
+};
+
+/// Trains nothing: moves each coordinate by a small seeded amount, so that the rounds, the
+/// messages and the aggregation are real while the local work is nearly free.
+class noop_trainer final : public local_trainer {
+public:
+  std::size_t dim() const override { return 16; }
+  void initialize(std::span<float> model, std::uint64_t) override { std::fill(model.begin(), model.end(), 0.0f); }
+  local_result train(const local_job& job, std::span<float> model, splitmix64& rng) override {
+    for (float& v : model) v += static_cast<float>(rng.uniform01() - 0.5) * 1e-3f;
+    return {0.0, 0, static_cast<std::int64_t>(job.shard.size())};
+  }
+  evaluation evaluate(std::span<const float>) override { return {}; }
+};
+
+// ---- the engine ---------------------------------------------------------------------------
+
+struct worker_slot {
+  std::unique_ptr<local_trainer> trainer;
+  std::vector<float> model, correction;
+};
+
+std::atomic<std::uint64_t> next_engine_id{1};
+
+/// What every client reads during a round (and the per-worker scratch).
+struct engine_state {
+  simulation_options options;
+  shared_data data;
+  trainer_factory factory;
+  partition part;
+  std::size_t dim = 0;
+  std::unique_ptr<server_strategy> strategy;
+  client_rule rule;
+  std::vector<std::unique_ptr<update_transform>> transforms;
+  std::vector<std::size_t> transform_offset;  // into a client's state, after SCAFFOLD's c_i
+  std::size_t state_floats = 0;
+  std::atomic<std::size_t> state_bytes{0};
+  const std::uint64_t id = next_engine_id.fetch_add(1);
+
+  std::mutex workers_mutex;
+  std::map<std::thread::id, std::unique_ptr<worker_slot>> workers;
+
+  /// The calling thread's scratch: one per worker thread, made on its first use.
+  worker_slot& worker() {
+    thread_local std::uint64_t cached_engine = 0;
+    thread_local worker_slot* cached = nullptr;
+    if (cached_engine == id) return *cached;
+    std::lock_guard lock(workers_mutex);
+    auto& slot = workers[std::this_thread::get_id()];
+    if (!slot) {
+      slot = std::make_unique<worker_slot>();
+      slot->trainer = factory(data);
+    }
+    cached_engine = id;
+    cached = slot.get();
+    return *slot;
+  }
+};
+
+struct round_context {
+  engine_state* engine = nullptr;
+  std::shared_ptr<const std::vector<float>> global;
+  std::vector<float> control;  // SCAFFOLD's server control variate
+  std::vector<std::uint64_t> participants;
+  round_info info;
+};
+
+/// A client: a range of the shared index array, a generator and, only once its algorithm
+/// needs it, persistent state. Nothing else while idle.
+class client {
+public:
+  client(std::uint32_t offset, std::uint32_t length, std::uint64_t seed) : offset_(offset), length_(length), rng_{seed} {}
+
+  client_update train(const std::shared_ptr<const round_context>& ctx, std::uint64_t id) {
+    engine_state& e = *ctx->engine;
+    worker_slot& w = e.worker();
+    const std::vector<float>& global = *ctx->global;
+    const std::size_t dim = e.dim;
+    if (!state_ && e.state_floats > 0) {
+      state_ = std::make_unique<float[]>(e.state_floats);  // zero-filled
+      e.state_bytes.fetch_add(e.state_floats * sizeof(float), std::memory_order_relaxed);
+    }
+    w.model.assign(global.begin(), global.end());
+    local_job job;
+    job.client = id;
+    job.global = global;
+    job.shard = {e.part.indices.data() + offset_, length_};
+    job.epochs = e.options.local_epochs;
+    job.batch = e.options.batch;
+    job.lr = e.options.lr;
+    job.proximal_mu = e.rule.proximal_mu;
+    float* ci = state_.get();
+    if (e.rule.control_variates) {
+      w.correction.resize(dim);
+      for (std::size_t p = 0; p < dim; ++p) w.correction[p] = ctx->control[p] - ci[p];
+      job.correction = w.correction;
+    }
+    const local_result r = w.trainer->train(job, w.model, rng_);
+
+    client_update u;
+    u.client = id;
+    u.samples = r.samples;
+    u.loss = r.loss;
+    u.weight = e.rule.uniform_weights ? 1.0 : static_cast<double>(length_);
+    u.delta.resize(e.rule.control_variates ? 2 * dim : dim);
+    for (std::size_t p = 0; p < dim; ++p) u.delta[p] = w.model[p] - global[p];
+    if (e.rule.control_variates && r.steps > 0) {
+      // Option II: c_i+ = c_i - c + (x - y_i) / (K lr); the client sends c_i+ - c_i.
+      const double scale = 1.0 / (static_cast<double>(r.steps) * e.options.lr);
+      for (std::size_t p = 0; p < dim; ++p) {
+        const float dc = static_cast<float>(-ctx->control[p] + (global[p] - w.model[p]) * scale);
+        u.delta[dim + p] = dc;
+        ci[p] += dc;
+      }
+    }
+    for (std::size_t t = 0; t < e.transforms.size(); ++t) {
+      const std::size_t floats = e.transforms[t]->client_state_floats(u.delta.size());
+      std::span<float> state = floats ? std::span<float>(state_.get() + e.transform_offset[t], floats) : std::span<float>();
+      splitmix64 g{derive_seed(derive_seed(e.options.seed, stream_transform + id),
+                               static_cast<std::uint64_t>(ctx->info.round) * 64 + t)};
+      e.transforms[t]->apply(u, state, ctx->info, g);
+    }
+    return u;
+  }
+
+private:
+  std::uint32_t offset_, length_;
+  splitmix64 rng_;
+  std::unique_ptr<float[]> state_;
+};
+
+void check_options(const simulation_options& o) {
+  auto fail = [](const std::string& m) { throw std::invalid_argument(m); };
+  if (o.clients < 1) fail("--clients must be at least 1");
+  if (o.clients > 0xFFFFFFFFull) fail("--clients must be below 2^32");
+  if (!(o.fraction >= 0 && o.fraction <= 1)) fail("--fraction must be in [0, 1]");
+  if (o.fraction == 0) {
+    if (o.per_round < 1) fail("--per-round must be at least 1");
+    if (o.per_round > o.clients)
+      fail("--per-round " + std::to_string(o.per_round) + " is more than the " + std::to_string(o.clients) + " clients");
+  }
+  if (o.min_per_round > o.clients) fail("the minimum per round is more than the clients");
+  if (o.rounds < 1) fail("--rounds must be at least 1");
+  if (o.local_epochs < 1) fail("--local-epochs must be at least 1");
+  if (o.batch < 1) fail("--batch must be at least 1");
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) fail("--lr must be positive");
+  if (o.eval_every < 1) fail("--eval-every must be at least 1");
+  if (o.threads > 256) fail("--threads must be at most 256");
+  if (o.trainer != "mlp" && o.trainer != "noop") fail("unknown trainer '" + o.trainer + "' (use mlp or noop)");
+}
+
+shared_data load_data(const simulation_options& o) {
+  auto all = load_fashion_mnist(o.data_dir.empty() ? fashion_mnist_dir : o.data_dir);
+  if (o.train_limit && static_cast<std::int64_t>(o.train_limit) < all.train.size()) {
+    const auto n = static_cast<std::int64_t>(o.train_limit);
+    all.train.images = all.train.images.slice(0, n).clone();
+    all.train.labels = all.train.labels.slice(0, n).clone();
+  }
+  return std::make_shared<const fashion_mnist>(std::move(all));
+}
+
+}  // namespace
+
+trainer_factory make_trainer_factory(const simulation_options& options) {
+  if (options.trainer == "noop")
+    return [](const shared_data&) -> std::unique_ptr<local_trainer> { return std::make_unique<noop_trainer>(); };
+  if (options.trainer != "mlp") throw std::invalid_argument("unknown trainer '" + options.trainer + "' (use mlp or noop)");
+  return [options](const shared_data& data) -> std::unique_ptr<local_trainer> {
+    return std::make_unique<mlp_trainer>(data, options);
+  };
+}
+
+struct simulation::impl {
+  engine_state engine;
+  std::unique_ptr<local_trainer> server_trainer;  // evaluations
+  std::unique_ptr<aggregator> agg = make_weighted_mean();
+  std::shared_ptr<const std::vector<float>> global;
+  std::size_t sample_size = 0;
+  std::size_t window = 0;
+  int rounds = 0;
+  // Declared last: stopped (its workers joined) before the state the clients read goes.
+  std::unique_ptr<actor_system> system;
+  std::vector<actor_ref<client>> clients;
+};
+
+simulation::simulation(simulation_options options, shared_data data, trainer_factory trainer)
+    : impl_(std::make_unique<impl>()) {
+  check_options(options);
+  auto& e = impl_->engine;
+  e.options = std::move(options);
+  const auto& o = e.options;
+  const bool custom = static_cast<bool>(trainer);
+  e.factory = custom ? std::move(trainer) : make_trainer_factory(o);
+  // The strategy first: a bad name fails before the data loads.
+  e.strategy = make_strategy(o.strategy, o.server);
+  if (!custom && o.trainer == "mlp") (void)detail::flat_mlp::from_spec(o.model);
+  if (!data && (custom || o.trainer == "mlp")) data = load_data(o);
+  e.data = std::move(data);
+  impl_->server_trainer = e.factory(e.data);
+  e.dim = impl_->server_trainer->dim();
+
+  // Partition: over the data's labels, or, for a trainer without data, over synthetic ones.
+  tensor labels;
+  if (e.data) {
+    labels = e.data->train.labels;
+  } else {
+    const std::int64_t n = std::max<std::int64_t>(60000, static_cast<std::int64_t>(o.clients));
+    labels = tensor::empty({n}, dtype::u8);
+    auto l = labels.data<std::uint8_t>();
+    for (std::int64_t i = 0; i < n; ++i) l[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i % 10);
+  }
+  e.part = make_partition(o.partition, labels, o.clients, derive_seed(o.seed, stream_partition));
+
+  impl_->sample_size = o.fraction > 0 ? std::clamp<std::size_t>(static_cast<std::size_t>(std::llround(o.fraction * o.clients)),
+                                                                std::max<std::size_t>(1, o.min_per_round), o.clients)
+                                      : std::max(o.per_round, o.min_per_round);
+  e.rule = e.strategy->rule();
+
+  auto global = std::make_shared<std::vector<float>>(e.dim);
+  impl_->server_trainer->initialize(*global, derive_seed(o.seed, stream_model));
+  impl_->global = std::move(global);
+
+  impl_->system = std::make_unique<actor_system>(system_config{.threads = o.threads});
+  unsigned threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t update_bytes = e.strategy->update_floats(e.dim) * sizeof(float);
+  impl_->window = o.window ? o.window
+                           : std::clamp<std::size_t>((16u << 20) / std::max<std::size_t>(1, update_bytes),
+                                                     4 * static_cast<std::size_t>(threads), 256);
+  impl_->clients.reserve(o.clients);
+  for (std::size_t c = 0; c < o.clients; ++c)
+    impl_->clients.push_back(impl_->system->spawn<client>(e.part.offsets[c], e.part.offsets[c + 1] - e.part.offsets[c],
+                                                          derive_seed(o.seed, stream_client + c)));
+}
+
+simulation::~simulation() {
+  if (impl_ && impl_->system) impl_->system->shutdown();
+}
+
+void simulation::set_strategy(std::unique_ptr<server_strategy> strategy) {
+  if (impl_->rounds > 0) throw std::logic_error("set_strategy after the first round");
+  if (!strategy) throw std::invalid_argument("set_strategy: null strategy");
+  impl_->engine.strategy = std::move(strategy);
+  impl_->engine.rule = impl_->engine.strategy->rule();
+}
+
+void simulation::set_aggregator(std::unique_ptr<aggregator> aggregator) {
+  if (!aggregator) throw std::invalid_argument("set_aggregator: null aggregator");
+  impl_->agg = std::move(aggregator);
+}
+
+void simulation::add_transform(std::unique_ptr<update_transform> transform) {
+  if (impl_->rounds > 0) throw std::logic_error("add_transform after the first round");
+  if (!transform) throw std::invalid_argument("add_transform: null transform");
+  impl_->engine.transforms.push_back(std::move(transform));
+}
+
+std::vector<std::uint64_t> simulation::sample(int round) const {
+  const std::uint64_t n = impl_->clients.size(), k = impl_->sample_size;
+  std::vector<std::uint64_t> out;
+  out.reserve(k);
+  if (k >= n) {
+    for (std::uint64_t c = 0; c < n; ++c) out.push_back(c);
+    return out;
+  }
+  // Floyd's algorithm: k distinct clients with k draws, whatever the population.
+  splitmix64 g{derive_seed(impl_->engine.options.seed, stream_sample + static_cast<std::uint64_t>(round))};
+  std::unordered_set<std::uint64_t> chosen;
+  chosen.reserve(k * 2);
+  for (std::uint64_t j = n - k; j < n; ++j) {
+    const std::uint64_t t = g.below(j + 1);
+    chosen.insert(chosen.count(t) ? j : t);
+  }
+  out.assign(chosen.begin(), chosen.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+round_report simulation::run_round() {
+  auto& e = impl_->engine;
+  const auto t0 = clock_type::now();
+  if (impl_->rounds == 0) {
+    // Each client's persistent state: SCAFFOLD's c_i, then every transform's slice.
+    e.state_floats = e.rule.control_variates ? e.dim : 0;
+    e.transform_offset.clear();
+    const std::size_t update = e.strategy->update_floats(e.dim);
+    for (auto& t : e.transforms) {
+      e.transform_offset.push_back(e.state_floats);
+      e.state_floats += t->client_state_floats(update);
+    }
+  }
+  const int round = ++impl_->rounds;
+  auto ctx = std::make_shared<round_context>();
+  ctx->engine = &e;
+  ctx->global = impl_->global;
+  const auto control = e.strategy->control();
+  if (e.rule.control_variates) {
+    ctx->control.assign(control.begin(), control.end());
+    ctx->control.resize(e.dim, 0.0f);
+  }
+  ctx->participants = sample(round);
+  ctx->info.round = round;
+  ctx->info.dim = e.strategy->update_floats(e.dim);
+  ctx->info.population = impl_->clients.size();
+  ctx->info.participants = ctx->participants;
+  ctx->info.seed = derive_seed(e.options.seed, stream_sample + static_cast<std::uint64_t>(round) + (1ull << 31));
+  std::shared_ptr<const round_context> shared = ctx;
+
+  // Asks go out through a window; replies are added in sample order, so the sum is the same
+  // whatever order the workers finish in, and at most `window` updates exist at once.
+  impl_->agg->begin(ctx->info);
+  const auto& who = ctx->participants;
+  std::deque<future<client_update>> pending;
+  std::size_t sent = 0;
+  double loss = 0;
+  std::int64_t samples = 0;
+  for (std::size_t added = 0; added < who.size(); ++added) {
+    while (sent < who.size() && sent - added < impl_->window) {
+      pending.push_back(impl_->clients[who[sent]].ask(&client::train, shared, who[sent]));
+      ++sent;
+    }
+    client_update u = pending.front().get();
+    pending.pop_front();
+    if (!u.words.empty())
+      impl_->agg->add_encoded(u.client, u.weight, u.words);
+    else
+      impl_->agg->add(u.client, u.weight, u.delta);
+    loss += u.loss * static_cast<double>(u.samples);
+    samples += u.samples;
+  }
+  std::vector<float> aggregate = impl_->agg->finish();
+  auto next = std::make_shared<std::vector<float>>(*impl_->global);
+  e.strategy->apply(*next, aggregate, ctx->info);
+  impl_->global = std::move(next);
+
+  round_report r;
+  r.round = round;
+  r.participants = who.size();
+  r.train_loss = samples ? loss / static_cast<double>(samples) : 0.0;
+  for (auto& t : e.transforms) t->end_round(ctx->info, r.metrics);
+  r.seconds = since(t0);
+  return r;
+}
+
+evaluation simulation::evaluate() { return impl_->server_trainer->evaluate(*impl_->global); }
+int simulation::rounds_done() const noexcept { return impl_->rounds; }
+std::span<const float> simulation::global_model() const noexcept { return *impl_->global; }
+std::size_t simulation::population() const noexcept { return impl_->clients.size(); }
+std::size_t simulation::sample_size() const noexcept { return impl_->sample_size; }
+std::size_t simulation::client_state_bytes() const noexcept { return impl_->engine.state_bytes.load(); }
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
+summary run_simulation(const simulation_options& options, const std::function<void(const progress&)>& report) {
+  const auto start = clock_type::now();
+  simulation sim(options);
+  summary s;
+  double round_seconds = 0;
+  for (int r = 1; r <= options.rounds; ++r) {
+    const round_report rr = sim.run_round();
+    round_seconds += rr.seconds;
+    progress p;
+    p.round = &rr;
+    p.rounds = options.rounds;
+    p.rounds_per_s = r / round_seconds;
+    if (r % options.eval_every == 0 || r == options.rounds) {
+      p.evaluated = true;
+      p.eval = sim.evaluate();
+      s.final_accuracy = p.eval.accuracy;
+      s.final_loss = p.eval.loss;
+    }
+    p.seconds = since(start);
+    if (report) report(p);
+  }
+  s.rounds = options.rounds;
+  s.rounds_per_s = options.rounds / round_seconds;
+  s.seconds = since(start);
+  s.peak_rss_mb = peak_rss_mb();
+  return s;
+}
+
+}  // namespace troupe::federated

@@ -1,0 +1,187 @@
+#include "troupe/federated/strategy.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+#include <vector>
+
+namespace troupe::federated {
+
+namespace {
+
+double lr_or(const strategy_options& o, double fallback) { return o.server_lr < 0 ? fallback : o.server_lr; }
+
+void check_sizes(std::span<float> global, std::span<const float> aggregate, std::size_t want) {
+  if (aggregate.size() != want)
+    throw std::invalid_argument("the aggregate has " + std::to_string(aggregate.size()) + " floats; the strategy expects " +
+                                std::to_string(want) + " for a model of " + std::to_string(global.size()));
+}
+
+class fedavg final : public server_strategy {
+public:
+  fedavg(double lr, double mu) : lr_(lr), mu_(mu) {}
+  std::string name() const override { return mu_ > 0 ? "fedprox" : "fedavg"; }
+  client_rule rule() const override { return {.proximal_mu = mu_}; }
+  void apply(std::span<float> x, std::span<const float> delta, const round_info&) override {
+    check_sizes(x, delta, x.size());
+    const float lr = static_cast<float>(lr_);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += lr * delta[i];
+  }
+
+private:
+  double lr_, mu_;
+};
+
+class fedavgm final : public server_strategy {
+public:
+  fedavgm(double lr, double beta) : lr_(lr), beta_(beta) {}
+  std::string name() const override { return "fedavgm"; }
+  void apply(std::span<float> x, std::span<const float> delta, const round_info&) override {
+    check_sizes(x, delta, x.size());
+    if (v_.empty()) v_.assign(x.size(), 0.0f);
+    const float lr = static_cast<float>(lr_), beta = static_cast<float>(beta_);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      v_[i] = beta * v_[i] + delta[i];
+      x[i] += lr * v_[i];
+    }
+  }
+
+private:
+  double lr_, beta_;
+  std::vector<float> v_;
+};
+
+enum class adaptive_kind { adagrad, adam, yogi };
+
+/// Reddi et al. (2021), Algorithm 2, in double precision state.
+class fedopt final : public server_strategy {
+public:
+  fedopt(adaptive_kind kind, const strategy_options& o)
+      : kind_(kind), lr_(lr_or(o, kind == adaptive_kind::adagrad ? 0.1 : 0.01)), b1_(o.beta1), b2_(o.beta2),
+        tau_(o.tau), bias_correction_(o.bias_correction) {}
+  std::string name() const override {
+    return kind_ == adaptive_kind::adagrad ? "fedadagrad" : kind_ == adaptive_kind::adam ? "fedadam" : "fedyogi";
+  }
+  void apply(std::span<float> x, std::span<const float> delta, const round_info&) override {
+    check_sizes(x, delta, x.size());
+    if (m_.empty()) {
+      m_.assign(x.size(), 0.0);
+      v_.assign(x.size(), tau_ * tau_);  // v_{-1} = tau^2 (the paper's lower bound)
+    }
+    ++t_;
+    double lr = lr_;
+    if (bias_correction_) {
+      const double c1 = 1 - std::pow(b1_, t_);
+      const double c2 = kind_ == adaptive_kind::adagrad ? 1.0 : 1 - std::pow(b2_, t_);
+      lr = lr_ * std::sqrt(c2) / c1;
+    }
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double d = delta[i], d2 = d * d;
+      m_[i] = b1_ * m_[i] + (1 - b1_) * d;
+      switch (kind_) {
+        case adaptive_kind::adagrad: v_[i] += d2; break;
+        case adaptive_kind::adam: v_[i] = b2_ * v_[i] + (1 - b2_) * d2; break;
+        case adaptive_kind::yogi: {
+          const double diff = v_[i] - d2;
+          v_[i] -= (1 - b2_) * d2 * (diff > 0 ? 1.0 : diff < 0 ? -1.0 : 0.0);
+          break;
+        }
+      }
+      x[i] = static_cast<float>(x[i] + lr * m_[i] / (std::sqrt(v_[i]) + tau_));
+    }
+  }
+
+private:
+  adaptive_kind kind_;
+  double lr_, b1_, b2_, tau_;
+  bool bias_correction_;
+  std::vector<double> m_, v_;
+  int t_ = 0;
+};
+
+/// SCAFFOLD's server (Karimireddy et al., 2020, Algorithm 1): the aggregate is the uniform
+/// mean of [delta_y | delta_c] over the sampled clients.
+class scaffold final : public server_strategy {
+public:
+  explicit scaffold(double lr) : lr_(lr) {}
+  std::string name() const override { return "scaffold"; }
+  client_rule rule() const override { return {.control_variates = true, .uniform_weights = true}; }
+  std::size_t update_floats(std::size_t dim) const override { return 2 * dim; }
+  void apply(std::span<float> x, std::span<const float> agg, const round_info& round) override {
+    check_sizes(x, agg, 2 * x.size());
+    if (c_.empty()) c_.assign(x.size(), 0.0f);
+    if (round.population == 0) throw std::invalid_argument("scaffold needs the population size");
+    const float lr = static_cast<float>(lr_);
+    const float share = static_cast<float>(static_cast<double>(round.participants.size()) /
+                                           static_cast<double>(round.population));
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      x[i] += lr * agg[i];
+      c_[i] += share * agg[x.size() + i];
+    }
+  }
+  std::span<const float> control() const override { return c_; }
+
+private:
+  double lr_;
+  std::vector<float> c_;
+};
+
+double parse_number(const std::string& text, const std::string& spec) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
+    throw std::invalid_argument("strategy '" + spec + "': '" + text + "' is not a number");
+  return v;
+}
+
+}  // namespace
+
+std::string strategy_names() {
+  return "fedavg, fedprox:MU, fedavgm, fedadagrad, fedadam, fedyogi, scaffold";
+}
+
+std::unique_ptr<server_strategy> make_strategy(const std::string& spec, const strategy_options& o) {
+  const auto colon = spec.find(':');
+  const std::string name = spec.substr(0, colon);
+  const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  auto no_argument = [&] {
+    if (colon != std::string::npos)
+      throw std::invalid_argument("strategy '" + spec + "' takes no parameter (write '" + name + "')");
+  };
+  if (!(o.server_lr < 0 || (o.server_lr > 0 && std::isfinite(o.server_lr))))
+    throw std::invalid_argument("the server learning rate must be positive");
+  if (name == "fedavg") {
+    no_argument();
+    return std::make_unique<fedavg>(lr_or(o, 1.0), 0.0);
+  }
+  if (name == "fedprox") {
+    if (arg.empty()) throw std::invalid_argument("fedprox needs its mu: fedprox:0.01");
+    const double mu = parse_number(arg, spec);
+    if (mu < 0) throw std::invalid_argument("fedprox's mu must be non-negative");
+    return std::make_unique<fedavg>(lr_or(o, 1.0), mu);
+  }
+  if (name == "fedavgm") {
+    no_argument();
+    if (!(o.momentum >= 0 && o.momentum < 1)) throw std::invalid_argument("fedavgm's momentum must be in [0, 1)");
+    return std::make_unique<fedavgm>(lr_or(o, 1.0), o.momentum);
+  }
+  if (name == "fedadagrad" || name == "fedadam" || name == "fedyogi") {
+    no_argument();
+    if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
+      throw std::invalid_argument("the server betas must be in [0, 1)");
+    if (!(o.tau > 0)) throw std::invalid_argument("tau must be positive");
+    const auto kind = name == "fedadagrad" ? adaptive_kind::adagrad
+                      : name == "fedadam"  ? adaptive_kind::adam
+                                           : adaptive_kind::yogi;
+    return std::make_unique<fedopt>(kind, o);
+  }
+  if (name == "scaffold") {
+    no_argument();
+    return std::make_unique<scaffold>(lr_or(o, 1.0));
+  }
+  if (name == "median" || name == "trimmed-mean" || name == "krum" || name == "multi-krum")
+    throw std::invalid_argument("strategy '" + spec + "': robust aggregation is not available yet");
+  throw std::invalid_argument("unknown strategy '" + spec + "' (use " + strategy_names() + ")");
+}
+
+}  // namespace troupe::federated
