@@ -1,11 +1,36 @@
 #include "troupe/kernels/optim.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <new>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "troupe/core/log.hpp"
+
+#include "quantize.hpp"
+
 namespace troupe::kernels {
+
+namespace {
+
+// moment::mode values.
+constexpr std::uint8_t mode_none = 0, mode_fp32 = 1, mode_bf16 = 2, mode_int8 = 3;
+
+std::uint8_t mode_of(state_storage s) {
+  switch (s) {
+    case state_storage::bf16: return mode_bf16;
+    case state_storage::int8: return mode_int8;
+    default: return mode_fp32;
+  }
+}
+
+}  // namespace
 
 optimizer_kind parse_optimizer_kind(const std::string& name) {
   if (name == "sgd") return optimizer_kind::sgd;
@@ -14,78 +39,89 @@ optimizer_kind parse_optimizer_kind(const std::string& name) {
   throw std::invalid_argument("optimizer '" + name + "' is not one of: sgd, adam, adamw");
 }
 
-optimizer::optimizer(optimizer_kind kind, std::vector<param_group> groups)
-    : kind_(kind), groups_(std::move(groups)) {
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    const auto& hp = groups_[g].hp;
-    auto bad = [](const std::string& why) { throw std::invalid_argument("optimizer: " + why); };
-    if (!(hp.lr >= 0)) bad("lr must be >= 0");
-    if (!(hp.weight_decay >= 0)) bad("weight_decay must be >= 0");
-    if (kind == optimizer_kind::sgd) {
-      if (!(hp.momentum >= 0)) bad("momentum must be >= 0");
-      if (hp.nesterov && (hp.momentum <= 0 || hp.dampening != 0))
-        bad("Nesterov momentum needs momentum > 0 and dampening 0");
-    } else {
-      if (!(hp.beta1 >= 0 && hp.beta1 < 1)) bad("beta1 must be in [0, 1)");
-      if (!(hp.beta2 >= 0 && hp.beta2 < 1)) bad("beta2 must be in [0, 1)");
-      if (!(hp.eps >= 0)) bad("eps must be >= 0");
-    }
-    for (auto* p : groups_[g].params) {
-      if (!p || p->value.type() != dtype::f32 || p->grad.shape() != p->value.shape())
-        bad("every parameter needs an f32 value and a gradient of the same shape");
-      slot s{p, g, {}, {}, {}};
-      const bool needs_m = kind != optimizer_kind::sgd || hp.momentum != 0;
-      if (needs_m) s.m = tensor::zeros(p->value.shape());
-      if (kind != optimizer_kind::sgd) s.v = tensor::zeros(p->value.shape());
-      if (kind != optimizer_kind::sgd && hp.amsgrad) s.vmax = tensor::zeros(p->value.shape());
-      slots_.push_back(std::move(s));
-    }
+state_storage parse_state_storage(const std::string& name) {
+  if (name == "fp32") return state_storage::fp32;
+  if (name == "bf16") return state_storage::bf16;
+  if (name == "int8") return state_storage::int8;
+  if (name == "auto") return state_storage::automatic;
+  throw std::invalid_argument("optimizer state '" + name + "' is not one of: fp32, bf16, int8, auto");
+}
+
+const char* name_of(state_storage s) noexcept {
+  switch (s) {
+    case state_storage::fp32: return "fp32";
+    case state_storage::bf16: return "bf16";
+    case state_storage::int8: return "int8";
+    case state_storage::automatic: return "auto";
   }
+  return "?";
 }
-
-void optimizer::set_lr_schedule(std::function<double(std::int64_t, double)> schedule) {
-  schedule_ = std::move(schedule);
-}
-
-std::size_t optimizer::state_bytes() const noexcept {
-  std::size_t n = 0;
-  for (const auto& s : slots_) n += s.m.nbytes() + s.v.nbytes() + s.vmax.nbytes();
-  return n;
-}
-
-void optimizer::zero_grad() {
-  for (auto& s : slots_)
-    for (float& g : s.p->grad.data<float>()) g = 0;
-}
-
-bool optimizer::grads_finite() const {
-  for (const auto& s : slots_) {
-    float acc = 0;
-    for (float g : s.p->grad.data<float>()) acc += g * 0.0f;  // NaN or inf poisons the sum
-    if (acc != 0.0f) return false;
-  }
-  return true;
-}
-
-bool optimizer::step() { return do_step(false); }
-bool optimizer::reference_step() { return do_step(true); }
 
 namespace {
+
+[[noreturn]] void bad(const std::string& why) { throw std::invalid_argument("optimizer: " + why); }
+
+void validate(optimizer_kind kind, const hyperparameters& hp, const state_options& so) {
+  if (!(hp.lr >= 0)) bad("lr must be >= 0");
+  if (!(hp.weight_decay >= 0)) bad("weight_decay must be >= 0");
+  if (kind == optimizer_kind::sgd) {
+    if (!(hp.momentum >= 0)) bad("momentum must be >= 0");
+    if (hp.nesterov && (hp.momentum <= 0 || hp.dampening != 0))
+      bad("Nesterov momentum needs momentum > 0 and dampening 0");
+  } else {
+    if (!(hp.beta1 >= 0 && hp.beta1 < 1)) bad("beta1 must be in [0, 1)");
+    if (!(hp.beta2 >= 0 && hp.beta2 < 1)) bad("beta2 must be in [0, 1)");
+    if (!(hp.eps >= 0)) bad("eps must be >= 0");
+  }
+  if (so.block_size < 1 || so.block_size > (1 << 24)) bad("state block_size must be in [1, 2^24]");
+  if (so.min_8bit_elements < 0) bad("state min_8bit_elements must be >= 0");
+  if (!(so.percentile_scale >= 0 && so.percentile_scale <= 100)) bad("state percentile_scale must be in [0, 100]");
+  if (!(so.percentile_clipping > 0 && so.percentile_clipping <= 100))
+    bad("state percentile_clipping must be in (0, 100]");
+}
+
+bool same(const hyperparameters& a, const hyperparameters& b) {
+  return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
+         a.weight_decay == b.weight_decay && a.momentum == b.momentum && a.dampening == b.dampening &&
+         a.nesterov == b.nesterov && a.amsgrad == b.amsgrad;
+}
+
+bool same(const state_options& a, const state_options& b) {
+  return a.storage == b.storage && a.block_size == b.block_size && a.min_8bit_elements == b.min_8bit_elements &&
+         a.first_moment_fp32 == b.first_moment_fp32 && a.stochastic_rounding == b.stochastic_rounding &&
+         a.percentile_scale == b.percentile_scale && a.percentile_clipping == b.percentile_clipping &&
+         a.fp32_params == b.fp32_params;
+}
+
+/// MemAvailable from /proc/meminfo, in bytes; 0 when unknown.
+std::size_t host_available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  std::size_t value = 0;
+  while (in >> key >> value) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return value * 1024;
+  }
+  return 0;
+}
+
+// ---- the update rules: fused (one pass) and reference (one operation at a time) ----------------
 
 // PyTorch's lerp for weight w: a + w (b - a) when w < 0.5, else b - (b - a)(1 - w).
 inline float lerp(float a, float b, float w) { return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w); }
 
 struct adam_constants {
-  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, bias2_sqrt, decay, l2;
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, bias2_sqrt, decay, l2, gscale;
 };
 
 /// One fused pass: every element read and written once.
-void adam_fused(float* __restrict p, const float* __restrict grad, float* __restrict m,
-                float* __restrict v, float* __restrict vmax, std::size_t n, const adam_constants& c) {
+void adam_fused(float* __restrict p, const float* __restrict grad, float* __restrict m, float* __restrict v,
+                float* __restrict vmax, std::size_t n, const adam_constants& c) {
   for (std::size_t i = 0; i < n; ++i) {
     float param = p[i];
     if (c.decay != 1.0f) param = param * c.decay;  // AdamW: decoupled decay first
     float g = grad[i];
+    if (c.gscale != 1.0f) g = g * c.gscale;        // percentile clipping
     if (c.l2 != 0.0f) g = g + param * c.l2;        // Adam: L2 into the gradient
     const float mi = lerp(m[i], g, c.one_minus_beta1);
     const float vi = v[i] * c.beta2 + c.one_minus_beta2 * g * g;  // addcmul: (value * t1) * t2
@@ -102,12 +138,14 @@ void adam_fused(float* __restrict p, const float* __restrict grad, float* __rest
 }
 
 /// The same arithmetic, one tensor-wide operation at a time (as torch.optim's single-tensor path).
-void adam_reference(std::span<float> p, std::span<const float> grad, std::span<float> m,
-                    std::span<float> v, std::span<float> vmax, const adam_constants& c) {
+void adam_reference(std::span<float> p, std::span<const float> grad, std::span<float> m, std::span<float> v,
+                    std::span<float> vmax, const adam_constants& c) {
   const std::size_t n = p.size();
   if (c.decay != 1.0f)
     for (std::size_t i = 0; i < n; ++i) p[i] = p[i] * c.decay;                 // param.mul_(1 - lr*wd)
   std::vector<float> g(grad.begin(), grad.end());
+  if (c.gscale != 1.0f)
+    for (std::size_t i = 0; i < n; ++i) g[i] = g[i] * c.gscale;                // grad * gnorm_scale
   if (c.l2 != 0.0f)
     for (std::size_t i = 0; i < n; ++i) g[i] = g[i] + p[i] * c.l2;             // grad.add(param, alpha=wd)
   for (std::size_t i = 0; i < n; ++i) m[i] = lerp(m[i], g[i], c.one_minus_beta1);  // exp_avg.lerp_
@@ -123,17 +161,18 @@ void adam_reference(std::span<float> p, std::span<const float> grad, std::span<f
 }
 
 struct sgd_constants {
-  float lr, momentum, one_minus_dampening, wd;
-  bool nesterov, first;
+  float lr, momentum, one_minus_dampening, wd, gscale;
+  bool nesterov;
 };
 
-void sgd_fused(float* __restrict p, const float* __restrict grad, float* __restrict buf,
-               std::size_t n, const sgd_constants& c) {
+void sgd_fused(float* __restrict p, const float* __restrict grad, float* __restrict buf, std::size_t n,
+               const sgd_constants& c, bool first) {
   for (std::size_t i = 0; i < n; ++i) {
     float g = grad[i];
+    if (c.gscale != 1.0f) g = g * c.gscale;
     if (c.wd != 0.0f) g = g + p[i] * c.wd;
     if (buf) {
-      const float b = c.first ? g : buf[i] * c.momentum + g * c.one_minus_dampening;
+      const float b = first ? g : buf[i] * c.momentum + g * c.one_minus_dampening;
       buf[i] = b;
       g = c.nesterov ? g + b * c.momentum : b;
     }
@@ -141,14 +180,16 @@ void sgd_fused(float* __restrict p, const float* __restrict grad, float* __restr
   }
 }
 
-void sgd_reference(std::span<float> p, std::span<const float> grad, std::span<float> buf,
-                   const sgd_constants& c) {
+void sgd_reference(std::span<float> p, std::span<const float> grad, std::span<float> buf, const sgd_constants& c,
+                   bool first) {
   const std::size_t n = p.size();
   std::vector<float> g(grad.begin(), grad.end());
+  if (c.gscale != 1.0f)
+    for (std::size_t i = 0; i < n; ++i) g[i] = g[i] * c.gscale;                // grad * gnorm_scale
   if (c.wd != 0.0f)
     for (std::size_t i = 0; i < n; ++i) g[i] = g[i] + p[i] * c.wd;             // d_p.add(param, alpha=wd)
   if (!buf.empty()) {
-    if (c.first) {
+    if (first) {
       for (std::size_t i = 0; i < n; ++i) buf[i] = g[i];                       // buf = clone(d_p)
     } else {
       for (std::size_t i = 0; i < n; ++i) buf[i] = buf[i] * c.momentum;        // buf.mul_(momentum)
@@ -159,44 +200,506 @@ void sgd_reference(std::span<float> p, std::span<const float> grad, std::span<fl
   for (std::size_t i = 0; i < n; ++i) p[i] = p[i] + g[i] * (-c.lr);           // param.add_(d_p, alpha=-lr)
 }
 
+// ---- storage: moments as fp32, bf16 or 8-bit blocks ------------------------------------------
+
+const quant::qmap& map_of(const optimizer::moment& mo) { return quant::qmap::dynamic(mo.is_signed); }
+
+/// How values are rounded into a moment's storage at one step.
+struct rounding {
+  bool stochastic = false;
+  double percentile = 0;
+  std::uint32_t key = 0;
+};
+
+quant::block_options block_opts(const optimizer::moment& mo, const rounding& r) {
+  quant::block_options o;
+  o.block = static_cast<std::size_t>(mo.block);
+  o.percentile = r.percentile;
+  o.stochastic = r.stochastic;
+  return o;
+}
+
+/// Elements [b, b + n) of a moment as fp32, into `out` (or a pointer into fp32 storage).
+float* load_moment(optimizer::moment& mo, std::size_t b, std::size_t n, float* out) {
+  switch (mo.mode) {
+    case mode_fp32: return mo.data.data<float>().data() + b;
+    case mode_bf16: {
+      const std::uint16_t* h = mo.data.data<std::uint16_t>().data() + b;
+      for (std::size_t i = 0; i < n; ++i) out[i] = quant::from_bf16(h[i]);
+      return out;
+    }
+    case mode_int8: {
+      // b is a block boundary and n at most one block.
+      const float s = mo.scales.data<float>()[b / static_cast<std::size_t>(mo.block)];
+      const float* v = map_of(mo).values();
+      const std::uint8_t* c = mo.data.data<std::uint8_t>().data() + b;
+      for (std::size_t i = 0; i < n; ++i) out[i] = v[c[i]] * s;
+      return out;
+    }
+    default: return nullptr;
+  }
+}
+
+/// Writes back what load() gave, rounding into the moment's storage. `reference`: the 8-bit
+/// codes come from the nearest-entry search instead of the table.
+void store_moment(optimizer::moment& mo, std::size_t b, std::size_t n, const float* x, const rounding& r, bool reference) {
+  switch (mo.mode) {
+    case mode_bf16: {
+      std::uint16_t* h = mo.data.data<std::uint16_t>().data() + b;
+      if (r.stochastic)
+        for (std::size_t i = 0; i < n; ++i)
+          h[i] = quant::to_bf16_stochastic(x[i], quant::random_bits(r.key, static_cast<std::uint32_t>(b + i)));
+      else
+        for (std::size_t i = 0; i < n; ++i) h[i] = quant::to_bf16(x[i]);
+      return;
+    }
+    case mode_int8: {
+      const auto o = block_opts(mo, r);
+      float& s = mo.scales.data<float>()[b / o.block];
+      s = quant::block_scale(x, n, o.percentile);
+      std::uint8_t* c = mo.data.data<std::uint8_t>().data() + b;
+      if (reference) quant::quantize_block_reference(x, n, s, map_of(mo), o, r.key, static_cast<std::uint32_t>(b), c);
+      else quant::quantize_block(x, n, s, map_of(mo), o, r.key, static_cast<std::uint32_t>(b), c);
+      return;
+    }
+    default: return;
+  }
+}
+
+/// The whole moment as fp32 values.
+std::vector<float> decode(const optimizer::moment& mo, std::size_t n) {
+  std::vector<float> out(n);
+  switch (mo.mode) {
+    case mode_fp32: std::copy_n(mo.data.data<float>().data(), n, out.data()); break;
+    case mode_bf16:
+      for (std::size_t i = 0; i < n; ++i) out[i] = quant::from_bf16(mo.data.data<std::uint16_t>()[i]);
+      break;
+    case mode_int8:
+      quant::dequantize_blockwise(mo.data.data<std::uint8_t>().data(), mo.scales.data<float>().data(), n,
+                                  static_cast<std::size_t>(mo.block), map_of(mo), out.data());
+      break;
+    default: break;
+  }
+  return out;
+}
+
+/// Runs fn(job) for jobs 0..count-1 on `threads` threads; each job is independent, so the
+/// results do not depend on which thread runs which job.
+template <class F>
+void run_jobs(std::size_t count, int threads, F&& fn) {
+  if (threads <= 1 || count <= 1) {
+    for (std::size_t j = 0; j < count; ++j) fn(j);
+    return;
+  }
+  std::atomic<std::size_t> next{0};
+  auto worker = [&] {
+    for (std::size_t j; (j = next.fetch_add(1, std::memory_order_relaxed)) < count;) fn(j);
+  };
+  std::vector<std::thread> pool;
+  const int extra = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(threads), count)) - 1;
+  for (int t = 0; t < extra; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+}
+
+std::size_t numel_of(const optimizer::slot& s) { return static_cast<std::size_t>(s.p->value.numel()); }
+
+/// The elements a fast step processes at once: one 8-bit block (all 8-bit moments of a tensor
+/// share the block size), or 256 elements of bf16.
+std::size_t chunk_of(const optimizer::slot& s) {
+  for (const auto* mo : {&s.m, &s.v, &s.vmax})
+    if (mo->mode == mode_int8) return static_cast<std::size_t>(mo->block);
+  return 256;
+}
+
 }  // namespace
 
+// ---- construction, storage decisions and conversions -------------------------------------------
+
+optimizer::optimizer(optimizer_kind kind, std::vector<param_group> groups, optimizer_options options)
+    : kind_(kind), groups_(std::move(groups)), options_(options) {
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    validate(kind, groups_[g].hp, groups_[g].state);
+    for (auto* p : groups_[g].params) {
+      if (!p || p->value.type() != dtype::f32 || p->grad.shape() != p->value.shape() || !p->value.where().is_cpu())
+        bad("every parameter needs an f32 host value and a gradient of the same shape");
+      slots_.push_back(slot{p, g, {}, {}, {}, false, {}});
+    }
+  }
+  prepare();
+}
+
+namespace {
+
+/// The state a slot needs: which moments, in which storage.
+struct wanted {
+  std::uint8_t m = mode_none, v = mode_none, vmax = mode_none;
+  std::int64_t block = 0;
+};
+
+}  // namespace
+
+void optimizer::prepare() {
+  // Re-check what changed since the last step; choose storage for automatic groups.
+  const bool first = seen_hp_.empty();
+  bool resolve = first;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (!first && same(groups_[g].hp, seen_hp_[g]) && same(groups_[g].state, seen_state_[g])) continue;
+    validate(kind_, groups_[g].hp, groups_[g].state);
+    if (!first && groups_[g].state.storage != seen_state_[g].storage) resolve = true;
+  }
+  if (resolve) {
+    resolved_.assign(groups_.size(), state_storage::fp32);
+    std::size_t fp32_bytes = 0;
+    bool any = false;
+    for (const auto& s : slots_) {
+      const auto& grp = groups_[s.group];
+      if (grp.state.storage != state_storage::automatic) continue;
+      any = true;
+      const std::size_t moments =
+          kind_ == optimizer_kind::sgd ? (grp.hp.momentum != 0 ? 1 : 0) : (grp.hp.amsgrad ? 3 : 2);
+      fp32_bytes += moments * 4 * numel_of(s);
+    }
+    state_storage choice = state_storage::fp32;
+    if (any) {
+      if (const char* env = std::getenv("TROUPE_OPTIM_STATE"); env && *env) {
+        try {
+          choice = parse_state_storage(env);
+        } catch (const std::invalid_argument&) {
+          throw std::invalid_argument(std::string("TROUPE_OPTIM_STATE='") + env +
+                                      "' is not one of: fp32, bf16, int8, auto");
+        }
+      } else {
+        choice = state_storage::automatic;
+      }
+      if (choice == state_storage::automatic) {
+        const std::size_t avail = options_.available_memory ? options_.available_memory : host_available_memory();
+        const std::size_t small = std::size_t{64} << 20;
+        if (fp32_bytes < small || avail == 0 || fp32_bytes <= avail / 4) choice = state_storage::fp32;
+        else if (fp32_bytes / 2 <= avail / 4) choice = state_storage::bf16;
+        else choice = state_storage::int8;
+        if (choice != state_storage::fp32)
+          log().info("optimizer state: {} ({} MiB in fp32, {} MiB available)", name_of(choice), fp32_bytes >> 20,
+                     avail >> 20);
+      }
+    }
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      resolved_[g] = groups_[g].state.storage == state_storage::automatic ? choice : groups_[g].state.storage;
+  }
+  seen_hp_.clear();
+  seen_state_.clear();
+  for (const auto& g : groups_) {
+    seen_hp_.push_back(g.hp);
+    seen_state_.push_back(g.state);
+  }
+  // Allocate or convert; when memory runs out, lower automatic groups one level and start over.
+  for (std::size_t i = 0; i < slots_.size();) {
+    try {
+      allocate(slots_[i]);
+      ++i;
+    } catch (const std::bad_alloc&) {
+      bool lowered = false;
+      for (std::size_t g = 0; g < groups_.size(); ++g) {
+        if (groups_[g].state.storage != state_storage::automatic || resolved_[g] == state_storage::int8) continue;
+        const auto from = resolved_[g];
+        resolved_[g] = from == state_storage::fp32 ? state_storage::bf16 : state_storage::int8;
+        log().warn("optimizer state of group {} does not fit in memory as {}: converting to {}", g, name_of(from),
+                   name_of(resolved_[g]));
+        lowered = true;
+      }
+      if (!lowered) throw;
+      i = 0;
+    }
+  }
+}
+
+void optimizer::allocate(slot& s) {
+  const auto& grp = groups_[s.group];
+  const auto& so = grp.state;
+  const std::size_t n = numel_of(s);
+  wanted w;
+  std::uint8_t compressed = mode_of(resolved_[s.group]);
+  const bool forced = std::find(so.fp32_params.begin(), so.fp32_params.end(), s.p->name) != so.fp32_params.end();
+  if (forced || (compressed == mode_int8 && static_cast<std::int64_t>(n) < so.min_8bit_elements))
+    compressed = mode_fp32;
+  if (kind_ == optimizer_kind::sgd) {
+    if (grp.hp.momentum != 0) w.m = so.first_moment_fp32 ? mode_fp32 : compressed;
+  } else {
+    w.m = so.first_moment_fp32 ? mode_fp32 : compressed;
+    w.v = compressed;
+    if (grp.hp.amsgrad) w.vmax = compressed;
+  }
+  w.block = so.block_size;
+
+  auto fit = [&](moment& mo, std::uint8_t mode, bool is_signed) {
+    const std::int64_t block = mode == mode_int8 ? w.block : 0;
+    if (mo.mode == mode && mo.block == block) return;
+    if (mode == mode_none) {
+      mo = moment{};
+      if (&mo == &s.m) s.momentum_started = false;
+      return;
+    }
+    // New storage, filled from the old values (zeros when there were none).
+    const std::int64_t len = static_cast<std::int64_t>(n);
+    std::size_t bytes = 0;
+    const std::size_t blocks = block ? (n + static_cast<std::size_t>(block) - 1) / static_cast<std::size_t>(block) : 0;
+    bytes = mode == mode_fp32 ? 4 * n : mode == mode_bf16 ? 2 * n : n + 4 * blocks;
+    if (options_.state_memory_limit && state_bytes() + bytes > options_.state_memory_limit) throw std::bad_alloc();
+    moment next;
+    next.mode = mode;
+    next.is_signed = is_signed;
+    next.block = block;
+    const std::vector<float> old = mo.mode == mode_none ? std::vector<float>() : decode(mo, n);
+    switch (mode) {
+      case mode_fp32:
+        next.data = tensor::zeros({len});
+        if (!old.empty()) std::copy(old.begin(), old.end(), next.data.data<float>().begin());
+        break;
+      case mode_bf16: {
+        next.data = tensor::zeros({len}, dtype::bf16);
+        auto h = next.data.data<std::uint16_t>();
+        for (std::size_t i = 0; i < old.size(); ++i) h[i] = quant::to_bf16(old[i]);
+        break;
+      }
+      case mode_int8: {
+        next.data = tensor::empty({len}, dtype::u8);
+        next.scales = tensor::zeros({static_cast<std::int64_t>(blocks)});
+        const auto& map = map_of(next);
+        if (old.empty()) {
+          std::fill_n(next.data.data<std::uint8_t>().data(), n, map.zero_code());
+        } else {
+          quant::block_options o;
+          o.block = static_cast<std::size_t>(block);
+          o.percentile = so.percentile_scale;
+          quant::quantize_blockwise(old.data(), n, map, o, 0, next.data.data<std::uint8_t>().data(),
+                                    next.scales.data<float>().data());
+        }
+        break;
+      }
+    }
+    mo = std::move(next);
+  };
+  fit(s.m, w.m, true);
+  fit(s.v, w.v, false);
+  fit(s.vmax, w.vmax, false);
+}
+
+void optimizer::set_lr_schedule(std::function<double(std::int64_t, double)> schedule) {
+  schedule_ = std::move(schedule);
+}
+
+state_memory optimizer::state_memory_total() const noexcept {
+  state_memory total;
+  for (const auto& t : state_report()) {
+    total.codes += t.bytes.codes;
+    total.scales += t.bytes.scales;
+    total.fp32 += t.bytes.fp32;
+  }
+  return total;
+}
+
+std::vector<tensor_state> optimizer::state_report() const {
+  std::vector<tensor_state> out;
+  for (const auto& s : slots_) {
+    tensor_state t;
+    t.name = s.p->name;
+    t.numel = s.p->value.numel();
+    for (const moment* mo : {&s.m, &s.v, &s.vmax}) {
+      switch (mo->mode) {
+        case mode_fp32: t.bytes.fp32 += mo->data.nbytes(); break;
+        case mode_bf16:
+          t.bytes.codes += mo->data.nbytes();
+          t.storage = state_storage::bf16;
+          break;
+        case mode_int8:
+          t.bytes.codes += mo->data.nbytes();
+          t.bytes.scales += mo->scales.nbytes();
+          t.storage = state_storage::int8;
+          break;
+        default: break;
+      }
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+int optimizer::thread_count(std::size_t elements) const {
+  if (options_.threads > 0) return options_.threads;
+  if (elements < (std::size_t{1} << 20)) return 1;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+void optimizer::zero_grad() {
+  for (auto& s : slots_)
+    for (float& g : s.p->grad.data<float>()) g = 0;
+}
+
+bool optimizer::grads_finite() const {
+  // Pieces of at most 1<<16 elements, checked in parallel for large steps.
+  struct piece {
+    const float* g;
+    std::size_t n;
+  };
+  std::vector<piece> pieces;
+  std::size_t total = 0;
+  for (const auto& s : slots_) {
+    const auto g = s.p->grad.data<float>();
+    for (std::size_t b = 0; b < g.size(); b += 1u << 16) pieces.push_back({g.data() + b, std::min<std::size_t>(1u << 16, g.size() - b)});
+    total += g.size();
+  }
+  std::atomic<bool> finite{true};
+  run_jobs(pieces.size(), thread_count(total), [&](std::size_t j) {
+    float acc = 0;
+    const float* g = pieces[j].g;
+    for (std::size_t i = 0; i < pieces[j].n; ++i) acc += g[i] * 0.0f;  // NaN or inf poisons the sum
+    if (acc != 0.0f) finite.store(false, std::memory_order_relaxed);
+  });
+  return finite.load();
+}
+
+bool optimizer::step() { return do_step(false); }
+bool optimizer::reference_step() { return do_step(true); }
+
 bool optimizer::do_step(bool reference) {
+  prepare();
   if (!grads_finite()) {
     ++skipped_;
     return false;
   }
   const std::int64_t t = ++steps_;
-  for (auto& s : slots_) {
-    const auto& hp = groups_[s.group].hp;
+
+  // Per tensor constants, and the gradient scale of percentile clipping.
+  struct plan {
+    adam_constants adam;
+    sgd_constants sgd;
+    bool first;
+    rounding rm, rv, rx;
+    std::size_t piece;
+  };
+  std::vector<plan> plans(slots_.size());
+  std::size_t total = 0;
+  for (std::size_t k = 0; k < slots_.size(); ++k) {
+    auto& s = slots_[k];
+    const auto& grp = groups_[s.group];
+    const auto& hp = grp.hp;
     const double lr = schedule_ ? schedule_(t, hp.lr) : hp.lr;
-    auto p = s.p->value.data<float>();
-    auto g = std::as_const(s.p->grad).data<float>();
-    if (kind_ == optimizer_kind::sgd) {
-      sgd_constants c{static_cast<float>(lr), static_cast<float>(hp.momentum),
-                      static_cast<float>(1 - hp.dampening), static_cast<float>(hp.weight_decay),
-                      hp.nesterov, t == 1};
-      if (reference) sgd_reference(p, g, s.m.defined() ? s.m.data<float>() : std::span<float>{}, c);
-      else sgd_fused(p.data(), g.data(), s.m.defined() ? s.m.data<float>().data() : nullptr, p.size(), c);
-      continue;
+    float gscale = 1.0f;
+    if (grp.state.percentile_clipping < 100) {
+      // bitsandbytes' percentile clipping over the last 100 squared norms (this one included);
+      // unlike bitsandbytes, the history holds only the norms seen so far (no zeros at the start).
+      double sq = 0;
+      for (float g : std::as_const(*s.p).grad.data<float>()) sq += static_cast<double>(g) * g;
+      if (s.gnorms.size() == 100) s.gnorms.erase(s.gnorms.begin());
+      s.gnorms.push_back(static_cast<float>(sq));
+      std::vector<float> sorted = s.gnorms;
+      std::sort(sorted.begin(), sorted.end());
+      const auto rank = static_cast<std::size_t>(std::ceil(grp.state.percentile_clipping / 100.0 * sorted.size()));
+      const double clip = std::sqrt(static_cast<double>(sorted[std::max<std::size_t>(rank, 1) - 1]));
+      const double current = std::sqrt(sq);
+      if (current > clip) gscale = static_cast<float>(clip / current);
     }
+    auto& pl = plans[k];
+    pl.sgd = {static_cast<float>(lr), static_cast<float>(hp.momentum), static_cast<float>(1 - hp.dampening),
+              static_cast<float>(hp.weight_decay), gscale, hp.nesterov};
+    pl.first = !s.momentum_started;
     // Bias corrections in double, as torch.optim computes them from Python floats.
     const double bc1 = 1 - std::pow(hp.beta1, static_cast<double>(t));
     const double bc2 = 1 - std::pow(hp.beta2, static_cast<double>(t));
-    adam_constants c{static_cast<float>(hp.beta1),
-                     static_cast<float>(hp.beta2),
-                     static_cast<float>(1 - hp.beta1),
-                     static_cast<float>(1 - hp.beta2),
-                     static_cast<float>(hp.eps),
-                     static_cast<float>(lr / bc1),
-                     static_cast<float>(std::sqrt(bc2)),
-                     kind_ == optimizer_kind::adamw ? static_cast<float>(1 - lr * hp.weight_decay) : 1.0f,
-                     kind_ == optimizer_kind::adam ? static_cast<float>(hp.weight_decay) : 0.0f};
-    auto vmax = s.vmax.defined() ? s.vmax.data<float>() : std::span<float>{};
-    if (reference) adam_reference(p, g, s.m.data<float>(), s.v.data<float>(), vmax, c);
-    else adam_fused(p.data(), g.data(), s.m.data<float>().data(), s.v.data<float>().data(),
-                    vmax.empty() ? nullptr : vmax.data(), p.size(), c);
+    pl.adam = {static_cast<float>(hp.beta1),
+               static_cast<float>(hp.beta2),
+               static_cast<float>(1 - hp.beta1),
+               static_cast<float>(1 - hp.beta2),
+               static_cast<float>(hp.eps),
+               static_cast<float>(lr / bc1),
+               static_cast<float>(std::sqrt(bc2)),
+               kind_ == optimizer_kind::adamw ? static_cast<float>(1 - lr * hp.weight_decay) : 1.0f,
+               kind_ == optimizer_kind::adam ? static_cast<float>(hp.weight_decay) : 0.0f,
+               gscale};
+    for (int which = 0; which < 3; ++which) {
+      rounding& r = which == 0 ? pl.rm : which == 1 ? pl.rv : pl.rx;
+      r.stochastic = grp.state.stochastic_rounding;
+      r.percentile = grp.state.percentile_scale;
+      r.key = quant::random_key(options_.seed, static_cast<std::uint64_t>(t), k, static_cast<std::uint64_t>(which));
+    }
+    // Threads split tensors into pieces of whole chunks (8-bit blocks).
+    const std::size_t chunk = chunk_of(s);
+    pl.piece = ((std::size_t{1} << 16) + chunk - 1) / chunk * chunk;
+    total += numel_of(s);
   }
+
+  if (reference) {
+    for (std::size_t k = 0; k < slots_.size(); ++k) {
+      auto& s = slots_[k];
+      const auto& pl = plans[k];
+      const std::size_t n = numel_of(s);
+      auto p = s.p->value.data<float>();
+      auto g = std::as_const(*s.p).grad.data<float>();
+      // fp32 moments are updated in place; others through an fp32 copy, rounded back after.
+      std::vector<float> mv, vv, xv;
+      auto view = [&](moment& mo, std::vector<float>& copy) -> std::span<float> {
+        if (mo.mode == mode_none) return {};
+        if (mo.mode == mode_fp32) return mo.data.data<float>();
+        copy = decode(mo, n);
+        return copy;
+      };
+      auto back = [&](moment& mo, std::vector<float>& copy, const rounding& r) {
+        if (mo.mode != mode_bf16 && mo.mode != mode_int8) return;
+        const std::size_t step = mo.mode == mode_int8 ? static_cast<std::size_t>(mo.block) : n;
+        for (std::size_t b = 0; b < n; b += step) store_moment(mo, b, std::min(step, n - b), copy.data() + b, r, true);
+      };
+      auto m = view(s.m, mv), v = view(s.v, vv), x = view(s.vmax, xv);
+      if (kind_ == optimizer_kind::sgd) sgd_reference(p, g, m, pl.sgd, pl.first);
+      else adam_reference(p, g, m, v, x, pl.adam);
+      back(s.m, mv, pl.rm);
+      back(s.v, vv, pl.rv);
+      back(s.vmax, xv, pl.rx);
+    }
+  } else {
+    struct job {
+      std::size_t slot, begin, end;
+    };
+    std::vector<job> jobs;
+    for (std::size_t k = 0; k < slots_.size(); ++k)
+      for (std::size_t b = 0, n = numel_of(slots_[k]); b < n; b += plans[k].piece)
+        jobs.push_back({k, b, std::min(n, b + plans[k].piece)});
+    run_jobs(jobs.size(), thread_count(total), [&](std::size_t j) {
+      auto& s = slots_[jobs[j].slot];
+      const auto& pl = plans[jobs[j].slot];
+      float* p = s.p->value.data<float>().data();
+      const float* g = std::as_const(*s.p).grad.data<float>().data();
+      auto kernel = [&](std::size_t b, std::size_t n, float* m, float* v, float* x) {
+        if (kind_ == optimizer_kind::sgd) sgd_fused(p + b, g + b, m, n, pl.sgd, pl.first);
+        else adam_fused(p + b, g + b, m, v, x, n, pl.adam);
+      };
+      const bool all_fp32 = s.m.mode <= mode_fp32 && s.v.mode <= mode_fp32 && s.vmax.mode <= mode_fp32;
+      if (all_fp32) {
+        auto at = [&](moment& mo) { return mo.mode == mode_fp32 ? mo.data.data<float>().data() + jobs[j].begin : nullptr; };
+        kernel(jobs[j].begin, jobs[j].end - jobs[j].begin, at(s.m), at(s.v), at(s.vmax));
+        return;
+      }
+      // Compressed moments: one block at a time through buffers that stay in L1.
+      const std::size_t chunk = chunk_of(s);
+      thread_local std::vector<float> bm, bv, bx;
+      if (bm.size() < chunk) {
+        bm.resize(chunk);
+        bv.resize(chunk);
+        bx.resize(chunk);
+      }
+      for (std::size_t b = jobs[j].begin; b < jobs[j].end; b += chunk) {
+        const std::size_t n = std::min(chunk, jobs[j].end - b);
+        float* m = load_moment(s.m, b, n, bm.data());
+        float* v = load_moment(s.v, b, n, bv.data());
+        float* x = load_moment(s.vmax, b, n, bx.data());
+        kernel(b, n, m, v, x);
+        store_moment(s.m, b, n, m, pl.rm, false);
+        store_moment(s.v, b, n, v, pl.rv, false);
+        store_moment(s.vmax, b, n, x, pl.rx, false);
+      }
+    });
+  }
+  for (auto& s : slots_)
+    if (s.m.mode != mode_none) s.momentum_started = true;
   return true;
 }
 

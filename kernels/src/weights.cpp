@@ -1,7 +1,5 @@
 #include "troupe/kernels/weights.hpp"
 
-#include <zlib.h>
-
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -9,23 +7,13 @@
 #include <stdexcept>
 #include <vector>
 
+#include "checksum.hpp"
+
 namespace troupe::kernels {
 namespace {
 
 constexpr char magic[4] = {'T', 'R', 'P', 'W'};
 constexpr std::uint32_t version = 1;
-
-std::uint32_t checksum(const std::byte* data, std::size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  // zlib takes lengths as uInt: feed large buffers in pieces.
-  while (n > 0) {
-    const auto chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
-    data += chunk;
-    n -= chunk;
-  }
-  return static_cast<std::uint32_t>(crc);
-}
 
 [[noreturn]] void fail(const std::string& path, const std::string& why) {
   throw std::runtime_error("weights file '" + path + "': " + why);

@@ -5,11 +5,33 @@
 ///
 /// Each step is one fused pass over every parameter (the fast path); `reference_step` performs
 /// the same arithmetic operation by operation, as torch.optim's single-tensor code does, and is
-/// the definition of correctness: both give bit-identical results (tests compare them).
+/// the definition of correctness: both give bit-identical results in every storage mode (tests
+/// compare them). Large steps (>= 1<<20 elements) run on all cores, split at block boundaries,
+/// with results identical for any thread count.
 ///
-/// State is fp32 for now. Non-finite gradients: by default a step whose gradients hold a NaN or
-/// an infinity changes nothing (parameters and state stay as they were), returns false and is
-/// counted in skipped(); the step count does not advance.
+/// Non-finite gradients: by default a step whose gradients hold a NaN or an infinity changes
+/// nothing (parameters and state stay as they were), returns false and is counted in
+/// skipped(); the step count does not advance.
+///
+/// State storage, per parameter group (state_options), per tensor:
+/// - fp32 (the default): torch.optim's state, exactly.
+/// - bf16: moments rounded to nearest even (or stochastically) after each fp32 update.
+/// - int8: moments as 8-bit codes of the dynamic (tree) quantization map of Dettmers et al.
+///   (signed for the first moment and momentum, unsigned for second moments), in blocks of
+///   `block_size` elements that share one fp32 scale: the block's absmax, recomputed from the
+///   updated values each step. A step dequantizes, updates in fp32, updates the parameter from
+///   the fp32 values, and requantizes (nearest code; a nonzero value never becomes zero, so
+///   the first moment keeps its sign). Tensors under `min_8bit_elements` stay fp32.
+///   Memory: 1 byte per element and moment plus 4 bytes per block (2.03 bytes/param for Adam
+///   with blocks of 256).
+/// - automatic: estimates the fp32 state against available memory (MemAvailable): fp32 when it
+///   takes at most 25% of it, else bf16 when that does, else int8; models under 64 MiB of
+///   fp32 state stay fp32. `TROUPE_OPTIM_STATE=fp32|bf16|int8|auto` decides for automatic
+///   groups. If allocating state fails (std::bad_alloc), the state of automatic groups is
+///   converted one level down (fp32 -> bf16 -> int8), logged, and the allocation retried.
+/// Changing a group's hyperparameters or state options between steps is honored at the next
+/// step: state is converted (or allocated, or released), never silently kept.
+/// More in docs/OPTIMIZERS.md.
 
 #include <cstdint>
 #include <functional>
@@ -34,17 +56,62 @@ struct hyperparameters {
   bool amsgrad = false;   ///< Adam, AdamW
 };
 
+/// How optimizer state is stored (see the file comment).
+enum class state_storage : std::uint8_t { fp32, bf16, int8, automatic };
+
+/// "fp32", "bf16", "int8", "auto"; throws std::invalid_argument otherwise.
+state_storage parse_state_storage(const std::string& name);
+const char* name_of(state_storage s) noexcept;
+
+struct state_options {
+  state_storage storage = state_storage::fp32;
+  std::int64_t block_size = 256;            ///< int8: elements per scale
+  std::int64_t min_8bit_elements = 4096;    ///< int8: smaller tensors stay fp32
+  bool first_moment_fp32 = false;           ///< int8/bf16: compress only second moments
+  bool stochastic_rounding = false;         ///< bf16 and int8: round stochastically (seeded)
+  double percentile_scale = 0;              ///< int8: scale blocks by this percentile of |x| (e.g. 99.9); 0: absmax
+  /// Clip each tensor's gradient to this percentile of its last 100 gradient norms
+  /// (bitsandbytes' percentile_clipping); 100: off.
+  double percentile_clipping = 100;
+  std::vector<std::string> fp32_params;     ///< parameters (by name) kept in fp32 (embeddings)
+};
+
 /// Parameters that share hyperparameters.
 struct param_group {
   std::vector<parameter*> params;
   hyperparameters hp;
+  state_options state{};
+};
+
+struct optimizer_options {
+  /// Threads of a step; 0: all cores when the step's elements are >= 1<<20, else 1.
+  int threads = 0;
+  std::uint64_t seed = 0;               ///< stochastic rounding
+  std::size_t available_memory = 0;     ///< automatic storage: 0 reads MemAvailable
+  std::size_t state_memory_limit = 0;   ///< state allocations beyond it throw std::bad_alloc (0: none)
+};
+
+/// Bytes of optimizer state, by kind of storage.
+struct state_memory {
+  std::size_t codes = 0;   ///< bf16 values and 8-bit codes
+  std::size_t scales = 0;  ///< fp32 scales of 8-bit blocks
+  std::size_t fp32 = 0;    ///< fp32 moments (fp32 mode and fallbacks)
+  std::size_t total() const noexcept { return codes + scales + fp32; }
+};
+
+/// One tensor's state.
+struct tensor_state {
+  std::string name;
+  std::int64_t numel = 0;
+  state_storage storage = state_storage::fp32;  ///< of its compressed moments
+  state_memory bytes;
 };
 
 class optimizer {
 public:
   /// Throws std::invalid_argument for hyperparameters torch.optim refuses (negative lr, betas
-  /// outside [0, 1), Nesterov without momentum or with dampening, ...).
-  optimizer(optimizer_kind kind, std::vector<param_group> groups);
+  /// outside [0, 1), Nesterov without momentum or with dampening, ...) and for bad state options.
+  optimizer(optimizer_kind kind, std::vector<param_group> groups, optimizer_options options = {});
 
   /// Steps every parameter with its gradient. False when a gradient was not finite (nothing
   /// changed; see the file comment).
@@ -61,22 +128,53 @@ public:
   std::int64_t steps() const noexcept { return steps_; }
   std::int64_t skipped() const noexcept { return skipped_; }
   /// Bytes of optimizer state (moments, maxima, momentum buffers).
-  std::size_t state_bytes() const noexcept;
+  std::size_t state_bytes() const noexcept { return state_memory_total().total(); }
+  state_memory state_memory_total() const noexcept;
+  /// Per tensor, in parameter order.
+  std::vector<tensor_state> state_report() const;
   optimizer_kind kind() const noexcept { return kind_; }
+  /// Changes take effect at the next step (state is converted as needed).
   std::vector<param_group>& groups() noexcept { return groups_; }
+  void set_threads(int threads) noexcept { options_.threads = threads; }
 
-private:
+  /// Writes the state (step count, per tensor storage and moments) to `path`: versioned,
+  /// checksummed. Throws std::runtime_error naming the file on I/O errors.
+  void save(const std::string& path) const;
+  /// Reads state written by save(); throws std::runtime_error that says what is wrong (missing,
+  /// truncated or corrupted file, another version, another model) and then changes nothing.
+  void load(const std::string& path);
+
+  /// Internal: one moment's storage.
+  struct moment {
+    std::uint8_t mode = 0;  // 0 none, 1 fp32, 2 bf16, 3 int8
+    bool is_signed = true;
+    std::int64_t block = 0;
+    tensor data;    // f32, bf16 or u8 codes
+    tensor scales;  // int8: one f32 per block
+  };
+  /// Internal: one parameter's state.
   struct slot {
     parameter* p;
     std::size_t group;
-    tensor m, v, vmax;  // Adam: moments and the AMSGrad maximum; SGD: m is the momentum buffer
+    moment m, v, vmax;  // Adam: moments and the AMSGrad maximum; SGD: m is the momentum buffer
+    bool momentum_started = false;
+    std::vector<float> gnorms;  // percentile clipping: recent squared gradient norms
   };
+
+private:
   bool grads_finite() const;
   bool do_step(bool reference);
+  void prepare();
+  void allocate(slot& s);
+  int thread_count(std::size_t elements) const;
 
   optimizer_kind kind_;
   std::vector<param_group> groups_;
+  std::vector<hyperparameters> seen_hp_;    // what the state was built for, per group
+  std::vector<state_options> seen_state_;
+  std::vector<state_storage> resolved_;     // automatic groups: the storage chosen
   std::vector<slot> slots_;
+  optimizer_options options_;
   std::function<double(std::int64_t, double)> schedule_;
   std::int64_t steps_ = 0;
   std::int64_t skipped_ = 0;

@@ -1,0 +1,171 @@
+// Saving and loading optimizer state.
+//
+// Format (little-endian, version 1): the magic "TRPO", a u32 version, the optimizer kind (u8),
+// steps and skipped steps (i64), a varint tensor count; per tensor its parameter name, rank
+// and dims (varints), whether its momentum has started (u8), its recent squared gradient norms
+// (varint count, f32 each), then three moments (first, second, AMSGrad maximum), each: its
+// storage (u8: 0 absent, 1 fp32, 2 bf16, 3 int8) and, when present, the map id (u8: 0 none, 1
+// signed dynamic, 2 unsigned dynamic), the block size (u32), the values as a tensor in the wire
+// codec (dtype f32, bf16 or u8, with its shape) and, for int8, the block scales as an f32
+// tensor. Finally a u32 CRC-32 of everything before it. Loading checks everything before it
+// changes anything.
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <vector>
+
+#include "troupe/kernels/optim.hpp"
+
+#include "checksum.hpp"
+#include "quantize.hpp"
+
+namespace troupe::kernels {
+namespace {
+
+constexpr char magic[4] = {'T', 'R', 'P', 'O'};
+constexpr std::uint32_t version = 1;
+
+[[noreturn]] void fail(const std::string& path, const std::string& why) {
+  throw std::runtime_error("optimizer state file '" + path + "': " + why);
+}
+
+}  // namespace
+
+void optimizer::save(const std::string& path) const {
+  byte_writer w;
+  w.write_bytes(magic, sizeof magic);
+  w.write_raw(version);
+  w.write_raw(static_cast<std::uint8_t>(kind_));
+  w.write_raw(steps_);
+  w.write_raw(skipped_);
+  w.write_varint(slots_.size());
+  for (const auto& s : slots_) {
+    codec<std::string>::encode(w, s.p->name);
+    w.write_varint(s.p->value.shape().size());
+    for (auto d : s.p->value.shape()) w.write_varint(static_cast<std::uint64_t>(d));
+    w.write_raw(static_cast<std::uint8_t>(s.momentum_started));
+    w.write_varint(s.gnorms.size());
+    for (float g : s.gnorms) w.write_raw(g);
+    for (const moment* mo : {&s.m, &s.v, &s.vmax}) {
+      w.write_raw(mo->mode);
+      if (mo->mode == 0) continue;
+      const std::uint8_t map = mo->mode == 3 ? quant::qmap::dynamic(mo->is_signed).id() : 0;
+      w.write_raw(map);
+      w.write_raw(static_cast<std::uint32_t>(mo->block));
+      codec<tensor>::encode(w, mo->data);
+      if (mo->mode == 3) codec<tensor>::encode(w, mo->scales);
+    }
+  }
+  w.write_raw(checksum(w.buffer().data(), w.buffer().size()));
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail(path, "cannot be written (check the directory exists and is writable)");
+    out.write(reinterpret_cast<const char*>(w.buffer().data()), static_cast<std::streamsize>(w.buffer().size()));
+    if (!out.flush()) fail(path, "writing failed (disk full?)");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path, "cannot replace the file");
+}
+
+void optimizer::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "does not exist or cannot be read");
+  std::vector<std::byte> bytes;
+  {
+    std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    bytes.resize(raw.size());
+    if (!raw.empty()) std::memcpy(bytes.data(), raw.data(), raw.size());
+  }
+  if (bytes.size() < sizeof magic + 8 || std::memcmp(bytes.data(), magic, sizeof magic) != 0)
+    fail(path, "is not a troupe optimizer state file (no TRPO header)");
+  const std::size_t body = bytes.size() - 4;
+  std::uint32_t stored;
+  std::memcpy(&stored, bytes.data() + body, 4);
+  if (checksum(bytes.data(), body) != stored) fail(path, "is corrupted or truncated (checksum mismatch)");
+
+  byte_reader r(std::span<const std::byte>(bytes.data() + sizeof magic, body - sizeof magic));
+  struct loaded {
+    moment m, v, vmax;
+    bool started;
+    std::vector<float> gnorms;
+  };
+  std::vector<loaded> next;
+  std::int64_t steps = 0, skipped = 0;
+  try {
+    const auto v = r.read_raw<std::uint32_t>();
+    if (v != version)
+      fail(path, "has format version " + std::to_string(v) + "; this build reads version " + std::to_string(version));
+    const auto kind = r.read_raw<std::uint8_t>();
+    if (kind != static_cast<std::uint8_t>(kind_))
+      fail(path, "holds the state of another optimizer (kind " + std::to_string(kind) + ", this one is " +
+                     std::to_string(static_cast<int>(kind_)) + ")");
+    steps = r.read_raw<std::int64_t>();
+    skipped = r.read_raw<std::int64_t>();
+    if (steps < 0 || skipped < 0) fail(path, "has a negative step count");
+    const auto count = r.read_varint();
+    if (count != slots_.size())
+      fail(path, "holds " + std::to_string(count) + " tensors; the optimizer has " + std::to_string(slots_.size()));
+    for (const auto& s : slots_) {
+      const auto where = "tensor " + std::to_string(next.size()) + " ('" + s.p->name + "')";
+      const auto name = codec<std::string>::decode(r);
+      tensor::shape_type shape(r.read_varint());
+      if (shape.size() > 16) fail(path, where + ": rank " + std::to_string(shape.size()));
+      for (auto& d : shape) d = static_cast<std::int64_t>(r.read_varint());
+      if (name != s.p->name || shape != s.p->value.shape())
+        fail(path, where + " is '" + name + "' of another shape or name; the optimizer expects '" + s.p->name + "' " +
+                       s.p->value.str());
+      loaded l;
+      l.started = r.read_raw<std::uint8_t>() != 0;
+      const auto norms = r.read_varint();
+      if (norms > 100) fail(path, where + ": " + std::to_string(norms) + " gradient norms (at most 100)");
+      for (std::uint64_t i = 0; i < norms; ++i) l.gnorms.push_back(r.read_raw<float>());
+      const std::int64_t n = s.p->value.numel();
+      int which = 0;
+      for (moment* mo : {&l.m, &l.v, &l.vmax}) {
+        const char* mname = which == 0 ? "first moment" : which == 1 ? "second moment" : "AMSGrad maximum";
+        const bool is_signed = which++ == 0;
+        mo->mode = r.read_raw<std::uint8_t>();
+        if (mo->mode == 0) continue;
+        if (mo->mode > 3) fail(path, where + " " + mname + ": unknown storage " + std::to_string(mo->mode));
+        const auto map = r.read_raw<std::uint8_t>();
+        mo->block = r.read_raw<std::uint32_t>();
+        mo->is_signed = is_signed;
+        mo->data = codec<tensor>::decode(r);
+        const dtype want = mo->mode == 1 ? dtype::f32 : mo->mode == 2 ? dtype::bf16 : dtype::u8;
+        if (mo->data.type() != want || mo->data.numel() != n)
+          fail(path, where + " " + mname + " is " + mo->data.str() + "; expected " + std::to_string(n) + " of " +
+                         name_of(want));
+        if (mo->mode == 3) {
+          if (map != quant::qmap::dynamic(is_signed).id())
+            fail(path, where + " " + mname + ": quantization map " + std::to_string(map) + " is not the one it needs");
+          if (mo->block < 1) fail(path, where + " " + mname + ": block size 0");
+          mo->scales = codec<tensor>::decode(r);
+          if (mo->scales.type() != dtype::f32 || mo->scales.numel() != (n + mo->block - 1) / mo->block)
+            fail(path, where + " " + mname + ": " + mo->scales.str() + " scales for blocks of " +
+                           std::to_string(mo->block));
+        } else {
+          if (map != 0 || mo->block != 0) fail(path, where + " " + mname + ": a map or block size without 8-bit codes");
+        }
+      }
+      next.push_back(std::move(l));
+    }
+    if (r.remaining() != 0) fail(path, std::to_string(r.remaining()) + " unexpected bytes after the state");
+  } catch (const troupe::error& e) {
+    fail(path, std::string("cannot be decoded: ") + e.what());
+  }
+  // Everything checked: only now change the optimizer.
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    slots_[i].m = std::move(next[i].m);
+    slots_[i].v = std::move(next[i].v);
+    slots_[i].vmax = std::move(next[i].vmax);
+    slots_[i].momentum_started = next[i].started;
+    slots_[i].gnorms = std::move(next[i].gnorms);
+  }
+  steps_ = steps;
+  skipped_ = skipped;
+}
+
+}  // namespace troupe::kernels

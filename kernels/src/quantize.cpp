@@ -1,0 +1,187 @@
+#include "quantize.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace troupe::kernels::quant {
+
+std::array<double, 256> qmap::construct(bool is_signed) {
+  constexpr int exponent_bits = 7;
+  std::vector<double> data;
+  for (int i = 0; i < exponent_bits; ++i) {
+    const int means = is_signed ? (1 << i) : (1 << (i + 1));
+    const double decade = std::pow(10.0, i - (exponent_bits - 1));
+    const double step = 0.9 / means;  // n + 1 evenly spaced boundaries in [0.1, 1]
+    for (int k = 0; k < means; ++k) {
+      const double lo = 0.1 + step * k, hi = k + 1 == means ? 1.0 : 0.1 + step * (k + 1);
+      const double v = decade * ((lo + hi) / 2);
+      data.push_back(v);
+      if (is_signed) data.push_back(-v);
+    }
+  }
+  data.push_back(0.0);
+  data.push_back(1.0);
+  if (data.size() != 256) throw std::logic_error("dynamic map: " + std::to_string(data.size()) + " entries");
+  std::sort(data.begin(), data.end());
+  std::array<double, 256> out;
+  std::copy(data.begin(), data.end(), out.begin());
+  return out;
+}
+
+std::uint8_t qmap::quantize_reference(float x) const noexcept {
+  // Beyond the ends the nearest entry is the end one; clamping first keeps the distances below
+  // exact in double.
+  x = std::clamp(x, values_[0], values_[255]);
+  int best = 0;
+  double best_d = std::numeric_limits<double>::infinity();
+  for (int c = 0; c < 256; ++c) {
+    const double d = std::fabs(static_cast<double>(x) - static_cast<double>(values_[c]));
+    if (d < best_d) {  // strict: ties keep the lower code
+      best_d = d;
+      best = c;
+    }
+  }
+  return static_cast<std::uint8_t>(best);
+}
+
+qmap::qmap(bool is_signed) : signed_(is_signed) {
+  const auto exact = construct(is_signed);
+  for (int c = 0; c < 256; ++c) {
+    values_[c] = static_cast<float>(exact[c]);
+    if (values_[c] == 0.0f) zero_code_ = static_cast<std::uint8_t>(c);
+  }
+  // The decision point between c and c + 1 is their midpoint (exact in double); x > midpoint
+  // <=> x > (the largest float not above it).
+  for (int c = 0; c < 255; ++c) {
+    const double mid = (static_cast<double>(values_[c]) + static_cast<double>(values_[c + 1])) / 2;
+    float f = static_cast<float>(mid);
+    if (static_cast<double>(f) > mid) f = std::nextafter(f, -std::numeric_limits<float>::infinity());
+    above_[c] = f;
+  }
+  above_[255] = std::numeric_limits<float>::infinity();
+
+  // One bucket per (sign, clamped magnitude >> shift). A bucket's candidate is the code of its
+  // lowest value; check that its highest value is at most one code further.
+  lut_.resize(2 * buckets);
+  auto from_bits = [](std::uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  for (std::uint32_t sign = 0; sign < 2; ++sign) {
+    for (std::uint32_t j = 0; j < buckets; ++j) {
+      const float lo = j == 0 ? 0.0f : from_bits(lo_bits + (j << shift));
+      const float hi = j + 1 == buckets ? std::numeric_limits<float>::max()
+                                        : from_bits(lo_bits + ((j + 1) << shift) - 1);
+      const float lowest = sign ? -hi : lo, highest = sign ? -lo : hi;
+      const std::uint8_t c = quantize_reference(lowest), top = quantize_reference(highest);
+      if (top > c + 1)
+        throw std::logic_error("quantization table: bucket " + std::to_string(j) + " spans codes " +
+                               std::to_string(c) + ".." + std::to_string(top));
+      lut_[sign * buckets + j] = c;
+    }
+  }
+}
+
+const qmap& qmap::dynamic(bool is_signed) {
+  static const qmap s(true), u(false);
+  return is_signed ? s : u;
+}
+
+std::uint32_t random_key(std::uint64_t seed, std::uint64_t step, std::uint64_t tensor, std::uint64_t moment) noexcept {
+  // splitmix64 over the four counters, folded to 32 bits.
+  auto mix = [](std::uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const std::uint64_t h = mix(mix(mix(mix(seed) ^ step) ^ tensor) ^ moment);
+  return static_cast<std::uint32_t>(h ^ (h >> 32));
+}
+
+float block_scale(const float* x, std::size_t n, double percentile) {
+  float absmax = 0;
+  for (std::size_t i = 0; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i]));
+  if (percentile <= 0 || percentile >= 100 || n == 0) return absmax;
+  std::vector<float> a(n);
+  for (std::size_t i = 0; i < n; ++i) a[i] = std::fabs(x[i]);
+  const auto rank = static_cast<std::size_t>(std::ceil(percentile / 100.0 * static_cast<double>(n)));
+  const std::size_t k = std::min(n - 1, rank == 0 ? 0 : rank - 1);
+  std::nth_element(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(k), a.end());
+  return a[k] > 0 ? a[k] : absmax;
+}
+
+namespace {
+
+// One code from the nearest code c of the normalized value xn: stochastic rounding picks between
+// the two entries around xn with probability by distance; keep_nonzero moves a nonzero value
+// off the zero code, toward its sign.
+inline std::uint8_t finish(std::uint8_t c, float xn, const qmap& map, const block_options& o, std::uint32_t key,
+                           std::uint32_t index) noexcept {
+  if (o.stochastic) {
+    const float vc = map.value(c);
+    int lo = c, hi = c;
+    if (xn > vc && c < 255) hi = c + 1;
+    else if (xn < vc && c > 0) lo = c - 1;
+    if (lo != hi) {
+      const float a = map.value(static_cast<std::uint8_t>(lo)), b = map.value(static_cast<std::uint8_t>(hi));
+      const float r = static_cast<float>(random_bits(key, index) >> 8) * 0x1p-24f;
+      c = static_cast<std::uint8_t>((xn - a) > r * (b - a) ? hi : lo);
+    }
+  }
+  if (o.keep_nonzero && c == map.zero_code() && xn != 0.0f) {
+    if (xn > 0) c = static_cast<std::uint8_t>(c + 1);
+    else if (c > 0) c = static_cast<std::uint8_t>(c - 1);
+  }
+  return c;
+}
+
+}  // namespace
+
+void quantize_block(const float* x, std::size_t n, float scale, const qmap& map, const block_options& o,
+                    std::uint32_t key, std::uint32_t first, std::uint8_t* codes) noexcept {
+  const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+  if (!o.stochastic && !o.keep_nonzero) {
+    for (std::size_t i = 0; i < n; ++i) codes[i] = map.quantize(x[i] * inv);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const float xn = x[i] * inv;
+    codes[i] = finish(map.quantize(xn), xn, map, o, key, first + static_cast<std::uint32_t>(i));
+  }
+}
+
+void quantize_block_reference(const float* x, std::size_t n, float scale, const qmap& map,
+                              const block_options& o, std::uint32_t key, std::uint32_t first,
+                              std::uint8_t* codes) noexcept {
+  const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float xn = x[i] * inv;
+    codes[i] = finish(map.quantize_reference(xn), xn, map, o, key, first + static_cast<std::uint32_t>(i));
+  }
+}
+
+void quantize_blockwise(const float* x, std::size_t n, const qmap& map, const block_options& o, std::uint32_t key,
+                        std::uint8_t* codes, float* scales) {
+  for (std::size_t b = 0, k = 0; b < n; b += o.block, ++k) {
+    const std::size_t len = std::min(o.block, n - b);
+    scales[k] = block_scale(x + b, len, o.percentile);
+    quantize_block(x + b, len, scales[k], map, o, key, static_cast<std::uint32_t>(b), codes + b);
+  }
+}
+
+void dequantize_blockwise(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t block,
+                          const qmap& map, float* out) noexcept {
+  const float* v = map.values();
+  for (std::size_t b = 0, k = 0; b < n; b += block, ++k) {
+    const std::size_t len = std::min(block, n - b);
+    const float s = scales[k];
+    for (std::size_t i = 0; i < len; ++i) out[b + i] = v[codes[b + i]] * s;
+  }
+}
+
+}  // namespace troupe::kernels::quant

@@ -1,0 +1,136 @@
+#pragma once
+// Block-wise 8-bit quantization of optimizer state with the dynamic (tree) quantization map of
+// Dettmers et al., "8-bit Optimizers via Block-wise Quantization" (2022), and bf16 rounding.
+//
+// The map: 256 sorted float values in [-1, 1] (signed, for the first moment) or [0, 1]
+// (unsigned, for the second), with an exact zero. Construction (bitsandbytes'
+// create_dynamic_map with 7 exponent bits and 8 bits in all): for each decade i = 0..6 the
+// values 10^(i-6) * mean(b_k, b_k+1) over n_i + 1 evenly spaced points b in [0.1, 1], with
+// n_i = 2^i (signed, mirrored negative) or 2^(i+1) (unsigned); then 0 and 1. It is evaluated in
+// double and rounded to float (bitsandbytes evaluates it in float32; the two may differ in the
+// last bit of a few entries).
+//
+// A value x is quantized to the code of the nearest map entry (ties: the lower code). The
+// reference is a linear scan; the fast path reads a candidate code from a table indexed by x's
+// sign, exponent and top 7 mantissa bits (6400 entries, built and checked so that every bucket
+// holds at most one decision point), then compares x with the one midpoint above the candidate.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace troupe::kernels::quant {
+
+class qmap {
+public:
+  /// The dynamic map, signed (first moment) or unsigned (second moment).
+  static const qmap& dynamic(bool is_signed);
+
+  /// The nearest entry's code, by the table and one comparison.
+  std::uint8_t quantize(float x) const noexcept {
+    std::uint32_t b;
+    std::memcpy(&b, &x, 4);
+    std::uint32_t a = b & 0x7fffffffu;
+    a = a < lo_bits ? lo_bits : a;
+    a = a > hi_bits ? hi_bits : a;
+    const std::uint32_t idx = ((a - lo_bits) >> shift) + (b >> 31) * buckets;
+    const std::uint8_t c = lut_[idx];
+    return static_cast<std::uint8_t>(c + (x > above_[c] ? 1 : 0));
+  }
+  /// The nearest entry's code by a linear scan over all 256 (the definition; slow).
+  std::uint8_t quantize_reference(float x) const noexcept;
+
+  float value(std::uint8_t code) const noexcept { return values_[code]; }
+  const float* values() const noexcept { return values_.data(); }
+  /// above(c): the largest float that still quantizes to c or lower (+inf for 255).
+  float above(std::uint8_t code) const noexcept { return above_[code]; }
+  std::uint8_t zero_code() const noexcept { return zero_code_; }
+  bool is_signed() const noexcept { return signed_; }
+  /// Stable identifier recorded in saved state: 1 signed dynamic, 2 unsigned dynamic.
+  std::uint8_t id() const noexcept { return signed_ ? 1 : 2; }
+
+  /// The construction evaluated in double (256 values, sorted).
+  static std::array<double, 256> construct(bool is_signed);
+
+  static constexpr std::uint32_t lo_bits = 0x33800000u;  // 2^-24: smaller magnitudes share a bucket
+  static constexpr std::uint32_t hi_bits = 0x3fffffffu;  // just below 2: larger ones share a bucket
+  static constexpr int shift = 16;                       // keep 7 mantissa bits
+  static constexpr std::uint32_t buckets = ((hi_bits - lo_bits) >> shift) + 1;
+
+private:
+  explicit qmap(bool is_signed);
+  std::array<float, 256> values_{};
+  std::array<float, 256> above_{};
+  std::vector<std::uint8_t> lut_;
+  std::uint8_t zero_code_ = 0;
+  bool signed_ = false;
+};
+
+/// Counter-based random bits: the same (key, index) gives the same bits on any thread.
+inline std::uint32_t random_bits(std::uint32_t key, std::uint32_t index) noexcept {
+  std::uint32_t h = index * 0x9e3779b1u ^ key;
+  h ^= h >> 16;
+  h *= 0x7feb352du;
+  h ^= h >> 15;
+  h *= 0x846ca68bu;
+  h ^= h >> 16;
+  return h;
+}
+/// A 32-bit key for one tensor's moment at one step.
+std::uint32_t random_key(std::uint64_t seed, std::uint64_t step, std::uint64_t tensor, std::uint64_t moment) noexcept;
+
+/// bf16 by round to nearest even (finite inputs).
+inline std::uint16_t to_bf16(float x) noexcept {
+  std::uint32_t b;
+  std::memcpy(&b, &x, 4);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return static_cast<std::uint16_t>(b >> 16);
+}
+/// bf16 by stochastic rounding: rounds up with probability equal to the dropped fraction.
+inline std::uint16_t to_bf16_stochastic(float x, std::uint32_t bits) noexcept {
+  std::uint32_t b;
+  std::memcpy(&b, &x, 4);
+  const std::uint32_t sign = b & 0x80000000u;
+  std::uint32_t mag = b & 0x7fffffffu;
+  // Rounding the magnitude keeps the probabilities symmetric for negative values; never round
+  // a finite value up into infinity.
+  const std::uint32_t up = mag + (bits & 0xffffu);
+  mag = (up >> 16) >= 0x7f80u ? mag : up;
+  return static_cast<std::uint16_t>((sign | mag) >> 16);
+}
+inline float from_bf16(std::uint16_t h) noexcept {
+  const std::uint32_t b = static_cast<std::uint32_t>(h) << 16;
+  float x;
+  std::memcpy(&x, &b, 4);
+  return x;
+}
+
+/// How one block's values become codes.
+struct block_options {
+  std::size_t block = 256;
+  double percentile = 0;          ///< 0: scale by absmax; else by this percentile of |x| (e.g. 99.9)
+  bool stochastic = false;        ///< stochastic rounding between the two neighbouring codes
+  bool keep_nonzero = true;       ///< a nonzero value never becomes code zero (keeps m's sign)
+};
+
+/// The scale of one block: its absmax, or the percentile of |x| (the absmax when that is 0).
+float block_scale(const float* x, std::size_t n, double percentile);
+
+/// Codes of one block of n values scaled by `scale`. `first` is the index of x[0] in its tensor
+/// (for the random bits of stochastic rounding).
+void quantize_block(const float* x, std::size_t n, float scale, const qmap& map, const block_options& o,
+                    std::uint32_t key, std::uint32_t first, std::uint8_t* codes) noexcept;
+/// The same, one code at a time through quantize_reference (the definition).
+void quantize_block_reference(const float* x, std::size_t n, float scale, const qmap& map,
+                              const block_options& o, std::uint32_t key, std::uint32_t first,
+                              std::uint8_t* codes) noexcept;
+
+/// A whole tensor: codes[n], scales[ceil(n / block)].
+void quantize_blockwise(const float* x, std::size_t n, const qmap& map, const block_options& o, std::uint32_t key,
+                        std::uint8_t* codes, float* scales);
+void dequantize_blockwise(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t block,
+                          const qmap& map, float* out) noexcept;
+
+}  // namespace troupe::kernels::quant

@@ -1,0 +1,443 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <random>
+
+#include <troupe/kernels/optim.hpp>
+
+namespace {
+
+using namespace troupe;
+using namespace troupe::kernels;
+
+struct model {
+  std::vector<parameter> params;
+  explicit model(std::uint32_t seed, std::vector<std::int64_t> sizes) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n(0, 1);
+    for (auto size : sizes) {
+      parameter p{"p" + std::to_string(size), tensor::empty({size}), tensor::empty({size})};
+      for (float& v : p.value.data<float>()) v = n(rng);
+      params.push_back(std::move(p));
+    }
+  }
+  std::vector<parameter*> ptrs() {
+    std::vector<parameter*> out;
+    for (auto& p : params) out.push_back(&p);
+    return out;
+  }
+  void fresh_grads(std::mt19937& rng, float scale = 1) {
+    std::normal_distribution<float> n(0, scale);
+    for (auto& p : params)
+      for (float& g : p.grad.data<float>()) g = n(rng);
+  }
+  bool same_values(const model& o) const {
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (std::memcmp(params[i].value.bytes(), o.params[i].value.bytes(), params[i].value.nbytes()) != 0) return false;
+    return true;
+  }
+};
+
+struct config {
+  const char* name;
+  optimizer_kind kind;
+  hyperparameters hp;
+};
+
+std::vector<config> configs() {
+  return {
+      {"sgd momentum", optimizer_kind::sgd, {.lr = 0.05, .weight_decay = 0.01, .momentum = 0.9, .dampening = 0.1}},
+      {"sgd nesterov", optimizer_kind::sgd, {.lr = 0.05, .momentum = 0.9, .nesterov = true}},
+      {"adam", optimizer_kind::adam, {.lr = 1e-2, .weight_decay = 0.1}},
+      {"adamw", optimizer_kind::adamw, {.lr = 1e-2, .weight_decay = 0.01}},
+      {"adamw amsgrad", optimizer_kind::adamw, {.lr = 3e-3, .beta1 = 0.8, .beta2 = 0.99, .weight_decay = 0.05, .amsgrad = true}},
+  };
+}
+
+struct storage_case {
+  const char* name;
+  state_options state;
+};
+
+std::vector<storage_case> storages() {
+  state_options bf16{.storage = state_storage::bf16};
+  state_options bf16_sr = bf16;
+  bf16_sr.stochastic_rounding = true;
+  state_options int8{.storage = state_storage::int8, .min_8bit_elements = 1000};
+  state_options int8_m32 = int8;
+  int8_m32.first_moment_fp32 = true;
+  state_options int8_sr = int8;
+  int8_sr.stochastic_rounding = true;
+  state_options int8_pct = int8;
+  int8_pct.percentile_scale = 99.0;
+  int8_pct.percentile_clipping = 90;
+  state_options int8_b100 = int8;
+  int8_b100.block_size = 100;
+  state_options int8_b2048 = int8;
+  int8_b2048.block_size = 2048;
+  int8_b2048.fp32_params = {"p5000"};
+  return {{"bf16", bf16},          {"bf16 stochastic", bf16_sr},        {"int8", int8},
+          {"int8 m fp32", int8_m32}, {"int8 stochastic", int8_sr},       {"int8 percentiles", int8_pct},
+          {"int8 block 100", int8_b100}, {"int8 block 2048, p5000 fp32", int8_b2048}};
+}
+
+TEST(OptimizerStorage, FastStepsEqualTheReferenceInEveryStorageMode) {
+  const std::vector<std::int64_t> sizes{1, 1000, 33'001};
+  for (const auto& c : configs()) {
+    for (const auto& st : storages()) {
+      model a(11, sizes), b(11, sizes);
+      optimizer fast(c.kind, {{a.ptrs(), c.hp, st.state}}, {.threads = 3, .seed = 4});
+      optimizer ref(c.kind, {{b.ptrs(), c.hp, st.state}}, {.threads = 1, .seed = 4});
+      std::mt19937 ga(5), gb(5);
+      for (int step = 0; step < 4; ++step) {
+        a.fresh_grads(ga);
+        b.fresh_grads(gb);
+        ASSERT_TRUE(fast.step());
+        ASSERT_TRUE(ref.reference_step());
+      }
+      EXPECT_TRUE(a.same_values(b)) << c.name << ", " << st.name;
+      EXPECT_EQ(fast.state_bytes(), ref.state_bytes()) << c.name << ", " << st.name;
+    }
+  }
+}
+
+TEST(OptimizerStorage, ResultsAreIdenticalForAnyThreadCount) {
+  for (auto storage : {state_storage::fp32, state_storage::bf16, state_storage::int8}) {
+    std::vector<model> models;
+    for (int t = 1; t <= 3; ++t) {
+      models.emplace_back(3, std::vector<std::int64_t>{300'000, 4097});
+      state_options so{.storage = storage};
+      so.stochastic_rounding = storage != state_storage::fp32;
+      optimizer opt(optimizer_kind::adamw, {{models.back().ptrs(), {.lr = 1e-2, .weight_decay = 0.1}, so}},
+                    {.threads = t, .seed = 9});
+      std::mt19937 g(1);
+      for (int step = 0; step < 3; ++step) {
+        models.back().fresh_grads(g);
+        ASSERT_TRUE(opt.step());
+      }
+    }
+    EXPECT_TRUE(models[0].same_values(models[1])) << name_of(storage);
+    EXPECT_TRUE(models[0].same_values(models[2])) << name_of(storage);
+  }
+}
+
+TEST(OptimizerStorage, CompressedStateFollowsFp32Closely) {
+  // Relative gap of the parameters' movement to fp32 Adam after 30 steps.
+  const std::vector<std::int64_t> sizes{20'000};
+  model base(2, sizes), start(2, sizes);
+  optimizer fp32(optimizer_kind::adam, {{base.ptrs(), {.lr = 1e-3}}});
+  std::mt19937 g0(8);
+  for (int s = 0; s < 30; ++s) {
+    base.fresh_grads(g0);
+    fp32.step();
+  }
+  for (auto storage : {state_storage::bf16, state_storage::int8}) {
+    model m(2, sizes);
+    optimizer opt(optimizer_kind::adam, {{m.ptrs(), {.lr = 1e-3}, {.storage = storage}}});
+    std::mt19937 g(8);
+    for (int s = 0; s < 30; ++s) {
+      m.fresh_grads(g);
+      opt.step();
+    }
+    double num = 0, den = 0;
+    auto x = m.params[0].value.data<float>(), y = base.params[0].value.data<float>(),
+         x0 = start.params[0].value.data<float>();
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      num += (x[i] - y[i]) * double(x[i] - y[i]);
+      den += (y[i] - x0[i]) * double(y[i] - x0[i]);
+    }
+    EXPECT_LT(std::sqrt(num / den), storage == state_storage::bf16 ? 0.01 : 0.05) << name_of(storage);
+  }
+}
+
+TEST(OptimizerStorage, EightBitAdamTakesAtMost2_05BytesPerParameter) {
+  const std::int64_t n = 1 << 20;
+  model m(1, {n, 100});
+  optimizer opt(optimizer_kind::adam, {{m.ptrs(), {}, {.storage = state_storage::int8}}});
+  const auto report = opt.state_report();
+  ASSERT_EQ(report.size(), 2u);
+  EXPECT_EQ(report[0].storage, state_storage::int8);
+  EXPECT_EQ(report[0].bytes.codes, 2u * n);
+  EXPECT_EQ(report[0].bytes.scales, 2u * 4 * (n / 256));
+  EXPECT_EQ(report[0].bytes.fp32, 0u);
+  EXPECT_LE(double(report[0].bytes.total()) / n, 2.05);
+  // Small tensors stay fp32: 8 bytes per parameter.
+  EXPECT_EQ(report[1].storage, state_storage::fp32);
+  EXPECT_EQ(report[1].bytes.fp32, 800u);
+  const auto total = opt.state_memory_total();
+  EXPECT_EQ(total.total(), report[0].bytes.total() + 800);
+  EXPECT_EQ(opt.state_bytes(), total.total());
+  EXPECT_EQ(optimizer(optimizer_kind::adam, {{m.ptrs(), {}}}).state_bytes(), 8u * (n + 100));
+  EXPECT_EQ(optimizer(optimizer_kind::adam, {{m.ptrs(), {}, {.storage = state_storage::bf16}}}).state_bytes(),
+            4u * (n + 100));
+}
+
+TEST(OptimizerStorage, AZeroGradientCoordinateWithZeroStateStaysExactlyZero) {
+  for (auto storage : {state_storage::bf16, state_storage::int8}) {
+    model m(4, {8192});
+    optimizer opt(optimizer_kind::adam, {{m.ptrs(), {.lr = 1e-2}, {.storage = storage}}});
+    const float before = m.params[0].value.data<float>()[77];
+    std::mt19937 g(3);
+    for (int s = 0; s < 5; ++s) {
+      m.fresh_grads(g, 1e-3f);
+      m.params[0].grad.data<float>()[77] = 0;
+      ASSERT_TRUE(opt.step());
+    }
+    EXPECT_EQ(m.params[0].value.data<float>()[77], before) << name_of(storage);
+  }
+}
+
+std::vector<char> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("troupe_optim_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+TEST(OptimizerStorage, ANonFiniteGradientLeavesCompressedStateUntouched) {
+  model m(4, {10'000});
+  optimizer opt(optimizer_kind::adamw, {{m.ptrs(), {.lr = 1e-2}, {.storage = state_storage::int8}}});
+  std::mt19937 g(2);
+  m.fresh_grads(g);
+  ASSERT_TRUE(opt.step());
+  const auto a = temp_path("nonfinite_a"), b = temp_path("nonfinite_b");
+  opt.save(a);
+  const auto values = m.params[0].value.clone();
+  m.fresh_grads(g);
+  m.params[0].grad.data<float>()[9999] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(opt.step());
+  opt.save(b);
+  // Everything after the header (magic, version, kind, steps, skipped) and before the checksum:
+  // the state itself is unchanged.
+  auto fa = file_bytes(a), fb = file_bytes(b);
+  ASSERT_EQ(fa.size(), fb.size());
+  EXPECT_TRUE(std::equal(fa.begin() + 25, fa.end() - 4, fb.begin() + 25));
+  EXPECT_FALSE(std::equal(fa.begin(), fa.begin() + 25, fb.begin()));  // the skipped count moved
+  EXPECT_EQ(std::memcmp(values.bytes(), m.params[0].value.bytes(), values.nbytes()), 0);
+  EXPECT_EQ(opt.skipped(), 1);
+  std::filesystem::remove(a);
+  std::filesystem::remove(b);
+}
+
+TEST(OptimizerStorage, ChangesBetweenStepsAreHonored) {
+  model m(6, {10'000}), twin(6, {10'000});
+  optimizer opt(optimizer_kind::adam, {{m.ptrs(), {.lr = 1e-2}}});
+  std::mt19937 g(1);
+  m.fresh_grads(g);
+  opt.step();
+  EXPECT_EQ(opt.state_bytes(), 8u * 10'000);
+  // fp32 -> int8: the moments are converted, not reset.
+  opt.groups()[0].state.storage = state_storage::int8;
+  m.fresh_grads(g);
+  opt.step();
+  EXPECT_EQ(opt.state_report()[0].storage, state_storage::int8);
+  // AMSGrad on: a maximum appears; a new block size requantizes.
+  opt.groups()[0].hp.amsgrad = true;
+  opt.groups()[0].state.block_size = 512;
+  m.fresh_grads(g);
+  opt.step();
+  EXPECT_EQ(opt.state_report()[0].bytes.codes, 3u * 10'000);
+  EXPECT_EQ(opt.state_report()[0].bytes.scales, 3u * 4 * 20);
+  // Back to fp32.
+  opt.groups()[0].state.storage = state_storage::fp32;
+  m.fresh_grads(g);
+  opt.step();
+  EXPECT_EQ(opt.state_bytes(), 12u * 10'000);
+  // A bad change is refused at the next step, before anything changes.
+  opt.groups()[0].hp.beta1 = 1.5;
+  m.fresh_grads(g);
+  const auto before = m.params[0].value.clone();
+  EXPECT_THROW(opt.step(), std::invalid_argument);
+  EXPECT_EQ(std::memcmp(before.bytes(), m.params[0].value.bytes(), before.nbytes()), 0);
+  opt.groups()[0].hp.beta1 = 0.9;
+  EXPECT_TRUE(opt.step());
+
+  // SGD: momentum switched on mid-run starts its buffer from the gradient, as torch does.
+  parameter p{"w", tensor::from<float>({1.0f}, {1}), tensor::from<float>({0.5f}, {1})};
+  optimizer sgd(optimizer_kind::sgd, {{{&p}, {.lr = 0.1}}});
+  sgd.step();
+  EXPECT_FLOAT_EQ(p.value.data<float>()[0], 0.95f);
+  sgd.groups()[0].hp.momentum = 0.9;
+  sgd.step();  // buf = g
+  EXPECT_FLOAT_EQ(p.value.data<float>()[0], 0.90f);
+  sgd.step();  // buf = 0.9 * 0.5 + 0.5
+  EXPECT_FLOAT_EQ(p.value.data<float>()[0], 0.90f - 0.1f * 0.95f);
+}
+
+struct env_guard {
+  explicit env_guard(const char* value) { ::setenv("TROUPE_OPTIM_STATE", value, 1); }
+  ~env_guard() { ::unsetenv("TROUPE_OPTIM_STATE"); }
+};
+
+TEST(OptimizerStorage, AutomaticStorageFollowsAvailableMemory) {
+  const std::int64_t n = 9 << 20;  // 72 MiB of fp32 Adam state: above the small-model floor
+  model m(1, {n});
+  const std::size_t fp32 = 8u * n;
+  auto chosen = [&](std::size_t available) {
+    optimizer opt(optimizer_kind::adam, {{m.ptrs(), {}, {.storage = state_storage::automatic}}},
+                  {.available_memory = available});
+    return opt.state_report()[0].storage;
+  };
+  EXPECT_EQ(chosen(4 * fp32), state_storage::fp32);
+  EXPECT_EQ(chosen(3 * fp32), state_storage::bf16);
+  EXPECT_EQ(chosen(fp32), state_storage::int8);
+  // Small models stay fp32 whatever the memory.
+  model small(1, {1000});
+  optimizer opt(optimizer_kind::adam, {{small.ptrs(), {}, {.storage = state_storage::automatic}}}, {.available_memory = 1});
+  EXPECT_EQ(opt.state_report()[0].storage, state_storage::fp32);
+}
+
+TEST(OptimizerStorage, TheEnvironmentForcesAutomaticGroupsAndRefusesBadValues) {
+  model m(1, {5000});
+  {
+    env_guard e("int8");
+    optimizer opt(optimizer_kind::adam, {{m.ptrs(), {}, {.storage = state_storage::automatic}}});
+    EXPECT_EQ(opt.state_report()[0].storage, state_storage::int8);
+    // An explicit choice wins.
+    optimizer explicit_fp32(optimizer_kind::adam, {{m.ptrs(), {}}});
+    EXPECT_EQ(explicit_fp32.state_report()[0].storage, state_storage::fp32);
+  }
+  {
+    env_guard e("fp8");
+    try {
+      optimizer opt(optimizer_kind::adam, {{m.ptrs(), {}, {.storage = state_storage::automatic}}});
+      FAIL() << "accepted TROUPE_OPTIM_STATE=fp8";
+    } catch (const std::invalid_argument& ex) {
+      EXPECT_NE(std::string(ex.what()).find("TROUPE_OPTIM_STATE"), std::string::npos);
+    }
+  }
+  EXPECT_THROW(parse_state_storage("fp16"), std::invalid_argument);
+  EXPECT_EQ(parse_state_storage("auto"), state_storage::automatic);
+}
+
+TEST(OptimizerStorage, RunningOutOfMemoryConvertsStateOneLevelDownAndKeepsIt) {
+  // Three tensors of 8192: fp32 Adam state 192 KiB; the limit admits bf16 (96 KiB) only.
+  model m(2, {8192, 8192, 8192});
+  optimizer opt(optimizer_kind::adam, {{m.ptrs(), {.lr = 1e-2}, {.storage = state_storage::automatic}}},
+                {.state_memory_limit = 150'000});
+  for (const auto& t : opt.state_report()) EXPECT_EQ(t.storage, state_storage::bf16);
+
+  // Mid-run: two tensors fit as fp32 until AMSGrad needs a third moment; then the existing
+  // state goes to bf16, values kept, and the step goes on.
+  model n2(2, {8192, 8192}), twin(2, {8192, 8192});
+  optimizer lean(optimizer_kind::adam, {{n2.ptrs(), {.lr = 1e-2}, {.storage = state_storage::automatic}}},
+                 {.state_memory_limit = 150'000});
+  optimizer free(optimizer_kind::adam, {{twin.ptrs(), {.lr = 1e-2}}});
+  std::mt19937 g(4), h(4);
+  for (int s = 0; s < 3; ++s) {
+    n2.fresh_grads(g);
+    twin.fresh_grads(h);
+    ASSERT_TRUE(lean.step());
+    ASSERT_TRUE(free.step());
+  }
+  EXPECT_TRUE(n2.same_values(twin));
+  EXPECT_EQ(lean.state_report()[0].storage, state_storage::fp32);
+  lean.groups()[0].hp.amsgrad = true;
+  free.groups()[0].hp.amsgrad = true;
+  n2.fresh_grads(g);
+  twin.fresh_grads(h);
+  ASSERT_TRUE(lean.step());
+  ASSERT_TRUE(free.step());
+  for (const auto& t : lean.state_report()) EXPECT_EQ(t.storage, state_storage::bf16);
+  EXPECT_EQ(lean.state_bytes(), 2u * 3 * 2 * 8192);
+  // The bf16 copy of the moments steps like the fp32 one, to bf16 precision.
+  auto x = n2.params[0].value.data<float>(), y = twin.params[0].value.data<float>();
+  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], y[i], 1e-4) << i;
+
+  // Explicit storage is not lowered: the allocation failure reaches the caller.
+  EXPECT_THROW(optimizer(optimizer_kind::adam, {{m.ptrs(), {}}}, {.state_memory_limit = 150'000}), std::bad_alloc);
+}
+
+TEST(OptimizerState, SaveAndLoadRoundTripBitForBit) {
+  for (const auto& st : storages()) {
+    const std::vector<std::int64_t> sizes{10, 5000, 4099};
+    model a(1, sizes), b(1, sizes);
+    hyperparameters hp{.lr = 1e-2, .amsgrad = true};
+    optimizer oa(optimizer_kind::adamw, {{a.ptrs(), hp, st.state}}, {.seed = 3});
+    optimizer ob(optimizer_kind::adamw, {{b.ptrs(), hp, st.state}}, {.seed = 3});
+    std::mt19937 g(6);
+    for (int s = 0; s < 3; ++s) {
+      a.fresh_grads(g);
+      oa.step();
+    }
+    const auto path = temp_path("roundtrip"), again = temp_path("roundtrip_again");
+    oa.save(path);
+    ob.load(path);
+    for (std::size_t i = 0; i < sizes.size(); ++i) copy(a.params[i].value, b.params[i].value);
+    ob.save(again);
+    EXPECT_EQ(file_bytes(path), file_bytes(again)) << st.name;
+    EXPECT_EQ(ob.steps(), 3);
+    // The next steps agree to the bit.
+    std::mt19937 ga(9), gb(9);
+    for (int s = 0; s < 2; ++s) {
+      a.fresh_grads(ga);
+      b.fresh_grads(gb);
+      oa.step();
+      ob.step();
+    }
+    EXPECT_TRUE(a.same_values(b)) << st.name;
+    std::filesystem::remove(path);
+    std::filesystem::remove(again);
+  }
+}
+
+TEST(OptimizerState, BadFilesFailClearlyAndChangeNothing) {
+  model a(1, {5000, 300}), other(1, {5000, 301});
+  optimizer oa(optimizer_kind::adam, {{a.ptrs(), {}, {.storage = state_storage::int8}}});
+  std::mt19937 g(2);
+  a.fresh_grads(g);
+  oa.step();
+  const auto path = temp_path("bad"), probe = temp_path("probe"), before = temp_path("before");
+  oa.save(path);
+  const auto good = file_bytes(path);
+
+  model b(1, {5000, 300});
+  optimizer ob(optimizer_kind::adam, {{b.ptrs(), {}, {.storage = state_storage::int8}}});
+  b.fresh_grads(g);
+  ob.step();
+  ob.step();
+  ob.save(before);
+  auto expect_refused = [&](const std::string& file, const char* what) {
+    try {
+      ob.load(file);
+      ADD_FAILURE() << "loaded " << what;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("optimizer state file"), std::string::npos) << e.what();
+    }
+    ob.save(probe);
+    EXPECT_EQ(file_bytes(probe), file_bytes(before)) << what << " changed the optimizer";
+    EXPECT_EQ(ob.steps(), 2);
+  };
+  auto write = [&](const std::vector<char>& bytes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  };
+  expect_refused(temp_path("missing"), "a missing file");
+  write({good.begin(), good.begin() + static_cast<std::ptrdiff_t>(good.size() / 2)});
+  expect_refused(path, "a truncated file");
+  auto corrupt = good;
+  corrupt[corrupt.size() / 2] ^= 0x10;
+  write(corrupt);
+  expect_refused(path, "a corrupted file");
+  write({'T', 'R', 'P', 'W', 0, 0, 0, 0, 0, 0, 0, 0});
+  expect_refused(path, "a weights file");
+  // Another model's state.
+  optimizer oo(optimizer_kind::adam, {{other.ptrs(), {}, {.storage = state_storage::int8}}});
+  oo.save(path);
+  expect_refused(path, "another model's state");
+  // Another optimizer's state.
+  optimizer sgd(optimizer_kind::sgd, {{a.ptrs(), {.momentum = 0.9}}});
+  sgd.save(path);
+  expect_refused(path, "an SGD state");
+  for (const auto& f : {path, probe, before}) std::filesystem::remove(f);
+}
+
+}  // namespace

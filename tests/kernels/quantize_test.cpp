@@ -1,0 +1,241 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "quantize.hpp"
+
+namespace {
+
+using namespace troupe::kernels::quant;
+
+// The published construction written out independently: decade d in 0..6 holds the midpoints
+// of n + 1 evenly spaced points of [0.1, 1] scaled by 10^(d-6), n = 2^d (signed, with their
+// negatives) or 2^(d+1) (unsigned); then 0 and 1.
+std::vector<float> published_map(bool is_signed) {
+  std::vector<double> v{0.0, 1.0};
+  const double decades[] = {1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0};
+  for (int d = 0; d < 7; ++d) {
+    const int n = is_signed ? 1 << d : 2 << d;
+    for (int k = 0; k < n; ++k) {
+      const double mid = 0.1 + (k + 0.5) * (0.9 / n);
+      v.push_back(mid * decades[d]);
+      if (is_signed) v.push_back(-mid * decades[d]);
+    }
+  }
+  std::sort(v.begin(), v.end());
+  return std::vector<float>(v.begin(), v.end());
+}
+
+std::uint32_t bits(float f) {
+  std::uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+TEST(QuantMap, EqualsThePublishedConstructionBitForBit) {
+  for (bool s : {true, false}) {
+    const auto& map = qmap::dynamic(s);
+    const auto expect = published_map(s);
+    ASSERT_EQ(expect.size(), 256u);
+    for (int c = 0; c < 256; ++c) EXPECT_EQ(bits(map.value(c)), bits(expect[c])) << "signed " << s << " code " << c;
+  }
+}
+
+TEST(QuantMap, IsSortedWithAnExactZeroAndOne) {
+  for (bool s : {true, false}) {
+    const auto& map = qmap::dynamic(s);
+    for (int c = 1; c < 256; ++c) EXPECT_LT(map.value(c - 1), map.value(c));
+    EXPECT_EQ(map.value(map.zero_code()), 0.0f);
+    EXPECT_EQ(map.value(255), 1.0f);
+    EXPECT_EQ(map.quantize(0.0f), map.zero_code());
+    EXPECT_EQ(map.quantize(1.0f), 255);
+  }
+  // Signed: 127 negative entries, the most negative just short of -1 (the construction has +1
+  // but no -1); unsigned: nothing below zero.
+  EXPECT_EQ(qmap::dynamic(true).zero_code(), 127);
+  EXPECT_NEAR(qmap::dynamic(true).value(0), -(1 - 0.45 / 64), 1e-7);
+  EXPECT_EQ(qmap::dynamic(false).zero_code(), 0);
+  EXPECT_EQ(qmap::dynamic(false).value(0), 0.0f);
+}
+
+TEST(QuantMap, FastQuantizerEqualsTheNearestEntrySearch) {
+  std::mt19937 rng(7);
+  for (bool s : {true, false}) {
+    const auto& map = qmap::dynamic(s);
+    std::vector<float> xs;
+    // Adversarial: every entry, every decision point and its float neighbours, signed zeros,
+    // tiny, subnormal and out-of-range values.
+    for (int c = 0; c < 256; ++c) {
+      for (float x : {map.value(c), map.above(c)}) {
+        if (!std::isfinite(x)) continue;
+        xs.push_back(x);
+        xs.push_back(std::nextafter(x, 2.0f));
+        xs.push_back(std::nextafter(x, -2.0f));
+        xs.push_back(-x);
+      }
+    }
+    for (float x : {0.0f, -0.0f, 1.0f, -1.0f, 1e-30f, -1e-30f, 1e-40f, 5.96e-8f, 1.6e-7f, 2.8e-7f, 1.0001f, -1.0001f,
+                    3.0f, -3.0f, 1e30f, -1e30f, std::numeric_limits<float>::denorm_min()})
+      xs.push_back(x);
+    // Random: uniform in [-1, 1], log-uniform magnitudes, and random bit patterns of magnitude <= 2.
+    std::uniform_real_distribution<float> u(-1, 1), e(-30, 0.5);
+    std::uniform_int_distribution<std::uint32_t> b(0, 0x40000000u);
+    for (int i = 0; i < 1'000'000; ++i) {
+      xs.push_back(u(rng));
+      xs.push_back((i & 1 ? -1 : 1) * std::pow(10.0f, e(rng)));
+      std::uint32_t r = b(rng) | (i & 2 ? 0x80000000u : 0);
+      float f;
+      std::memcpy(&f, &r, 4);
+      xs.push_back(f);
+    }
+    std::size_t bad = 0;
+    for (float x : xs)
+      if (map.quantize(x) != map.quantize_reference(x) && ++bad < 5)
+        ADD_FAILURE() << "signed " << s << " x " << x << ": fast " << int(map.quantize(x)) << " reference "
+                      << int(map.quantize_reference(x));
+    EXPECT_EQ(bad, 0u);
+  }
+}
+
+TEST(QuantMap, TiesGoToTheLowerCode) {
+  const auto& map = qmap::dynamic(false);
+  // 0.5 * (v[1] + v[2]) is a float for these entries when exactly representable; check by search.
+  for (int c = 0; c < 255; ++c) {
+    const double mid = (double(map.value(c)) + double(map.value(c + 1))) / 2;
+    if (double(float(mid)) != mid) continue;
+    EXPECT_EQ(map.quantize(float(mid)), c);
+    EXPECT_EQ(map.quantize(std::nextafter(float(mid), 2.0f)), c + 1);
+  }
+}
+
+std::vector<float> random_values(std::size_t n, std::uint32_t seed, float scale = 1) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0, scale);
+  std::vector<float> x(n);
+  for (auto& v : x) v = d(rng);
+  return x;
+}
+
+TEST(Blockwise, RoundTripsWithinHalfAStepOfTheMap) {
+  for (std::size_t block : {256u, 2048u, 100u}) {
+    auto x = random_values(10'000, 3, 0.01f);
+    block_options o;
+    o.block = block;
+    const auto& map = qmap::dynamic(true);
+    std::vector<std::uint8_t> codes(x.size());
+    std::vector<float> scales((x.size() + block - 1) / block), y(x.size());
+    quantize_blockwise(x.data(), x.size(), map, o, 0, codes.data(), scales.data());
+    dequantize_blockwise(codes.data(), scales.data(), x.size(), block, map, y.data());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const float s = scales[i / block];
+      const std::uint8_t c = codes[i];
+      // y is an entry of the map next to x / s: x lies between the neighbours of c.
+      const float lo = c > 0 ? map.value(c - 1) * s : -s, hi = c < 255 ? map.value(c + 1) * s : s;
+      ASSERT_LE(lo, x[i]) << i;
+      ASSERT_GE(hi, x[i]) << i;
+      ASSERT_EQ(std::signbit(y[i]), std::signbit(x[i])) << "sign kept at " << i;
+    }
+    // The scale of each block is its absmax.
+    for (std::size_t k = 0; k < scales.size(); ++k) {
+      float m = 0;
+      for (std::size_t i = k * block; i < std::min(x.size(), (k + 1) * block); ++i) m = std::max(m, std::fabs(x[i]));
+      EXPECT_EQ(scales[k], m);
+    }
+  }
+}
+
+TEST(Blockwise, ZerosStayExactlyZeroAndTinyValuesKeepTheirSign) {
+  std::vector<float> x(512, 0.0f);
+  x[3] = 1.0f;
+  x[4] = 1e-9f;
+  x[5] = -1e-9f;
+  x[300] = -0.0f;
+  const auto& map = qmap::dynamic(true);
+  block_options o;
+  std::vector<std::uint8_t> codes(x.size());
+  std::vector<float> scales(2), y(x.size());
+  quantize_blockwise(x.data(), x.size(), map, o, 0, codes.data(), scales.data());
+  dequantize_blockwise(codes.data(), scales.data(), x.size(), 256, map, y.data());
+  EXPECT_EQ(scales[1], 0.0f);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (i != 3 && i != 4 && i != 5) EXPECT_EQ(y[i], 0.0f) << i;
+  EXPECT_EQ(y[3], 1.0f);
+  EXPECT_GT(y[4], 0.0f);
+  EXPECT_LT(y[5], 0.0f);
+  EXPECT_EQ(codes[4], map.zero_code() + 1);
+  EXPECT_EQ(codes[5], map.zero_code() - 1);
+}
+
+TEST(Blockwise, FastBlocksEqualTheReferenceWithEveryOption) {
+  auto x = random_values(4096, 9, 3.0f);
+  x[17] = 40.0f;  // an outlier for the percentile scale
+  for (bool s : {true, false}) {
+    if (!s)
+      for (auto& v : x) v = std::fabs(v);
+    const auto& map = qmap::dynamic(s);
+    for (int variant = 0; variant < 4; ++variant) {
+      block_options o;
+      o.stochastic = variant & 1;
+      o.keep_nonzero = variant & 2;
+      o.percentile = variant == 3 ? 99.0 : 0.0;
+      const float scale = block_scale(x.data(), 256, o.percentile);
+      std::vector<std::uint8_t> a(256), b(256);
+      quantize_block(x.data(), 256, scale, map, o, 1234, 0, a.data());
+      quantize_block_reference(x.data(), 256, scale, map, o, 1234, 0, b.data());
+      EXPECT_EQ(a, b) << "signed " << s << " variant " << variant;
+    }
+  }
+}
+
+TEST(Blockwise, PercentileScaleIgnoresAnOutlier) {
+  auto x = random_values(256, 4, 1.0f);
+  x[10] = 1000.0f;
+  EXPECT_EQ(block_scale(x.data(), x.size(), 0), 1000.0f);
+  const float p = block_scale(x.data(), x.size(), 99.0);
+  EXPECT_LT(p, 5.0f);
+  EXPECT_GT(p, 1.0f);
+}
+
+TEST(Blockwise, StochasticRoundingIsUnbiasedAndDeterministic) {
+  const auto& map = qmap::dynamic(false);
+  // A value a third of the way between two entries rounds up a third of the time.
+  const float a = map.value(200), b = map.value(201), x = a + (b - a) / 3;
+  block_options o;
+  o.stochastic = true;
+  std::vector<float> xs(100'000, x);
+  std::vector<std::uint8_t> codes(xs.size()), again(xs.size());
+  quantize_block(xs.data(), xs.size(), 1.0f, map, o, 99, 0, codes.data());
+  quantize_block(xs.data(), xs.size(), 1.0f, map, o, 99, 0, again.data());
+  EXPECT_EQ(codes, again);
+  double ups = 0;
+  for (auto c : codes) {
+    ASSERT_TRUE(c == 200 || c == 201);
+    ups += c == 201;
+  }
+  EXPECT_NEAR(ups / xs.size(), 1.0 / 3, 0.01);
+  // Another key draws other bits.
+  quantize_block(xs.data(), xs.size(), 1.0f, map, o, random_key(1, 2, 3, 4), 0, again.data());
+  EXPECT_NE(codes, again);
+}
+
+TEST(Bf16, RoundsToNearestEvenAndStochasticallyWithoutBias) {
+  EXPECT_EQ(to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(from_bf16(to_bf16(1.0f + 0x1p-8f)), 1.0f);                     // tie: to even (down)
+  EXPECT_EQ(from_bf16(to_bf16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);       // tie: to even (up)
+  EXPECT_EQ(from_bf16(to_bf16(-(1.0f + 0x1p-7f + 0x1p-9f))), -(1.0f + 0x1p-7f));
+  const float x = 1.0f + 0x1p-7f / 4;  // a quarter of a bf16 step above 1
+  double sum = 0;
+  for (std::uint32_t i = 0; i < 100'000; ++i) sum += from_bf16(to_bf16_stochastic(x, random_bits(5, i)));
+  EXPECT_NEAR(sum / 100'000, x, 0x1p-7 * 0.01);
+  double neg = 0;
+  for (std::uint32_t i = 0; i < 100'000; ++i) neg += from_bf16(to_bf16_stochastic(-x, random_bits(6, i)));
+  EXPECT_NEAR(neg / 100'000, -x, 0x1p-7 * 0.01);
+  EXPECT_EQ(from_bf16(to_bf16_stochastic(std::numeric_limits<float>::max(), 0xffffffffu)),
+            from_bf16(0x7f7f));
+}
+
+}  // namespace
