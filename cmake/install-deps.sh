@@ -15,6 +15,7 @@ packages=(
   libgtest-dev libgmock-dev   # tests
   libbenchmark-dev            # micro-benchmarks
   libopenblas-dev zlib1g-dev  # GEMM, gzip'd datasets
+  libssl-dev                  # secure aggregation's cryptography (and TLS)
   dataset-fashion-mnist       # real training data
 )
 if [[ "${1:-}" == "--bench" ]]; then
