@@ -154,7 +154,8 @@ namespace {
 
 #define TROUPE_AVX512 __attribute__((target("avx512f")))
 // GCC 12 warns about the undefined source register inside _mm512_maskz_loadu_ps's own header
-// (a false positive: maskz zeroes the masked lanes).
+// (a false positive: maskz zeroes the masked lanes). The loops over the R rows must unroll
+// completely, or the accumulators live on the stack: `#pragma GCC unroll` on each.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
@@ -169,9 +170,11 @@ TROUPE_AVX512 void forward_rows(const float* a, int in, const float* w, const fl
     const float* w0 = w + static_cast<std::size_t>(j) * in;
     const float* w1 = w0 + in;
     __m512 s0[R], s1[R];
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
     for (int k = 0; k < full; k += 16) {
       const __m512 v0 = _mm512_loadu_ps(w0 + k), v1 = _mm512_loadu_ps(w1 + k);
+      #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
         const __m512 x = _mm512_loadu_ps(a + static_cast<std::size_t>(r) * in + k);
         s0[r] = _mm512_fmadd_ps(x, v0, s0[r]);
@@ -180,12 +183,14 @@ TROUPE_AVX512 void forward_rows(const float* a, int in, const float* w, const fl
     }
     if (tail) {
       const __m512 v0 = _mm512_maskz_loadu_ps(tail, w0 + full), v1 = _mm512_maskz_loadu_ps(tail, w1 + full);
+      #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
         const __m512 x = _mm512_maskz_loadu_ps(tail, a + static_cast<std::size_t>(r) * in + full);
         s0[r] = _mm512_fmadd_ps(x, v0, s0[r]);
         s1[r] = _mm512_fmadd_ps(x, v1, s1[r]);
       }
     }
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       float* zr = z + static_cast<std::size_t>(r) * out + j;
       const float v0 = _mm512_reduce_add_ps(s0[r]) + b[j], v1 = _mm512_reduce_add_ps(s1[r]) + b[j + 1];
@@ -196,17 +201,21 @@ TROUPE_AVX512 void forward_rows(const float* a, int in, const float* w, const fl
   for (; j < out; ++j) {
     const float* w0 = w + static_cast<std::size_t>(j) * in;
     __m512 s0[R];
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) s0[r] = _mm512_setzero_ps();
     for (int k = 0; k < full; k += 16) {
       const __m512 v0 = _mm512_loadu_ps(w0 + k);
+      #pragma GCC unroll 16
       for (int r = 0; r < R; ++r)
         s0[r] = _mm512_fmadd_ps(_mm512_loadu_ps(a + static_cast<std::size_t>(r) * in + k), v0, s0[r]);
     }
     if (tail) {
       const __m512 v0 = _mm512_maskz_loadu_ps(tail, w0 + full);
+      #pragma GCC unroll 16
       for (int r = 0; r < R; ++r)
         s0[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, a + static_cast<std::size_t>(r) * in + full), v0, s0[r]);
     }
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float v0 = _mm512_reduce_add_ps(s0[r]) + b[j];
       z[static_cast<std::size_t>(r) * out + j] = relu && v0 < 0 ? 0.0f : v0;
@@ -226,6 +235,7 @@ TROUPE_AVX512 void backward_rows(const float* a, int in, const float* dz, int ou
   for (int j = 0; j < out; ++j) {
     __m512 d[R];
     float gb = 0;
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float v = dz[static_cast<std::size_t>(r) * out + j];
       d[r] = _mm512_set1_ps(v);
@@ -236,15 +246,48 @@ TROUPE_AVX512 void backward_rows(const float* a, int in, const float* dz, int ou
     b[j] -= lr * gb;
     float* wj = w + static_cast<std::size_t>(j) * in;
     const std::size_t row = static_cast<std::size_t>(j) * in;
-    for (int k = 0; k < in; k += 16) {
+    // Four vectors at a time: four independent chains of R FMAs (one chain would wait on
+    // the FMA latency); each lane still sums its rows in order 0..R-1, as the reference does.
+    int k = 0;
+    for (; k + 64 <= in; k += 64) {
+      __m512 v[4], g[4];
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) v[c] = _mm512_loadu_ps(wj + k + 16 * c);
+      if (da) {
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          float* p = da + static_cast<std::size_t>(r) * in + k;
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c)
+            _mm512_storeu_ps(p + 16 * c, _mm512_fmadd_ps(d[r], v[c], _mm512_loadu_ps(p + 16 * c)));
+        }
+      }
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) g[c] = _mm512_mul_ps(d[0], _mm512_loadu_ps(a + k + 16 * c));
+#pragma GCC unroll 16
+      for (int r = 1; r < R; ++r) {
+        const float* ar = a + static_cast<std::size_t>(r) * in + k;
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) g[c] = _mm512_fmadd_ps(d[r], _mm512_loadu_ps(ar + 16 * c), g[c]);
+      }
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        if (cw) g[c] = _mm512_fmadd_ps(vmu, _mm512_sub_ps(v[c], _mm512_loadu_ps(cw + row + k + 16 * c)), g[c]);
+        if (kw) g[c] = _mm512_add_ps(g[c], _mm512_loadu_ps(kw + row + k + 16 * c));
+        _mm512_storeu_ps(wj + k + 16 * c, _mm512_fnmadd_ps(vlr, g[c], v[c]));
+      }
+    }
+    for (; k < in; k += 16) {
       const __mmask16 m = k < full ? static_cast<__mmask16>(0xFFFF) : tail;
       const __m512 v = _mm512_maskz_loadu_ps(m, wj + k);
       if (da)
+#pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
           float* p = da + static_cast<std::size_t>(r) * in + k;
           _mm512_mask_storeu_ps(p, m, _mm512_fmadd_ps(d[r], v, _mm512_maskz_loadu_ps(m, p)));
         }
       __m512 g = _mm512_mul_ps(d[0], _mm512_maskz_loadu_ps(m, a + k));
+#pragma GCC unroll 16
       for (int r = 1; r < R; ++r)
         g = _mm512_fmadd_ps(d[r], _mm512_maskz_loadu_ps(m, a + static_cast<std::size_t>(r) * in + k), g);
       if (cw) g = _mm512_fmadd_ps(vmu, _mm512_sub_ps(v, _mm512_maskz_loadu_ps(m, cw + row + k)), g);

@@ -169,6 +169,31 @@ struct engine_state {
   std::mutex workers_mutex;
   std::map<std::thread::id, std::unique_ptr<worker_slot>> workers;
 
+  // Update buffers go back and forth between the clients and the server rather than being
+  // allocated per update: fresh 300 KB blocks cost a page fault per 4 KB.
+  std::mutex buffers_mutex;
+  std::vector<std::vector<float>> buffers;
+
+  /// A buffer of n floats (contents unspecified). @threadsafe
+  std::vector<float> take_buffer(std::size_t n) {
+    std::vector<float> b;
+    {
+      std::lock_guard lock(buffers_mutex);
+      if (!buffers.empty()) {
+        b = std::move(buffers.back());
+        buffers.pop_back();
+      }
+    }
+    b.resize(n);
+    return b;
+  }
+  /// @threadsafe
+  void give_back(std::vector<float>&& b) {
+    if (b.capacity() == 0) return;
+    std::lock_guard lock(buffers_mutex);
+    buffers.push_back(std::move(b));
+  }
+
   /// The calling thread's scratch: one per worker thread, made on its first use.
   worker_slot& worker() {
     thread_local std::uint64_t cached_engine = 0;
@@ -231,8 +256,9 @@ public:
     u.samples = r.samples;
     u.loss = r.loss;
     u.weight = e.rule.uniform_weights ? 1.0 : static_cast<double>(length_);
-    u.delta.resize(e.rule.control_variates ? 2 * dim : dim);
+    u.delta = e.take_buffer(e.rule.control_variates ? 2 * dim : dim);
     for (std::size_t p = 0; p < dim; ++p) u.delta[p] = w.model[p] - global[p];
+    if (e.rule.control_variates && r.steps == 0) std::fill(u.delta.begin() + static_cast<std::ptrdiff_t>(dim), u.delta.end(), 0.0f);
     if (e.rule.control_variates && r.steps > 0) {
       // Option II: c_i+ = c_i - c + (x - y_i) / (K lr); the client sends c_i+ - c_i.
       const double scale = 1.0 / (static_cast<double>(r.steps) * e.options.lr);
@@ -455,6 +481,7 @@ round_report simulation::run_round() {
       impl_->agg->add(u.client, u.weight, u.delta);
     loss += u.loss * static_cast<double>(u.samples);
     samples += u.samples;
+    e.give_back(std::move(u.delta));
   }
   std::vector<float> aggregate = impl_->agg->finish();
   auto next = std::make_shared<std::vector<float>>(*impl_->global);
