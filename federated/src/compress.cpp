@@ -17,11 +17,10 @@ void sparse_update::densify(std::span<float> out) const {
   for (std::size_t i = 0; i < index.size(); ++i) out[index[i]] = value[i];
 }
 
-sparse_update top_k(std::span<const float> update, double fraction, std::vector<float>& residual) {
+sparse_update top_k(std::span<const float> update, double fraction, std::span<float> residual) {
   if (!(fraction > 0 && fraction <= 1))
     throw std::invalid_argument("top_k: the fraction must be in (0, 1], got " + std::to_string(fraction));
   const std::size_t dim = update.size();
-  if (residual.empty()) residual.assign(dim, 0.0f);
   if (residual.size() != dim)
     throw std::invalid_argument("top_k: the residual has " + std::to_string(residual.size()) +
                                 " coordinates, the update " + std::to_string(dim));
@@ -69,12 +68,12 @@ quantized_update qsgd(std::span<const float> update, int levels, std::uint64_t s
   q.norm = static_cast<float>(std::sqrt(squares));
   q.level.resize(update.size());
   if (q.norm == 0) return q;
-  detail::splitmix64 rng(seed);
+  splitmix64 rng{seed};
   const double scale = levels / static_cast<double>(q.norm);
   for (std::size_t i = 0; i < update.size(); ++i) {
     const double x = std::min(std::fabs(update[i]) * scale, static_cast<double>(levels));
     const double lower = std::floor(x);
-    const int l = static_cast<int>(lower) + (rng.uniform() < x - lower ? 1 : 0);
+    const int l = static_cast<int>(lower) + (rng.uniform01() < x - lower ? 1 : 0);
     q.level[i] = static_cast<std::int8_t>(update[i] < 0 ? -l : l);
   }
   return q;

@@ -19,7 +19,7 @@ std::vector<float> random_vector(std::size_t n, std::uint32_t seed) {
 }
 
 TEST(TopK, SendsTheLargestCoordinatesAndKeepsTheRestAsResidual) {
-  std::vector<float> u{0.1f, -5, 2, 0.3f, 4}, residual;
+  std::vector<float> u{0.1f, -5, 2, 0.3f, 4}, residual(5, 0.0f);
   const auto s = top_k(u, 0.4, residual);  // k = 2
   EXPECT_EQ(s.index, (std::vector<std::uint32_t>{1, 4}));
   EXPECT_EQ(s.value, (std::vector<float>{-5, 4}));
@@ -35,7 +35,7 @@ TEST(TopK, SendsTheLargestCoordinatesAndKeepsTheRestAsResidual) {
 
 TEST(TopK, ErrorFeedbackLosesNothingOverRounds) {
   // Sum of what was sent plus the final residual equals the sum of the updates.
-  std::vector<float> residual;
+  std::vector<float> residual(1000, 0.0f);
   std::vector<double> sent(1000, 0.0), total(1000, 0.0);
   for (std::uint32_t round = 0; round < 20; ++round) {
     const auto u = random_vector(1000, round);

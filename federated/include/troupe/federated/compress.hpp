@@ -25,11 +25,11 @@ struct sparse_update {
   void densify(std::span<float> out) const;
 };
 
-/// Top-k with error feedback. `residual` is the client's persistent state: empty before the first
-/// round (treated as zeros, then sized), updated in place. Keeps max(1, round(fraction * dim))
-/// coordinates; ties in magnitude go to the lower position. Throws std::invalid_argument for a
-/// fraction outside (0, 1] or a residual of another length.
-sparse_update top_k(std::span<const float> update, double fraction, std::vector<float>& residual);
+/// Top-k with error feedback. `residual` is the client's persistent state (zeros before the first
+/// round), updated in place. Keeps max(1, round(fraction * dim)) coordinates; ties in magnitude go
+/// to the lower position. Throws std::invalid_argument for a fraction outside (0, 1] or a
+/// residual of another length.
+sparse_update top_k(std::span<const float> update, double fraction, std::span<float> residual);
 
 /// A QSGD-quantized update: the norm, and per coordinate a signed level in [-s, s].
 struct quantized_update {

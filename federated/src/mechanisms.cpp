@@ -1,0 +1,421 @@
+#include "troupe/federated/mechanisms.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "troupe/federated/compress.hpp"
+#include "troupe/federated/dp.hpp"
+#include "troupe/federated/rng.hpp"
+#include "troupe/federated/robust.hpp"
+#include "troupe/federated/secagg.hpp"
+
+namespace troupe::federated {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& why) { throw std::invalid_argument(why); }
+
+/// "name:a:b" split at the colons.
+std::vector<std::string> split(const std::string& spec) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  for (;;) {
+    const auto colon = spec.find(':', start);
+    parts.push_back(spec.substr(start, colon - start));
+    if (colon == std::string::npos) return parts;
+    start = colon + 1;
+  }
+}
+
+double number(const std::string& text, const std::string& spec) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !std::isfinite(value)) bad("'" + spec + "': '" + text + "' is not a number");
+  return value;
+}
+
+std::size_t count(const std::string& text, const std::string& spec) {
+  const double v = number(text, spec);
+  if (v < 0 || v != std::floor(v)) bad("'" + spec + "': '" + text + "' is not a whole number >= 0");
+  return static_cast<std::size_t>(v);
+}
+
+// ---- robust ----------------------------------------------------------------------------------------
+
+class buffered_rule final : public aggregator {
+public:
+  enum class kind { median, trimmed_mean, krum };
+  buffered_rule(std::string name, kind k, std::size_t a, std::size_t b)
+      : name_(std::move(name)), kind_(k), a_(a), b_(b) {}
+  std::string name() const override { return name_; }
+  void begin(const round_info& round) override {
+    dim_ = round.dim;
+    updates_.clear();
+  }
+  void add(std::uint64_t client, double, std::span<const float> delta) override {
+    if (delta.size() != dim_)
+      bad("client " + std::to_string(client) + " sent " + std::to_string(delta.size()) + " floats; the round expects " +
+          std::to_string(dim_));
+    updates_.emplace_back(delta.begin(), delta.end());
+  }
+  std::vector<float> finish() override {
+    if (updates_.empty()) throw std::logic_error(name_ + ": no updates in this round");
+    const std::vector<update_view> views(updates_.begin(), updates_.end());
+    switch (kind_) {
+      case kind::median: return coordinate_median(views);
+      case kind::trimmed_mean: return trimmed_mean(views, a_);
+      case kind::krum: return multi_krum(views, a_, b_);
+    }
+    return {};
+  }
+
+private:
+  std::string name_;
+  kind kind_;
+  std::size_t a_, b_, dim_ = 0;
+  std::vector<std::vector<float>> updates_;
+};
+
+// ---- differential privacy --------------------------------------------------------------------------
+
+/// What the clipping transform and the noising aggregator share. The bound changes only in
+/// finish(), between rounds; the engine's messages order that before the next round's clipping.
+struct dp_state {
+  dp_options options;
+  adaptive_clipping clipping;
+  rdp_accountant accountant;
+  double sum_multiplier = 0;  // z, or z_Δ when adaptive
+};
+
+class dp_clip final : public update_transform {
+public:
+  explicit dp_clip(std::shared_ptr<dp_state> s) : s_(std::move(s)) {}
+  std::string name() const override { return "dp-clip"; }
+  void apply(client_update& u, std::span<float>, const round_info&, splitmix64&) const override {
+    clip_l2(u.delta, s_->clipping.bound);
+  }
+  void end_round(const round_info&, std::vector<std::pair<std::string, double>>& metrics) override {
+    metrics.emplace_back("epsilon", s_->accountant.epsilon(s_->options.delta).epsilon);
+    if (s_->options.adaptive) metrics.emplace_back("dp_clip", s_->clipping.bound);
+  }
+
+private:
+  std::shared_ptr<dp_state> s_;
+};
+
+class dp_noise final : public aggregator {
+public:
+  explicit dp_noise(std::shared_ptr<dp_state> s) : s_(std::move(s)) {}
+  std::string name() const override { return "dp-gaussian"; }
+  void begin(const round_info& round) override {
+    sum_.assign(round.dim, 0.0);
+    unclipped_ = 0;
+    added_ = 0;
+    seed_ = round.seed;
+  }
+  void add(std::uint64_t client, double, std::span<const float> delta) override {
+    if (delta.size() != sum_.size())
+      bad("client " + std::to_string(client) + " sent " + std::to_string(delta.size()) + " floats; the round expects " +
+          std::to_string(sum_.size()));
+    double squares = 0;
+    for (std::size_t i = 0; i < delta.size(); ++i) {
+      sum_[i] += delta[i];
+      squares += static_cast<double>(delta[i]) * delta[i];
+    }
+    // A clipped update sits on the bound (up to float rounding); one below it was not clipped.
+    if (std::sqrt(squares) < s_->clipping.bound * (1 - 1e-5)) ++unclipped_;
+    ++added_;
+  }
+  std::vector<float> finish() override {
+    if (added_ == 0) throw std::logic_error("dp-gaussian: no updates in this round");
+    const double stddev = s_->sum_multiplier * s_->clipping.bound;
+    const double k = static_cast<double>(s_->options.expected_clients);
+    std::vector<float> out(sum_.size());
+    splitmix64 g{derive_seed(seed_, 0xD1FF)};
+    const std::uint64_t noise_seed = g.next();
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(sum_[i]);
+    add_gaussian_noise(out, stddev, noise_seed);
+    for (float& x : out) x = static_cast<float>(x / k);
+    s_->accountant.compose(k / static_cast<double>(s_->options.population), s_->options.noise, 1);
+    if (s_->options.adaptive) s_->clipping.update(unclipped_, k, g.next());
+    return out;
+  }
+
+private:
+  std::shared_ptr<dp_state> s_;
+  std::vector<double> sum_;
+  std::int64_t unclipped_ = 0, added_ = 0;
+  std::uint64_t seed_ = 0;
+};
+
+// ---- compression -----------------------------------------------------------------------------------
+
+class compression final : public update_transform {
+public:
+  compression(std::string spec, bool topk, double parameter) : spec_(std::move(spec)), topk_(topk), p_(parameter) {}
+  std::string name() const override { return spec_; }
+  std::size_t client_state_floats(std::size_t dim) const override { return topk_ ? dim : 0; }
+  void apply(client_update& u, std::span<float> state, const round_info&, splitmix64& rng) const override {
+    if (topk_) {
+      top_k(u.delta, p_, state).densify(u.delta);
+    } else {
+      qsgd(u.delta, static_cast<int>(p_), rng.next()).dequantize(u.delta);
+    }
+  }
+  void end_round(const round_info& round, std::vector<std::pair<std::string, double>>& metrics) override {
+    const double dense = 4.0 * static_cast<double>(round.dim);
+    double wire = 0;
+    if (topk_) {
+      const double k = std::max(1.0, std::round(p_ * static_cast<double>(round.dim)));
+      wire = 8.0 * k;
+    } else {
+      wire = quantized_update{0, static_cast<int>(p_), std::vector<std::int8_t>(round.dim)}.wire_bytes();
+    }
+    metrics.emplace_back("uplink_ratio", wire / dense);
+  }
+
+private:
+  std::string spec_;
+  bool topk_;
+  double p_;
+};
+
+// ---- attacks ---------------------------------------------------------------------------------------
+
+class attack final : public update_transform {
+public:
+  attack(update_attack kind, double p, double factor, std::uint64_t seed)
+      : kind_(kind), p_(p), factor_(factor), seed_(seed) {}
+  std::string name() const override { return "attack"; }
+  void apply(client_update& u, std::span<float>, const round_info&, splitmix64&) const override {
+    if (is_malicious(u.client, p_, seed_)) apply_update_attack(kind_, u.delta, factor_);
+  }
+
+private:
+  update_attack kind_;
+  double p_, factor_;
+  std::uint64_t seed_;
+};
+
+// ---- secure aggregation ----------------------------------------------------------------------------
+
+/// One round's protocol state. The clients' halves live here for the round only (in a
+/// deployment each would live on its device); the aggregator touches only the server half and
+/// what the messages carry.
+struct secagg_round {
+  secagg::config cfg;
+  std::unique_ptr<secagg::graph> graph;
+  std::unique_ptr<secagg::server> server;
+  std::unordered_map<std::uint64_t, std::size_t> slot;  // client -> index below
+  std::vector<secagg::client> clients;
+  std::vector<std::vector<secagg::encrypted_share>> inbox;
+};
+
+struct secagg_state {
+  secagg_options options;
+  secagg_round round;
+  std::size_t survivors = 0;
+};
+
+/// Runs f(i) for i in [0, n) on the machine's cores (up to four threads): key setup is per client.
+template <class F>
+void for_each_client(std::size_t n, F&& f) {
+  const std::size_t threads = std::min<std::size_t>(std::max(1u, std::thread::hardware_concurrency()), n < 8 ? 1 : 4);
+  std::vector<std::thread> pool;
+  std::exception_ptr error;
+  std::mutex m;
+  for (std::size_t t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      try {
+        for (std::size_t i = t; i < n; i += threads) f(i);
+      } catch (...) {
+        std::lock_guard lock(m);
+        if (!error) error = std::current_exception();
+      }
+    });
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
+}
+
+class secagg_mask final : public update_transform {
+public:
+  explicit secagg_mask(std::shared_ptr<secagg_state> s) : s_(std::move(s)) {}
+  std::string name() const override { return "secagg"; }
+  void apply(client_update& u, std::span<float>, const round_info&, splitmix64&) const override {
+    auto& r = s_->round;
+    auto it = r.slot.find(u.client);
+    if (it == r.slot.end()) throw std::logic_error("secagg: client " + std::to_string(u.client) + " is not in this round");
+    if (u.delta.size() + 1 != r.cfg.dim) throw std::logic_error("secagg: the update's length changed within the round");
+    const double ratio = u.weight / s_->options.mean_weight;
+    std::vector<float> input(r.cfg.dim);
+    for (std::size_t i = 0; i < u.delta.size(); ++i) input[i] = static_cast<float>(u.delta[i] * ratio);
+    input.back() = static_cast<float>(ratio);
+    u.words = r.clients[it->second].mask(r.inbox[it->second], input).values;
+    u.delta.clear();
+    u.delta.shrink_to_fit();
+  }
+  void end_round(const round_info&, std::vector<std::pair<std::string, double>>& metrics) override {
+    metrics.emplace_back("secagg_survivors", static_cast<double>(s_->survivors));
+  }
+
+private:
+  std::shared_ptr<secagg_state> s_;
+};
+
+class secagg_sum final : public aggregator {
+public:
+  explicit secagg_sum(std::shared_ptr<secagg_state> s) : s_(std::move(s)) {}
+  std::string name() const override { return "secagg"; }
+  void begin(const round_info& round) override {
+    auto& r = s_->round;
+    r = {};
+    r.cfg = {.dim = round.dim + 1,
+             .clip = s_->options.clip,
+             .max_clients = std::max(s_->options.max_clients, round.participants.size()),
+             .degree = s_->options.degree,
+             .threshold = 0,
+             .full_graph = s_->options.full_graph};
+    seed_ = round.seed;
+    std::vector<secagg::client_id> ids;
+    for (std::uint64_t c : round.participants) {
+      if (c > 0xFFFFFFFFull) bad("secagg: client ids above 2^32 are not supported");
+      r.slot.emplace(c, ids.size());
+      ids.push_back(static_cast<secagg::client_id>(c));
+    }
+    r.graph = std::make_unique<secagg::graph>(ids, r.cfg);
+    r.server = std::make_unique<secagg::server>(r.cfg, *r.graph);
+    for (auto id : ids) r.clients.emplace_back(id, r.cfg, *r.graph);
+    std::vector<secagg::public_keys> keys(ids.size());
+    for_each_client(ids.size(), [&](std::size_t i) { keys[i] = r.clients[i].advertise(); });
+    for (const auto& k : keys) r.server->receive_keys(k);
+    std::vector<std::vector<secagg::encrypted_share>> shares(ids.size());
+    for_each_client(ids.size(), [&](std::size_t i) { shares[i] = r.clients[i].share_keys(r.server->keys_for(ids[i])); });
+    for (const auto& s : shares) r.server->receive_shares(s);
+    r.inbox.resize(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) r.inbox[i] = r.server->shares_for(ids[i]);
+  }
+  void add(std::uint64_t client, double, std::span<const float>) override {
+    throw std::logic_error("secagg: client " + std::to_string(client) + " sent an unmasked update");
+  }
+  void add_encoded(std::uint64_t client, double, std::span<const std::uint32_t> words) override {
+    s_->round.server->receive_masked({static_cast<secagg::client_id>(client), {words.begin(), words.end()}});
+  }
+  std::vector<float> finish() override {
+    auto& r = s_->round;
+    const auto request = r.server->request_unmasking();
+    // Clients lost after masking: a seeded draw per round; they do not answer the request.
+    splitmix64 g{derive_seed(seed_, 0x5ECA66)};
+    for (auto id : request.survivors)
+      if (!(g.uniform01() < s_->options.dropout)) r.server->receive_unmask(r.clients[r.slot.at(id)].unmask(request));
+    for (auto id : request.dropped) r.server->receive_unmask(r.clients[r.slot.at(id)].unmask(request));
+    auto sum = r.server->finish();
+    s_->survivors = r.server->survivors();
+    const float total = sum.back();
+    if (!(total > 0)) throw std::runtime_error("secagg: the round's weights sum to zero");
+    sum.pop_back();
+    for (float& x : sum) x /= total;
+    r = {};
+    return sum;
+  }
+
+private:
+  std::shared_ptr<secagg_state> s_;
+  std::uint64_t seed_ = 0;
+};
+
+}  // namespace
+
+// ---- factories -------------------------------------------------------------------------------------
+
+bool is_robust_rule(const std::string& spec) {
+  const auto name = split(spec).front();
+  return name == "median" || name == "trimmed-mean" || name == "krum" || name == "multi-krum";
+}
+
+std::unique_ptr<aggregator> make_robust_aggregator(const std::string& spec) {
+  const auto p = split(spec);
+  using k = buffered_rule::kind;
+  if (p[0] == "median" && p.size() == 1) return std::make_unique<buffered_rule>(spec, k::median, 0, 0);
+  if (p[0] == "trimmed-mean" && p.size() == 2) return std::make_unique<buffered_rule>(spec, k::trimmed_mean, count(p[1], spec), 0);
+  if (p[0] == "krum" && p.size() == 2) return std::make_unique<buffered_rule>(spec, k::krum, count(p[1], spec), 1);
+  if (p[0] == "multi-krum" && p.size() == 3) {
+    const auto m = count(p[2], spec);
+    if (m < 1) bad("'" + spec + "': M must be at least 1");
+    return std::make_unique<buffered_rule>(spec, k::krum, count(p[1], spec), m);
+  }
+  bad("unknown robust aggregation rule '" + spec + "' (median, trimmed-mean:B, krum:F, multi-krum:F:M)");
+}
+
+mechanism make_differential_privacy(const dp_options& options) {
+  if (!(options.clip > 0) || !std::isfinite(options.clip)) bad("--dp-clip must be a positive number");
+  if (!(options.noise > 0) || !std::isfinite(options.noise)) bad("--dp-noise must be a positive number");
+  if (!(options.delta > 0 && options.delta < 1)) bad("--dp-delta must be in (0, 1)");
+  if (options.expected_clients == 0 || options.population < options.expected_clients)
+    bad("differential privacy needs 0 < clients per round <= clients");
+  auto s = std::make_shared<dp_state>();
+  s->options = options;
+  s->clipping.bound = options.clip;
+  s->sum_multiplier = options.noise;
+  if (options.adaptive) {
+    s->clipping.target_quantile = options.target_quantile;
+    s->clipping.learning_rate = options.clip_learning_rate;
+    s->clipping.count_noise =
+        options.count_noise > 0 ? options.count_noise : static_cast<double>(options.expected_clients) / 20;
+    s->sum_multiplier = s->clipping.sum_noise_multiplier(options.noise);
+  }
+  return {std::make_unique<dp_clip>(s), std::make_unique<dp_noise>(s)};
+}
+
+std::unique_ptr<update_transform> make_compression(const std::string& spec) {
+  const auto p = split(spec);
+  if (p.size() == 2 && p[0] == "topk") {
+    const double f = number(p[1], spec);
+    if (!(f > 0 && f <= 1)) bad("'" + spec + "': the fraction must be in (0, 1]");
+    return std::make_unique<compression>(spec, true, f);
+  }
+  if (p.size() == 2 && p[0] == "qsgd") {
+    const auto levels = count(p[1], spec);
+    if (levels < 1 || levels > 127) bad("'" + spec + "': the levels must be in [1, 127]");
+    return std::make_unique<compression>(spec, false, static_cast<double>(levels));
+  }
+  bad("unknown compression '" + spec + "' (topk:F or qsgd:L)");
+}
+
+bool is_malicious(std::uint64_t client, double p, std::uint64_t seed) {
+  splitmix64 g{derive_seed(seed ^ 0xA77AC4ull, client)};
+  return g.uniform01() < p;
+}
+
+std::unique_ptr<update_transform> make_update_attack(const std::string& spec, std::uint64_t seed) {
+  const auto p = split(spec);
+  auto fraction = [&](const std::string& text) {
+    const double f = number(text, spec);
+    if (!(f >= 0 && f <= 1)) bad("'" + spec + "': the malicious fraction must be in [0, 1]");
+    return f;
+  };
+  if (p.size() == 2 && p[0] == "sign-flip") return std::make_unique<attack>(update_attack::sign_flip, fraction(p[1]), 1.0, seed);
+  if (p.size() == 3 && p[0] == "scale")
+    return std::make_unique<attack>(update_attack::scale, fraction(p[1]), number(p[2], spec), seed);
+  bad("unknown attack '" + spec + "' (sign-flip:P or scale:P:X)");
+}
+
+mechanism make_secure_aggregation(const secagg_options& options) {
+  if (!(options.clip > 0) || !std::isfinite(options.clip)) bad("secagg: clip must be positive");
+  if (!(options.mean_weight > 0) || !std::isfinite(options.mean_weight)) bad("secagg: mean_weight must be positive");
+  if (!(options.dropout >= 0 && options.dropout < 1)) bad("secagg: the dropout fraction must be in [0, 1)");
+  auto s = std::make_shared<secagg_state>();
+  s->options = options;
+  return {std::make_unique<secagg_mask>(s), std::make_unique<secagg_sum>(s)};
+}
+
+}  // namespace troupe::federated
