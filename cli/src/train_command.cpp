@@ -20,7 +20,7 @@ void add_train_command(CLI::App& app, int& rc) {
   cmd->add_option("--data-dir", o->data_dir, "where the dataset's files are (default: its Debian location)");
   cmd->add_option("--model", o->model, "mlp:IN-H1-...-OUT")->capture_default_str();
   cmd->add_option("--optimizer", o->optimizer, "sgd, adam or adamw")->capture_default_str();
-  cmd->add_option("--state", o->state, "optimizer state storage: auto or fp32")->capture_default_str();
+  cmd->add_option("--state", o->state, "optimizer state storage: fp32, bf16, int8 or auto")->capture_default_str();
   cmd->add_option("--epochs", o->epochs, "passes over the training set")->capture_default_str();
   cmd->add_option("--batch", o->batch, "samples per step")->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of initialization and shuffling")->capture_default_str();

@@ -114,19 +114,22 @@ struct adam_constants {
   float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, bias2_sqrt, decay, l2, gscale;
 };
 
-/// One fused pass: every element read and written once.
-void adam_fused(float* __restrict p, const float* __restrict grad, float* __restrict m, float* __restrict v,
-                float* __restrict vmax, std::size_t n, const adam_constants& c) {
+/// One fused pass: every element read and written once. The loop-invariant choices are template
+/// parameters or multiplications by exactly 1 (the decay and the clipping scale), so that the
+/// loop has no branches and vectorizes; x * 1.0f == x for every float, so the arithmetic is the
+/// reference's.
+template <bool L2, bool Amsgrad>
+void adam_fused_loop(float* __restrict p, const float* __restrict grad, float* __restrict m, float* __restrict v,
+                     float* __restrict vmax, std::size_t n, const adam_constants c) {
+  const bool low = c.one_minus_beta1 < 0.5f;
   for (std::size_t i = 0; i < n; ++i) {
-    float param = p[i];
-    if (c.decay != 1.0f) param = param * c.decay;  // AdamW: decoupled decay first
-    float g = grad[i];
-    if (c.gscale != 1.0f) g = g * c.gscale;        // percentile clipping
-    if (c.l2 != 0.0f) g = g + param * c.l2;        // Adam: L2 into the gradient
-    const float mi = lerp(m[i], g, c.one_minus_beta1);
+    const float param = p[i] * c.decay;  // AdamW: decoupled decay first
+    float g = grad[i] * c.gscale;        // percentile clipping
+    if constexpr (L2) g = g + param * c.l2;  // Adam: L2 into the gradient
+    const float mi = low ? m[i] + c.one_minus_beta1 * (g - m[i]) : g - (g - m[i]) * (1.0f - c.one_minus_beta1);
     const float vi = v[i] * c.beta2 + c.one_minus_beta2 * g * g;  // addcmul: (value * t1) * t2
     float second = vi;
-    if (vmax) {
+    if constexpr (Amsgrad) {
       second = std::max(vmax[i], vi);
       vmax[i] = second;
     }
@@ -134,6 +137,16 @@ void adam_fused(float* __restrict p, const float* __restrict grad, float* __rest
     p[i] = param + (-c.step_size) * mi / denom;  // addcdiv: (value * t1) / t2
     m[i] = mi;
     v[i] = vi;
+  }
+}
+
+void adam_fused(float* p, const float* grad, float* m, float* v, float* vmax, std::size_t n, const adam_constants& c) {
+  if (c.l2 != 0.0f) {
+    if (vmax) adam_fused_loop<true, true>(p, grad, m, v, vmax, n, c);
+    else adam_fused_loop<true, false>(p, grad, m, v, vmax, n, c);
+  } else {
+    if (vmax) adam_fused_loop<false, true>(p, grad, m, v, vmax, n, c);
+    else adam_fused_loop<false, false>(p, grad, m, v, vmax, n, c);
   }
 }
 
@@ -165,18 +178,28 @@ struct sgd_constants {
   bool nesterov;
 };
 
-void sgd_fused(float* __restrict p, const float* __restrict grad, float* __restrict buf, std::size_t n,
-               const sgd_constants& c, bool first) {
+template <bool Wd, bool Momentum>
+void sgd_fused_loop(float* __restrict p, const float* __restrict grad, float* __restrict buf, std::size_t n,
+                    const sgd_constants c, bool first) {
   for (std::size_t i = 0; i < n; ++i) {
-    float g = grad[i];
-    if (c.gscale != 1.0f) g = g * c.gscale;
-    if (c.wd != 0.0f) g = g + p[i] * c.wd;
-    if (buf) {
+    float g = grad[i] * c.gscale;
+    if constexpr (Wd) g = g + p[i] * c.wd;
+    if constexpr (Momentum) {
       const float b = first ? g : buf[i] * c.momentum + g * c.one_minus_dampening;
       buf[i] = b;
       g = c.nesterov ? g + b * c.momentum : b;
     }
     p[i] = p[i] + g * (-c.lr);
+  }
+}
+
+void sgd_fused(float* p, const float* grad, float* buf, std::size_t n, const sgd_constants& c, bool first) {
+  if (c.wd != 0.0f) {
+    if (buf) sgd_fused_loop<true, true>(p, grad, buf, n, c, first);
+    else sgd_fused_loop<true, false>(p, grad, buf, n, c, first);
+  } else {
+    if (buf) sgd_fused_loop<false, true>(p, grad, buf, n, c, first);
+    else sgd_fused_loop<false, false>(p, grad, buf, n, c, first);
   }
 }
 

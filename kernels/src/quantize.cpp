@@ -145,8 +145,19 @@ inline std::uint8_t finish(std::uint8_t c, float xn, const qmap& map, const bloc
 void quantize_block(const float* x, std::size_t n, float scale, const qmap& map, const block_options& o,
                     std::uint32_t key, std::uint32_t first, std::uint8_t* codes) noexcept {
   const float inv = scale > 0 ? 1.0f / scale : 0.0f;
-  if (!o.stochastic && !o.keep_nonzero) {
-    for (std::size_t i = 0; i < n; ++i) codes[i] = map.quantize(x[i] * inv);
+  if (!o.stochastic) {
+    // The common case without a call per element: keep_nonzero as arithmetic on the code.
+    const int zero = map.zero_code();
+    const int down = map.is_signed() ? 1 : 0;
+    const int keep = o.keep_nonzero ? 1 : 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float xn = x[i] * inv;
+      int c = map.quantize(xn);
+      const int at_zero = (c == zero) & keep;
+      c += at_zero & (xn > 0.0f);
+      c -= at_zero & (xn < 0.0f) & down;
+      codes[i] = static_cast<std::uint8_t>(c);
+    }
     return;
   }
   for (std::size_t i = 0; i < n; ++i) {

@@ -35,9 +35,7 @@ train_result train(const train_options& o, const std::function<void(const train_
     throw std::invalid_argument("dataset '" + o.dataset + "' is not known (use fashion-mnist)");
   if (o.epochs < 1) throw std::invalid_argument("--epochs must be at least 1");
   if (o.batch < 1) throw std::invalid_argument("--batch must be at least 1");
-  if (o.state != "auto" && o.state != "fp32")
-    throw std::invalid_argument("optimizer state '" + o.state +
-                                "' is not available yet: use auto or fp32 (bf16 and int8 state are planned)");
+  const auto storage = parse_state_storage(o.state);
   const auto kind = parse_optimizer_kind(o.optimizer);
   auto model = make_mlp(o.model);
 
@@ -55,7 +53,7 @@ train_result train(const train_options& o, const std::function<void(const train_
   hp.lr = o.lr;
   hp.weight_decay = kind == optimizer_kind::sgd ? 0.0 : o.weight_decay;
   if (kind == optimizer_kind::sgd) hp.momentum = 0.9;
-  optimizer opt(kind, {{model->parameters(), hp}});
+  optimizer opt(kind, {{model->parameters(), hp, {.storage = storage}}});
   const std::int64_t n = data.train.size();
   const std::int64_t steps_per_epoch = (n + o.batch - 1) / o.batch;
   const double total_steps = static_cast<double>(steps_per_epoch) * o.epochs;

@@ -14,7 +14,7 @@ struct train_options {
   std::string data_dir;  ///< empty: the dataset's default location
   std::string model = "mlp:784-256-128-10";
   std::string optimizer = "adamw";
-  std::string state = "auto";  ///< optimizer state storage: auto or fp32 (bf16, int8: not yet)
+  std::string state = "auto";  ///< optimizer state storage: fp32, bf16, int8 or auto (see optim.hpp)
   int epochs = 8;
   int batch = 64;
   std::uint64_t seed = 0;
