@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A guided tour: runs every example in reading order and stops at the first failure.
 #
-#   examples/tour.sh BIN_DIR      (BIN_DIR holds example_hello, ...; `make run` does this)
+#   examples/tour.sh BIN_DIR      (BIN_DIR holds example_hello, ...; `make tour` does this)
 #
 # Each example prints what it shows and checks its own results; its source,
 # examples/<name>/main.cpp, is written to be read alongside its output.
@@ -14,13 +14,14 @@ if [[ -z $bin_dir ]]; then
   exit 2
 fi
 
-examples=(hello ping_pong supervision fork_join bounded)
+examples=(hello ping_pong supervision fork_join bounded fedsim_custom)
 about=(
   "spawn, tell, ask, exceptions and timeouts"
   "coroutine methods that await replies without blocking a thread; reentrancy"
   "on_start/on_stop, restarts after a crash, monitors and down notices"
   "a parallel sum: fork asks to workers, join their replies"
   "bounded mailboxes: back-pressure (wait) and refusal (reject)"
+  "federated simulation with your own client model and server strategy"
 )
 
 # A hang is a failure too: give each example a generous limit when `timeout` exists.

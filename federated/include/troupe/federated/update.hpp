@@ -59,15 +59,15 @@ public:
   /// Floats of persistent state each client keeps for this transform between rounds (an
   /// error-feedback residual: dim); 0 (the default) when none. Allocated, zero-filled, on the
   /// client's first round only when non-zero.
-  virtual std::size_t client_state_floats(std::size_t dim) const { return 0; }
+  virtual std::size_t client_state_floats(std::size_t /*dim*/) const { return 0; }
   /// Changes `u` in place. `state` is this client's slice (client_state_floats floats);
   /// `rng` is seeded for (client, round, transform) and drawn from by this call only.
   virtual void apply(client_update& u, std::span<float> state, const round_info& round,
                      splitmix64& rng) const = 0;
   /// Server side, after the round's aggregate: metrics to report with the round, as
   /// (name, value) pairs, e.g. ("epsilon", 1.7) under differential privacy.
-  virtual void end_round(const round_info& round,
-                         std::vector<std::pair<std::string, double>>& metrics) {}
+  virtual void end_round(const round_info& /*round*/,
+                         std::vector<std::pair<std::string, double>>& /*metrics*/) {}
 };
 
 /// Combines the updates of a round into one vector.
