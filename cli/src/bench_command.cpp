@@ -4,6 +4,7 @@
 
 #include "actors_bench.hpp"
 #include "nn_bench.hpp"
+#include "optim_bench.hpp"
 #include "commands.hpp"
 
 namespace troupe::cli {
@@ -27,6 +28,25 @@ void add_bench_command(CLI::App& app, int& rc) {
   nn->add_flag("--quick", nn_opts->quick, "shorter timings (for CI)");
   nn->add_option("--only", nn_opts->only, "gemm, train, or one GEMM shape");
   nn->callback([nn_opts, &rc] { rc = troupe::bench::run_nn(*nn_opts, std::cout); });
+
+  auto optim_opts = std::make_shared<troupe::bench::optim_options>();
+  auto* optim = bench->add_subcommand("optim", "fused optimizer steps per state storage, against memory bandwidth");
+  optim->add_flag("--json", optim_opts->json, "one JSON object per line");
+  auto quick = std::make_shared<bool>(false);
+  optim->add_flag("--quick", *quick, "1 M parameters in 10 tensors, 3 steps (for CI)");
+  optim->add_option("--params", optim_opts->params, "parameters in all")->capture_default_str();
+  optim->add_option("--tensors", optim_opts->tensors, "tensors they are split into")->capture_default_str();
+  optim->add_option("--steps", optim_opts->steps, "timed steps per row (median)")->capture_default_str();
+  optim->add_option("--threads", optim_opts->threads, "threads per step (default: all cores)");
+  optim->add_option("--only", optim_opts->only, "sgd, adam or adamw");
+  optim->callback([optim_opts, quick, &rc] {
+    if (*quick) {
+      optim_opts->params = 1'000'000;
+      optim_opts->tensors = 10;
+      optim_opts->steps = 3;
+    }
+    rc = troupe::bench::run_optim(*optim_opts, std::cout);
+  });
 }
 
 }  // namespace troupe::cli

@@ -1,0 +1,25 @@
+#pragma once
+// The workloads of `troupe bench optim`: fused optimizer steps over many tensors in each state
+// storage, against the memory bandwidth measured in the same run.
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+namespace troupe::bench {
+
+struct optim_options {
+  bool json = false;
+  std::int64_t params = 50'000'000;  ///< parameters in all
+  int tensors = 100;                 ///< split into this many equal tensors
+  int steps = 7;                     ///< timed steps per row (the median is reported)
+  int threads = 0;                   ///< 0: the optimizer's default (all cores at this size)
+  std::string only;                  ///< sgd, adam or adamw
+};
+
+/// Prints {"suite":"optim","bench":...,"state":...,"device":"cpu","metric":"seconds_per_step",
+/// "value":...,"bytes_per_param":...,"fraction_of_bandwidth":...} lines (or a table), after
+/// the triad and in-place bandwidth lines. Returns a process exit code.
+int run_optim(const optim_options& opts, std::ostream& out);
+
+}  // namespace troupe::bench
