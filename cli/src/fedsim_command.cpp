@@ -55,6 +55,10 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   auto* async = cmd->add_option("--async", f->async, "fedbuff:K");
   auto* attack = cmd->add_option("--attack", f->attack, "inject Byzantine or backdoor clients");
   auto* checkpoint = cmd->add_option("--checkpoint", f->checkpoint, "save and resume the simulation in this directory");
+  cmd->add_option("--dropout", o.dropout, "probability that a sampled client fails in a round")->capture_default_str();
+  cmd->add_option("--deadline", o.deadline, "simulated seconds a round waits for updates (0: no deadline)")->capture_default_str();
+  cmd->add_option("--over-select", o.over_select, "sample this fraction more clients, keep the first --per-round to finish")
+      ->capture_default_str();
   cmd->add_option("--seed", o.seed, "seed of every random choice")->capture_default_str();
   cmd->add_option("--eval-every", o.eval_every, "evaluate every N rounds (and after the last)")->capture_default_str();
   cmd->add_option("--threads", o.threads, "worker threads (0: one per core)")->capture_default_str();
@@ -83,6 +87,9 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         if (p.evaluated) {
           if (tty) std::fprintf(stderr, "\r\033[K");
           std::string extra;
+          if (p.round->sampled != p.round->participants && !json)
+            extra += "  " + std::to_string(p.round->participants) + "/" + std::to_string(p.round->sampled) + " updates (" +
+                     std::to_string(p.round->dropped) + " failed, " + std::to_string(p.round->late) + " late)";
           for (const auto& [name, value] : p.round->metrics) {
             char buf[96];
             std::snprintf(buf, sizeof buf, json ? ",\"%s\":%.6g" : "  %s %.4g", name.c_str(), value);

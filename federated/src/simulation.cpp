@@ -32,6 +32,8 @@ constexpr std::uint64_t stream_partition = 2;
 constexpr std::uint64_t stream_sample = 1ull << 32;   // + round
 constexpr std::uint64_t stream_client = 2ull << 32;   // + client
 constexpr std::uint64_t stream_transform = 3ull << 32;
+constexpr std::uint64_t stream_speed = 4ull << 32;    // + client
+constexpr std::uint64_t stream_fault = 5ull << 32;    // + round, then client
 
 // ---- the built-in trainers --------------------------------------------------------------
 
@@ -301,6 +303,10 @@ void check_options(const simulation_options& o) {
   if (!(o.lr > 0) || !std::isfinite(o.lr)) fail("--lr must be positive");
   if (o.eval_every < 1) fail("--eval-every must be at least 1");
   if (o.threads > 256) fail("--threads must be at most 256");
+  if (!(o.dropout >= 0 && o.dropout < 1)) fail("--dropout must be in [0, 1)");
+  if (!(o.deadline >= 0) || !std::isfinite(o.deadline)) fail("--deadline must be a non-negative number of seconds");
+  if (!(o.over_select >= 0 && o.over_select <= 10)) fail("--over-select must be in [0, 10]");
+  if (!(o.sample_seconds >= 0) || !std::isfinite(o.sample_seconds)) fail("the simulated time per example must be non-negative");
   if (o.trainer != "mlp" && o.trainer != "noop") fail("unknown trainer '" + o.trainer + "' (use mlp or noop)");
 }
 
@@ -330,7 +336,8 @@ struct simulation::impl {
   std::unique_ptr<local_trainer> server_trainer;  // evaluations
   std::unique_ptr<aggregator> agg = make_weighted_mean();
   std::shared_ptr<const std::vector<float>> global;
-  std::size_t sample_size = 0;
+  std::size_t sample_size = 0;  // sampled per round
+  std::size_t keep = 0;         // of those, kept at most (per-round)
   std::size_t window = 0;
   int rounds = 0;
   // Declared last: stopped (its workers joined) before the state the clients read goes.
@@ -369,6 +376,10 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
   impl_->sample_size = o.fraction > 0 ? std::clamp<std::size_t>(static_cast<std::size_t>(std::llround(o.fraction * o.clients)),
                                                                 std::max<std::size_t>(1, o.min_per_round), o.clients)
                                       : std::max(o.per_round, o.min_per_round);
+  impl_->keep = impl_->sample_size;
+  if (o.over_select > 0)
+    impl_->sample_size = std::min<std::size_t>(
+        o.clients, static_cast<std::size_t>(std::ceil(static_cast<double>(impl_->sample_size) * (1 + o.over_select))));
   e.rule = e.strategy->rule();
 
   auto global = std::make_shared<std::vector<float>>(e.dim);
@@ -430,6 +441,53 @@ std::vector<std::uint64_t> simulation::sample(int round) const {
   return out;
 }
 
+double simulation::simulated_latency(std::uint64_t client, int round) const {
+  const auto& o = impl_->engine.options;
+  splitmix64 fault{derive_seed(derive_seed(o.seed, stream_fault + static_cast<std::uint64_t>(round)), client)};
+  if (fault.uniform01() < o.dropout) return -1;
+  // The client's own speed: log-normal with sigma 0.5, by Box-Muller from its seed.
+  splitmix64 speed{derive_seed(o.seed, stream_speed + client)};
+  const double u1 = 1.0 - speed.uniform01(), u2 = speed.uniform01();
+  const double factor = std::exp(0.5 * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2));
+  const auto& off = impl_->engine.part.offsets;
+  const double examples = static_cast<double>(off[client + 1] - off[client]);
+  const double jitter = -0.1 * std::log(1.0 - fault.uniform01());
+  return factor * examples * o.local_epochs * o.sample_seconds + jitter;
+}
+
+std::vector<std::uint64_t> simulation::participants(int round, round_report* report) const {
+  const auto& o = impl_->engine.options;
+  const auto sampled = sample(round);
+  round_report local;
+  round_report& r = report ? *report : local;
+  r.sampled = sampled.size();
+  r.dropped = r.late = 0;
+  const bool timed = o.dropout > 0 || o.deadline > 0 || o.over_select > 0;
+  if (!timed) {
+    r.simulated_seconds = 0;
+    return sampled;
+  }
+  std::vector<std::pair<double, std::uint64_t>> arrived;
+  for (auto c : sampled) {
+    const double t = simulated_latency(c, round);
+    if (t < 0)
+      ++r.dropped;
+    else if (o.deadline > 0 && t > o.deadline)
+      ++r.late;
+    else
+      arrived.emplace_back(t, c);
+  }
+  std::sort(arrived.begin(), arrived.end());
+  if (arrived.size() > impl_->keep) arrived.resize(impl_->keep);
+  // The server waits for the last kept update, or until the deadline when some never come.
+  const bool short_of = arrived.size() < impl_->keep;
+  r.simulated_seconds = short_of && o.deadline > 0 ? o.deadline : arrived.empty() ? 0.0 : arrived.back().first;
+  std::vector<std::uint64_t> out;
+  for (const auto& [t, c] : arrived) out.push_back(c);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 round_report simulation::run_round() {
   auto& e = impl_->engine;
   const auto t0 = clock_type::now();
@@ -452,7 +510,8 @@ round_report simulation::run_round() {
     ctx->control.assign(control.begin(), control.end());
     ctx->control.resize(e.dim, 0.0f);
   }
-  ctx->participants = sample(round);
+  round_report r;
+  ctx->participants = participants(round, &r);
   ctx->info.round = round;
   ctx->info.dim = e.strategy->update_floats(e.dim);
   ctx->info.population = impl_->clients.size();
@@ -483,12 +542,13 @@ round_report simulation::run_round() {
     samples += u.samples;
     e.give_back(std::move(u.delta));
   }
-  std::vector<float> aggregate = impl_->agg->finish();
-  auto next = std::make_shared<std::vector<float>>(*impl_->global);
-  e.strategy->apply(*next, aggregate, ctx->info);
-  impl_->global = std::move(next);
+  if (!who.empty()) {  // a round where every client failed leaves the model as it was
+    std::vector<float> aggregate = impl_->agg->finish();
+    auto next = std::make_shared<std::vector<float>>(*impl_->global);
+    e.strategy->apply(*next, aggregate, ctx->info);
+    impl_->global = std::move(next);
+  }
 
-  round_report r;
   r.round = round;
   r.participants = who.size();
   r.train_loss = samples ? loss / static_cast<double>(samples) : 0.0;

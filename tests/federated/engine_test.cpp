@@ -293,3 +293,54 @@ TEST(Simulation, RefusesBadOptionsWithAClearMessage) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Simulation, DropoutsDeadlinesAndOverSelectionAreSeededAndDeterministic) {
+  auto o = small("fedavg", 1);
+  o.dropout = 0.3;
+  o.deadline = 0.4;
+  o.over_select = 0.5;  // 6 per round: sample 9, keep the first 6 to finish
+  const auto one = run_rounds(o);
+  o.threads = 4;
+  EXPECT_EQ(one, run_rounds(o));
+
+  simulation sim(o, fashion());
+  std::size_t dropped = 0, late = 0, short_rounds = 0;
+  for (int r = 1; r <= 20; ++r) {
+    round_report rep;
+    const auto kept = sim.participants(r, &rep);
+    EXPECT_EQ(rep.sampled, 9u);
+    EXPECT_LE(kept.size(), 6u);
+    EXPECT_EQ(kept, sim.participants(r)) << "the same round, the same participants";
+    dropped += rep.dropped;
+    late += rep.late;
+    if (kept.size() < 6) {
+      ++short_rounds;
+      EXPECT_DOUBLE_EQ(rep.simulated_seconds, 0.4) << "short of updates, the server waits out the deadline";
+    }
+    // Every kept client finished in time, and no unkept survivor finished earlier.
+    double slowest = 0;
+    for (auto c : kept) {
+      const double t = sim.simulated_latency(c, r);
+      EXPECT_GE(t, 0.0);
+      EXPECT_LE(t, 0.4);
+      slowest = std::max(slowest, t);
+    }
+    for (auto c : sim.sample(r)) {
+      const double t = sim.simulated_latency(c, r);
+      if (t >= 0 && t <= 0.4 && !std::binary_search(kept.begin(), kept.end(), c)) EXPECT_GE(t, slowest);
+    }
+  }
+  EXPECT_GT(dropped, 20u);  // 30% of 180 sampled: about 54
+  EXPECT_LT(dropped, 100u);
+  EXPECT_GT(late, 0u);
+  const auto rep = sim.run_round();
+  EXPECT_EQ(rep.participants, sim.participants(1).size());
+
+  simulation_options bad = o;
+  bad.dropout = 1.0;
+  EXPECT_THROW(simulation(bad, fashion()), std::invalid_argument);
+}
+
+}  // namespace

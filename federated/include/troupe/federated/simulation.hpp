@@ -51,6 +51,16 @@ struct simulation_options {
   std::string trainer = "mlp";
   std::size_t train_limit = 0;    ///< use only the first N training examples (0: all)
   std::size_t test_limit = 0;     ///< evaluate on the first N test examples (0: all)
+  /// Faults and stragglers (seeded per client and round). A sampled client fails with
+  /// probability `dropout` (its update never arrives). Each client takes simulated time
+  /// speed * examples * epochs * sample_seconds + jitter, where speed is its own log-normal
+  /// factor (sigma 0.5) and jitter is exponential with mean 0.1 s; with a `deadline` (simulated
+  /// seconds, 0: none) later updates are discarded. `over_select` samples that fraction more
+  /// clients and keeps the first per-round ones to finish.
+  double dropout = 0;
+  double deadline = 0;
+  double over_select = 0;
+  double sample_seconds = 1e-3;
   /// Asks outstanding at once; 0: from the update size (about 16 MB of updates, at least
   /// 4 per thread, at most 256).
   std::size_t window = 0;
@@ -106,7 +116,11 @@ trainer_factory make_trainer_factory(const simulation_options& options);
 
 struct round_report {
   int round = 0;
-  std::size_t participants = 0;
+  std::size_t sampled = 0;       ///< clients sampled (over-selection included)
+  std::size_t dropped = 0;       ///< sampled clients that failed
+  std::size_t late = 0;          ///< sampled clients past the deadline
+  std::size_t participants = 0;  ///< updates aggregated
+  double simulated_seconds = 0;  ///< the round's simulated duration (the latency model)
   double train_loss = 0;   ///< sample-weighted mean of the clients' training losses
   double seconds = 0;      ///< wall time of the round
   std::vector<std::pair<std::string, double>> metrics;  ///< from the transforms' end_round
@@ -140,8 +154,13 @@ public:
   std::span<const float> global_model() const noexcept;
   std::size_t population() const noexcept;
   std::size_t sample_size() const noexcept;
-  /// The clients sampled in round `round` (1-based), in aggregation order.
+  /// The clients sampled in round `round` (1-based), in ascending order.
   std::vector<std::uint64_t> sample(int round) const;
+  /// Of those, the clients whose updates round `round` aggregates (no failure, before the
+  /// deadline, the first per-round to finish under over-selection), in aggregation order.
+  std::vector<std::uint64_t> participants(int round, round_report* report = nullptr) const;
+  /// Client `client`'s simulated time in round `round`, or a negative number when it fails.
+  double simulated_latency(std::uint64_t client, int round) const;
   /// Bytes of persistent client state allocated so far (all clients together).
   std::size_t client_state_bytes() const noexcept;
 
