@@ -254,9 +254,7 @@ float* load_moment(optimizer::moment& mo, std::size_t b, std::size_t n, float* o
     case mode_int8: {
       // b is a block boundary and n at most one block.
       const float s = mo.scales.data<float>()[b / static_cast<std::size_t>(mo.block)];
-      const float* v = map_of(mo).values();
-      const std::uint8_t* c = mo.data.data<std::uint8_t>().data() + b;
-      for (std::size_t i = 0; i < n; ++i) out[i] = v[c[i]] * s;
+      quant::dequantize_block(mo.data.data<std::uint8_t>().data() + b, n, s, map_of(mo), out);
       return out;
     }
     default: return nullptr;

@@ -48,6 +48,8 @@ public:
   float above(std::uint8_t code) const noexcept { return above_[code]; }
   std::uint8_t zero_code() const noexcept { return zero_code_; }
   bool is_signed() const noexcept { return signed_; }
+  const std::int32_t* lut32() const noexcept { return lut32_.data(); }
+  const float* above_table() const noexcept { return above_.data(); }
   /// Stable identifier recorded in saved state: 1 signed dynamic, 2 unsigned dynamic.
   std::uint8_t id() const noexcept { return signed_ ? 1 : 2; }
 
@@ -64,6 +66,7 @@ private:
   std::array<float, 256> values_{};
   std::array<float, 256> above_{};
   std::vector<std::uint8_t> lut_;
+  std::vector<std::int32_t> lut32_;  // the same, widened for vector gathers
   std::uint8_t zero_code_ = 0;
   bool signed_ = false;
 };
@@ -130,6 +133,8 @@ void quantize_block_reference(const float* x, std::size_t n, float scale, const 
 /// A whole tensor: codes[n], scales[ceil(n / block)].
 void quantize_blockwise(const float* x, std::size_t n, const qmap& map, const block_options& o, std::uint32_t key,
                         std::uint8_t* codes, float* scales);
+/// out[i] = map value of codes[i] * scale.
+void dequantize_block(const std::uint8_t* codes, std::size_t n, float scale, const qmap& map, float* out) noexcept;
 void dequantize_blockwise(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t block,
                           const qmap& map, float* out) noexcept;
 
