@@ -18,10 +18,8 @@ namespace {
 struct fedsim_flags {
   troupe::federated::simulation_options o;
   bool json = false;
-  bool secagg = false;
   bool bias_correction = false;
-  double dp_clip = 0, dp_noise = 0, dp_delta = 1e-5;
-  std::string compress, async, attack, checkpoint;
+  std::string async, checkpoint;
 };
 
 }  // namespace
@@ -40,20 +38,29 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--lr", o.lr, "client SGD learning rate")->capture_default_str();
   cmd->add_option("--model", o.model, "mlp:IN-H1-...-OUT")->capture_default_str();
   cmd->add_option("--partition", o.partition, "iid, dirichlet:A, shards:K or powerlaw:A")->capture_default_str();
-  cmd->add_option("--strategy", o.strategy, troupe::federated::strategy_names())->capture_default_str();
+  cmd->add_option("--strategy", o.strategy,
+                  troupe::federated::strategy_names() + ", or a robust rule: median, trimmed-mean:B, krum:F, multi-krum:F:M")
+      ->capture_default_str();
   cmd->add_option("--server-lr", o.server.server_lr, "server learning rate (default: the strategy's)");
   cmd->add_option("--server-momentum", o.server.momentum, "fedavgm's momentum")->capture_default_str();
   cmd->add_option("--beta1", o.server.beta1, "adaptive strategies' first-moment decay")->capture_default_str();
   cmd->add_option("--beta2", o.server.beta2, "adaptive strategies' second-moment decay")->capture_default_str();
   cmd->add_option("--tau", o.server.tau, "adaptive strategies' adaptivity (epsilon)")->capture_default_str();
   cmd->add_flag("--bias-correction", f->bias_correction, "Adam-style bias correction of the server step (Flower's; the paper has none)");
-  auto* secagg = cmd->add_flag("--secagg", f->secagg, "secure aggregation (SecAgg+)");
-  auto* dp_clip = cmd->add_option("--dp-clip", f->dp_clip, "DP-FedAvg: clip each update to this L2 norm");
-  auto* dp_noise = cmd->add_option("--dp-noise", f->dp_noise, "DP-FedAvg: noise multiplier z");
-  auto* dp_delta = cmd->add_option("--dp-delta", f->dp_delta, "DP-FedAvg: delta of the reported epsilon (default 1e-5)");
-  auto* compress = cmd->add_option("--compress", f->compress, "topk:F or qsgd:L");
+  cmd->add_flag("--secagg", o.secagg, "secure aggregation (SecAgg+): the server sees only the sum");
+  cmd->add_option("--secagg-dropout", o.secagg_dropout, "fraction of each round's clients lost after masking")
+      ->check(CLI::Range(0.0, 0.99));
+  auto* dp_clip = cmd->add_option("--dp-clip", o.dp_clip, "DP-FedAvg: clip each update to this L2 norm");
+  auto* dp_noise = cmd->add_option("--dp-noise", o.dp_noise, "DP-FedAvg: noise multiplier z");
+  cmd->add_option("--dp-delta", o.dp_delta, "DP-FedAvg: delta of the reported epsilon")
+      ->capture_default_str()->needs(dp_clip)->needs(dp_noise)->check(CLI::Range(1e-300, 0.999999));
+  cmd->add_flag("--dp-adaptive", o.dp_adaptive, "DP-FedAvg: adapt the clipping bound to the median update norm")
+      ->needs(dp_clip)->needs(dp_noise);
+  dp_clip->needs(dp_noise)->check(CLI::PositiveNumber);
+  dp_noise->needs(dp_clip)->check(CLI::PositiveNumber);
+  cmd->add_option("--compress", o.compress, "topk:F (with error feedback) or qsgd:L");
   auto* async = cmd->add_option("--async", f->async, "fedbuff:K");
-  auto* attack = cmd->add_option("--attack", f->attack, "inject Byzantine or backdoor clients");
+  cmd->add_option("--attack", o.attack, "malicious clients: sign-flip:P or scale:P:X (fraction P of the clients)");
   auto* checkpoint = cmd->add_option("--checkpoint", f->checkpoint, "save and resume the simulation in this directory");
   cmd->add_option("--dropout", o.dropout, "probability that a sampled client fails in a round")->capture_default_str();
   cmd->add_option("--deadline", o.deadline, "simulated seconds a round waits for updates (0: no deadline)")->capture_default_str();
@@ -65,18 +72,13 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--data-dir", o.data_dir, "where the Fashion-MNIST files are (default: their Debian location)");
   cmd->add_option("--trainer", o.trainer, "mlp, or noop to measure the orchestration alone")->capture_default_str();
   cmd->add_flag("--json", f->json, "one JSON object per evaluated round and a final summary");
-  cmd->callback([f, &rc, secagg, dp_clip, dp_noise, dp_delta, compress, async, attack, checkpoint] {
+  cmd->callback([f, &rc, async, checkpoint] {
     auto fail = [&](const std::string& why) {
       std::fprintf(stderr, "troupe fedsim: %s\n", why.c_str());
       rc = 1;
     };
     // Flags whose mechanism is not built yet are refused, never ignored.
-    if (secagg->count()) return fail("--secagg: secure aggregation is not available yet");
-    if (dp_clip->count() || dp_noise->count() || dp_delta->count())
-      return fail("--dp-clip/--dp-noise/--dp-delta: differential privacy is not available yet");
-    if (compress->count()) return fail("--compress: update compression is not available yet");
     if (async->count()) return fail("--async: asynchronous aggregation (FedBuff) is not available yet");
-    if (attack->count()) return fail("--attack: attack injection is not available yet");
     if (checkpoint->count()) return fail("--checkpoint: checkpoint and resume are not available yet");
     f->o.server.bias_correction = f->bias_correction;
     const bool tty = isatty(STDERR_FILENO);

@@ -13,6 +13,7 @@
 #include "troupe/federated/rng.hpp"
 #include "troupe/federated/robust.hpp"
 #include "troupe/federated/secagg.hpp"
+#include "troupe/federated/simulation.hpp"
 
 namespace troupe::federated {
 
@@ -369,8 +370,11 @@ mechanism make_differential_privacy(const dp_options& options) {
   if (options.adaptive) {
     s->clipping.target_quantile = options.target_quantile;
     s->clipping.learning_rate = options.clip_learning_rate;
-    s->clipping.count_noise =
-        options.count_noise > 0 ? options.count_noise : static_cast<double>(options.expected_clients) / 20;
+    // The paper suggests K / 20; with few clients per round that leaves the sum no budget, so at
+    // least z (which costs the sum's multiplier a factor 1 / sqrt(3/4) = 1.15).
+    s->clipping.count_noise = options.count_noise > 0
+                                  ? options.count_noise
+                                  : std::max(static_cast<double>(options.expected_clients) / 20, options.noise);
     s->sum_multiplier = s->clipping.sum_noise_multiplier(options.noise);
   }
   return {std::make_unique<dp_clip>(s), std::make_unique<dp_noise>(s)};
@@ -416,6 +420,37 @@ mechanism make_secure_aggregation(const secagg_options& options) {
   auto s = std::make_shared<secagg_state>();
   s->options = options;
   return {std::make_unique<secagg_mask>(s), std::make_unique<secagg_sum>(s)};
+}
+
+void install_mechanisms(simulation& sim, const simulation_options& o, double mean_weight) {
+  const bool robust = is_robust_rule(o.strategy), dp = o.dp_clip != 0 || o.dp_noise != 0 || o.dp_adaptive;
+  if (dp && !(o.dp_clip > 0 && o.dp_noise > 0))
+    bad("differential privacy needs both --dp-clip and --dp-noise, positive");
+  if (robust && o.secagg) bad("a robust rule needs each update and secure aggregation hides them: pick one");
+  if (dp && o.secagg) bad("differential privacy with secure aggregation (noise added inside the protocol) is not supported");
+  if (robust && dp) bad("a robust rule with differential privacy is not supported: the noise is calibrated to the mean");
+  if (robust) sim.set_aggregator(make_robust_aggregator(o.strategy));
+  if (!o.attack.empty()) sim.add_transform(make_update_attack(o.attack, o.seed));
+  if (!o.compress.empty()) sim.add_transform(make_compression(o.compress));
+  if (dp) {
+    auto m = make_differential_privacy({.clip = o.dp_clip,
+                                        .noise = o.dp_noise,
+                                        .delta = o.dp_delta,
+                                        .expected_clients = sim.sample_size(),
+                                        .population = sim.population(),
+                                        .adaptive = o.dp_adaptive});
+    sim.add_transform(std::move(m.transform));
+    sim.set_aggregator(std::move(m.aggregator));
+  }
+  if (o.secagg) {
+    auto m = make_secure_aggregation({.mean_weight = mean_weight > 0 ? mean_weight : 1.0,
+                                      .max_clients = sim.sample_size(),
+                                      .dropout = o.secagg_dropout});
+    sim.add_transform(std::move(m.transform));
+    sim.set_aggregator(std::move(m.aggregator));
+  } else if (o.secagg_dropout != 0) {
+    bad("a dropout fraction after masking needs secure aggregation");
+  }
 }
 
 }  // namespace troupe::federated

@@ -15,6 +15,7 @@
 
 #include "mlp.hpp"
 #include "troupe/actors/actor_system.hpp"
+#include "troupe/federated/mechanisms.hpp"
 #include "troupe/federated/partition.hpp"
 #include "troupe/kernels/data.hpp"
 #include "troupe/kernels/layers.hpp"
@@ -353,8 +354,9 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
   const auto& o = e.options;
   const bool custom = static_cast<bool>(trainer);
   e.factory = custom ? std::move(trainer) : make_trainer_factory(o);
-  // The strategy first: a bad name fails before the data loads.
-  e.strategy = make_strategy(o.strategy, o.server);
+  // The strategy first: a bad name fails before the data loads. A robust rule is FedAvg's
+  // server step over that rule's aggregate.
+  e.strategy = make_strategy(is_robust_rule(o.strategy) ? "fedavg" : o.strategy, o.server);
   if (!custom && o.trainer == "mlp") (void)detail::flat_mlp::from_spec(o.model);
   if (!data && (custom || o.trainer == "mlp")) data = load_data(o);
   e.data = std::move(data);
@@ -396,6 +398,7 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
   for (std::size_t c = 0; c < o.clients; ++c)
     impl_->clients.push_back(impl_->system->spawn<client>(e.part.offsets[c], e.part.offsets[c + 1] - e.part.offsets[c],
                                                           derive_seed(o.seed, stream_client + c)));
+  install_mechanisms(*this, o, e.data ? static_cast<double>(e.data->train.size()) / static_cast<double>(o.clients) : 1.0);
 }
 
 simulation::~simulation() {

@@ -180,7 +180,8 @@ std::unique_ptr<server_strategy> make_strategy(const std::string& spec, const st
     return std::make_unique<scaffold>(lr_or(o, 1.0));
   }
   if (name == "median" || name == "trimmed-mean" || name == "krum" || name == "multi-krum")
-    throw std::invalid_argument("strategy '" + spec + "': robust aggregation is not available yet");
+    throw std::invalid_argument("'" + spec + "' is a robust aggregation rule, not a server strategy: pass it as the "
+                                "simulation's strategy, or set make_robust_aggregator('" + spec + "') as its aggregator");
   throw std::invalid_argument("unknown strategy '" + spec + "' (use " + strategy_names() + ")");
 }
 

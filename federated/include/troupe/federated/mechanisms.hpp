@@ -41,7 +41,7 @@ struct dp_options {
   bool adaptive = false;          ///< adapt S toward a quantile of the update norms
   double target_quantile = 0.5;   ///< adaptive: γ
   double clip_learning_rate = 0.2;  ///< adaptive: η_C
-  double count_noise = 0;         ///< adaptive: σ_b (0: K / 20, the paper's suggestion)
+  double count_noise = 0;         ///< adaptive: σ_b (0: max(K / 20, z); the paper suggests K / 20)
 };
 /// DP-FedAvg with a fixed denominator (McMahan et al., 2018): clients clip (the transform), the
 /// server sums unweighted, adds Gaussian noise, divides by K and reports "epsilon" each round
@@ -83,5 +83,17 @@ struct secagg_options {
 /// worker thread, and the aggregator adds masked integers and unmasks only the sum. Reports
 /// "secagg_survivors". Throws std::invalid_argument for bad options.
 mechanism make_secure_aggregation(const secagg_options& options);
+
+// ---- installation ----------------------------------------------------------------------------------
+
+struct simulation_options;
+class simulation;
+/// Installs what `options` asks for (its mechanism fields and a robust `strategy`) into `sim`, in
+/// the order attack, compression, clipping, masking on the client. `mean_weight` is the mean
+/// number of examples per client (secure aggregation normalizes weights by it). Throws
+/// std::invalid_argument for bad values and for combinations that cannot work: a robust rule or
+/// differential privacy with secure aggregation (the server cannot see single updates or add
+/// noise to a sum it computes in the protocol), a robust rule with differential privacy.
+void install_mechanisms(simulation& sim, const simulation_options& options, double mean_weight);
 
 }  // namespace troupe::federated

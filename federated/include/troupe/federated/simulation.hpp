@@ -64,6 +64,18 @@ struct simulation_options {
   /// Asks outstanding at once; 0: from the update size (about 16 MB of updates, at least
   /// 4 per thread, at most 256).
   std::size_t window = 0;
+
+  // Mechanisms (mechanisms.hpp), installed by the constructor. `strategy` may also name a robust
+  // aggregation rule (median, trimmed-mean:B, krum:F, multi-krum:F:M): the server then moves the
+  // model by that rule's aggregate, as FedAvg does by the mean.
+  bool secagg = false;            ///< SecAgg+ (the server sees only the sum)
+  double secagg_dropout = 0;      ///< fraction of each round's clients lost after masking
+  double dp_clip = 0;             ///< > 0 with dp_noise: DP-FedAvg with this clipping bound
+  double dp_noise = 0;            ///< DP-FedAvg's noise multiplier z
+  double dp_delta = 1e-5;         ///< δ of the reported ε
+  bool dp_adaptive = false;       ///< adaptive clipping (dp_clip is the initial bound)
+  std::string compress;           ///< "", "topk:F" or "qsgd:L"
+  std::string attack;             ///< "", "sign-flip:P" or "scale:P:X"
 };
 
 /// A test-set evaluation.
