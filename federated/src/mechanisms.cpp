@@ -309,7 +309,7 @@ public:
     throw std::logic_error("secagg: client " + std::to_string(client) + " sent an unmasked update");
   }
   void add_encoded(std::uint64_t client, double, std::span<const std::uint32_t> words) override {
-    s_->round.server->receive_masked({static_cast<secagg::client_id>(client), {words.begin(), words.end()}});
+    s_->round.server->receive_masked(static_cast<secagg::client_id>(client), words);
   }
   std::vector<float> finish() override {
     auto& r = s_->round;

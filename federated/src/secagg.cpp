@@ -147,12 +147,15 @@ std::uint64_t pow_mod(std::uint64_t a, std::uint64_t e) {
     if (e & 1) r = mul_mod(r, a);
   return r;
 }
-std::uint64_t random_field_element() {
-  for (;;) {
-    std::uint64_t x;
-    random_bytes(&x, sizeof x);
+/// Uniform field elements, drawn from OpenSSL's generator in one call per batch.
+void random_field_elements(std::span<std::uint64_t> out) {
+  random_bytes(out.data(), out.size_bytes());
+  for (auto& x : out) {
     x &= prime;  // 61 bits
-    if (x != prime) return x;
+    while (x == prime) {  // the one 61-bit value outside the field: draw it again
+      random_bytes(&x, sizeof x);
+      x &= prime;
+    }
   }
 }
 
@@ -317,8 +320,8 @@ std::vector<share> split_secret(const key& secret, std::size_t threshold, std::s
   for (std::size_t i = 0; i < count; ++i) shares[i].x = i + 1;
   for (int c = 0; c < 5; ++c) {
     std::vector<std::uint64_t> coef(threshold);
+    random_field_elements(std::span(coef).subspan(1));
     coef[0] = chunks[c];
-    for (std::size_t d = 1; d < threshold; ++d) coef[d] = random_field_element();
     for (auto& s : shares) {
       std::uint64_t y = 0;  // Horner
       for (std::size_t d = threshold; d-- > 0;) y = add_mod(mul_mod(y, s.x), coef[d]);
@@ -356,13 +359,16 @@ key reconstruct_secret(std::span<const share> shares, std::size_t threshold) {
 std::vector<std::int32_t> encode(std::span<const float> input, const config& cfg) {
   if (input.size() != cfg.dim)
     bad("an input has " + std::to_string(input.size()) + " values, the round expects " + std::to_string(cfg.dim));
-  const double scale = cfg.scale();
+  float poison = 0;  // NaN or infinity makes it NaN
+  for (float x : input) poison += x * 0.0f;
+  if (poison != 0.0f) bad("an input is not finite");
+  const double scale = cfg.scale(), clip = cfg.clip;
   std::vector<std::int32_t> out(input.size());
+  const float* __restrict in = input.data();
+  std::int32_t* __restrict o = out.data();
   for (std::size_t i = 0; i < input.size(); ++i) {
-    const double x = input[i];
-    if (!std::isfinite(x)) bad("an input is not finite");
-    const double y = std::clamp(x, -cfg.clip, cfg.clip) * scale;  // |y| < 2^31 / max_clients
-    out[i] = static_cast<std::int32_t>(y + (y < 0 ? -0.5 : 0.5));   // nearest, halves away from 0
+    const double y = std::min(std::max(static_cast<double>(in[i]), -clip), clip) * scale;  // |y| < 2^31 / max_clients
+    o[i] = static_cast<std::int32_t>(y + (y < 0 ? -0.5 : 0.5));  // nearest, halves away from 0
   }
   return out;
 }
@@ -519,15 +525,19 @@ std::vector<encrypted_share> server::shares_for(client_id id) const {
   return it == s_->mailbox.end() ? std::vector<encrypted_share>{} : it->second;
 }
 
-void server::receive_masked(const masked_input& input) {
-  if (!contains(s_->shared, input.id)) bad("a masked input from " + std::to_string(input.id) + ", who shared no keys");
-  if (std::find(s_->survivors.begin(), s_->survivors.end(), input.id) != s_->survivors.end())
-    bad("client " + std::to_string(input.id) + " sent two masked inputs");
-  if (input.values.size() != s_->cfg.dim)
-    bad("a masked input has " + std::to_string(input.values.size()) + " values, the round expects " +
+void server::receive_masked(const masked_input& input) { receive_masked(input.id, input.values); }
+
+void server::receive_masked(client_id id, std::span<const std::uint32_t> values) {
+  if (!contains(s_->shared, id)) bad("a masked input from " + std::to_string(id) + ", who shared no keys");
+  if (std::find(s_->survivors.begin(), s_->survivors.end(), id) != s_->survivors.end())
+    bad("client " + std::to_string(id) + " sent two masked inputs");
+  if (values.size() != s_->cfg.dim)
+    bad("a masked input has " + std::to_string(values.size()) + " values, the round expects " +
         std::to_string(s_->cfg.dim));
-  for (std::size_t i = 0; i < input.values.size(); ++i) s_->sum[i] += input.values[i];
-  s_->survivors.push_back(input.id);
+  std::uint32_t* __restrict sum = s_->sum.data();
+  const std::uint32_t* __restrict in = values.data();
+  for (std::size_t i = 0; i < values.size(); ++i) sum[i] += in[i];
+  s_->survivors.push_back(id);
 }
 
 unmask_request server::request_unmasking() const {

@@ -143,6 +143,8 @@ public:
   /// The boxes addressed to `id`.
   std::vector<encrypted_share> shares_for(client_id id) const;
   void receive_masked(const masked_input& input);
+  /// The same, without the message: the sender's id and its masked values.
+  void receive_masked(client_id id, std::span<const std::uint32_t> values);
   unmask_request request_unmasking() const;
   void receive_unmask(const unmask_response& response);
   /// The sum of the survivors' (fixed-point) inputs, decoded. Throws std::runtime_error when a
