@@ -60,7 +60,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   dp_noise->needs(dp_clip)->check(CLI::PositiveNumber);
   cmd->add_option("--compress", o.compress, "topk:F (with error feedback) or qsgd:L");
   auto* async = cmd->add_option("--async", f->async, "fedbuff:K");
-  cmd->add_option("--attack", o.attack, "malicious clients: sign-flip:P or scale:P:X (fraction P of the clients)");
+  cmd->add_option("--attack", o.attack, "malicious clients (fraction P): sign-flip:P, scale:P:X, label-flip:P or backdoor:P:T");
   auto* checkpoint = cmd->add_option("--checkpoint", f->checkpoint, "save and resume the simulation in this directory");
   cmd->add_option("--dropout", o.dropout, "probability that a sampled client fails in a round")->capture_default_str();
   cmd->add_option("--deadline", o.deadline, "simulated seconds a round waits for updates (0: no deadline)")->capture_default_str();
@@ -92,7 +92,9 @@ void add_fedsim_command(CLI::App& app, int& rc) {
           if (p.round->sampled != p.round->participants && !json)
             extra += "  " + std::to_string(p.round->participants) + "/" + std::to_string(p.round->sampled) + " updates (" +
                      std::to_string(p.round->dropped) + " failed, " + std::to_string(p.round->late) + " late)";
-          for (const auto& [name, value] : p.round->metrics) {
+          auto metrics = p.round->metrics;
+          metrics.insert(metrics.end(), p.eval.metrics.begin(), p.eval.metrics.end());
+          for (const auto& [name, value] : metrics) {
             char buf[96];
             std::snprintf(buf, sizeof buf, json ? ",\"%s\":%.6g" : "  %s %.4g", name.c_str(), value);
             extra += buf;

@@ -410,7 +410,7 @@ std::unique_ptr<update_transform> make_update_attack(const std::string& spec, st
   if (p.size() == 2 && p[0] == "sign-flip") return std::make_unique<attack>(update_attack::sign_flip, fraction(p[1]), 1.0, seed);
   if (p.size() == 3 && p[0] == "scale")
     return std::make_unique<attack>(update_attack::scale, fraction(p[1]), number(p[2], spec), seed);
-  bad("unknown attack '" + spec + "' (sign-flip:P or scale:P:X)");
+  bad("unknown attack '" + spec + "' (sign-flip:P, scale:P:X, label-flip:P or backdoor:P:T)");
 }
 
 mechanism make_secure_aggregation(const secagg_options& options) {
@@ -430,7 +430,7 @@ void install_mechanisms(simulation& sim, const simulation_options& o, double mea
   if (dp && o.secagg) bad("differential privacy with secure aggregation (noise added inside the protocol) is not supported");
   if (robust && dp) bad("a robust rule with differential privacy is not supported: the noise is calibrated to the mean");
   if (robust) sim.set_aggregator(make_robust_aggregator(o.strategy));
-  if (!o.attack.empty()) sim.add_transform(make_update_attack(o.attack, o.seed));
+  if (!o.attack.empty() && !is_data_attack(o.attack)) sim.add_transform(make_update_attack(o.attack, o.seed));
   if (!o.compress.empty()) sim.add_transform(make_compression(o.compress));
   if (dp) {
     auto m = make_differential_privacy({.clip = o.dp_clip,

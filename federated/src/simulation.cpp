@@ -327,9 +327,10 @@ trainer_factory make_trainer_factory(const simulation_options& options) {
   if (options.trainer == "noop")
     return [](const shared_data&) -> std::unique_ptr<local_trainer> { return std::make_unique<noop_trainer>(); };
   if (options.trainer != "mlp") throw std::invalid_argument("unknown trainer '" + options.trainer + "' (use mlp or noop)");
-  return [options](const shared_data& data) -> std::unique_ptr<local_trainer> {
+  trainer_factory mlp = [options](const shared_data& data) -> std::unique_ptr<local_trainer> {
     return std::make_unique<mlp_trainer>(data, options);
   };
+  return is_data_attack(options.attack) ? poison_training(std::move(mlp), options.attack, options.seed) : mlp;
 }
 
 struct simulation::impl {

@@ -147,3 +147,29 @@ TEST(Attacks, PickAFixedSeededFractionOfClients) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(DataAttacks, ABackdoorTakesHoldAndLabelFlippingCostsAccuracy) {
+  auto run = [](const std::string& attack, std::vector<std::pair<std::string, double>>* metrics) {
+    auto o = small();
+    o.rounds = 10;
+    o.attack = attack;
+    simulation sim(o, fashion(), attack.empty() ? trainer_factory{} : poison_training(make_trainer_factory(small()), attack, o.seed));
+    for (int r = 0; r < o.rounds; ++r) sim.run_round();
+    const auto e = sim.evaluate();
+    if (metrics) *metrics = e.metrics;
+    return e.accuracy;
+  };
+  std::vector<std::pair<std::string, double>> metrics;
+  const double clean = run("", nullptr);
+  run("backdoor:0.3:0", &metrics);
+  ASSERT_EQ(metrics.size(), 1u);
+  EXPECT_EQ(metrics[0].first, "backdoor_success");
+  EXPECT_GT(metrics[0].second, 0.5);
+  EXPECT_LT(run("label-flip:0.8", nullptr), clean - 0.2);  // a malicious majority
+  for (const char* bad : {"label-flip", "label-flip:2", "backdoor:0.1", "backdoor:0.1:10", "backdoor:0.1:x"})
+    EXPECT_THROW(poison_training(make_trainer_factory(small()), bad, 1), std::invalid_argument) << bad;
+}
+
+}  // namespace

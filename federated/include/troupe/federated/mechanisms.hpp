@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/federated/simulation.hpp"
 #include "troupe/federated/update.hpp"
 
 namespace troupe::federated {
@@ -68,6 +69,16 @@ std::unique_ptr<update_transform> make_update_attack(const std::string& spec, st
 /// Whether `client` belongs to the malicious fraction `p` under `seed` (the rule above).
 bool is_malicious(std::uint64_t client, double p, std::uint64_t seed);
 
+/// Data attacks: "label-flip:P" (class c becomes 9 - c) or "backdoor:P:T" (a white square in the
+/// corner, labelled T) by the same seeded fraction P of the clients.
+bool is_data_attack(const std::string& spec);
+/// Wraps a trainer factory so that malicious clients train on poisoned copies of their examples
+/// (the data is extended once with a poisoned copy of the training set; a malicious client's
+/// indices point into the copy). Under a backdoor, evaluations also report "backdoor_success":
+/// the fraction of test images of other classes that the model puts in class T once stamped.
+/// Throws std::invalid_argument for a malformed spec.
+trainer_factory poison_training(trainer_factory inner, const std::string& spec, std::uint64_t seed);
+
 // ---- secure aggregation ----------------------------------------------------------------------------
 
 struct secagg_options {
@@ -86,8 +97,6 @@ mechanism make_secure_aggregation(const secagg_options& options);
 
 // ---- installation ----------------------------------------------------------------------------------
 
-struct simulation_options;
-class simulation;
 /// Installs what `options` asks for (its mechanism fields and a robust `strategy`) into `sim`, in
 /// the order attack, compression, clipping, masking on the client. `mean_weight` is the mean
 /// number of examples per client (secure aggregation normalizes weights by it). Throws

@@ -75,13 +75,14 @@ struct simulation_options {
   double dp_delta = 1e-5;         ///< δ of the reported ε
   bool dp_adaptive = false;       ///< adaptive clipping (dp_clip is the initial bound)
   std::string compress;           ///< "", "topk:F" or "qsgd:L"
-  std::string attack;             ///< "", "sign-flip:P" or "scale:P:X"
+  std::string attack;             ///< "", "sign-flip:P", "scale:P:X", "label-flip:P" or "backdoor:P:T"
 };
 
 /// A test-set evaluation.
 struct evaluation {
   double accuracy = 0;
   double loss = 0;
+  std::vector<std::pair<std::string, double>> metrics;  ///< more measures (e.g. backdoor_success)
 };
 
 /// One client's local work in a round.
