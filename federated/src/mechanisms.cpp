@@ -314,10 +314,17 @@ public:
   std::vector<float> finish() override {
     auto& r = s_->round;
     const auto request = r.server->request_unmasking();
-    // Clients lost after masking: a seeded draw per round; they do not answer the request.
+    // Clients lost after masking: round(dropout * survivors) of them, drawn with the round's seed;
+    // they do not answer the request.
     splitmix64 g{derive_seed(seed_, 0x5ECA66)};
-    for (auto id : request.survivors)
-      if (!(g.uniform01() < s_->options.dropout)) r.server->receive_unmask(r.clients[r.slot.at(id)].unmask(request));
+    std::vector<secagg::client_id> answering = request.survivors;
+    const auto lost = static_cast<std::size_t>(std::llround(s_->options.dropout * static_cast<double>(answering.size())));
+    for (std::size_t i = 0; i < lost; ++i) {
+      std::swap(answering[i], answering[i + g.below(answering.size() - i)]);
+    }
+    answering.erase(answering.begin(), answering.begin() + static_cast<std::ptrdiff_t>(lost));
+    std::sort(answering.begin(), answering.end());
+    for (auto id : answering) r.server->receive_unmask(r.clients[r.slot.at(id)].unmask(request));
     for (auto id : request.dropped) r.server->receive_unmask(r.clients[r.slot.at(id)].unmask(request));
     auto sum = r.server->finish();
     s_->survivors = r.server->survivors();

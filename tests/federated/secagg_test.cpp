@@ -107,10 +107,9 @@ TEST(SecAggPlus, UsesALogarithmicDegreeAndTheFullGraphAsASetting) {
   std::vector<client_id> ids(100);
   for (client_id i = 0; i < 100; ++i) ids[i] = i;
   graph sparse(ids, config{.dim = 1, .max_clients = 100});
-  EXPECT_EQ(sparse.degree(), 22u);  // 3 * ceil(log2 100), even
-  EXPECT_EQ(sparse.threshold(), 12u);
-  EXPECT_EQ(sparse.neighbours(0), (std::vector<client_id>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                                         89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99}));
+  EXPECT_EQ(sparse.degree(), 14u);  // 2 * ceil(log2 100)
+  EXPECT_EQ(sparse.threshold(), 8u);
+  EXPECT_EQ(sparse.neighbours(0), (std::vector<client_id>{1, 2, 3, 4, 5, 6, 7, 93, 94, 95, 96, 97, 98, 99}));
   graph full(ids, config{.dim = 1, .max_clients = 100, .full_graph = true});
   EXPECT_EQ(full.degree(), 99u);
   EXPECT_EQ(full.threshold(), 50u);

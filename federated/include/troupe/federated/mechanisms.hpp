@@ -87,7 +87,7 @@ struct secagg_options {
   std::size_t max_clients = 0;  ///< most participants in a round
   std::size_t degree = 0;     ///< neighbours per client (0: from the round's size)
   bool full_graph = false;    ///< SecAgg (Bonawitz et al.) instead of SecAgg+
-  double dropout = 0;         ///< fraction of participants lost after masking (seeded)
+  double dropout = 0;         ///< fraction of participants lost after masking (rounded; seeded choice)
 };
 /// Secure aggregation of the weighted mean: every round, the participants run SecAgg+ through
 /// the server (keys, encrypted shares), each masks its weighted update in the transform on its

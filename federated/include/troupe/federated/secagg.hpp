@@ -45,7 +45,7 @@ struct config {
   std::size_t dim = 0;          ///< length of every input vector
   double clip = 1.0;            ///< inputs are clipped to [-clip, clip]
   std::size_t max_clients = 0;  ///< the most inputs ever summed (fixes the fixed-point scale)
-  std::size_t degree = 0;       ///< neighbours per client (even; 0: chosen from the client count)
+  std::size_t degree = 0;       ///< neighbours per client (even; 0: 2 ceil(log2 clients))
   std::size_t threshold = 0;    ///< shares that reconstruct a secret (0: degree / 2 + 1)
   bool full_graph = false;      ///< SecAgg (Bonawitz et al.): every client a neighbour of all
 
