@@ -1,0 +1,320 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <troupe/core/codec.hpp>
+
+#include "net/wire.hpp"
+
+namespace {
+
+using namespace troupe::net;
+
+std::vector<std::byte> random_bytes(std::size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+envelope a_call(std::size_t payload_bytes, unsigned seed = 1) {
+  envelope e;
+  e.kind = envelope_kind::call;
+  e.target = 0x1122334455667788ull;
+  e.method = 42;
+  e.request_id = 7 + seed;
+  e.reply_to = 99;
+  e.payload = random_bytes(payload_bytes, seed);
+  return e;
+}
+
+std::vector<envelope> decode_all(std::span<const std::byte> bytes, std::size_t chunk, wire_limits limits = {}) {
+  frame_decoder d(limits);
+  for (std::size_t i = 0; i < bytes.size(); i += chunk) {
+    auto n = std::min(chunk, bytes.size() - i);
+    EXPECT_TRUE(d.feed(bytes.subspan(i, n))) << to_string(d.error().code) << ": " << d.error().message;
+  }
+  EXPECT_TRUE(d.finish());
+  std::vector<envelope> out;
+  while (auto e = d.pop()) out.push_back(std::move(*e));
+  return out;
+}
+
+wire_error decode_error(std::span<const std::byte> bytes, wire_limits limits = {}) {
+  frame_decoder d(limits);
+  if (d.feed(bytes)) d.finish();
+  EXPECT_EQ(d.ready(), 0u);
+  return d.error();
+}
+
+template <class T>
+void put(std::vector<std::byte>& v, std::size_t at, T x) {
+  std::memcpy(v.data() + at, &x, sizeof(T));
+}
+
+TEST(Wire, EveryKindRoundTripsWithItsFields) {
+  std::vector<envelope> sent;
+  sent.push_back(a_call(100));
+  envelope tell;
+  tell.kind = envelope_kind::tell;
+  tell.target = 5;
+  tell.method = 3;
+  sent.push_back(tell);
+  envelope reply;
+  reply.kind = envelope_kind::reply;
+  reply.request_id = 8;
+  reply.reply_to = 99;
+  reply.payload = random_bytes(17, 3);
+  sent.push_back(reply);
+  envelope err;
+  err.kind = envelope_kind::error;
+  err.request_id = 8;
+  err.error_code = 1;
+  err.error_message = "the target actor stopped";
+  sent.push_back(err);
+  envelope ctl;
+  ctl.kind = envelope_kind::control;
+  ctl.method = 9;
+  sent.push_back(ctl);
+
+  std::vector<std::byte> stream;
+  for (const auto& e : sent) {
+    auto f = encode_frame_bytes(e);
+    stream.insert(stream.end(), f.begin(), f.end());
+  }
+  EXPECT_EQ(decode_all(stream, stream.size()), sent);
+}
+
+TEST(Wire, ArgumentCodecBytesSurviveTheTrip) {
+  auto args = std::make_tuple(std::string("weights"), std::vector<float>{1.5f, -2.25f, 3.0f}, 12345ll);
+  auto e = a_call(0);
+  e.payload = troupe::encode(args);
+  auto got = decode_all(encode_frame_bytes(e), 1 << 20);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ((troupe::decode<std::tuple<std::string, std::vector<float>, long long>>(got[0].payload)), args);
+}
+
+TEST(Wire, LargePayloadsTravelAsTheRawBodyWithoutACopy) {
+  auto e = a_call(inline_payload_limit + 1000, 5);
+  const auto* payload_data = e.payload.data();
+  auto expect = e;
+  auto f = encode_frame(std::move(e));
+  EXPECT_EQ(f.body.data(), payload_data);  // moved, not copied
+  EXPECT_LT(f.head.size(), 256u);
+  auto h = frame_header::read(f.head.data());
+  EXPECT_EQ(h.flags, frame_header::flag_body);
+  EXPECT_EQ(h.body_bytes, expect.payload.size());
+  EXPECT_EQ(h.envelope_bytes + frame_header::size, f.head.size());
+
+  auto small = encode_frame(a_call(inline_payload_limit - 1));
+  EXPECT_TRUE(small.body.empty());
+  EXPECT_EQ(frame_header::read(small.head.data()).flags, 0);
+
+  std::vector<std::byte> stream = f.head;
+  stream.insert(stream.end(), f.body.begin(), f.body.end());
+  auto got = decode_all(stream, 4096);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], expect);
+}
+
+TEST(Wire, DecodesFramesFedOneByteAtATime) {
+  std::vector<envelope> sent{a_call(0, 1), a_call(3, 2), a_call(inline_payload_limit + 3, 3), a_call(1, 4)};
+  std::vector<std::byte> stream;
+  for (const auto& e : sent) {
+    auto f = encode_frame_bytes(e);
+    stream.insert(stream.end(), f.begin(), f.end());
+  }
+  EXPECT_EQ(decode_all(stream, 1), sent);
+}
+
+TEST(Wire, DecodesFramesSplitAtRandomPoints) {
+  std::mt19937 rng(11);
+  std::vector<envelope> sent;
+  std::vector<std::byte> stream;
+  for (unsigned i = 0; i < 40; ++i) {
+    sent.push_back(a_call(rng() % 3 == 0 ? inline_payload_limit + rng() % 5000 : rng() % 300, i));
+    auto f = encode_frame_bytes(sent.back());
+    stream.insert(stream.end(), f.begin(), f.end());
+  }
+  frame_decoder d;
+  std::size_t at = 0;
+  while (at < stream.size()) {
+    auto n = std::min<std::size_t>(1 + rng() % 3000, stream.size() - at);
+    ASSERT_TRUE(d.feed(std::span<const std::byte>(stream).subspan(at, n)));
+    at += n;
+  }
+  std::vector<envelope> got;
+  while (auto e = d.pop()) got.push_back(std::move(*e));
+  EXPECT_EQ(got, sent);
+  EXPECT_TRUE(d.idle());
+}
+
+TEST(Wire, ABodyCanBeReadStraightIntoItsFinalBuffer) {
+  auto e = a_call(200'000, 9);
+  auto f = encode_frame(e);
+  frame_decoder d;
+  ASSERT_TRUE(d.feed(f.head));
+  auto space = d.body_space();
+  ASSERT_EQ(space.size(), f.body.size());
+  std::memcpy(space.data(), f.body.data(), 1000);
+  ASSERT_TRUE(d.commit_body(1000));
+  EXPECT_EQ(d.body_space().size(), f.body.size() - 1000);
+  EXPECT_EQ(d.ready(), 0u);
+  auto rest = d.body_space();
+  std::memcpy(rest.data(), f.body.data() + 1000, rest.size());
+  ASSERT_TRUE(d.commit_body(rest.size()));
+  auto got = d.pop();
+  ASSERT_TRUE(got);
+  EXPECT_EQ(*got, e);
+  EXPECT_EQ(got->payload.data(), space.data());  // the very buffer the reader wrote into
+  EXPECT_FALSE(d.commit_body(1));                 // nothing is awaited now
+}
+
+TEST(Wire, RefusesAForeignStreamAtItsFirstFourBytes) {
+  frame_decoder d;
+  const char http[] = "GET / HTTP/1.1\r\n";
+  EXPECT_FALSE(d.feed(std::as_bytes(std::span(http, 4))));
+  EXPECT_EQ(d.error().code, wire_errc::bad_magic);
+  EXPECT_FALSE(d.feed(std::as_bytes(std::span(http, 4))));  // sticky
+}
+
+TEST(Wire, RefusesBadHeaders) {
+  auto good = encode_frame_bytes(a_call(10));
+  auto with = [&](std::size_t at, auto value) {
+    auto f = good;
+    put(f, at, value);
+    return decode_error(f);
+  };
+  EXPECT_EQ(with(4, std::uint16_t{2}).code, wire_errc::bad_version);
+  EXPECT_EQ(with(6, std::uint16_t{4}).code, wire_errc::bad_header);          // unknown flag
+  EXPECT_EQ(with(12, std::uint32_t{1}).code, wire_errc::bad_header);         // reserved
+  EXPECT_EQ(with(8, std::uint32_t{12}).code, wire_errc::bad_header);         // not a multiple of 8
+  EXPECT_EQ(with(8, std::uint32_t{0}).code, wire_errc::bad_header);          // no envelope
+  EXPECT_EQ(with(6, frame_header::flag_body).code, wire_errc::bad_header);   // flag, no body
+  EXPECT_EQ(with(16, std::uint64_t{8}).code, wire_errc::bad_header);         // body, no flag
+  auto e = with(4, std::uint16_t{7});
+  EXPECT_NE(e.message.find("version 7"), std::string::npos) << e.message;
+}
+
+TEST(Wire, RefusesOversizedFramesBeforeAllocatingThem) {
+  auto f = encode_frame_bytes(a_call(10));
+  put(f, 6, frame_header::flag_body);
+  put(f, 16, std::uint64_t{1} << 62);
+  EXPECT_EQ(decode_error(std::span(f).first(frame_header::size)).code, wire_errc::frame_too_large);
+
+  auto g = encode_frame_bytes(a_call(10));
+  put(g, 8, std::uint32_t{0xfffffff8u});
+  EXPECT_EQ(decode_error(std::span(g).first(frame_header::size)).code, wire_errc::frame_too_large);
+
+  wire_limits small;
+  small.max_frame_bytes = 64 << 10;
+  auto big = encode_frame_bytes(a_call(100'000));
+  auto e = decode_error(big, small);
+  EXPECT_EQ(e.code, wire_errc::frame_too_large);
+  EXPECT_NE(e.message.find("65536"), std::string::npos) << e.message;
+  EXPECT_EQ(decode_all(encode_frame_bytes(a_call(60'000)), 999, small).size(), 1u);
+}
+
+TEST(Wire, RefusesAStreamThatEndsInsideAFrame) {
+  auto f = encode_frame_bytes(a_call(inline_payload_limit + 10));
+  for (std::size_t cut : {std::size_t{3}, std::size_t{30}, f.size() - 1}) {
+    auto e = decode_error(std::span(f).first(cut));
+    EXPECT_EQ(e.code, wire_errc::truncated) << cut;
+  }
+}
+
+TEST(Wire, RefusesMalformedSegmentTables) {
+  auto good = encode_frame_bytes(a_call(10));
+  auto with = [&](std::size_t at, std::uint32_t value) {
+    auto f = good;
+    put(f, at, value);
+    return decode_error(f);
+  };
+  const std::size_t table = frame_header::size;
+  EXPECT_EQ(with(table, 1000).code, wire_errc::malformed_segments);      // too many segments
+  EXPECT_EQ(with(table, 40).code, wire_errc::truncated);                 // table larger than the envelope
+  EXPECT_EQ(with(table + 4, 1000).code, wire_errc::truncated);           // segment past the end
+  EXPECT_EQ(with(table + 4, 1).code, wire_errc::malformed_segments);     // words after the segment
+  EXPECT_EQ(with(table + 4, 0).code, wire_errc::malformed_segments);     // empty root segment
+}
+
+TEST(Wire, RefusesEnvelopesCapnProtoCannotRead) {
+  auto f = encode_frame_bytes(a_call(10));
+  // The root pointer (first word of the segment): a struct pointer far past the segment.
+  const std::size_t root = frame_header::size + 8;
+  put(f, root, std::uint32_t{1000u << 2});
+  auto e = decode_error(f);
+  EXPECT_EQ(e.code, wire_errc::malformed_segments);
+  EXPECT_NE(e.message.find("Cap'n Proto"), std::string::npos) << e.message;
+}
+
+TEST(Wire, AppliesCapnProtoTraversalLimits) {
+  wire_limits tight;
+  tight.traversal_limit_words = 16;
+  auto e = decode_error(encode_frame_bytes(a_call(1000)), tight);
+  EXPECT_EQ(e.code, wire_errc::malformed_segments);
+  EXPECT_EQ(decode_all(encode_frame_bytes(a_call(8)), 64, tight).size(), 1u);
+}
+
+TEST(Wire, RefusesEnvelopesThatBreakTheRules) {
+  auto c = a_call(4);
+  c.target = 0;
+  EXPECT_EQ(decode_error(encode_frame_bytes(c)).code, wire_errc::bad_envelope);
+  c = a_call(4);
+  c.request_id = 0;
+  EXPECT_EQ(decode_error(encode_frame_bytes(c)).code, wire_errc::bad_envelope);
+  envelope err;
+  err.kind = envelope_kind::error;
+  err.request_id = 3;  // but no error code
+  EXPECT_EQ(decode_error(encode_frame_bytes(err)).code, wire_errc::bad_envelope);
+  c = a_call(4);
+  c.error_message = "not an error";
+  EXPECT_EQ(decode_error(encode_frame_bytes(c)).code, wire_errc::bad_envelope);
+  envelope ctl;
+  ctl.kind = envelope_kind::control;
+  EXPECT_EQ(decode_error(encode_frame_bytes(ctl)).code, wire_errc::bad_envelope);
+
+  // An unknown kind: the kind is the first 16 bits of the root struct's data section.
+  auto f = encode_frame_bytes(a_call(4));
+  const std::size_t kind_at = frame_header::size + 8 + 8;
+  ASSERT_EQ(static_cast<int>(f[kind_at]), static_cast<int>(envelope_kind::call));
+  put(f, kind_at, std::uint16_t{77});
+  auto e = decode_error(f);
+  EXPECT_EQ(e.code, wire_errc::bad_envelope);
+  EXPECT_NE(e.message.find("77"), std::string::npos) << e.message;
+  put(f, kind_at, std::uint16_t{0});
+  EXPECT_EQ(decode_error(f).code, wire_errc::bad_envelope);
+
+  wire_limits short_messages;
+  short_messages.max_error_message = 8;
+  err.error_code = 2;
+  err.error_message = "a message longer than eight bytes";
+  EXPECT_EQ(decode_error(encode_frame_bytes(err), short_messages).code, wire_errc::bad_envelope);
+}
+
+TEST(Wire, RefusesAPayloadBothInlineAndInTheBody) {
+  auto f = encode_frame_bytes(a_call(10));
+  f.push_back(std::byte{1});
+  put(f, 6, frame_header::flag_body);
+  put(f, 16, std::uint64_t{1});
+  EXPECT_EQ(decode_error(f).code, wire_errc::bad_envelope);
+}
+
+TEST(Wire, AnErrorStopsTheStreamButFramesBeforeItAreKept) {
+  auto stream = encode_frame_bytes(a_call(5));
+  auto bad = encode_frame_bytes(a_call(5));
+  put(bad, 0, std::uint32_t{0xdeadbeef});
+  stream.insert(stream.end(), bad.begin(), bad.end());
+  auto after = encode_frame_bytes(a_call(5));
+  stream.insert(stream.end(), after.begin(), after.end());
+  frame_decoder d;
+  EXPECT_FALSE(d.feed(stream));
+  EXPECT_EQ(d.error().code, wire_errc::bad_magic);
+  EXPECT_EQ(d.ready(), 1u);
+}
+
+}  // namespace
