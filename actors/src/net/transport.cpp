@@ -1,0 +1,401 @@
+#include "net/transport.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/write.hpp>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include "troupe/core/error.hpp"
+#include "troupe/core/log.hpp"
+
+namespace troupe::net {
+
+namespace {
+
+constexpr std::string_view client_label = "troupe client";
+constexpr std::string_view server_label = "troupe server";
+
+// Before the handshake a peer may only send the small handshake envelopes.
+wire_limits handshake_limits(const wire_limits& after) {
+  wire_limits l = after;
+  l.max_envelope_bytes = std::min<std::uint32_t>(after.max_envelope_bytes, 1024);
+  l.max_frame_bytes = std::min<std::uint64_t>(after.max_frame_bytes, 2048);
+  l.max_error_message = 0;
+  return l;
+}
+
+std::vector<std::byte> random_nonce() {
+  std::vector<std::byte> n(nonce_bytes);
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1)
+    throw error(errc::connection_lost, "the random generator failed to make a handshake nonce");
+  return n;
+}
+
+bool same_proof(std::span<const std::byte> a, std::span<const std::byte> b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+envelope control(control_code code, std::vector<std::byte> payload = {}) {
+  envelope e;
+  e.kind = envelope_kind::control;
+  e.method = static_cast<std::uint64_t>(code);
+  e.payload = std::move(payload);
+  return e;
+}
+
+constexpr std::size_t read_chunk = 64u << 10;
+
+}  // namespace
+
+std::vector<std::byte> handshake_proof(std::string_view token, std::string_view label,
+                                       std::span<const std::byte> nonce) {
+  std::vector<unsigned char> msg(label.begin(), label.end());
+  const auto* p = reinterpret_cast<const unsigned char*>(nonce.data());
+  msg.insert(msg.end(), p, p + nonce.size());
+  std::vector<std::byte> out(proof_bytes);
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), msg.data(), msg.size(),
+           reinterpret_cast<unsigned char*>(out.data()), &len) == nullptr ||
+      len != proof_bytes)
+    throw error(errc::connection_lost, "HMAC-SHA256 failed");
+  return out;
+}
+
+// ---- connection ----------------------------------------------------------------------------
+
+connection::connection(transport& owner, tcp::socket socket, bool outbound, std::uint64_t id)
+    : owner_(owner),
+      socket_(std::move(socket)),
+      deadline_(socket_.get_executor()),
+      outbound_(outbound),
+      id_(id),
+      decoder_(handshake_limits(owner.config().limits)),
+      read_buf_(read_chunk) {}
+
+connection::~connection() = default;
+
+void connection::start() {
+  boost::system::error_code ec;
+  if (owner_.config().no_delay) socket_.set_option(tcp::no_delay(true), ec);
+  deadline_.expires_after(owner_.config().handshake_timeout);
+  deadline_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+    if (!ec && !self->authenticated() && !self->closed_) self->do_close("handshake timed out", true);
+  });
+  if (!outbound_) {
+    nonce_ = random_nonce();
+    send_now(control(control_code::challenge, nonce_));
+  }
+  read_more();
+}
+
+void connection::send(envelope env) {
+  asio::post(socket_.get_executor(), [self = shared_from_this(), env = std::move(env)]() mutable {
+    if (self->closed_ || self->closing_) return;
+    if (!self->authenticated()) {
+      self->held_.push_back(std::move(env));
+      return;
+    }
+    self->send_now(std::move(env));
+  });
+}
+
+void connection::close(std::string reason) {
+  asio::post(socket_.get_executor(), [self = shared_from_this(), reason = std::move(reason)]() mutable {
+    self->do_close(std::move(reason));
+  });
+}
+
+void connection::send_now(envelope env) {
+  queue_.push_back(encode_frame(std::move(env)));
+  if (!writing_now_) write_more();
+}
+
+void connection::write_more() {
+  if (closed_ || queue_.empty()) return;
+  // Gather everything queued into one write: heads and bodies go out from their own buffers.
+  writing_.swap(queue_);
+  std::vector<asio::const_buffer> buffers;
+  buffers.reserve(writing_.size() * 2);
+  for (const auto& f : writing_) {
+    buffers.emplace_back(f.head.data(), f.head.size());
+    if (!f.body.empty()) buffers.emplace_back(f.body.data(), f.body.size());
+  }
+  writing_now_ = true;
+  asio::async_write(socket_, buffers, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+    self->writing_now_ = false;
+    self->frames_sent_.fetch_add(self->writing_.size(), std::memory_order_relaxed);
+    self->writing_.clear();
+    if (ec) {
+      if (!self->closed_) self->do_close("write failed: " + ec.message());
+      return;
+    }
+    if (self->closing_ && self->queue_.empty()) {
+      self->do_close(self->closing_reason_, true);
+      return;
+    }
+    self->write_more();
+  });
+}
+
+void connection::read_more() {
+  if (closed_) return;
+  // A large body is read straight into the payload's own buffer; everything else through
+  // the read buffer and the decoder.
+  auto body = decoder_.body_space();
+  if (body.size() >= read_chunk) {
+    socket_.async_read_some(asio::buffer(body.data(), body.size()),
+                            [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+                              if (ec) {
+                                if (!self->closed_) self->do_close(ec == asio::error::eof ? "the peer closed the connection inside a frame" : "read failed: " + ec.message());
+                                return;
+                              }
+                              if (!self->decoder_.commit_body(n)) {
+                                self->do_close(std::string(to_string(self->decoder_.error().code)) + ": " + self->decoder_.error().message, true);
+                                return;
+                              }
+                              self->on_read(0);
+                            });
+    return;
+  }
+  socket_.async_read_some(asio::buffer(read_buf_),
+                          [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+                            if (ec) {
+                              if (self->closed_) return;
+                              if (ec == asio::error::eof)
+                                self->do_close(self->decoder_.idle() ? "the peer closed the connection"
+                                                                     : "the peer closed the connection inside a frame");
+                              else
+                                self->do_close("read failed: " + ec.message());
+                              return;
+                            }
+                            self->on_read(n);
+                          });
+}
+
+void connection::on_read(std::size_t n) {
+  if (n != 0 && !decoder_.feed(std::span<const std::byte>(read_buf_.data(), n))) {
+    const auto& e = decoder_.error();
+    do_close(std::string(to_string(e.code)) + ": " + e.message, true);
+    return;
+  }
+  while (auto env = decoder_.pop()) {
+    frames_received_.fetch_add(1, std::memory_order_relaxed);
+    on_envelope(std::move(*env));
+    if (closed_ || closing_) return;
+  }
+  read_more();
+}
+
+void connection::on_envelope(envelope env) {
+  if (!authenticated()) {
+    on_handshake(std::move(env));
+    return;
+  }
+  if (env.kind == envelope_kind::control &&
+      env.method <= static_cast<std::uint64_t>(control_code::refuse)) {
+    do_close("a handshake envelope after the handshake", true);
+    return;
+  }
+  if (owner_.handlers_.on_envelope) owner_.handlers_.on_envelope(shared_from_this(), std::move(env));
+}
+
+bool connection::on_handshake(envelope env) {
+  const auto& token = owner_.config().token;
+  auto expect = [&](control_code code) {
+    return env.kind == envelope_kind::control && env.method == static_cast<std::uint64_t>(code);
+  };
+  if (outbound_) {
+    if (nonce_.empty()) {
+      // Waiting for the challenge.
+      if (!expect(control_code::challenge) || env.payload.size() != nonce_bytes) {
+        do_close("expected the handshake challenge, got a " + std::string(to_string(env.kind)) + " envelope", true);
+        return false;
+      }
+      nonce_ = random_nonce();
+      auto proof = handshake_proof(token, client_label, env.payload);
+      proof.insert(proof.end(), nonce_.begin(), nonce_.end());
+      send_now(control(control_code::response, std::move(proof)));
+      return true;
+    }
+    if (expect(control_code::refuse)) {
+      do_close("refused by the peer: wrong cluster token", true);
+      return false;
+    }
+    if (!expect(control_code::accept) ||
+        !same_proof(env.payload, handshake_proof(token, server_label, nonce_))) {
+      do_close("the peer did not prove the cluster token", true);
+      return false;
+    }
+    finish_handshake();
+    return true;
+  }
+  if (!expect(control_code::response) || env.payload.size() != proof_bytes + nonce_bytes) {
+    do_close("expected the handshake response, got a " + std::string(to_string(env.kind)) + " envelope", true);
+    return false;
+  }
+  auto payload = std::span<const std::byte>(env.payload);
+  if (!same_proof(payload.first(proof_bytes), handshake_proof(token, client_label, nonce_))) {
+    // Tell the peer why, then close once the refusal is written; read nothing more.
+    closing_ = true;
+    closing_reason_ = "wrong cluster token";
+    send_now(control(control_code::refuse));
+    return false;
+  }
+  send_now(control(control_code::accept, handshake_proof(token, server_label, payload.subspan(proof_bytes))));
+  finish_handshake();
+  return true;
+}
+
+void connection::finish_handshake() {
+  authenticated_.store(true, std::memory_order_release);
+  deadline_.cancel();
+  decoder_.set_limits(owner_.config().limits);
+  if (owner_.handlers_.on_open) owner_.handlers_.on_open(shared_from_this());
+  auto held = std::move(held_);
+  held_.clear();
+  for (auto& env : held) {
+    if (closed_) break;
+    send_now(std::move(env));
+  }
+}
+
+void connection::do_close(std::string reason, bool refused) {
+  if (closed_) return;
+  closed_ = true;
+  open_.store(false, std::memory_order_release);
+  if (refused)
+    log().warn("troupe net: connection {} closed: {}", id_, reason);
+  else
+    log().info("troupe net: connection {} closed: {}", id_, reason);
+  boost::system::error_code ignored;
+  deadline_.cancel();
+  socket_.shutdown(tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);
+  queue_.clear();
+  held_.clear();
+  owner_.closed(shared_from_this(), reason);
+}
+
+// ---- transport -----------------------------------------------------------------------------
+
+transport::transport(asio::io_context& io, transport_config config, transport_handlers handlers)
+    : io_(io), config_(std::move(config)), handlers_(std::move(handlers)) {
+  if (config_.token.empty())
+    throw error(errc::connection_lost, "a transport needs a cluster token (an empty one is refused)");
+}
+
+transport::~transport() {
+  boost::system::error_code ignored;
+  if (acceptor_) acceptor_->close(ignored);
+  std::lock_guard lock(mutex_);
+  for (auto& [id, c] : connections_) {
+    c->closed_ = true;
+    c->open_.store(false);
+    c->deadline_.cancel();
+    c->socket_.close(ignored);
+  }
+}
+
+std::uint16_t transport::listen(const std::string& address, std::uint16_t port) {
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(address, ec);
+  if (ec) throw error(errc::connection_lost, "'" + address + "' is not an IP address: " + ec.message());
+  auto acc = std::make_unique<asio::ip::tcp::acceptor>(asio::make_strand(io_));
+  asio::ip::tcp::endpoint ep(addr, port);
+  acc->open(ep.protocol(), ec);
+  if (!ec) acc->set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acc->bind(ep, ec);
+  if (!ec) acc->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec)
+    throw error(errc::connection_lost,
+                "cannot listen on " + address + ":" + std::to_string(port) + ": " + ec.message());
+  acceptor_ = std::move(acc);
+  auto bound = acceptor_->local_endpoint().port();
+  accept_next();
+  return bound;
+}
+
+void transport::accept_next() {
+  acceptor_->async_accept(asio::make_strand(io_), [this, alive = std::weak_ptr<bool>(alive_)](
+                                                      boost::system::error_code ec, asio::ip::tcp::socket s) {
+    if (alive.expired() || !acceptor_ || !acceptor_->is_open()) return;
+    if (!ec) adopt(std::move(s), false);
+    else if (ec == asio::error::operation_aborted) return;
+    else log().warn("troupe net: accept failed: {}", ec.message());
+    accept_next();
+  });
+}
+
+void transport::connect(const std::string& host, std::uint16_t port) {
+  auto resolver = std::make_shared<asio::ip::tcp::resolver>(io_);
+  auto socket = std::make_shared<asio::ip::tcp::socket>(asio::make_strand(io_));
+  resolver->async_resolve(
+      host, std::to_string(port),
+      [this, resolver, socket, host, port, alive = std::weak_ptr<bool>(alive_)](
+          boost::system::error_code ec, asio::ip::tcp::resolver::results_type results) {
+        if (alive.expired()) return;
+        auto fail = [&](const std::string& why) {
+          log().warn("troupe net: cannot connect to {}:{}: {}", host, port, why);
+          if (handlers_.on_close) handlers_.on_close(nullptr, "cannot connect to " + host + ":" + std::to_string(port) + ": " + why);
+        };
+        if (ec) return fail(ec.message());
+        asio::async_connect(*socket, results,
+                            [this, socket, fail, alive](boost::system::error_code ec, const asio::ip::tcp::endpoint&) {
+                              if (alive.expired()) return;
+                              if (ec) return fail(ec.message());
+                              adopt(std::move(*socket), true);
+                            });
+      });
+}
+
+void transport::adopt(asio::ip::tcp::socket socket, bool outbound) {
+  std::shared_ptr<connection> c;
+  {
+    std::lock_guard lock(mutex_);
+    c = std::shared_ptr<connection>(new connection(*this, std::move(socket), outbound, next_id_++));
+    connections_.emplace(c->id(), c);
+  }
+  // The connection's first steps run on its own strand.
+  asio::post(c->socket_.get_executor(), [c] {
+    try {
+      c->start();
+    } catch (const std::exception& e) {
+      c->do_close(e.what());
+    }
+  });
+}
+
+void transport::closed(const std::shared_ptr<connection>& c, const std::string& reason) {
+  {
+    std::lock_guard lock(mutex_);
+    connections_.erase(c->id());
+  }
+  if (handlers_.on_close) handlers_.on_close(c, reason);
+}
+
+void transport::close_all(const std::string& reason) {
+  asio::post(io_, [this, reason, alive = std::weak_ptr<bool>(alive_)] {
+    if (alive.expired()) return;
+    boost::system::error_code ignored;
+    if (acceptor_) acceptor_->close(ignored);
+  });
+  std::vector<std::shared_ptr<connection>> all;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [id, c] : connections_) all.push_back(c);
+  }
+  for (auto& c : all) c->close(reason);
+}
+
+std::size_t transport::connections() const {
+  std::lock_guard lock(mutex_);
+  return connections_.size();
+}
+
+}  // namespace troupe::net
