@@ -6,15 +6,18 @@
 #   make bench   run the benchmark suites (and the CAF anchor side by side when installed)
 #   make tsan    build and run the actor runtime's tests under ThreadSanitizer
 #   make asan    build and run the unit tests under AddressSanitizer + UBSan
+#   make fuzz    build the frame decoder's libFuzzer target with clang and run it (FUZZ_SECONDS, 60)
 
 BUILD      ?= build
 TSAN_BUILD ?= build-tsan
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
 JOBS       ?= $(shell nproc)
 GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 CMAKE_ARGS ?=
 
-.PHONY: all deps deps-bench configure build run tour test bench tsan asan clean
+.PHONY: all deps deps-bench configure build run tour test bench tsan asan fuzz clean
 
 all: build
 
@@ -69,5 +72,21 @@ asan: deps $(ASAN_BUILD)/CMakeCache.txt
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(ASAN_BUILD)/bin/pipeline_test
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(ASAN_BUILD)/bin/kernels_test
 
+$(FUZZ_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(FUZZ_BUILD) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_CXX_COMPILER=clang++ -DTROUPE_FUZZ=ON -DTROUPE_WITH_CUDA=OFF -DTROUPE_BUILD_TESTS=OFF \
+	  -DTROUPE_BUILD_BENCH=OFF -DTROUPE_BUILD_EXAMPLES=OFF $(CMAKE_ARGS)
+
+# Seeds are valid frames written by frame_fuzz_seeds; what the fuzzer finds accumulates in
+# $(FUZZ_BUILD)/corpus, crashes land in $(FUZZ_BUILD)/crashes.
+fuzz: deps $(FUZZ_BUILD)/CMakeCache.txt
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target frame_fuzz frame_fuzz_seeds
+	rm -rf $(FUZZ_BUILD)/seeds && mkdir -p $(FUZZ_BUILD)/seeds $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/crashes
+	$(FUZZ_BUILD)/bin/frame_fuzz_seeds $(FUZZ_BUILD)/seeds
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 TROUPE_LOG_LEVEL=off \
+	  $(FUZZ_BUILD)/bin/frame_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -rss_limit_mb=2048 \
+	  -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/ \
+	  $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/seeds
+
 clean:
-	rm -rf $(BUILD) $(TSAN_BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(TSAN_BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
