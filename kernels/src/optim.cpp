@@ -4,7 +4,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <immintrin.h>
 #include <new>
 #include <stdexcept>
 #include <thread>
@@ -304,6 +306,184 @@ std::vector<float> decode(const optimizer::moment& mo, std::size_t n) {
   return out;
 }
 
+// ---- fused compressed-state Adam: bf16 or 8-bit moments converted in registers ---------------
+//
+// The chunk path above loads each compressed moment into an fp32 buffer, runs the fp32 kernel on
+// the buffers and rounds them back: three passes per chunk. The kernels below read bf16 or 8-bit
+// moments straight into AVX2 registers, update, and write bf16 back (or, for 8-bit, the block's
+// new values to an L1 buffer while keeping its absmax, then the codes by the table quantizer).
+// They perform the same IEEE operations in the same order as adam_fused_loop (no FMA), so they
+// give the same bits; elements that do not fill a vector go through the scalar element below.
+
+/// One element of adam_fused_loop: returns the new parameter, sets the new moments.
+template <bool L2>
+inline float adam_element(float p, float grad, float m, float v, const adam_constants& c, float& m_out,
+                          float& v_out) {
+  const float param = p * c.decay;
+  float g = grad * c.gscale;
+  if constexpr (L2) g = g + param * c.l2;
+  const float mi = c.one_minus_beta1 < 0.5f ? m + c.one_minus_beta1 * (g - m) : g - (g - m) * (1.0f - c.one_minus_beta1);
+  const float vi = v * c.beta2 + c.one_minus_beta2 * g * g;
+  const float denom = std::sqrt(vi) / c.bias2_sqrt + c.eps;
+  m_out = mi;
+  v_out = vi;
+  return param + (-c.step_size) * mi / denom;
+}
+
+const bool has_avx2 = __builtin_cpu_supports("avx2");
+
+/// The adam constants broadcast to 8 lanes.
+struct adam_vectors {
+  __m256 decay, gscale, l2, omb1, one_minus_omb1, beta2, omb2, bias2_sqrt, eps, neg_step;
+  bool low;
+};
+
+__attribute__((target("avx2"))) inline adam_vectors broadcast(const adam_constants& c) {
+  return {_mm256_set1_ps(c.decay),        _mm256_set1_ps(c.gscale),     _mm256_set1_ps(c.l2),
+          _mm256_set1_ps(c.one_minus_beta1), _mm256_set1_ps(1.0f - c.one_minus_beta1),
+          _mm256_set1_ps(c.beta2),        _mm256_set1_ps(c.one_minus_beta2), _mm256_set1_ps(c.bias2_sqrt),
+          _mm256_set1_ps(c.eps),          _mm256_set1_ps(-c.step_size), c.one_minus_beta1 < 0.5f};
+}
+
+/// adam_element on 8 lanes.
+template <bool L2>
+__attribute__((target("avx2"))) inline __m256 adam_avx2(__m256 p, __m256 grad, __m256& m, __m256& v,
+                                                        const adam_vectors& k) {
+  const __m256 param = _mm256_mul_ps(p, k.decay);
+  __m256 g = _mm256_mul_ps(grad, k.gscale);
+  if constexpr (L2) g = _mm256_add_ps(g, _mm256_mul_ps(param, k.l2));
+  const __m256 diff = _mm256_sub_ps(g, m);
+  m = k.low ? _mm256_add_ps(m, _mm256_mul_ps(k.omb1, diff)) : _mm256_sub_ps(g, _mm256_mul_ps(diff, k.one_minus_omb1));
+  v = _mm256_add_ps(_mm256_mul_ps(v, k.beta2), _mm256_mul_ps(_mm256_mul_ps(k.omb2, g), g));
+  const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), k.bias2_sqrt), k.eps);
+  return _mm256_add_ps(param, _mm256_div_ps(_mm256_mul_ps(k.neg_step, m), denom));
+}
+
+__attribute__((target("avx2"))) inline __m256 load_bf16(const std::uint16_t* h) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+/// quant::to_bf16 (round to nearest even) on 8 lanes.
+__attribute__((target("avx2"))) inline void store_bf16(std::uint16_t* h, __m256 x) {
+  const __m256i b = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  // 0..0xffff in each 32-bit lane: packus keeps them; lanes come out as 0-3, 0-3 | 4-7, 4-7.
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(h), _mm256_castsi256_si128(packed));
+}
+
+template <bool L2>
+__attribute__((target("avx2"))) void adam_bf16_avx2(float* p, const float* grad, std::uint16_t* m, std::uint16_t* v,
+                                                    std::size_t n, const adam_constants& c) {
+  const adam_vectors k = broadcast(c);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 mi = load_bf16(m + i), vi = load_bf16(v + i);
+    _mm256_storeu_ps(p + i, adam_avx2<L2>(_mm256_loadu_ps(p + i), _mm256_loadu_ps(grad + i), mi, vi, k));
+    store_bf16(m + i, mi);
+    store_bf16(v + i, vi);
+  }
+  for (; i < n; ++i) {
+    float mi, vi;
+    p[i] = adam_element<L2>(p[i], grad[i], quant::from_bf16(m[i]), quant::from_bf16(v[i]), c, mi, vi);
+    m[i] = quant::to_bf16(mi);
+    v[i] = quant::to_bf16(vi);
+  }
+}
+
+/// One 8-bit block: dequantizes both moments in registers, updates, writes the new moment values
+/// to mbuf/vbuf and returns their absmax in mabs/vabs.
+template <bool L2>
+__attribute__((target("avx2"))) void adam_int8_avx2(float* p, const float* grad, const std::uint8_t* mc,
+                                                    const std::uint8_t* vc, float ms, float vs, const float* mvals,
+                                                    const float* vvals, std::size_t n, const adam_constants& c,
+                                                    float* mbuf, float* vbuf, float& mabs, float& vabs) {
+  const adam_vectors k = broadcast(c);
+  const __m256 msv = _mm256_set1_ps(ms), vsv = _mm256_set1_ps(vs);
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 ma = _mm256_setzero_ps(), va = _mm256_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i mi8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mc + i)));
+    const __m256i vi8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(vc + i)));
+    __m256 mi = _mm256_mul_ps(_mm256_i32gather_ps(mvals, mi8, 4), msv);
+    __m256 vi = _mm256_mul_ps(_mm256_i32gather_ps(vvals, vi8, 4), vsv);
+    _mm256_storeu_ps(p + i, adam_avx2<L2>(_mm256_loadu_ps(p + i), _mm256_loadu_ps(grad + i), mi, vi, k));
+    _mm256_storeu_ps(mbuf + i, mi);
+    _mm256_storeu_ps(vbuf + i, vi);
+    ma = _mm256_max_ps(ma, _mm256_and_ps(mi, magnitude));
+    va = _mm256_max_ps(va, _mm256_and_ps(vi, magnitude));
+  }
+  alignas(32) float lm[8], lv[8];
+  _mm256_store_ps(lm, ma);
+  _mm256_store_ps(lv, va);
+  float am = 0, av = 0;
+  for (int l = 0; l < 8; ++l) {
+    am = std::max(am, lm[l]);
+    av = std::max(av, lv[l]);
+  }
+  for (; i < n; ++i) {
+    p[i] = adam_element<L2>(p[i], grad[i], mvals[mc[i]] * ms, vvals[vc[i]] * vs, c, mbuf[i], vbuf[i]);
+    am = std::max(am, std::fabs(mbuf[i]));
+    av = std::max(av, std::fabs(vbuf[i]));
+  }
+  mabs = am;
+  vabs = av;
+}
+
+/// Whether a slot's step can use the fused compressed kernels: Adam or AdamW with m and v in the
+/// same compressed storage, no AMSGrad, round to nearest, 8-bit scaled by the absmax.
+bool fused_compressed(optimizer_kind kind, const optimizer::slot& s, const state_options& so) {
+  if (!has_avx2 || kind == optimizer_kind::sgd || s.vmax.mode != mode_none || so.stochastic_rounding) return false;
+  if (s.m.mode != s.v.mode || s.m.block != s.v.block) return false;
+  if (s.m.mode == mode_bf16) return true;
+  return s.m.mode == mode_int8 && (so.percentile_scale <= 0 || so.percentile_scale >= 100);
+}
+
+/// The fused step over elements [begin, end) of a slot (begin on a block boundary for 8-bit).
+void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, const adam_constants& c,
+                     const rounding& rm, const rounding& rv) {
+  float* p = s.p->value.data<float>().data();
+  const float* g = std::as_const(*s.p).grad.data<float>().data();
+  const bool l2 = c.l2 != 0.0f;
+  if (s.m.mode == mode_bf16) {
+    std::uint16_t* m = s.m.data.data<std::uint16_t>().data();
+    std::uint16_t* v = s.v.data.data<std::uint16_t>().data();
+    if (l2) adam_bf16_avx2<true>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
+    else adam_bf16_avx2<false>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
+    return;
+  }
+  const std::size_t block = static_cast<std::size_t>(s.m.block);
+  thread_local std::vector<float> bm, bv;
+  if (bm.size() < block) {
+    bm.resize(block);
+    bv.resize(block);
+  }
+  const auto& mmap = map_of(s.m);
+  const auto& vmap = map_of(s.v);
+  std::uint8_t* mc = s.m.data.data<std::uint8_t>().data();
+  std::uint8_t* vc = s.v.data.data<std::uint8_t>().data();
+  float* msc = s.m.scales.data<float>().data();
+  float* vsc = s.v.scales.data<float>().data();
+  const auto mo = block_opts(s.m, rm), vo = block_opts(s.v, rv);
+  for (std::size_t b = begin; b < end; b += block) {
+    const std::size_t n = std::min(block, end - b), k = b / block;
+    float mabs, vabs;
+    if (l2)
+      adam_int8_avx2<true>(p + b, g + b, mc + b, vc + b, msc[k], vsc[k], mmap.values(), vmap.values(), n, c, bm.data(),
+                           bv.data(), mabs, vabs);
+    else
+      adam_int8_avx2<false>(p + b, g + b, mc + b, vc + b, msc[k], vsc[k], mmap.values(), vmap.values(), n, c,
+                            bm.data(), bv.data(), mabs, vabs);
+    msc[k] = mabs;
+    vsc[k] = vabs;
+    quant::quantize_block(bm.data(), n, mabs, mmap, mo, rm.key, static_cast<std::uint32_t>(b), mc + b);
+    quant::quantize_block(bv.data(), n, vabs, vmap, vo, rv.key, static_cast<std::uint32_t>(b), vc + b);
+  }
+}
+
 /// Runs fn(job) for jobs 0..count-1 on `threads` threads; each job is independent, so the
 /// results do not depend on which thread runs which job.
 template <class F>
@@ -571,10 +751,16 @@ bool optimizer::grads_finite() const {
   }
   std::atomic<bool> finite{true};
   run_jobs(pieces.size(), thread_count(total), [&](std::size_t j) {
-    float acc = 0;
+    // A value is NaN or infinite when its exponent bits are all ones. Integer operations with an
+    // OR reduction vectorize (a float sum would be one long dependency chain).
     const float* g = pieces[j].g;
-    for (std::size_t i = 0; i < pieces[j].n; ++i) acc += g[i] * 0.0f;  // NaN or inf poisons the sum
-    if (acc != 0.0f) finite.store(false, std::memory_order_relaxed);
+    std::uint32_t bad = 0;
+    for (std::size_t i = 0; i < pieces[j].n; ++i) {
+      std::uint32_t b;
+      std::memcpy(&b, g + i, 4);
+      bad |= static_cast<std::uint32_t>((b & 0x7f800000u) == 0x7f800000u);
+    }
+    if (bad) finite.store(false, std::memory_order_relaxed);
   });
   return finite.load();
 }
@@ -699,7 +885,11 @@ bool optimizer::do_step(bool reference) {
         kernel(jobs[j].begin, jobs[j].end - jobs[j].begin, at(s.m), at(s.v), at(s.vmax));
         return;
       }
-      // Compressed moments: one block at a time through buffers that stay in L1.
+      if (kind_ != optimizer_kind::sgd && fused_compressed(kind_, s, groups_[s.group].state)) {
+        adam_compressed(s, jobs[j].begin, jobs[j].end, pl.adam, pl.rm, pl.rv);
+        return;
+      }
+      // Other compressed moments: one block at a time through buffers that stay in L1.
       const std::size_t chunk = chunk_of(s);
       thread_local std::vector<float> bm, bv, bx;
       if (bm.size() < chunk) {

@@ -140,9 +140,13 @@ __attribute__((target("avx2"))) std::size_t quantize_avx2(const float* x, std::s
     const __m256i neg = _mm256_castps_si256(_mm256_cmp_ps(xn, fzero, _CMP_LT_OQ));
     c = _mm256_sub_epi32(c, _mm256_and_si256(at_zero, pos));                           // +1
     c = _mm256_add_epi32(c, _mm256_and_si256(_mm256_and_si256(at_zero, neg), down_mask));  // -1
-    alignas(32) std::int32_t out[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out), c);
-    for (int k = 0; k < 8; ++k) codes[i + static_cast<std::size_t>(k)] = static_cast<std::uint8_t>(out[k]);
+    // Codes are 0..255: two unsigned packs leave codes 0-3 in the low lane's first 4 bytes and 4-7
+    // in the high lane's.
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(c, c), _mm256_setzero_si256());
+    const std::uint32_t low = static_cast<std::uint32_t>(_mm256_cvtsi256_si32(bytes));
+    const std::uint32_t high = static_cast<std::uint32_t>(_mm256_extract_epi32(bytes, 4));
+    std::memcpy(codes + i, &low, 4);
+    std::memcpy(codes + i + 4, &high, 4);
   }
   return i;
 }

@@ -389,6 +389,44 @@ TEST(OptimizerState, SaveAndLoadRoundTripBitForBit) {
   }
 }
 
+TEST(OptimizerStorage, FusedCompressedAdamEqualsTheReferenceStateToTheBit) {
+  // The bf16 and 8-bit Adam kernels that convert moments in registers, against the reference
+  // step: parameters and the saved state (codes, scales, bf16 words) must be identical. Sizes
+  // leave partial vectors and partial blocks; beta1 < 0.5 takes the other lerp form; percentile
+  // clipping scales the gradient.
+  const std::vector<std::int64_t> sizes{1, 7, 1000, 70'003};
+  std::vector<config> cases = configs();
+  cases.push_back({"adam low beta1", optimizer_kind::adam, {.lr = 1e-2, .beta1 = 0.3, .weight_decay = 0.1}});
+  for (const auto& c : cases) {
+    if (c.kind == optimizer_kind::sgd) continue;
+    for (auto storage : {state_storage::bf16, state_storage::int8}) {
+      for (double clip : {100.0, 80.0}) {
+        state_options so{.storage = storage, .block_size = storage == state_storage::int8 ? 256 : 2048,
+                         .min_8bit_elements = 0};
+        so.percentile_clipping = clip;
+        model a(21, sizes), b(21, sizes);
+        optimizer fast(c.kind, {{a.ptrs(), c.hp, so}}, {.threads = 2, .seed = 1});
+        optimizer ref(c.kind, {{b.ptrs(), c.hp, so}}, {.threads = 1, .seed = 1});
+        std::mt19937 ga(8), gb(8);
+        for (int step = 0; step < 3; ++step) {
+          a.fresh_grads(ga, step == 1 ? 1e-3f : 1.0f);
+          b.fresh_grads(gb, step == 1 ? 1e-3f : 1.0f);
+          ASSERT_TRUE(fast.step());
+          ASSERT_TRUE(ref.reference_step());
+        }
+        const std::string what = std::string(c.name) + ", " + name_of(storage) + ", clip " + std::to_string(clip);
+        EXPECT_TRUE(a.same_values(b)) << what;
+        const auto pa = temp_path("fused_a"), pb = temp_path("fused_b");
+        fast.save(pa);
+        ref.save(pb);
+        EXPECT_EQ(file_bytes(pa), file_bytes(pb)) << what;
+        std::filesystem::remove(pa);
+        std::filesystem::remove(pb);
+      }
+    }
+  }
+}
+
 TEST(OptimizerState, BadFilesFailClearlyAndChangeNothing) {
   model a(1, {5000, 300}), other(1, {5000, 301});
   optimizer oa(optimizer_kind::adam, {{a.ptrs(), {}, {.storage = state_storage::int8}}});
