@@ -142,6 +142,15 @@ void rdp_accountant::compose(double q, double sigma, std::int64_t steps) {
     rdp_[i] += static_cast<double>(steps) * sampled_gaussian_rdp(q, sigma, orders_[i]);
 }
 
+void rdp_accountant::restore(std::span<const double> rdp) {
+  if (rdp.size() != orders_.size())
+    throw std::invalid_argument("rdp_accountant: " + std::to_string(rdp.size()) + " values for " +
+                                std::to_string(orders_.size()) + " orders");
+  for (double v : rdp)
+    if (!(v >= 0) || !std::isfinite(v)) throw std::invalid_argument("rdp_accountant: a restored RDP value is not finite and >= 0");
+  rdp_.assign(rdp.begin(), rdp.end());
+}
+
 rdp_accountant::spent rdp_accountant::epsilon(double delta) const {
   if (!(delta > 0 && delta < 1)) throw std::invalid_argument("rdp_accountant: delta must be in (0, 1)");
   spent best{std::numeric_limits<double>::infinity(), orders_.front()};

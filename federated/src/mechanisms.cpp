@@ -109,6 +109,18 @@ public:
     metrics.emplace_back("epsilon", s_->accountant.epsilon(s_->options.delta).epsilon);
     if (s_->options.adaptive) metrics.emplace_back("dp_clip", s_->clipping.bound);
   }
+  // The clipping bound, then the accountant's RDP per order.
+  std::vector<double> save_state() const override {
+    std::vector<double> out{s_->clipping.bound};
+    out.insert(out.end(), s_->accountant.rdp().begin(), s_->accountant.rdp().end());
+    return out;
+  }
+  void load_state(std::span<const double> state) override {
+    if (state.empty() || !(state[0] > 0) || !std::isfinite(state[0]))
+      bad("dp-clip: the saved state has no valid clipping bound");
+    s_->accountant.restore(state.subspan(1));
+    s_->clipping.bound = state[0];
+  }
 
 private:
   std::shared_ptr<dp_state> s_;

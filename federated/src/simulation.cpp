@@ -1,14 +1,23 @@
 #include "troupe/federated/simulation.hpp"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <unordered_set>
@@ -281,6 +290,29 @@ public:
     return u;
   }
 
+  /// The generator and the persistent state (empty when not allocated yet), for checkpoints.
+  std::pair<std::uint64_t, std::vector<float>> save(std::size_t floats) {
+    std::vector<float> state;
+    if (state_) state.assign(state_.get(), state_.get() + floats);
+    return {rng_.state, std::move(state)};
+  }
+  /// Replaces them; returns the change in allocated state bytes.
+  std::ptrdiff_t restore(std::uint64_t rng, std::vector<float> state, std::size_t floats) {
+    rng_.state = rng;
+    std::ptrdiff_t change = 0;
+    if (state.empty()) {
+      if (state_) change -= static_cast<std::ptrdiff_t>(floats * sizeof(float));
+      state_.reset();
+      return change;
+    }
+    if (!state_) {
+      state_ = std::make_unique<float[]>(floats);
+      change += static_cast<std::ptrdiff_t>(floats * sizeof(float));
+    }
+    std::copy(state.begin(), state.end(), state_.get());
+    return change;
+  }
+
 private:
   std::uint32_t offset_, length_;
   splitmix64 rng_;
@@ -319,6 +351,139 @@ shared_data load_data(const simulation_options& o) {
     all.train.labels = all.train.labels.slice(0, n).clone();
   }
   return std::make_shared<const fashion_mnist>(std::move(all));
+}
+
+/// The options a checkpoint must be resumed with, one "name=value" a line (threads, windows,
+/// evaluation and the round count may change).
+std::string fingerprint(const simulation_options& o) {
+  std::ostringstream s;
+  s.precision(17);
+  s << "clients=" << o.clients << "\nper-round=" << o.per_round << "\nfraction=" << o.fraction
+    << "\nmin-per-round=" << o.min_per_round << "\nlocal-epochs=" << o.local_epochs << "\nbatch=" << o.batch
+    << "\nlr=" << o.lr << "\nmodel=" << o.model << "\npartition=" << o.partition << "\nstrategy=" << o.strategy
+    << "\nserver-lr=" << o.server.server_lr << "\nserver-momentum=" << o.server.momentum << "\nbeta1=" << o.server.beta1
+    << "\nbeta2=" << o.server.beta2 << "\ntau=" << o.server.tau << "\nbias-correction=" << o.server.bias_correction
+    << "\nseed=" << o.seed << "\ndata-dir=" << o.data_dir << "\ntrainer=" << o.trainer << "\ntrain-limit=" << o.train_limit
+    << "\ndropout=" << o.dropout << "\ndeadline=" << o.deadline << "\nover-select=" << o.over_select
+    << "\nsample-seconds=" << o.sample_seconds << "\nsecagg=" << o.secagg << "\nsecagg-dropout=" << o.secagg_dropout
+    << "\ndp-clip=" << o.dp_clip << "\ndp-noise=" << o.dp_noise << "\ndp-delta=" << o.dp_delta
+    << "\ndp-adaptive=" << o.dp_adaptive << "\ncompress=" << o.compress << "\nattack=" << o.attack << "\n";
+  return s.str();
+}
+
+/// The first line where two fingerprints differ, as a sentence.
+std::string first_difference(const std::string& saved, const std::string& now) {
+  std::istringstream a(saved), b(now);
+  std::string x, y;
+  while (true) {
+    const bool more_a = static_cast<bool>(std::getline(a, x)), more_b = static_cast<bool>(std::getline(b, y));
+    if (!more_a && !more_b) return "the options differ";
+    if (x != y)
+      return "it was saved with " + (more_a ? x : std::string("(nothing)")) + " and this run has " +
+             (more_b ? y : std::string("(nothing)"));
+  }
+}
+
+constexpr char checkpoint_magic[8] = {'T', 'R', 'F', 'E', 'D', 'C', 'K', '\0'};
+constexpr std::uint32_t checkpoint_version = 1;
+
+std::uint32_t crc32_of(const char* data, std::size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (n > 0) {
+    const auto chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
+    data += chunk;
+    n -= chunk;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+/// Appends values in the host's byte order (a checkpoint resumes on the machine that wrote it).
+struct byte_writer {
+  std::string bytes;
+  template <class T>
+  void put(const T& v) {
+    bytes.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  template <class T>
+  void put_array(std::span<const T> v) {
+    put<std::uint64_t>(v.size());
+    bytes.append(reinterpret_cast<const char*>(v.data()), v.size_bytes());
+  }
+};
+
+struct byte_reader {
+  const std::string& bytes;
+  std::size_t at = 0, end = 0;
+  const std::string& file;
+  [[noreturn]] void truncated() const {
+    throw std::runtime_error("checkpoint " + file + " is truncated or malformed (at byte " + std::to_string(at) + ")");
+  }
+  template <class T>
+  T get() {
+    if (end - at < sizeof(T)) truncated();
+    T v;
+    std::memcpy(&v, bytes.data() + at, sizeof v);
+    at += sizeof v;
+    return v;
+  }
+  template <class T>
+  std::vector<T> get_array() {
+    const auto n = get<std::uint64_t>();
+    if (n > (end - at) / sizeof(T)) truncated();
+    std::vector<T> v(n);
+    std::memcpy(v.data(), bytes.data() + at, n * sizeof(T));
+    at += n * sizeof(T);
+    return v;
+  }
+};
+
+/// Writes `bytes` to `file` through a temporary file beside it: write, fsync, rename, fsync of
+/// the directory. A crash at any point leaves the old file or the new one, never a mix.
+void write_atomically(const std::string& file, const std::string& bytes) {
+  auto fail = [&](const std::string& what) {
+    throw std::runtime_error("cannot " + what + " the checkpoint " + file + ": " + std::strerror(errno));
+  };
+  const std::string tmp = file + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("create");
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      errno = err;
+      fail("write");
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    fail("sync");
+  }
+  if (::close(fd) != 0) fail("close");
+  if (::rename(tmp.c_str(), file.c_str()) != 0) fail("rename");
+  const auto dir = std::filesystem::path(file).parent_path();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+/// Sizes each client's persistent state: SCAFFOLD's c_i, then every transform's slice.
+void size_client_state(engine_state& e) {
+  e.state_floats = e.rule.control_variates ? e.dim : 0;
+  e.transform_offset.clear();
+  const std::size_t update = e.strategy->update_floats(e.dim);
+  for (auto& t : e.transforms) {
+    e.transform_offset.push_back(e.state_floats);
+    e.state_floats += t->client_state_floats(update);
+  }
 }
 
 }  // namespace
@@ -495,16 +660,7 @@ std::vector<std::uint64_t> simulation::participants(int round, round_report* rep
 round_report simulation::run_round() {
   auto& e = impl_->engine;
   const auto t0 = clock_type::now();
-  if (impl_->rounds == 0) {
-    // Each client's persistent state: SCAFFOLD's c_i, then every transform's slice.
-    e.state_floats = e.rule.control_variates ? e.dim : 0;
-    e.transform_offset.clear();
-    const std::size_t update = e.strategy->update_floats(e.dim);
-    for (auto& t : e.transforms) {
-      e.transform_offset.push_back(e.state_floats);
-      e.state_floats += t->client_state_floats(update);
-    }
-  }
+  if (impl_->rounds == 0) size_client_state(e);
   const int round = ++impl_->rounds;
   auto ctx = std::make_shared<round_context>();
   ctx->engine = &e;
@@ -568,6 +724,108 @@ std::size_t simulation::population() const noexcept { return impl_->clients.size
 std::size_t simulation::sample_size() const noexcept { return impl_->sample_size; }
 std::size_t simulation::client_state_bytes() const noexcept { return impl_->engine.state_bytes.load(); }
 
+void simulation::save_checkpoint(const std::string& file) const {
+  auto& e = impl_->engine;
+  if (impl_->rounds == 0) size_client_state(e);
+  byte_writer w;
+  w.bytes.append(checkpoint_magic, sizeof checkpoint_magic);
+  w.put(checkpoint_version);
+  const std::string options = fingerprint(e.options);
+  w.put_array(std::span<const char>(options));
+  w.put<std::int64_t>(impl_->rounds);
+  w.put_array(std::span<const float>(*impl_->global));
+  const auto strategy = e.strategy->save_state();
+  w.put_array(std::span<const double>(strategy));
+  w.put<std::uint64_t>(e.transforms.size());
+  for (const auto& t : e.transforms) {
+    const auto state = t->save_state();
+    w.put_array(std::span<const double>(state));
+  }
+  w.put<std::uint64_t>(impl_->clients.size());
+  w.put<std::uint64_t>(e.state_floats);
+  // Asked in windows: the clients are idle between rounds, and a window bounds the copies.
+  const std::size_t n = impl_->clients.size(), step = std::max<std::size_t>(1, impl_->window);
+  for (std::size_t first = 0; first < n; first += step) {
+    std::vector<future<std::pair<std::uint64_t, std::vector<float>>>> replies;
+    for (std::size_t c = first; c < std::min(n, first + step); ++c)
+      replies.push_back(impl_->clients[c].ask(&client::save, e.state_floats));
+    for (auto& f : replies) {
+      const auto [rng, state] = f.get();
+      w.put(rng);
+      w.put_array(std::span<const float>(state));
+    }
+  }
+  w.put(crc32_of(w.bytes.data(), w.bytes.size()));
+  write_atomically(file, w.bytes);
+}
+
+void simulation::load_checkpoint(const std::string& file) {
+  auto& e = impl_->engine;
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw std::runtime_error("cannot read the checkpoint " + file);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (in.bad()) throw std::runtime_error("cannot read the checkpoint " + file);
+  }
+  if (bytes.size() < sizeof checkpoint_magic + 2 * sizeof(std::uint32_t) ||
+      std::memcmp(bytes.data(), checkpoint_magic, sizeof checkpoint_magic) != 0)
+    throw std::runtime_error(file + " is not a fedsim checkpoint (or is truncated)");
+  std::uint32_t stored_crc;
+  std::memcpy(&stored_crc, bytes.data() + bytes.size() - sizeof stored_crc, sizeof stored_crc);
+  if (crc32_of(bytes.data(), bytes.size() - sizeof stored_crc) != stored_crc)
+    throw std::runtime_error("checkpoint " + file + " is corrupted or truncated (CRC-32 mismatch)");
+  byte_reader r{bytes, sizeof checkpoint_magic, bytes.size() - sizeof stored_crc, file};
+  const auto version = r.get<std::uint32_t>();
+  if (version != checkpoint_version)
+    throw std::runtime_error("checkpoint " + file + " has version " + std::to_string(version) + "; this build reads " +
+                             std::to_string(checkpoint_version));
+  const auto saved = r.get_array<char>();
+  const std::string options = fingerprint(e.options);
+  if (std::string(saved.begin(), saved.end()) != options)
+    throw std::runtime_error("checkpoint " + file + " belongs to another simulation: " +
+                             first_difference(std::string(saved.begin(), saved.end()), options));
+  const auto rounds = r.get<std::int64_t>();
+  auto global = std::make_shared<std::vector<float>>(r.get_array<float>());
+  const auto strategy = r.get_array<double>();
+  const auto transforms = r.get<std::uint64_t>();
+  if (rounds < 0 || rounds > 0x7FFFFFFF) r.truncated();
+  if (global->size() != e.dim)
+    throw std::runtime_error("checkpoint " + file + " holds a model of " + std::to_string(global->size()) +
+                             " floats; this one has " + std::to_string(e.dim));
+  if (transforms != e.transforms.size())
+    throw std::runtime_error("checkpoint " + file + " has " + std::to_string(transforms) + " transforms; this simulation has " +
+                             std::to_string(e.transforms.size()));
+  std::vector<std::vector<double>> transform_state(transforms);
+  for (auto& t : transform_state) t = r.get_array<double>();
+  size_client_state(e);
+  const auto population = r.get<std::uint64_t>(), floats = r.get<std::uint64_t>();
+  if (population != impl_->clients.size() || floats != e.state_floats)
+    throw std::runtime_error("checkpoint " + file + " has " + std::to_string(population) + " clients with " +
+                             std::to_string(floats) + " state floats each; this simulation has " +
+                             std::to_string(impl_->clients.size()) + " with " + std::to_string(e.state_floats));
+  std::vector<std::pair<std::uint64_t, std::vector<float>>> clients(population);
+  for (auto& [rng, state] : clients) {
+    rng = r.get<std::uint64_t>();
+    state = r.get_array<float>();
+    if (!state.empty() && state.size() != floats) r.truncated();
+  }
+  if (r.at != r.end) throw std::runtime_error("checkpoint " + file + " has trailing bytes");
+
+  // Everything parsed and checked: now the state changes.
+  e.strategy->load_state(strategy);
+  for (std::size_t t = 0; t < transforms; ++t) e.transforms[t]->load_state(transform_state[t]);
+  std::vector<future<std::ptrdiff_t>> replies;
+  replies.reserve(population);
+  for (std::size_t c = 0; c < population; ++c)
+    replies.push_back(impl_->clients[c].ask(&client::restore, clients[c].first, std::move(clients[c].second), floats));
+  std::ptrdiff_t bytes_now = static_cast<std::ptrdiff_t>(e.state_bytes.load());
+  for (auto& f : replies) bytes_now += f.get();
+  e.state_bytes.store(static_cast<std::size_t>(bytes_now));
+  impl_->global = std::move(global);
+  impl_->rounds = static_cast<int>(rounds);
+}
+
 double peak_rss_mb() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -576,27 +834,51 @@ double peak_rss_mb() {
 
 summary run_simulation(const simulation_options& options, const std::function<void(const progress&)>& report) {
   const auto start = clock_type::now();
+  if (options.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 0");
   simulation sim(options);
   summary s;
+  std::string file;
+  if (!options.checkpoint.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.checkpoint, ec);
+    if (ec) throw std::runtime_error("cannot create the checkpoint directory " + options.checkpoint + ": " + ec.message());
+    file = (std::filesystem::path(options.checkpoint) / "fedsim.ckpt").string();
+    if (std::filesystem::exists(file)) {
+      sim.load_checkpoint(file);
+      s.resumed_from = sim.rounds_done();
+    }
+  }
   double round_seconds = 0;
-  for (int r = 1; r <= options.rounds; ++r) {
+  bool evaluated = false;
+  const int first = sim.rounds_done() + 1;
+  for (int r = first; r <= options.rounds; ++r) {
     const round_report rr = sim.run_round();
     round_seconds += rr.seconds;
     progress p;
     p.round = &rr;
     p.rounds = options.rounds;
-    p.rounds_per_s = r / round_seconds;
+    p.rounds_per_s = (r - first + 1) / round_seconds;
     if (r % options.eval_every == 0 || r == options.rounds) {
-      p.evaluated = true;
+      p.evaluated = evaluated = true;
       p.eval = sim.evaluate();
       s.final_accuracy = p.eval.accuracy;
       s.final_loss = p.eval.loss;
     }
+    // Saved before the round is reported: what was reported survives a crash.
+    if (!file.empty() && (options.checkpoint_every > 0 ? r % options.checkpoint_every == 0 || r == options.rounds : p.evaluated))
+      sim.save_checkpoint(file);
     p.seconds = since(start);
     if (report) report(p);
   }
-  s.rounds = options.rounds;
-  s.rounds_per_s = options.rounds / round_seconds;
+  if (!evaluated) {  // resumed at or past the last round
+    const auto ev = sim.evaluate();
+    s.final_accuracy = ev.accuracy;
+    s.final_loss = ev.loss;
+  }
+  const auto model = sim.global_model();
+  s.model_crc32 = crc32_of(reinterpret_cast<const char*>(model.data()), model.size_bytes());
+  s.rounds = sim.rounds_done();
+  s.rounds_per_s = round_seconds > 0 ? (s.rounds - first + 1) / round_seconds : 0.0;
   s.seconds = since(start);
   s.peak_rss_mb = peak_rss_mb();
   return s;

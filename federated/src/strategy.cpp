@@ -9,6 +9,13 @@ namespace troupe::federated {
 
 namespace {
 
+/// A restored state vector must fit the model.
+void check_restored(std::size_t have, std::size_t dim) {
+  if (have != 0 && have != dim)
+    throw std::invalid_argument("the strategy's restored state has " + std::to_string(have) + " values for a model of " +
+                                std::to_string(dim));
+}
+
 double lr_or(const strategy_options& o, double fallback) { return o.server_lr < 0 ? fallback : o.server_lr; }
 
 void check_sizes(std::span<float> global, std::span<const float> aggregate, std::size_t want) {
@@ -38,12 +45,18 @@ public:
   std::string name() const override { return "fedavgm"; }
   void apply(std::span<float> x, std::span<const float> delta, const round_info&) override {
     check_sizes(x, delta, x.size());
+    check_restored(v_.size(), x.size());
     if (v_.empty()) v_.assign(x.size(), 0.0f);
     const float lr = static_cast<float>(lr_), beta = static_cast<float>(beta_);
     for (std::size_t i = 0; i < x.size(); ++i) {
       v_[i] = beta * v_[i] + delta[i];
       x[i] += lr * v_[i];
     }
+  }
+
+  std::vector<double> save_state() const override { return {v_.begin(), v_.end()}; }
+  void load_state(std::span<const double> state) override {
+    v_.assign(state.begin(), state.end());  // float values: exact
   }
 
 private:
@@ -64,6 +77,7 @@ public:
   }
   void apply(std::span<float> x, std::span<const float> delta, const round_info&) override {
     check_sizes(x, delta, x.size());
+    check_restored(m_.size(), x.size());
     if (m_.empty()) {
       m_.assign(x.size(), 0.0);
       v_.assign(x.size(), tau_ * tau_);  // v_{-1} = tau^2 (the paper's lower bound)
@@ -91,6 +105,22 @@ public:
     }
   }
 
+  // t, then m and v (empty before the first round).
+  std::vector<double> save_state() const override {
+    std::vector<double> out{static_cast<double>(t_)};
+    out.insert(out.end(), m_.begin(), m_.end());
+    out.insert(out.end(), v_.begin(), v_.end());
+    return out;
+  }
+  void load_state(std::span<const double> state) override {
+    if (state.empty() || (state.size() - 1) % 2 != 0 || !(state[0] >= 0) || state[0] != std::floor(state[0]))
+      throw std::invalid_argument("strategy '" + name() + "': the checkpoint's state is malformed");
+    const std::size_t n = (state.size() - 1) / 2;
+    t_ = static_cast<int>(state[0]);
+    m_.assign(state.begin() + 1, state.begin() + 1 + static_cast<std::ptrdiff_t>(n));
+    v_.assign(state.begin() + 1 + static_cast<std::ptrdiff_t>(n), state.end());
+  }
+
 private:
   adaptive_kind kind_;
   double lr_, b1_, b2_, tau_;
@@ -109,6 +139,7 @@ public:
   std::size_t update_floats(std::size_t dim) const override { return 2 * dim; }
   void apply(std::span<float> x, std::span<const float> agg, const round_info& round) override {
     check_sizes(x, agg, 2 * x.size());
+    check_restored(c_.size(), x.size());
     if (c_.empty()) c_.assign(x.size(), 0.0f);
     if (round.population == 0) throw std::invalid_argument("scaffold needs the population size");
     const float lr = static_cast<float>(lr_);
@@ -120,6 +151,8 @@ public:
     }
   }
   std::span<const float> control() const override { return c_; }
+  std::vector<double> save_state() const override { return {c_.begin(), c_.end()}; }
+  void load_state(std::span<const double> state) override { c_.assign(state.begin(), state.end()); }
 
 private:
   double lr_;
@@ -135,6 +168,12 @@ double parse_number(const std::string& text, const std::string& spec) {
 }
 
 }  // namespace
+
+void server_strategy::load_state(std::span<const double> state) {
+  if (!state.empty())
+    throw std::invalid_argument("strategy '" + name() + "' keeps no state between rounds; the checkpoint has " +
+                                std::to_string(state.size()) + " values for it");
+}
 
 std::string strategy_names() {
   return "fedavg, fedprox:MU, fedavgm, fedadagrad, fedadam, fedyogi, scaffold";

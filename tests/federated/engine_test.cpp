@@ -344,3 +344,106 @@ TEST(Simulation, DropoutsDeadlinesAndOverSelectionAreSeededAndDeterministic) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string temp_file(const std::string& name) {
+  return ::testing::TempDir() + "/troupe_engine_" + std::to_string(::getpid()) + "_" + name;
+}
+
+std::vector<float> model_of(const simulation& sim) { return {sim.global_model().begin(), sim.global_model().end()}; }
+
+}  // namespace
+
+TEST(Checkpoint, ResumingInAFreshSimulationIsBitIdenticalToNeverStopping) {
+  // Each case keeps a different kind of state between rounds: server moments, SCAFFOLD's
+  // control variates, error-feedback residuals, the privacy accountant and adaptive bound.
+  struct config {
+    std::string strategy, compress;
+    bool dp;
+  };
+  for (const config& c : {config{"fedadam", "", false}, config{"scaffold", "", false}, config{"fedavgm", "topk:0.1", false},
+                          config{"fedavg", "", true}}) {
+    auto o = small(c.strategy, 2);
+    o.rounds = 4;
+    o.compress = c.compress;
+    if (c.dp) {
+      o.dp_clip = 0.5;
+      o.dp_noise = 0.3;
+      o.dp_adaptive = true;
+    }
+    simulation straight(o, fashion());
+    std::vector<std::pair<std::string, double>> straight_metrics;
+    for (int r = 0; r < o.rounds; ++r) straight_metrics = straight.run_round().metrics;
+
+    const std::string file = temp_file("resume.ckpt");
+    {
+      simulation first(o, fashion());
+      first.run_round();
+      first.run_round();
+      first.save_checkpoint(file);
+      first.run_round();  // progress after the checkpoint is lost with the process
+    }
+    auto resumed_options = o;
+    resumed_options.threads = 1;  // the thread count may change
+    simulation resumed(resumed_options, fashion());
+    resumed.load_checkpoint(file);
+    ASSERT_EQ(resumed.rounds_done(), 2);
+    std::vector<std::pair<std::string, double>> resumed_metrics;
+    while (resumed.rounds_done() < o.rounds) resumed_metrics = resumed.run_round().metrics;
+    const auto a = model_of(straight), b = model_of(resumed);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << c.strategy << " " << c.compress;
+    EXPECT_EQ(straight_metrics, resumed_metrics) << c.strategy;
+    EXPECT_EQ(straight.client_state_bytes(), resumed.client_state_bytes()) << c.strategy;
+    std::remove(file.c_str());
+  }
+}
+
+TEST(Checkpoint, RefusesOtherOptionsAndDamagedFilesWithoutChangingAnything) {
+  auto o = small("fedavgm", 1);
+  const std::string file = temp_file("refuse.ckpt");
+  {
+    simulation sim(o, fashion());
+    sim.run_round();
+    sim.save_checkpoint(file);
+  }
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_GT(bytes.size(), 1000u);
+  auto expect_refusal = [&](const simulation_options& options, const std::string& message) {
+    simulation sim(options, fashion());
+    const auto before = model_of(sim);
+    try {
+      sim.load_checkpoint(file);
+      ADD_FAILURE() << "accepted; expected: " << message;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(sim.rounds_done(), 0);
+    EXPECT_EQ(model_of(sim), before);
+  };
+  auto other = o;
+  other.seed = 7;
+  expect_refusal(other, "it was saved with seed=42 and this run has seed=7");
+  other = o;
+  other.partition = "iid";
+  expect_refusal(other, "partition=dirichlet:0.5 and this run has partition=iid");
+  auto write = [&](const std::string& content) {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out << content;
+  };
+  std::string flipped = bytes;
+  flipped[flipped.size() / 2] = static_cast<char>(flipped[flipped.size() / 2] ^ 1);
+  write(flipped);
+  expect_refusal(o, "CRC-32 mismatch");
+  write(bytes.substr(0, bytes.size() - 1));
+  expect_refusal(o, "corrupted or truncated");
+  write("");
+  expect_refusal(o, "not a fedsim checkpoint");
+  std::remove(file.c_str());
+  expect_refusal(o, "cannot read the checkpoint");
+}

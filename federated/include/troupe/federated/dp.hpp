@@ -56,6 +56,9 @@ public:
 
   const std::vector<double>& orders() const noexcept { return orders_; }
   const std::vector<double>& rdp() const noexcept { return rdp_; }
+  /// Replaces the RDP spent so far (one value per order, as rdp() gives it: a checkpoint's).
+  /// Throws std::invalid_argument for another count or a negative or non-finite value.
+  void restore(std::span<const double> rdp);
 
 private:
   std::vector<double> orders_;

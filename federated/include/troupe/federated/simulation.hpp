@@ -76,6 +76,12 @@ struct simulation_options {
   bool dp_adaptive = false;       ///< adaptive clipping (dp_clip is the initial bound)
   std::string compress;           ///< "", "topk:F" or "qsgd:L"
   std::string attack;             ///< "", "sign-flip:P", "scale:P:X", "label-flip:P" or "backdoor:P:T"
+
+  /// run_simulation's checkpoints: a directory (empty: none). The whole state is saved there
+  /// after every evaluated round, or every `checkpoint_every` rounds when > 0, and a run that
+  /// finds a checkpoint there resumes from it (bit-identical to a run never stopped).
+  std::string checkpoint;
+  int checkpoint_every = 0;
 };
 
 /// A test-set evaluation.
@@ -177,6 +183,16 @@ public:
   /// Bytes of persistent client state allocated so far (all clients together).
   std::size_t client_state_bytes() const noexcept;
 
+  /// Writes everything the next rounds depend on (round counter, global model, strategy and
+  /// transform state, every client's generator and persistent state) with a version, the
+  /// options that must match and a CRC-32, to `file` atomically: a temporary file beside it,
+  /// fsync, rename. Throws std::runtime_error when it cannot write. Between rounds only.
+  void save_checkpoint(const std::string& file) const;
+  /// Continues from `file`. Throws std::runtime_error, changing nothing, for a file that is
+  /// unreadable, truncated, corrupted, of another version or saved with other options (the
+  /// message names the first that differs).
+  void load_checkpoint(const std::string& file);
+
 private:
   struct impl;
   std::unique_ptr<impl> impl_;
@@ -199,9 +215,12 @@ struct summary {
   double rounds_per_s = 0;  ///< rounds per second of round time (evaluations excluded)
   double seconds = 0;       ///< wall time of the whole run
   double peak_rss_mb = 0;   ///< the process's peak resident memory
+  std::uint32_t model_crc32 = 0;  ///< CRC-32 of the final global model's bytes
+  int resumed_from = 0;     ///< the round of the checkpoint the run resumed from (0: none)
 };
 
-/// Runs options.rounds rounds with evaluations every options.eval_every rounds.
+/// Runs options.rounds rounds with evaluations every options.eval_every rounds (resuming from
+/// and saving checkpoints in options.checkpoint).
 summary run_simulation(const simulation_options& options,
                        const std::function<void(const progress&)>& report = {});
 

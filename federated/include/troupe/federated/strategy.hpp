@@ -55,6 +55,11 @@ public:
                      const round_info& round) = 0;
   /// The server control variate broadcast to the clients (SCAFFOLD); empty otherwise.
   virtual std::span<const float> control() const { return {}; }
+  /// The state carried between rounds (momentum, moments, control variate), for checkpoints;
+  /// empty when none. load_state restores it and throws std::invalid_argument for state of the
+  /// wrong shape.
+  virtual std::vector<double> save_state() const { return {}; }
+  virtual void load_state(std::span<const double> state);
 };
 
 /// Makes a strategy from its command-line spelling ("fedavg", "fedprox:0.01", "fedadam",

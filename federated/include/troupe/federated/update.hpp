@@ -68,6 +68,11 @@ public:
   /// (name, value) pairs, e.g. ("epsilon", 1.7) under differential privacy.
   virtual void end_round(const round_info& /*round*/,
                          std::vector<std::pair<std::string, double>>& /*metrics*/) {}
+  /// Server-side state carried from round to round (a privacy accountant, an adaptive bound),
+  /// for checkpoints; empty (the default) when none. Per-client state lives in `state` above.
+  virtual std::vector<double> save_state() const { return {}; }
+  /// Restores what save_state returned. Throws std::invalid_argument for state of the wrong shape.
+  virtual void load_state(std::span<const double> state);
 };
 
 /// Combines the updates of a round into one vector.
