@@ -44,6 +44,8 @@ constexpr std::uint64_t stream_client = 2ull << 32;   // + client
 constexpr std::uint64_t stream_transform = 3ull << 32;
 constexpr std::uint64_t stream_speed = 4ull << 32;    // + client
 constexpr std::uint64_t stream_fault = 5ull << 32;    // + round, then client
+constexpr std::uint64_t stream_async = 6ull << 32;    // + dispatch: which idle client goes
+constexpr std::uint64_t stream_dispatch = 7ull << 32; // + dispatch: its latency
 
 // ---- the built-in trainers --------------------------------------------------------------
 
@@ -154,6 +156,12 @@ public:
   evaluation evaluate(std::span<const float>) override { return {}; }
 };
 
+/// The clients' speed factors (simulation_options::latency).
+struct latency_model {
+  bool exponential = false;
+  double parameter = 0.5;
+};
+
 // ---- the engine ---------------------------------------------------------------------------
 
 struct worker_slot {
@@ -175,6 +183,7 @@ struct engine_state {
   std::vector<std::unique_ptr<update_transform>> transforms;
   std::vector<std::size_t> transform_offset;  // into a client's state, after SCAFFOLD's c_i
   std::size_t state_floats = 0;
+  latency_model latency;
   std::atomic<std::size_t> state_bytes{0};
   const std::uint64_t id = next_engine_id.fetch_add(1);
 
@@ -319,6 +328,35 @@ private:
   std::unique_ptr<float[]> state_;
 };
 
+double spec_number(const std::string& text, const std::string& what) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
+    throw std::invalid_argument(what + ": '" + text + "' is not a number");
+  return v;
+}
+
+latency_model parse_latency(const std::string& spec) {
+  const auto colon = spec.find(':');
+  const std::string name = spec.substr(0, colon), arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  if ((name != "lognormal" && name != "exponential") || arg.empty())
+    throw std::invalid_argument("--latency '" + spec + "': use lognormal:SIGMA or exponential:MEAN");
+  latency_model m{name == "exponential", spec_number(arg, "--latency '" + spec + "'")};
+  if (m.exponential ? !(m.parameter > 0) : !(m.parameter >= 0))
+    throw std::invalid_argument("--latency '" + spec + "': " + (m.exponential ? "the mean must be positive" : "sigma must be >= 0"));
+  return m;
+}
+
+/// FedBuff's K, or 0 for synchronous rounds.
+std::size_t parse_async(const std::string& spec) {
+  if (spec.empty()) return 0;
+  const std::string prefix = "fedbuff:";
+  if (spec.rfind(prefix, 0) != 0) throw std::invalid_argument("--async '" + spec + "': use fedbuff:K");
+  const double k = spec_number(spec.substr(prefix.size()), "--async '" + spec + "'");
+  if (!(k >= 1) || k != std::floor(k) || k > 1e6) throw std::invalid_argument("--async '" + spec + "': K must be a whole number >= 1");
+  return static_cast<std::size_t>(k);
+}
+
 void check_options(const simulation_options& o) {
   auto fail = [](const std::string& m) { throw std::invalid_argument(m); };
   if (o.clients < 1) fail("--clients must be at least 1");
@@ -341,6 +379,14 @@ void check_options(const simulation_options& o) {
   if (!(o.over_select >= 0 && o.over_select <= 10)) fail("--over-select must be in [0, 10]");
   if (!(o.sample_seconds >= 0) || !std::isfinite(o.sample_seconds)) fail("the simulated time per example must be non-negative");
   if (o.trainer != "mlp" && o.trainer != "noop") fail("unknown trainer '" + o.trainer + "' (use mlp or noop)");
+  (void)parse_latency(o.latency);
+  if (parse_async(o.async) > 0) {
+    if (o.dropout > 0 || o.deadline > 0 || o.over_select > 0)
+      fail("--async: failures, deadlines and over-selection are synchronous-round features");
+    if (o.secagg) fail("--async with --secagg: secure aggregation needs a fixed cohort per round");
+    if (o.dp_clip != 0 || o.dp_noise != 0 || o.dp_adaptive) fail("--async with differential privacy is not supported");
+    if (is_robust_rule(o.strategy)) fail("--async with a robust rule is not supported: FedBuff sums weighted updates");
+  }
 }
 
 shared_data load_data(const simulation_options& o) {
@@ -367,7 +413,8 @@ std::string fingerprint(const simulation_options& o) {
     << "\ndropout=" << o.dropout << "\ndeadline=" << o.deadline << "\nover-select=" << o.over_select
     << "\nsample-seconds=" << o.sample_seconds << "\nsecagg=" << o.secagg << "\nsecagg-dropout=" << o.secagg_dropout
     << "\ndp-clip=" << o.dp_clip << "\ndp-noise=" << o.dp_noise << "\ndp-delta=" << o.dp_delta
-    << "\ndp-adaptive=" << o.dp_adaptive << "\ncompress=" << o.compress << "\nattack=" << o.attack << "\n";
+    << "\ndp-adaptive=" << o.dp_adaptive << "\ncompress=" << o.compress << "\nattack=" << o.attack << "\nlatency=" << o.latency
+    << "\nasync=" << o.async << "\n";
   return s.str();
 }
 
@@ -486,7 +533,30 @@ void size_client_state(engine_state& e) {
   }
 }
 
+/// A client's simulated time for one piece of work: its own speed factor times its examples,
+/// epochs and sample_seconds, plus exponential jitter (mean 0.1 s) drawn from `g`.
+double work_seconds(const engine_state& e, std::uint64_t client, splitmix64& g) {
+  const auto& o = e.options;
+  splitmix64 speed{derive_seed(o.seed, stream_speed + client)};
+  double factor = 0;
+  if (e.latency.exponential) {
+    factor = -e.latency.parameter * std::log(1.0 - speed.uniform01());
+  } else {  // log-normal, by Box-Muller from the client's seed
+    const double u1 = 1.0 - speed.uniform01(), u2 = speed.uniform01();
+    factor = std::exp(e.latency.parameter * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2));
+  }
+  const auto& off = e.part.offsets;
+  const double examples = static_cast<double>(off[client + 1] - off[client]);
+  const double jitter = -0.1 * std::log(1.0 - g.uniform01());
+  return factor * examples * o.local_epochs * o.sample_seconds + jitter;
+}
+
 }  // namespace
+
+double staleness_weight(std::int64_t staleness) {
+  if (staleness < 0) throw std::invalid_argument("staleness_weight: negative staleness");
+  return 1.0 / std::sqrt(1.0 + static_cast<double>(staleness));
+}
 
 trainer_factory make_trainer_factory(const simulation_options& options) {
   if (options.trainer == "noop")
@@ -507,6 +577,100 @@ struct simulation::impl {
   std::size_t keep = 0;         // of those, kept at most (per-round)
   std::size_t window = 0;
   int rounds = 0;
+  double clock = 0;             // simulated seconds so far
+
+  // FedBuff: the clients in flight, each with the simulated time its update arrives.
+  struct in_flight {
+    double arrival = 0;
+    std::uint64_t dispatch = 0, client = 0;
+    std::int64_t version = 0;   // of the model it trains from
+    future<client_update> reply;
+  };
+  std::size_t buffer = 0;       // K; 0: synchronous rounds
+  std::int64_t version = 0;     // server updates so far
+  std::uint64_t dispatched = 0;
+  std::vector<in_flight> flight;
+  std::vector<char> busy;       // per client: in flight
+
+  /// Sends an idle client (a seeded uniform choice) to train from the current model.
+  void dispatch() {
+    const std::uint64_t seq = dispatched++;
+    splitmix64 pick{derive_seed(engine.options.seed, stream_async + seq)};
+    std::uint64_t c = 0;
+    do c = pick.below(clients.size());
+    while (busy[c]);
+    busy[c] = 1;
+    auto ctx = std::make_shared<round_context>();
+    ctx->engine = &engine;
+    ctx->global = global;
+    ctx->info.round = static_cast<int>(seq % 0x7FFFFFFF) + 1;  // seeds the client's transforms
+    ctx->info.dim = engine.strategy->update_floats(engine.dim);
+    ctx->info.population = clients.size();
+    ctx->info.seed = derive_seed(engine.options.seed, stream_dispatch + seq);
+    splitmix64 g{ctx->info.seed};
+    const double arrival = clock + work_seconds(engine, c, g);
+    std::shared_ptr<const round_context> shared = ctx;
+    flight.push_back({arrival, seq, c, version, clients[c].ask(&client::train, shared, c)});
+  }
+
+  /// One FedBuff server update: the next K arrivals, in simulated time.
+  round_report async_round(int round) {
+    auto& e = engine;
+    round_report r;
+    const double start = clock;
+    if (busy.empty()) {
+      busy.assign(clients.size(), 0);
+      for (std::size_t i = 0; i < keep; ++i) dispatch();
+    }
+    const std::size_t floats = e.strategy->update_floats(e.dim);
+    std::vector<double> sum(floats, 0.0);
+    std::vector<std::uint64_t> who;
+    double loss = 0, staleness = 0;
+    std::int64_t samples = 0;
+    for (std::size_t k = 0; k < buffer; ++k) {
+      auto next = std::min_element(flight.begin(), flight.end(), [](const in_flight& a, const in_flight& b) {
+        return a.arrival < b.arrival || (a.arrival == b.arrival && a.dispatch < b.dispatch);
+      });
+      in_flight f = std::move(*next);
+      flight.erase(next);
+      clock = f.arrival;
+      client_update u = f.reply.get();
+      busy[f.client] = 0;
+      if (!u.words.empty() || u.delta.size() != floats)
+        throw std::logic_error("--async: client " + std::to_string(u.client) + " sent an update of another form");
+      const std::int64_t s = version - f.version;
+      const double w = staleness_weight(s);
+      for (std::size_t i = 0; i < floats; ++i) sum[i] += w * u.delta[i];
+      who.push_back(u.client);
+      staleness += static_cast<double>(s);
+      loss += u.loss * static_cast<double>(u.samples);
+      samples += u.samples;
+      e.give_back(std::move(u.delta));
+      if (k + 1 == buffer) {  // the K-th arrival: the server moves before the replacement leaves
+        std::vector<float> aggregate(floats);
+        for (std::size_t i = 0; i < floats; ++i) aggregate[i] = static_cast<float>(sum[i] / static_cast<double>(buffer));
+        round_info info;
+        info.round = round;
+        info.dim = floats;
+        info.population = clients.size();
+        info.participants = who;
+        info.seed = derive_seed(e.options.seed, stream_sample + static_cast<std::uint64_t>(round) + (1ull << 31));
+        auto model = std::make_shared<std::vector<float>>(*global);
+        e.strategy->apply(*model, aggregate, info);
+        global = std::move(model);
+        ++version;
+        for (auto& t : e.transforms) t->end_round(info, r.metrics);
+      }
+      dispatch();
+    }
+    r.round = round;
+    r.sampled = r.participants = buffer;
+    r.simulated_seconds = clock - start;
+    r.train_loss = samples ? loss / static_cast<double>(samples) : 0.0;
+    r.metrics.emplace_back("mean_staleness", staleness / static_cast<double>(buffer));
+    return r;
+  }
+
   // Declared last: stopped (its workers joined) before the state the clients read goes.
   std::unique_ptr<actor_system> system;
   std::vector<actor_ref<client>> clients;
@@ -549,6 +713,10 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
     impl_->sample_size = std::min<std::size_t>(
         o.clients, static_cast<std::size_t>(std::ceil(static_cast<double>(impl_->sample_size) * (1 + o.over_select))));
   e.rule = e.strategy->rule();
+  e.latency = parse_latency(o.latency);
+  impl_->buffer = parse_async(o.async);
+  if (impl_->buffer && e.rule.control_variates)
+    throw std::invalid_argument("--async with scaffold is not supported: its control variates assume synchronous rounds");
 
   auto global = std::make_shared<std::vector<float>>(e.dim);
   impl_->server_trainer->initialize(*global, derive_seed(o.seed, stream_model));
@@ -568,12 +736,22 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
 }
 
 simulation::~simulation() {
-  if (impl_ && impl_->system) impl_->system->shutdown();
+  if (!impl_) return;
+  for (auto& f : impl_->flight) {  // FedBuff's clients in flight finish before the actors stop
+    try {
+      (void)f.reply.get();
+    } catch (...) {
+    }
+  }
+  impl_->flight.clear();
+  if (impl_->system) impl_->system->shutdown();
 }
 
 void simulation::set_strategy(std::unique_ptr<server_strategy> strategy) {
   if (impl_->rounds > 0) throw std::logic_error("set_strategy after the first round");
   if (!strategy) throw std::invalid_argument("set_strategy: null strategy");
+  if (impl_->buffer && strategy->rule().control_variates)
+    throw std::invalid_argument("--async with control variates (scaffold) is not supported");
   impl_->engine.strategy = std::move(strategy);
   impl_->engine.rule = impl_->engine.strategy->rule();
 }
@@ -614,14 +792,7 @@ double simulation::simulated_latency(std::uint64_t client, int round) const {
   const auto& o = impl_->engine.options;
   splitmix64 fault{derive_seed(derive_seed(o.seed, stream_fault + static_cast<std::uint64_t>(round)), client)};
   if (fault.uniform01() < o.dropout) return -1;
-  // The client's own speed: log-normal with sigma 0.5, by Box-Muller from its seed.
-  splitmix64 speed{derive_seed(o.seed, stream_speed + client)};
-  const double u1 = 1.0 - speed.uniform01(), u2 = speed.uniform01();
-  const double factor = std::exp(0.5 * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2));
-  const auto& off = impl_->engine.part.offsets;
-  const double examples = static_cast<double>(off[client + 1] - off[client]);
-  const double jitter = -0.1 * std::log(1.0 - fault.uniform01());
-  return factor * examples * o.local_epochs * o.sample_seconds + jitter;
+  return work_seconds(impl_->engine, client, fault);
 }
 
 std::vector<std::uint64_t> simulation::participants(int round, round_report* report) const {
@@ -632,8 +803,9 @@ std::vector<std::uint64_t> simulation::participants(int round, round_report* rep
   r.sampled = sampled.size();
   r.dropped = r.late = 0;
   const bool timed = o.dropout > 0 || o.deadline > 0 || o.over_select > 0;
-  if (!timed) {
+  if (!timed) {  // every sampled client is kept: the round lasts as long as the slowest
     r.simulated_seconds = 0;
+    for (auto c : sampled) r.simulated_seconds = std::max(r.simulated_seconds, simulated_latency(c, round));
     return sampled;
   }
   std::vector<std::pair<double, std::uint64_t>> arrived;
@@ -661,6 +833,13 @@ round_report simulation::run_round() {
   auto& e = impl_->engine;
   const auto t0 = clock_type::now();
   if (impl_->rounds == 0) size_client_state(e);
+  if (impl_->buffer) {
+    const int async_round = impl_->rounds + 1;
+    round_report r = impl_->async_round(async_round);
+    impl_->rounds = async_round;
+    r.seconds = since(t0);
+    return r;
+  }
   const int round = ++impl_->rounds;
   auto ctx = std::make_shared<round_context>();
   ctx->engine = &e;
@@ -713,6 +892,7 @@ round_report simulation::run_round() {
   r.participants = who.size();
   r.train_loss = samples ? loss / static_cast<double>(samples) : 0.0;
   for (auto& t : e.transforms) t->end_round(ctx->info, r.metrics);
+  impl_->clock += r.simulated_seconds;
   r.seconds = since(t0);
   return r;
 }
@@ -723,9 +903,12 @@ std::span<const float> simulation::global_model() const noexcept { return *impl_
 std::size_t simulation::population() const noexcept { return impl_->clients.size(); }
 std::size_t simulation::sample_size() const noexcept { return impl_->sample_size; }
 std::size_t simulation::client_state_bytes() const noexcept { return impl_->engine.state_bytes.load(); }
+double simulation::simulated_seconds() const noexcept { return impl_->clock; }
 
 void simulation::save_checkpoint(const std::string& file) const {
   auto& e = impl_->engine;
+  if (impl_->buffer)
+    throw std::logic_error("checkpoints of asynchronous (FedBuff) runs are not supported: the clients in flight hold state");
   if (impl_->rounds == 0) size_client_state(e);
   byte_writer w;
   w.bytes.append(checkpoint_magic, sizeof checkpoint_magic);
@@ -733,6 +916,7 @@ void simulation::save_checkpoint(const std::string& file) const {
   const std::string options = fingerprint(e.options);
   w.put_array(std::span<const char>(options));
   w.put<std::int64_t>(impl_->rounds);
+  w.put<double>(impl_->clock);
   w.put_array(std::span<const float>(*impl_->global));
   const auto strategy = e.strategy->save_state();
   w.put_array(std::span<const double>(strategy));
@@ -786,6 +970,7 @@ void simulation::load_checkpoint(const std::string& file) {
     throw std::runtime_error("checkpoint " + file + " belongs to another simulation: " +
                              first_difference(std::string(saved.begin(), saved.end()), options));
   const auto rounds = r.get<std::int64_t>();
+  const auto clock = r.get<double>();
   auto global = std::make_shared<std::vector<float>>(r.get_array<float>());
   const auto strategy = r.get_array<double>();
   const auto transforms = r.get<std::uint64_t>();
@@ -824,6 +1009,7 @@ void simulation::load_checkpoint(const std::string& file) {
   e.state_bytes.store(static_cast<std::size_t>(bytes_now));
   impl_->global = std::move(global);
   impl_->rounds = static_cast<int>(rounds);
+  impl_->clock = clock;
 }
 
 double peak_rss_mb() {
@@ -835,6 +1021,8 @@ double peak_rss_mb() {
 summary run_simulation(const simulation_options& options, const std::function<void(const progress&)>& report) {
   const auto start = clock_type::now();
   if (options.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 0");
+  if (!options.checkpoint.empty() && !options.async.empty())
+    throw std::invalid_argument("--checkpoint with --async is not supported: the clients in flight would have to be saved");
   simulation sim(options);
   summary s;
   std::string file;
@@ -868,6 +1056,7 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     if (!file.empty() && (options.checkpoint_every > 0 ? r % options.checkpoint_every == 0 || r == options.rounds : p.evaluated))
       sim.save_checkpoint(file);
     p.seconds = since(start);
+    p.simulated_seconds = sim.simulated_seconds();
     if (report) report(p);
   }
   if (!evaluated) {  // resumed at or past the last round

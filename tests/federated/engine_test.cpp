@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -446,4 +447,142 @@ TEST(Checkpoint, RefusesOtherOptionsAndDamagedFilesWithoutChangingAnything) {
   expect_refusal(o, "not a fedsim checkpoint");
   std::remove(file.c_str());
   expect_refusal(o, "cannot read the checkpoint");
+}
+
+// ---- FedBuff ------------------------------------------------------------------------------------
+
+TEST(FedBuff, StalenessWeightIsOneOverSqrtOfOnePlusStaleness) {
+  EXPECT_EQ(staleness_weight(0), 1.0);
+  EXPECT_EQ(staleness_weight(3), 0.5);
+  EXPECT_DOUBLE_EQ(staleness_weight(8), 1.0 / 3);
+  EXPECT_THROW(staleness_weight(-1), std::invalid_argument);
+}
+
+/// Every update is +1 on every coordinate, whatever the model: the server's step then shows
+/// the staleness weights alone.
+class unit_step_trainer final : public local_trainer {
+public:
+  std::size_t dim() const override { return 2; }
+  void initialize(std::span<float> m, std::uint64_t) override { std::fill(m.begin(), m.end(), 0.0f); }
+  local_result train(const local_job& job, std::span<float> m, splitmix64&) override {
+    for (float& v : m) v += 1.0f;
+    return {0.0, 1, static_cast<std::int64_t>(job.shard.size())};
+  }
+  evaluation evaluate(std::span<const float>) override { return {}; }
+};
+
+TEST(FedBuff, WeighsEachUpdateByItsStaleness) {
+  auto run = [](std::size_t in_flight) {
+    simulation_options o;
+    o.clients = 8;
+    o.per_round = in_flight;
+    o.partition = "iid";
+    o.threads = 2;
+    o.async = "fedbuff:1";
+    simulation sim(o, fashion(), [](const shared_data&) { return std::make_unique<unit_step_trainer>(); });
+    // With K = 1 each server update is one arrival: the model moves by 1 / sqrt(1 + s).
+    std::vector<double> staleness;
+    double x = 0, clock = 0;
+    for (int r = 0; r < 12; ++r) {
+      const auto report = sim.run_round();
+      EXPECT_EQ(report.participants, 1u);
+      EXPECT_EQ(report.metrics.size(), 1u);
+      EXPECT_EQ(report.metrics.at(0).first, "mean_staleness");
+      const double s = report.metrics.at(0).second;
+      EXPECT_EQ(s, std::floor(s));
+      const float step = sim.global_model()[0] - static_cast<float>(x);
+      EXPECT_FLOAT_EQ(step, static_cast<float>(1 / std::sqrt(1 + s))) << "round " << r + 1;
+      staleness.push_back(s);
+      x = sim.global_model()[0];
+      EXPECT_GE(report.simulated_seconds, 0.0);
+      clock += report.simulated_seconds;
+    }
+    EXPECT_DOUBLE_EQ(sim.simulated_seconds(), clock);
+    EXPECT_GT(clock, 0.0);
+    return staleness;
+  };
+  // One client in flight: it always trains from the newest model, every step is 1.
+  EXPECT_EQ(run(1), std::vector<double>(12, 0.0));
+  // Three: the first arrival is fresh; the others started before some updates.
+  const auto three = run(3);
+  EXPECT_EQ(three.front(), 0.0);
+  EXPECT_GT(*std::max_element(three.begin(), three.end()), 0.0);
+}
+
+TEST(FedBuff, IsBitIdenticalAtOneAndTwoThreads) {
+  auto run = [](unsigned threads) {
+    auto o = small("fedavg", threads);
+    o.async = "fedbuff:3";
+    o.rounds = 4;
+    o.latency = "exponential:1";
+    simulation sim(o, fashion());
+    std::vector<std::vector<float>> models;
+    std::vector<double> clocks;
+    for (int r = 0; r < o.rounds; ++r) {
+      sim.run_round();
+      models.push_back(model_of(sim));
+      clocks.push_back(sim.simulated_seconds());
+    }
+    return std::make_pair(models, clocks);
+  };
+  const auto one = run(1), two = run(2);
+  EXPECT_EQ(one.second, two.second);
+  for (std::size_t r = 0; r < one.first.size(); ++r)
+    EXPECT_EQ(0, std::memcmp(one.first[r].data(), two.first[r].data(), one.first[r].size() * sizeof(float))) << "round " << r + 1;
+  EXPECT_NE(one.first.front(), one.first.back());
+}
+
+TEST(FedBuff, LearnsFashionMnistOnIidData) {
+  simulation_options o;
+  o.clients = 10;
+  o.per_round = 5;
+  o.partition = "iid";
+  o.model = "mlp:784-32-10";
+  o.threads = 2;
+  o.test_limit = 1000;
+  o.async = "fedbuff:3";
+  simulation sim(o, fashion());
+  for (int r = 0; r < 8; ++r) sim.run_round();
+  const auto after = sim.evaluate();
+  EXPECT_GT(after.accuracy, 0.65);
+  EXPECT_LT(after.loss, 1.2);
+}
+
+TEST(FedBuff, RefusesWhatItCannotDo) {
+  auto o = small("fedavg", 1);
+  auto refuse = [&](simulation_options bad, const std::string& message) {
+    try {
+      simulation sim(bad, fashion());
+      ADD_FAILURE() << "accepted; expected: " << message;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  auto b = o;
+  b.async = "fedbuff:0";
+  refuse(b, "K must be a whole number");
+  b.async = "fedsync:2";
+  refuse(b, "use fedbuff:K");
+  b = o;
+  b.async = "fedbuff:2";
+  b.strategy = "scaffold";
+  refuse(b, "scaffold is not supported");
+  b = o;
+  b.async = "fedbuff:2";
+  b.secagg = true;
+  refuse(b, "--async with --secagg");
+  b = o;
+  b.latency = "gamma:2";
+  refuse(b, "use lognormal:SIGMA or exponential:MEAN");
+}
+
+TEST(Simulation, ASynchronousRoundLastsAsLongAsItsSlowestClient) {
+  auto o = small("fedavg", 2);
+  simulation sim(o, fashion());
+  const auto r = sim.run_round();
+  double slowest = 0;
+  for (auto c : sim.sample(1)) slowest = std::max(slowest, sim.simulated_latency(c, 1));
+  EXPECT_GT(slowest, 0.0);
+  EXPECT_EQ(r.simulated_seconds, slowest);
+  EXPECT_EQ(sim.simulated_seconds(), slowest);
 }

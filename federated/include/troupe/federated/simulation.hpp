@@ -61,6 +61,17 @@ struct simulation_options {
   double deadline = 0;
   double over_select = 0;
   double sample_seconds = 1e-3;
+  /// The clients' speed factors: "lognormal:S" (each client's own factor exp(S N(0, 1)), fixed
+  /// for the run) or "exponential:M" (each client's own factor drawn once from an exponential
+  /// with mean M).
+  std::string latency = "lognormal:0.5";
+  /// "" (synchronous rounds) or "fedbuff:K": buffered asynchronous aggregation (Nguyen et al.,
+  /// 2022). per_round clients train at once, each from the model version it was given; the
+  /// server applies an update (one "round") every K arrivals, x += server_lr * strategy(sum of
+  /// staleness_weight(s) * delta / K) with s = server version now - the client's version, and a
+  /// client that finishes is replaced at once. A virtual clock (the latency model above, per
+  /// dispatch) orders the arrivals, so the run is deterministic at any thread count.
+  std::string async;
   /// Asks outstanding at once; 0: from the update size (about 16 MB of updates, at least
   /// 4 per thread, at most 256).
   std::size_t window = 0;
@@ -182,6 +193,9 @@ public:
   double simulated_latency(std::uint64_t client, int round) const;
   /// Bytes of persistent client state allocated so far (all clients together).
   std::size_t client_state_bytes() const noexcept;
+  /// Simulated seconds since the start: the sum of the synchronous rounds' durations (each as
+  /// long as its slowest kept client), or the virtual clock at the last asynchronous update.
+  double simulated_seconds() const noexcept;
 
   /// Writes everything the next rounds depend on (round counter, global model, strategy and
   /// transform state, every client's generator and persistent state) with a version, the
@@ -198,6 +212,9 @@ private:
   std::unique_ptr<impl> impl_;
 };
 
+/// FedBuff's weight of an update `staleness` server versions old: 1 / sqrt(1 + staleness).
+double staleness_weight(std::int64_t staleness);
+
 /// Reported by run_simulation after every round.
 struct progress {
   const round_report* round = nullptr;
@@ -206,6 +223,7 @@ struct progress {
   evaluation eval;          ///< when evaluated
   double seconds = 0;       ///< since the start, setup included
   double rounds_per_s = 0;  ///< rounds per second of round time so far (evaluations excluded)
+  double simulated_seconds = 0;  ///< simulation::simulated_seconds() after the round
 };
 
 struct summary {
