@@ -68,6 +68,7 @@ qmap::qmap(bool is_signed) : signed_(is_signed) {
   // One bucket per (sign, clamped magnitude >> shift). A bucket's candidate is the code of its
   // lowest value; check that its highest value is at most one code further.
   lut_.resize(2 * buckets);
+  packed_.resize(2 * buckets);
   auto from_bits = [](std::uint32_t b) {
     float f;
     std::memcpy(&f, &b, 4);
@@ -84,9 +85,23 @@ qmap::qmap(bool is_signed) : signed_(is_signed) {
         throw std::logic_error("quantization table: bucket " + std::to_string(j) + " spans codes " +
                                std::to_string(c) + ".." + std::to_string(top));
       lut_[sign * buckets + j] = c;
+      // The decision point above c as an offset into this bucket's magnitudes.
+      std::int32_t offset = sign ? 0 : 65536;
+      if (top != c) {
+        if (j == 0 || j + 1 == buckets)
+          throw std::logic_error("quantization table: a clamped bucket holds a decision point");
+        const float t = above_[c];
+        std::uint32_t tb;
+        std::memcpy(&tb, &t, 4);
+        const std::uint32_t start = lo_bits + (j << shift);
+        // Positive: x > t <=> magnitude bits > bits(t). Negative: x > t <=> magnitude bits < bits(|t|).
+        offset = static_cast<std::int32_t>((tb & 0x7fffffffu) - start);
+        if (offset < 0 || offset > 65535 || (sign != 0) != (t < 0))
+          throw std::logic_error("quantization table: decision point outside bucket " + std::to_string(j));
+      }
+      packed_[sign * buckets + j] = static_cast<std::int32_t>(c) | (offset << 8);
     }
   }
-  lut32_.assign(lut_.begin(), lut_.end());
 }
 
 const qmap& qmap::dynamic(bool is_signed) {
@@ -123,6 +138,8 @@ __attribute__((target("avx2"))) std::size_t quantize_avx2(const float* x, std::s
   const __m256i keep_mask = _mm256_set1_epi32(keep ? -1 : 0);
   const __m256i down_mask = _mm256_set1_epi32(keep && map.is_signed() ? -1 : 0);
   const __m256 fzero = _mm256_setzero_ps();
+  const __m256i byte = _mm256_set1_epi32(0xff);
+  const __m256i low_bits = _mm256_set1_epi32(0xffff);
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 xn = _mm256_mul_ps(_mm256_loadu_ps(x + i), vinv);
@@ -130,11 +147,16 @@ __attribute__((target("avx2"))) std::size_t quantize_avx2(const float* x, std::s
     __m256i a = _mm256_and_si256(b, magnitude);
     a = _mm256_min_epi32(_mm256_max_epi32(a, lo), hi);
     const __m256i negative = _mm256_srli_epi32(b, 31);
-    const __m256i idx = _mm256_add_epi32(_mm256_srli_epi32(_mm256_sub_epi32(a, lo), qmap::shift),
-                                         _mm256_mullo_epi32(negative, buckets));
-    __m256i c = _mm256_i32gather_epi32(map.lut32(), idx, 4);
-    const __m256 above = _mm256_i32gather_ps(map.above_table(), c, 4);
-    c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(xn, above, _CMP_GT_OQ)));
+    const __m256i rel = _mm256_sub_epi32(a, lo);
+    const __m256i idx = _mm256_add_epi32(_mm256_srli_epi32(rel, qmap::shift), _mm256_mullo_epi32(negative, buckets));
+    const __m256i entry = _mm256_i32gather_epi32(map.packed(), idx, 4);
+    __m256i c = _mm256_and_si256(entry, byte);
+    const __m256i offset = _mm256_srli_epi32(entry, 8);
+    const __m256i lowbits = _mm256_and_si256(rel, low_bits);
+    // Next code: low bits above the offset (positive x) or below it (negative x).
+    const __m256i up = _mm256_blendv_epi8(_mm256_cmpgt_epi32(lowbits, offset), _mm256_cmpgt_epi32(offset, lowbits),
+                                          _mm256_srai_epi32(b, 31));
+    c = _mm256_sub_epi32(c, up);
     const __m256i at_zero = _mm256_and_si256(_mm256_cmpeq_epi32(c, zero), keep_mask);
     const __m256i pos = _mm256_castps_si256(_mm256_cmp_ps(xn, fzero, _CMP_GT_OQ));
     const __m256i neg = _mm256_castps_si256(_mm256_cmp_ps(xn, fzero, _CMP_LT_OQ));

@@ -14,6 +14,9 @@
 // reference is a linear scan; the fast path reads a candidate code from a table indexed by x's
 // sign, exponent and top 7 mantissa bits (6400 entries, built and checked so that every bucket
 // holds at most one decision point), then compares x with the one midpoint above the candidate.
+// The two clamped buckets (magnitudes under 2^-24, and from 2 up) hold none (checked when the
+// table is built; the smallest decision point is about 1.6e-7), so the vector path
+// can compare the low 16 bits of x's magnitude with the decision point's offset in its bucket.
 
 #include <array>
 #include <cstddef>
@@ -48,8 +51,11 @@ public:
   float above(std::uint8_t code) const noexcept { return above_[code]; }
   std::uint8_t zero_code() const noexcept { return zero_code_; }
   bool is_signed() const noexcept { return signed_; }
-  const std::int32_t* lut32() const noexcept { return lut32_.data(); }
-  const float* above_table() const noexcept { return above_.data(); }
+  /// Per bucket (same index as the table): the candidate code in bits 0-7 and, in bits 8 and up,
+  /// where its decision point lies in the bucket: x's low 16 magnitude bits above it (positive
+  /// buckets) or below it (negative ones) mean the next code. 65536 (positive) or 0 (negative)
+  /// when the bucket holds no decision point. One gather then decides without above().
+  const std::int32_t* packed() const noexcept { return packed_.data(); }
   /// Stable identifier recorded in saved state: 1 signed dynamic, 2 unsigned dynamic.
   std::uint8_t id() const noexcept { return signed_ ? 1 : 2; }
 
@@ -66,7 +72,7 @@ private:
   std::array<float, 256> values_{};
   std::array<float, 256> above_{};
   std::vector<std::uint8_t> lut_;
-  std::vector<std::int32_t> lut32_;  // the same, widened for vector gathers
+  std::vector<std::int32_t> packed_;  // code and decision offset, for vector gathers
   std::uint8_t zero_code_ = 0;
   bool signed_ = false;
 };
