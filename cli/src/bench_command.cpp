@@ -5,6 +5,7 @@
 #include "actors_bench.hpp"
 #include "nn_bench.hpp"
 #include "optim_bench.hpp"
+#include "remote_bench.hpp"
 #include "commands.hpp"
 
 namespace troupe::cli {
@@ -21,6 +22,19 @@ void add_bench_command(CLI::App& app, int& rc) {
   actors->add_option("--only", opts->only, only_help);
   actors->add_option("--threads", opts->threads, "worker threads (default: hardware threads)");
   actors->callback([opts, &rc] { rc = troupe::bench::run_actors(*opts, std::cout); });
+
+  auto remote_opts = std::make_shared<troupe::bench::remote_options>();
+  auto* remote = bench->add_subcommand("remote", "two processes on loopback: the TCP transport's round trips and bulk MB/s");
+  remote->add_flag("--json", remote_opts->json, "one JSON object per line");
+  remote->add_flag("--quick", remote_opts->quick, "smaller sizes (for CI)");
+  std::string remote_only = "run one workload:";
+  for (auto* n = troupe::bench::remote_bench_names(); *n; ++n) remote_only += std::string(" ") + *n;
+  remote->add_option("--only", remote_opts->only, remote_only);
+  remote->add_option("--peer", remote_opts->peer)->group("");  // the peer process started by the suite
+  remote->callback([remote_opts, &rc] {
+    rc = remote_opts->peer.empty() ? troupe::bench::run_remote(*remote_opts, std::cout)
+                                   : troupe::bench::run_remote_peer(*remote_opts);
+  });
 
   auto nn_opts = std::make_shared<troupe::bench::options>();
   auto* nn = bench->add_subcommand("nn", "GEMM at the default MLP's shapes, and its training throughput");
