@@ -8,6 +8,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "spec.hpp"
 #include "troupe/federated/compress.hpp"
 #include "troupe/federated/dp.hpp"
 #include "troupe/federated/rng.hpp"
@@ -21,29 +22,7 @@ namespace {
 
 [[noreturn]] void bad(const std::string& why) { throw std::invalid_argument(why); }
 
-/// "name:a:b" split at the colons.
-std::vector<std::string> split(const std::string& spec) {
-  std::vector<std::string> parts;
-  std::size_t start = 0;
-  for (;;) {
-    const auto colon = spec.find(':', start);
-    parts.push_back(spec.substr(start, colon - start));
-    if (colon == std::string::npos) return parts;
-    start = colon + 1;
-  }
-}
-
-double number(const std::string& text, const std::string& spec) {
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || !std::isfinite(value)) bad("'" + spec + "': '" + text + "' is not a number");
-  return value;
-}
+double number(const std::string& text, const std::string& spec) { return detail::spec_number(text, "'" + spec + "'"); }
 
 std::size_t count(const std::string& text, const std::string& spec) {
   const double v = number(text, spec);
@@ -358,12 +337,12 @@ private:
 // ---- factories -------------------------------------------------------------------------------------
 
 bool is_robust_rule(const std::string& spec) {
-  const auto name = split(spec).front();
+  const auto name = detail::split_spec(spec).front();
   return name == "median" || name == "trimmed-mean" || name == "krum" || name == "multi-krum";
 }
 
 std::unique_ptr<aggregator> make_robust_aggregator(const std::string& spec) {
-  const auto p = split(spec);
+  const auto p = detail::split_spec(spec);
   using k = buffered_rule::kind;
   if (p[0] == "median" && p.size() == 1) return std::make_unique<buffered_rule>(spec, k::median, 0, 0);
   if (p[0] == "trimmed-mean" && p.size() == 2) return std::make_unique<buffered_rule>(spec, k::trimmed_mean, count(p[1], spec), 0);
@@ -400,7 +379,7 @@ mechanism make_differential_privacy(const dp_options& options) {
 }
 
 std::unique_ptr<update_transform> make_compression(const std::string& spec) {
-  const auto p = split(spec);
+  const auto p = detail::split_spec(spec);
   if (p.size() == 2 && p[0] == "topk") {
     const double f = number(p[1], spec);
     if (!(f > 0 && f <= 1)) bad("'" + spec + "': the fraction must be in (0, 1]");
@@ -420,7 +399,7 @@ bool is_malicious(std::uint64_t client, double p, std::uint64_t seed) {
 }
 
 std::unique_ptr<update_transform> make_update_attack(const std::string& spec, std::uint64_t seed) {
-  const auto p = split(spec);
+  const auto p = detail::split_spec(spec);
   auto fraction = [&](const std::string& text) {
     const double f = number(text, spec);
     if (!(f >= 0 && f <= 1)) bad("'" + spec + "': the malicious fraction must be in [0, 1]");

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "spec.hpp"
 #include "troupe/federated/rng.hpp"
 #include "troupe/kernels/data.hpp"
 
@@ -54,11 +55,7 @@ std::vector<std::uint32_t> shuffled(std::size_t n, std::uint64_t seed) {
 }
 
 double parameter(const std::string& spec, const std::string& text) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
-    throw std::invalid_argument("partition '" + spec + "': '" + text + "' is not a number");
-  return v;
+  return detail::spec_number(text, "partition '" + spec + "'");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "spec.hpp"
 #include "troupe/federated/mechanisms.hpp"
 #include "troupe/federated/robust.hpp"
 #include "troupe/kernels/data.hpp"
@@ -20,17 +21,7 @@ struct data_attack {
 };
 
 data_attack parse_data_attack(const std::string& spec) {
-  auto number = [&](const std::string& text) {
-    std::size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != text.size()) throw std::invalid_argument("'" + spec + "': '" + text + "' is not a number");
-    return v;
-  };
+  auto number = [&](const std::string& text) { return detail::spec_number(text, "'" + spec + "'"); };
   const auto first = spec.find(':');
   const std::string name = spec.substr(0, first);
   data_attack a;

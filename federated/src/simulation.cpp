@@ -23,6 +23,7 @@
 #include <unordered_set>
 
 #include "mlp.hpp"
+#include "spec.hpp"
 #include "troupe/actors/actor_system.hpp"
 #include "troupe/federated/mechanisms.hpp"
 #include "troupe/federated/partition.hpp"
@@ -118,7 +119,7 @@ public:
       gather(images, labels, rows.data(), m);
       net_.evaluate(model.data(), x_.data(), y_.data(), static_cast<int>(m), loss, correct);
     }
-    return {static_cast<double>(correct) / static_cast<double>(n), loss / static_cast<double>(n)};
+    return {static_cast<double>(correct) / static_cast<double>(n), loss / static_cast<double>(n), {}};
   }
 
 private:
@@ -328,13 +329,7 @@ private:
   std::unique_ptr<float[]> state_;
 };
 
-double spec_number(const std::string& text, const std::string& what) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
-    throw std::invalid_argument(what + ": '" + text + "' is not a number");
-  return v;
-}
+using detail::spec_number;
 
 latency_model parse_latency(const std::string& spec) {
   const auto colon = spec.find(':');

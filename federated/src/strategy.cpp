@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "spec.hpp"
+
 namespace troupe::federated {
 
 namespace {
@@ -160,11 +162,7 @@ private:
 };
 
 double parse_number(const std::string& text, const std::string& spec) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
-    throw std::invalid_argument("strategy '" + spec + "': '" + text + "' is not a number");
-  return v;
+  return detail::spec_number(text, "strategy '" + spec + "'");
 }
 
 }  // namespace

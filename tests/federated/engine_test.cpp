@@ -330,7 +330,9 @@ TEST(Simulation, DropoutsDeadlinesAndOverSelectionAreSeededAndDeterministic) {
     }
     for (auto c : sim.sample(r)) {
       const double t = sim.simulated_latency(c, r);
-      if (t >= 0 && t <= 0.4 && !std::binary_search(kept.begin(), kept.end(), c)) EXPECT_GE(t, slowest);
+      if (t >= 0 && t <= 0.4 && !std::binary_search(kept.begin(), kept.end(), c)) {
+        EXPECT_GE(t, slowest);
+      }
     }
   }
   EXPECT_GT(dropped, 20u);  // 30% of 180 sampled: about 54

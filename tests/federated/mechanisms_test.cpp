@@ -64,7 +64,8 @@ TEST(DifferentialPrivacy, ClipsSumsNoisesAndDividesByTheExpectedCount) {
   auto m = make_differential_privacy({.clip = 1.0, .noise = 1e-9, .expected_clients = 4, .population = 100});
   std::vector<std::uint64_t> who{1, 2};
   round_info round{.round = 1, .dim = 2, .population = 100, .participants = who, .seed = 3};
-  client_update big{.client = 1, .weight = 50, .delta = {3, 4}}, small_update{.client = 2, .weight = 1, .delta = {0.1f, 0}};
+  client_update big{.client = 1, .weight = 50, .delta = {3, 4}, .words = {}},
+      small_update{.client = 2, .weight = 1, .delta = {0.1f, 0}, .words = {}};
   splitmix64 rng{1};
   m.transform->apply(big, {}, round, rng);
   m.transform->apply(small_update, {}, round, rng);
