@@ -8,19 +8,13 @@
 #include <troupe/federated/simulation.hpp>
 #include <troupe/kernels/data.hpp>
 
+#include "fashion_subset.hpp"
+
 namespace {
 
 using namespace troupe::federated;
 
-const shared_data& fashion() {
-  static const shared_data data = [] {
-    auto all = troupe::load_fashion_mnist();
-    all.train.images = all.train.images.slice(0, 3000).clone();
-    all.train.labels = all.train.labels.slice(0, 3000).clone();
-    return std::make_shared<const troupe::fashion_mnist>(std::move(all));
-  }();
-  return data;
-}
+const shared_data& fashion() { return test_data::fashion_subset(); }
 
 simulation_options small() {
   simulation_options o;
