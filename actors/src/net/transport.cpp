@@ -380,11 +380,13 @@ void transport::closed(const std::shared_ptr<connection>& c, const std::string& 
 }
 
 void transport::close_all(const std::string& reason) {
-  asio::post(io_, [this, reason, alive = std::weak_ptr<bool>(alive_)] {
-    if (alive.expired()) return;
-    boost::system::error_code ignored;
-    if (acceptor_) acceptor_->close(ignored);
-  });
+  // The acceptor lives on its own strand: close it there, never beside its accept handler.
+  if (acceptor_)
+    asio::post(acceptor_->get_executor(), [this, alive = std::weak_ptr<bool>(alive_)] {
+      if (alive.expired()) return;
+      boost::system::error_code ignored;
+      acceptor_->close(ignored);
+    });
   std::vector<std::shared_ptr<connection>> all;
   {
     std::lock_guard lock(mutex_);

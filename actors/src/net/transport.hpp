@@ -147,12 +147,15 @@ struct transport_handlers {
   std::function<void(const std::shared_ptr<connection>&)> on_open;
   /// An envelope arrived on an authenticated connection.
   std::function<void(const std::shared_ptr<connection>&, envelope)> on_envelope;
-  /// The connection closed (for any reason, handshake failures included).
+  /// The connection closed (for any reason, handshake failures included); a dial that never
+  /// reached the peer reports here too, with a null connection.
   std::function<void(const std::shared_ptr<connection>&, const std::string& reason)> on_close;
 };
 
 /// Listens and dials over TCP; owns its connections. Runs on the caller's io_context (any number
-/// of threads may run it: each connection is serialized on its own strand).
+/// of threads may run it: each connection is serialized on its own strand). `listen` and
+/// `connect` are called before or from the io_context's threads; destroy the transport only
+/// after the io_context stopped running. The send queues are unbounded for now.
 class transport {
 public:
   transport(asio::io_context& io, transport_config config, transport_handlers handlers);
