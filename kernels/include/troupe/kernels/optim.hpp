@@ -73,7 +73,7 @@ struct state_options {
   /// Clip each tensor's gradient to this percentile of its last 100 gradient norms
   /// (bitsandbytes' percentile_clipping); 100: off.
   double percentile_clipping = 100;
-  std::vector<std::string> fp32_params;     ///< parameters (by name) kept in fp32 (embeddings)
+  std::vector<std::string> fp32_params{};   ///< parameters (by name) kept in fp32 (embeddings)
 };
 
 /// Parameters that share hyperparameters.
