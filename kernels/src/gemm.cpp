@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda_ops.hpp"
+
 namespace troupe::kernels {
 namespace {
 
@@ -53,10 +55,14 @@ struct dims {
   std::int64_t m, n, k;
 };
 
-dims check(const tensor& a, bool ta, const tensor& b, bool tb, const tensor& c) {
-  auto matrix = [](const tensor& t, const char* name) {
-    if (t.rank() != 2 || t.type() != dtype::f32 || !t.where().is_cpu())
-      throw std::invalid_argument(std::string("gemm: ") + name + " must be a 2-D f32 host tensor, not " + t.str());
+dims check(const tensor& a, bool ta, const tensor& b, bool tb, const tensor& c, bool host_only) {
+  auto matrix = [&](const tensor& t, const char* name) {
+    if (t.rank() != 2 || t.type() != dtype::f32 || (host_only && !t.where().is_cpu()))
+      throw std::invalid_argument(std::string("gemm: ") + name + " must be a 2-D f32 " + (host_only ? "host " : "") +
+                                  "tensor, not " + t.str());
+    if (t.where() != c.where())
+      throw std::invalid_argument(std::string("gemm: ") + name + " is " + t.str() + " but C is on " + c.where().str() +
+                                  ": all three must be on one device");
   };
   matrix(a, "A");
   matrix(b, "B");
@@ -73,8 +79,13 @@ dims check(const tensor& a, bool ta, const tensor& b, bool tb, const tensor& c) 
 }  // namespace
 
 void gemm(const tensor& a, bool ta, const tensor& b, bool tb, tensor& c, float alpha, float beta) {
-  const auto d = check(a, ta, b, tb, c);
+  const auto d = check(a, ta, b, tb, c, false);
   if (d.m == 0 || d.n == 0) return;
+  if (!c.where().is_cpu()) {
+    cuda::gemm(c.where().index, ta, tb, d.m, d.n, d.k, alpha, reinterpret_cast<const float*>(a.bytes()), a.dim(1),
+               reinterpret_cast<const float*>(b.bytes()), b.dim(1), beta, reinterpret_cast<float*>(c.bytes()), c.dim(1));
+    return;
+  }
   openblas_sgemm()(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<int>(d.m), static_cast<int>(d.n), static_cast<int>(d.k), alpha,
               a.data<float>().data(), static_cast<int>(a.dim(1)), b.data<float>().data(),
@@ -83,7 +94,7 @@ void gemm(const tensor& a, bool ta, const tensor& b, bool tb, tensor& c, float a
 
 void gemm_reference(const tensor& a, bool ta, const tensor& b, bool tb, tensor& c, float alpha,
                     float beta) {
-  const auto d = check(a, ta, b, tb, c);
+  const auto d = check(a, ta, b, tb, c, true);
   auto A = a.data<float>();
   auto B = b.data<float>();
   auto C = c.data<float>();

@@ -7,6 +7,8 @@
 
 #include "troupe/kernels/gemm.hpp"
 
+#include "cuda_ops.hpp"
+
 namespace troupe::kernels {
 
 std::size_t saved_activations::bytes() const {
@@ -43,6 +45,21 @@ void check_kept(const saved_activations& keep, std::size_t n, const std::string&
     throw std::logic_error(who + ": backward without a matching forward (or after it was freed)");
 }
 
+// Device tensors: the layers below run their arithmetic where their parameters (or, for layers
+// without parameters, their input) live, through cuda_ops.hpp, and refuse inputs elsewhere.
+bool on_device(const tensor& t) { return !t.where().is_cpu(); }
+float* fp(tensor& t) { return reinterpret_cast<float*>(t.bytes()); }
+const float* fp(const tensor& t) { return reinterpret_cast<const float*>(t.bytes()); }
+
+void check_device(const tensor& x, device where, const std::string& who) {
+  if (x.where() != where)
+    throw std::invalid_argument(who + ": the input " + x.str() + " is not on " + where.str() +
+                                ", where the parameters are: move it with .to()");
+}
+
+/// Writes host values into t, wherever t lives.
+void assign(tensor& t, const tensor& host) { copy(host, t); }
+
 class linear final : public layer {
 public:
   linear(std::int64_t in, std::int64_t out)
@@ -56,8 +73,15 @@ public:
   }
   tensor forward(const tensor& x, saved_activations& keep, bool) override {
     check_rows(x, in_, describe());
-    tensor y = tensor::empty({x.dim(0), out_});
+    const device where = w_.value.where();
+    check_device(x, where, describe());
+    tensor y = tensor::empty({x.dim(0), out_}, dtype::f32, where);
     gemm(x, false, w_.value, true, y);
+    if (on_device(y)) {
+      cuda::add_bias_rows(where.index, fp(y), fp(b_.value), x.dim(0), out_);
+      keep.tensors = {x};
+      return y;
+    }
     auto yd = y.data<float>();
     auto bd = b_.value.data<float>();
     for (std::int64_t i = 0; i < x.dim(0); ++i)
@@ -68,14 +92,21 @@ public:
   tensor backward_input(const tensor& dy, saved_activations& keep) override {
     check_kept(keep, 1, describe());
     check_rows(dy, out_, describe() + " backward");
-    tensor dx = tensor::empty({dy.dim(0), in_});
+    check_device(dy, w_.value.where(), describe() + " backward");
+    tensor dx = tensor::empty({dy.dim(0), in_}, dtype::f32, w_.value.where());
     gemm(dy, false, w_.value, false, dx);
     return dx;  // x stays: backward_weight needs it
   }
   void backward_weight(const tensor& dy, saved_activations& keep) override {
     check_kept(keep, 1, describe());
     check_rows(dy, out_, describe() + " backward");
+    check_device(dy, w_.value.where(), describe() + " backward");
     gemm(dy, true, keep.tensors[0], false, w_.grad, 1.0f, 1.0f);
+    if (on_device(dy)) {
+      cuda::accumulate_column_sums(dy.where().index, fp(dy), fp(b_.grad), dy.dim(0), out_);
+      keep.clear();
+      return;
+    }
     auto g = b_.grad.data<float>();
     auto d = dy.data<float>();
     for (std::int64_t i = 0; i < dy.dim(0); ++i)
@@ -87,8 +118,10 @@ public:
     std::mt19937_64 g(seed);
     const double bound = 1.0 / std::sqrt(static_cast<double>(in_));
     for (auto* p : {&w_, &b_}) {
-      for (float& v : p->value.data<float>()) v = static_cast<float>((2 * uniform01(g) - 1) * bound);
-      for (float& v : p->grad.data<float>()) v = 0;
+      tensor v = tensor::empty(p->value.shape());
+      for (float& e : v.data<float>()) e = static_cast<float>((2 * uniform01(g) - 1) * bound);
+      assign(p->value, v);
+      assign(p->grad, tensor::zeros(p->grad.shape()));
     }
   }
 
@@ -102,7 +135,12 @@ class elementwise : public layer {
 public:
   tensor forward(const tensor& x, saved_activations& keep, bool) override {
     if (x.type() != dtype::f32) throw std::invalid_argument(describe() + " expects f32, got " + x.str());
-    tensor y = tensor::empty(x.shape());
+    tensor y = tensor::empty(x.shape(), dtype::f32, x.where());
+    if (on_device(x)) {
+      cuda::activation_forward(x.where().index, device_kind(), fp(x), fp(y), x.numel());
+      keep.tensors = {keeps_output() ? y : x};
+      return y;
+    }
     auto xd = x.data<float>();
     auto yd = y.data<float>();
     for (std::size_t i = 0; i < xd.size(); ++i) yd[i] = f(xd[i]);
@@ -112,7 +150,13 @@ public:
   tensor backward_input(const tensor& dy, saved_activations& keep) override {
     check_kept(keep, 1, describe());
     check_same(dy, keep.tensors[0], describe());
-    tensor dx = tensor::empty(dy.shape());
+    check_device(dy, keep.tensors[0].where(), describe() + " backward");
+    tensor dx = tensor::empty(dy.shape(), dtype::f32, dy.where());
+    if (on_device(dy)) {
+      cuda::activation_backward(dy.where().index, device_kind(), fp(keep.tensors[0]), fp(dy), fp(dx), dy.numel());
+      keep.clear();
+      return dx;
+    }
     auto k = keep.tensors[0].data<float>();
     auto d = dy.data<float>();
     auto o = dx.data<float>();
@@ -126,6 +170,8 @@ protected:
   /// The derivative, from the kept value (the output when keeps_output(), else the input).
   virtual float df(float kept) const = 0;
   virtual bool keeps_output() const { return false; }
+  /// The same function in cuda_ops.hpp.
+  virtual cuda::activation device_kind() const = 0;
 };
 
 class relu final : public elementwise {
@@ -136,6 +182,7 @@ protected:
   float f(float x) const override { return x > 0 ? x : 0.0f; }
   float df(float y) const override { return y > 0 ? 1.0f : 0.0f; }
   bool keeps_output() const override { return true; }
+  cuda::activation device_kind() const override { return cuda::activation::relu; }
 };
 
 class gelu final : public elementwise {
@@ -151,6 +198,7 @@ protected:
     const double pdf = std::exp(-0.5 * static_cast<double>(x) * x) / std::sqrt(2.0 * M_PI);
     return static_cast<float>(cdf + x * pdf);
   }
+  cuda::activation device_kind() const override { return cuda::activation::gelu; }
 };
 
 class layer_norm final : public layer {
@@ -166,7 +214,16 @@ public:
   tensor forward(const tensor& x, saved_activations& keep, bool) override {
     check_rows(x, n_, describe());
     const std::int64_t rows = x.dim(0);
-    tensor y = tensor::empty(x.shape()), xhat = tensor::empty(x.shape()), rstd = tensor::empty({rows, 1});
+    const device where = gamma_.value.where();
+    check_device(x, where, describe());
+    tensor y = tensor::empty(x.shape(), dtype::f32, where), xhat = tensor::empty(x.shape(), dtype::f32, where),
+           rstd = tensor::empty({rows, 1}, dtype::f32, where);
+    keep.tensors = {xhat, rstd};
+    if (on_device(x)) {
+      cuda::layer_norm_forward(where.index, fp(x), fp(gamma_.value), fp(beta_.value), eps_, fp(y), fp(xhat), fp(rstd),
+                               rows, n_);
+      return y;
+    }
     auto xd = x.data<float>();
     auto yd = y.data<float>();
     auto hd = xhat.data<float>();
@@ -188,14 +245,20 @@ public:
         yd[i * n_ + j] = h * gd[j] + bd[j];
       }
     }
-    keep.tensors = {xhat, rstd};
     return y;
   }
   tensor backward_input(const tensor& dy, saved_activations& keep) override {
     check_kept(keep, 2, describe());
     check_same(dy, keep.tensors[0], describe());
     const std::int64_t rows = dy.dim(0);
-    tensor dx = tensor::empty(dy.shape());
+    check_device(dy, gamma_.value.where(), describe() + " backward");
+    tensor dx = tensor::empty(dy.shape(), dtype::f32, dy.where());
+    if (on_device(dy)) {
+      cuda::layer_norm_backward_input(dy.where().index, fp(dy), fp(keep.tensors[0]), fp(keep.tensors[1]),
+                                      fp(gamma_.value), fp(dx), rows, n_);
+      keep.tensors.resize(1);
+      return dx;
+    }
     auto d = dy.data<float>();
     auto h = keep.tensors[0].data<float>();
     auto r = keep.tensors[1].data<float>();
@@ -221,6 +284,13 @@ public:
   void backward_weight(const tensor& dy, saved_activations& keep) override {
     check_kept(keep, 1, describe());
     check_same(dy, keep.tensors[0], describe());
+    check_device(dy, gamma_.value.where(), describe() + " backward");
+    if (on_device(dy)) {
+      cuda::layer_norm_backward_weight(dy.where().index, fp(dy), fp(keep.tensors[0]), fp(gamma_.grad), fp(beta_.grad),
+                                       dy.dim(0), n_);
+      keep.clear();
+      return;
+    }
     auto d = dy.data<float>();
     auto h = keep.tensors[0].data<float>();
     auto gg = gamma_.grad.data<float>();
@@ -234,10 +304,11 @@ public:
   }
   std::vector<parameter*> parameters() override { return {&gamma_, &beta_}; }
   void initialize(std::uint64_t) override {
-    for (float& v : gamma_.value.data<float>()) v = 1;
-    for (float& v : beta_.value.data<float>()) v = 0;
-    for (auto* p : {&gamma_, &beta_})
-      for (float& v : p->grad.data<float>()) v = 0;
+    tensor ones = tensor::empty(gamma_.value.shape());
+    for (float& v : ones.data<float>()) v = 1;
+    assign(gamma_.value, ones);
+    assign(beta_.value, tensor::zeros(beta_.value.shape()));
+    for (auto* p : {&gamma_, &beta_}) assign(p->grad, tensor::zeros(p->grad.shape()));
   }
 
 private:
@@ -261,11 +332,20 @@ public:
       keep.clear();
       return x;
     }
+    const float scale = 1.0f / (1.0f - p_);
+    if (on_device(x)) {
+      // The mask comes from the same host generator (the same draws as on the CPU).
+      tensor mask = tensor::empty(x.shape());
+      for (float& m : mask.data<float>()) m = uniform01(rng_) < p_ ? 0.0f : scale;
+      tensor dmask = mask.to(x.where()), y = tensor::empty(x.shape(), dtype::f32, x.where());
+      cuda::multiply(x.where().index, fp(x), fp(dmask), fp(y), x.numel());
+      keep.tensors = {dmask};
+      return y;
+    }
     tensor y = tensor::empty(x.shape()), mask = tensor::empty(x.shape());
     auto xd = x.data<float>();
     auto yd = y.data<float>();
     auto md = mask.data<float>();
-    const float scale = 1.0f / (1.0f - p_);
     for (std::size_t i = 0; i < xd.size(); ++i) {
       md[i] = uniform01(rng_) < p_ ? 0.0f : scale;
       yd[i] = xd[i] * md[i];
@@ -276,7 +356,13 @@ public:
   tensor backward_input(const tensor& dy, saved_activations& keep) override {
     if (keep.tensors.empty()) return dy;  // evaluation mode: the identity
     check_same(dy, keep.tensors[0], describe());
-    tensor dx = tensor::empty(dy.shape());
+    check_device(dy, keep.tensors[0].where(), describe() + " backward");
+    tensor dx = tensor::empty(dy.shape(), dtype::f32, dy.where());
+    if (on_device(dy)) {
+      cuda::multiply(dy.where().index, fp(dy), fp(keep.tensors[0]), fp(dx), dy.numel());
+      keep.clear();
+      return dx;
+    }
     auto d = dy.data<float>();
     auto m = keep.tensors[0].data<float>();
     auto o = dx.data<float>();
@@ -294,7 +380,12 @@ private:
 class residual final : public layer {
   /// a + b, element by element (same shapes).
   static tensor sum(const tensor& a, const tensor& b) {
-    tensor out = tensor::empty(a.shape());
+    check_device(b, a.where(), "residual");
+    tensor out = tensor::empty(a.shape(), dtype::f32, a.where());
+    if (on_device(a)) {
+      cuda::add(a.where().index, fp(a), fp(b), fp(out), a.numel());
+      return out;
+    }
     auto x = a.data<float>();
     auto y = b.data<float>();
     auto o = out.data<float>();
@@ -336,6 +427,13 @@ std::unique_ptr<layer> make_linear(std::int64_t in, std::int64_t out) {
   l->initialize(0);
   return l;
 }
+void move_to(layer& l, device where) {
+  for (auto* p : l.parameters()) {
+    p->value = p->value.to(where);
+    p->grad = p->grad.to(where);
+  }
+}
+
 std::unique_ptr<layer> make_relu() { return std::make_unique<relu>(); }
 std::unique_ptr<layer> make_gelu() { return std::make_unique<gelu>(); }
 std::unique_ptr<layer> make_layer_norm(std::int64_t features, float eps) {
@@ -437,7 +535,16 @@ double softmax_cross_entropy(const tensor& logits, const tensor& labels, tensor&
   const std::int64_t n = logits.dim(0), c = logits.dim(1);
   if (labels.rank() != 1 || labels.dim(0) != n)
     throw std::invalid_argument("softmax_cross_entropy: " + std::to_string(n) + " rows of logits but labels " + labels.str());
-  if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = tensor::empty(logits.shape());
+  if (!dlogits.defined() || dlogits.shape() != logits.shape() || dlogits.where() != logits.where())
+    dlogits = tensor::empty(logits.shape(), dtype::f32, logits.where());
+  if (on_device(logits)) {
+    // Labels as int64 on the logits' device.
+    tensor host = labels.to(device::cpu()), wide = tensor::empty({n}, dtype::i64);
+    for (std::int64_t i = 0; i < n; ++i) wide.data<std::int64_t>()[i] = label_at(host, i);
+    const tensor dev = wide.to(logits.where());
+    return cuda::softmax_cross_entropy(logits.where().index, fp(logits),
+                                       reinterpret_cast<const std::int64_t*>(dev.bytes()), fp(dlogits), n, c);
+  }
   auto z = logits.data<float>();
   auto g = dlogits.data<float>();
   double loss = 0;
@@ -460,7 +567,8 @@ double softmax_cross_entropy(const tensor& logits, const tensor& labels, tensor&
   return loss / static_cast<double>(n);
 }
 
-std::int64_t count_correct(const tensor& logits, const tensor& labels) {
+std::int64_t count_correct(const tensor& logits_in, const tensor& labels_in) {
+  const tensor logits = logits_in.to(device::cpu()), labels = labels_in.to(device::cpu());
   const std::int64_t n = logits.dim(0), c = logits.dim(1);
   auto z = logits.data<float>();
   std::int64_t correct = 0;

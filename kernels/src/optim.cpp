@@ -15,6 +15,7 @@
 
 #include "troupe/core/log.hpp"
 
+#include "cuda_ops.hpp"
 #include "quantize.hpp"
 
 namespace troupe::kernels {
@@ -519,11 +520,18 @@ std::size_t chunk_of(const optimizer::slot& s) {
 
 optimizer::optimizer(optimizer_kind kind, std::vector<param_group> groups, optimizer_options options)
     : kind_(kind), groups_(std::move(groups)), options_(options) {
+  bool first = true;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     validate(kind, groups_[g].hp, groups_[g].state);
     for (auto* p : groups_[g].params) {
-      if (!p || p->value.type() != dtype::f32 || p->grad.shape() != p->value.shape() || !p->value.where().is_cpu())
-        bad("every parameter needs an f32 host value and a gradient of the same shape");
+      if (!p || p->value.type() != dtype::f32 || p->grad.type() != dtype::f32 || p->grad.shape() != p->value.shape())
+        bad("every parameter needs an f32 value and an f32 gradient of the same shape");
+      if (first) where_ = p->value.where();
+      first = false;
+      if (p->value.where() != where_ || p->grad.where() != where_)
+        bad("parameter '" + p->name + "' (value on " + p->value.where().str() + ", gradient on " +
+            p->grad.where().str() + ") is not on " + where_.str() +
+            ": every parameter and gradient of an optimizer must live on one device");
       slots_.push_back(slot{p, g, {}, {}, {}, false, {}});
     }
   }
@@ -547,6 +555,12 @@ void optimizer::prepare() {
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (!first && same(groups_[g].hp, seen_hp_[g]) && same(groups_[g].state, seen_state_[g])) continue;
     validate(kind_, groups_[g].hp, groups_[g].state);
+    if (!where_.is_cpu()) {
+      const auto& so = groups_[g].state;
+      if (so.percentile_clipping < 100) bad("percentile_clipping runs on host parameters only, not on " + where_.str());
+      if (so.percentile_scale > 0 && so.percentile_scale < 100)
+        bad("percentile_scale runs on host parameters only, not on " + where_.str());
+    }
     if (!first && groups_[g].state.storage != seen_state_[g].storage) resolve = true;
   }
   if (resolve) {
@@ -614,6 +628,18 @@ void optimizer::prepare() {
   }
 }
 
+namespace {
+
+/// A moment whose tensors are on the host (itself when they are).
+optimizer::moment on_host(const optimizer::moment& mo) {
+  optimizer::moment out = mo;
+  if (out.data.defined()) out.data = out.data.to(device::cpu());
+  if (out.scales.defined()) out.scales = out.scales.to(device::cpu());
+  return out;
+}
+
+}  // namespace
+
 void optimizer::allocate(slot& s) {
   const auto& grp = groups_[s.group];
   const auto& so = grp.state;
@@ -650,7 +676,8 @@ void optimizer::allocate(slot& s) {
     next.mode = mode;
     next.is_signed = is_signed;
     next.block = block;
-    const std::vector<float> old = mo.mode == mode_none ? std::vector<float>() : decode(mo, n);
+    // Conversions go through the host; the new state is then copied to the parameters' device.
+    const std::vector<float> old = mo.mode == mode_none ? std::vector<float>() : decode(on_host(mo), n);
     switch (mode) {
       case mode_fp32:
         next.data = tensor::zeros({len});
@@ -677,6 +704,10 @@ void optimizer::allocate(slot& s) {
         }
         break;
       }
+    }
+    if (!where_.is_cpu()) {
+      next.data = next.data.to(where_);
+      if (next.scales.defined()) next.scales = next.scales.to(where_);
     }
     mo = std::move(next);
   };
@@ -732,11 +763,24 @@ int optimizer::thread_count(std::size_t elements) const {
 }
 
 void optimizer::zero_grad() {
+  if (!where_.is_cpu()) {
+    for (auto& s : slots_) cuda::fill_zero(s.p->grad.bytes(), s.p->grad.nbytes(), where_.index);
+    return;
+  }
   for (auto& s : slots_)
     for (float& g : s.p->grad.data<float>()) g = 0;
 }
 
 bool optimizer::grads_finite() const {
+  if (!where_.is_cpu()) {
+    std::vector<const float*> grads;
+    std::vector<std::int64_t> sizes;
+    for (const auto& s : slots_) {
+      grads.push_back(reinterpret_cast<const float*>(std::as_const(*s.p).grad.bytes()));
+      sizes.push_back(s.p->grad.numel());
+    }
+    return cuda::all_finite(grads, sizes, where_.index);
+  }
   // Pieces of at most 1<<16 elements, checked in parallel for large steps.
   struct piece {
     const float* g;
@@ -769,6 +813,9 @@ bool optimizer::step() { return do_step(false); }
 bool optimizer::reference_step() { return do_step(true); }
 
 bool optimizer::do_step(bool reference) {
+  if (reference && !where_.is_cpu())
+    bad("reference_step runs on host parameters only (these are on " + where_.str() +
+        "): compare with an optimizer over host copies");
   prepare();
   if (!grads_finite()) {
     ++skipped_;
@@ -835,7 +882,41 @@ bool optimizer::do_step(bool reference) {
     total += numel_of(s);
   }
 
-  if (reference) {
+  if (!where_.is_cpu()) {
+    // One fused multi-tensor step on the device (optim_cuda.cu), with the constants above.
+    std::vector<cuda::tensor_update> list;
+    list.reserve(slots_.size());
+    for (std::size_t k = 0; k < slots_.size(); ++k) {
+      auto& s = slots_[k];
+      const auto& pl = plans[k];
+      cuda::tensor_update u;
+      u.p = reinterpret_cast<float*>(s.p->value.bytes());
+      u.g = reinterpret_cast<const float*>(std::as_const(*s.p).grad.bytes());
+      u.n = static_cast<std::int64_t>(numel_of(s));
+      auto ref = [](moment& mo, const rounding& r) {
+        cuda::moment_ref out;
+        out.mode = mo.mode;
+        out.is_signed = mo.is_signed;
+        out.data = mo.mode == mode_none ? nullptr : mo.data.bytes();
+        out.scales = mo.mode == mode_int8 ? reinterpret_cast<float*>(mo.scales.bytes()) : nullptr;
+        out.key = r.key;
+        return out;
+      };
+      u.m = ref(s.m, pl.rm);
+      u.v = ref(s.v, pl.rv);
+      u.x = ref(s.vmax, pl.rx);
+      for (const auto* mo : {&s.m, &s.v, &s.vmax})
+        if (mo->mode == mode_int8) u.block = mo->block;
+      const auto& a = pl.adam;
+      const auto& g = pl.sgd;
+      u.c = {a.beta1, a.beta2, a.one_minus_beta1, a.one_minus_beta2, a.eps, a.step_size, a.bias2_sqrt, a.decay, a.l2,
+             g.lr,    g.momentum, g.one_minus_dampening, g.wd, kind_ == optimizer_kind::sgd ? g.gscale : a.gscale,
+             g.nesterov, pl.first};
+      u.stochastic = groups_[s.group].state.stochastic_rounding;
+      list.push_back(u);
+    }
+    cuda::optimizer_step(kind_ == optimizer_kind::sgd, list, where_.index);
+  } else if (reference) {
     for (std::size_t k = 0; k < slots_.size(); ++k) {
       auto& s = slots_[k];
       const auto& pl = plans[k];

@@ -156,7 +156,13 @@ void optimizer::load(const std::string& path) {
   } catch (const troupe::error& e) {
     fail(path, std::string("cannot be decoded: ") + e.what());
   }
-  // Everything checked: only now change the optimizer.
+  // Everything checked: only now change the optimizer (moving the state to the parameters' device).
+  if (!where_.is_cpu())
+    for (auto& l : next)
+      for (moment* mo : {&l.m, &l.v, &l.vmax}) {
+        if (mo->data.defined()) mo->data = mo->data.to(where_);
+        if (mo->scales.defined()) mo->scales = mo->scales.to(where_);
+      }
   for (std::size_t i = 0; i < slots_.size(); ++i) {
     slots_[i].m = std::move(next[i].m);
     slots_[i].v = std::move(next[i].v);

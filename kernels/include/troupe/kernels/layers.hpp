@@ -10,7 +10,9 @@
 ///
 /// `keep` belongs to one microbatch, so a stage can hold several microbatches between their
 /// forward and their backward (1F1B, zero bubble); its bytes() is the activation memory held.
-/// Tensors are f32 rows on the host: [batch, features].
+/// Tensors are f32 rows: [batch, features], on the host or on a CUDA device. A layer computes where
+/// its parameters live (move_to); inputs must be there too (std::invalid_argument otherwise).
+/// Layers without parameters compute where their input lives.
 
 #include <cstdint>
 #include <memory>
@@ -93,6 +95,9 @@ private:
 
 /// y = x + f(x).
 std::unique_ptr<layer> make_residual(std::unique_ptr<layer> inner);
+
+/// Moves every parameter (value and gradient) of `l` to `where`.
+void move_to(layer& l, device where);
 
 /// "mlp:784-256-128-10": linear layers with ReLU between them.
 std::unique_ptr<sequential> make_mlp(const std::string& spec);

@@ -31,6 +31,8 @@
 ///   converted one level down (fp32 -> bf16 -> int8), logged, and the allocation retried.
 /// Changing a group's hyperparameters or state options between steps is honored at the next
 /// step: state is converted (or allocated, or released), never silently kept.
+/// Device: every parameter and gradient of an optimizer lives on one device (the CPU, or one CUDA
+/// device, where its state lives too and step() runs fused CUDA kernels; see docs/OPTIMIZERS.md).
 /// More in docs/OPTIMIZERS.md.
 
 #include <cstdint>
@@ -110,13 +112,16 @@ struct tensor_state {
 class optimizer {
 public:
   /// Throws std::invalid_argument for hyperparameters torch.optim refuses (negative lr, betas
-  /// outside [0, 1), Nesterov without momentum or with dampening, ...) and for bad state options.
+  /// outside [0, 1), Nesterov without momentum or with dampening, ...), for bad state options, and
+  /// for parameters that do not all live on one device.
   optimizer(optimizer_kind kind, std::vector<param_group> groups, optimizer_options options = {});
 
   /// Steps every parameter with its gradient. False when a gradient was not finite (nothing
   /// changed; see the file comment).
   bool step();
   /// The same step, performed operation by operation (slow; the definition of correctness).
+  /// Host parameters only (std::invalid_argument otherwise): compare a CUDA optimizer with a
+  /// host one over copies of its parameters.
   bool reference_step();
   /// Sets every gradient to zero.
   void zero_grad();
@@ -133,6 +138,8 @@ public:
   /// Per tensor, in parameter order.
   std::vector<tensor_state> state_report() const;
   optimizer_kind kind() const noexcept { return kind_; }
+  /// Where the parameters and the state live.
+  device where() const noexcept { return where_; }
   /// Changes take effect at the next step (state is converted as needed).
   std::vector<param_group>& groups() noexcept { return groups_; }
   void set_threads(int threads) noexcept { options_.threads = threads; }
@@ -161,6 +168,9 @@ public:
     std::vector<float> gnorms;  // percentile clipping: recent squared gradient norms
   };
 
+  /// Internal: the state per parameter, in parameter order (tests compare devices through it).
+  const std::vector<slot>& slots() const noexcept { return slots_; }
+
 private:
   bool grads_finite() const;
   bool do_step(bool reference);
@@ -169,6 +179,7 @@ private:
   int thread_count(std::size_t elements) const;
 
   optimizer_kind kind_;
+  device where_;
   std::vector<param_group> groups_;
   std::vector<hyperparameters> seen_hp_;    // what the state was built for, per group
   std::vector<state_options> seen_state_;

@@ -1,0 +1,436 @@
+// The optimizer step on a CUDA device: fused multi-tensor kernels for SGD, Adam and AdamW with
+// fp32, bf16 and 8-bit block-wise moments.
+//
+// Reference: optim.cpp's fused loops (adam_fused_loop, sgd_fused_loop) and its storage
+// (load_moment / store_moment), element for element. This file is compiled with --fmad=false so
+// that no multiply-add is contracted: every operation is the same IEEE operation in the same
+// order as on the CPU (sqrtf and division are correctly rounded by default), so fp32 results are
+// expected to agree to the bit; the tests allow a few ulp. 8-bit codes use the same map, the
+// same block absmax, the exact nearest-entry decision (ties: the lower code) and the same
+// "a nonzero value keeps its sign" rule.
+//
+// A step is two launches (plus the non-finite check before them):
+// - elementwise_step: tensors without 8-bit moments, split into chunks of 4096 elements, a
+//   thread block per chunk, 4 elements per thread per iteration with 16-byte loads and stores
+//   when the tensor's arrays are aligned;
+// - blockwise_step: tensors with 8-bit moments, a thread block per quantization block: dequantize,
+//   update, keep the new values in shared memory, reduce the block's absmax, requantize.
+// Both read a device array of (tensor descriptor, chunk) work items, so a whole list of tensors
+// is one launch.
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "troupe/core/tensor.hpp"
+
+#include "cuda_ops.hpp"
+#include "quantize.hpp"
+
+namespace troupe::kernels::cuda {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+  }
+}
+
+// The dynamic maps (0: signed, 1: unsigned): values and decision points, from quantize.cpp.
+__constant__ float map_values[2][256];
+__constant__ float map_above[2][256];
+__constant__ unsigned char map_zero[2];
+
+void use_device(int device) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  static std::mutex mutex;
+  static std::vector<char> uploaded;
+  std::lock_guard lock(mutex);
+  if (static_cast<std::size_t>(device) < uploaded.size() && uploaded[device]) return;
+  float values[2][256], above[2][256];
+  unsigned char zero[2];
+  for (int s = 0; s < 2; ++s) {
+    const auto& map = quant::qmap::dynamic(s == 0);
+    for (int c = 0; c < 256; ++c) {
+      values[s][c] = map.value(static_cast<std::uint8_t>(c));
+      above[s][c] = map.above(static_cast<std::uint8_t>(c));
+    }
+    zero[s] = map.zero_code();
+  }
+  check(cudaMemcpyToSymbol(map_values, values, sizeof values), "cudaMemcpyToSymbol");
+  check(cudaMemcpyToSymbol(map_above, above, sizeof above), "cudaMemcpyToSymbol");
+  check(cudaMemcpyToSymbol(map_zero, zero, sizeof zero), "cudaMemcpyToSymbol");
+  if (uploaded.size() <= static_cast<std::size_t>(device)) uploaded.resize(device + 1, 0);
+  uploaded[device] = 1;
+}
+
+// ---- element arithmetic (optim.cpp's loops, one element) --------------------------------------
+
+__device__ __forceinline__ float adam_element(const update_constants& c, float p, float grad, float& m, float& v,
+                                              float* x) {
+  const float param = p * c.decay;
+  float g = grad * c.gscale;
+  if (c.l2 != 0.0f) g = g + param * c.l2;
+  const float mi = c.one_minus_beta1 < 0.5f ? m + c.one_minus_beta1 * (g - m)
+                                            : g - (g - m) * (1.0f - c.one_minus_beta1);
+  const float vi = v * c.beta2 + c.one_minus_beta2 * g * g;
+  float second = vi;
+  if (x) {
+    second = *x > vi ? *x : vi;
+    *x = second;
+  }
+  const float denom = sqrtf(second) / c.bias2_sqrt + c.eps;
+  m = mi;
+  v = vi;
+  return param + (-c.step_size) * mi / denom;
+}
+
+__device__ __forceinline__ float sgd_element(const update_constants& c, float p, float grad, float* buf) {
+  float g = grad * c.gscale;
+  if (c.wd != 0.0f) g = g + p * c.wd;
+  if (buf) {
+    const float b = c.first ? g : *buf * c.momentum + g * c.one_minus_dampening;
+    *buf = b;
+    g = c.nesterov ? g + b * c.momentum : b;
+  }
+  return p + g * (-c.lr);
+}
+
+// ---- storage ----------------------------------------------------------------------------------
+
+__device__ __forceinline__ std::uint32_t random_bits(std::uint32_t key, std::uint32_t index) {
+  std::uint32_t h = index * 0x9e3779b1u ^ key;
+  h ^= h >> 16;
+  h *= 0x7feb352du;
+  h ^= h >> 15;
+  h *= 0x846ca68bu;
+  h ^= h >> 16;
+  return h;
+}
+
+__device__ __forceinline__ float from_bf16(std::uint16_t h) { return __uint_as_float(static_cast<std::uint32_t>(h) << 16); }
+
+__device__ __forceinline__ std::uint16_t to_bf16(float x, bool stochastic, std::uint32_t key, std::uint32_t index) {
+  std::uint32_t b = __float_as_uint(x);
+  if (!stochastic) {
+    b += 0x7fffu + ((b >> 16) & 1u);
+    return static_cast<std::uint16_t>(b >> 16);
+  }
+  const std::uint32_t sign = b & 0x80000000u;
+  std::uint32_t mag = b & 0x7fffffffu;
+  const std::uint32_t up = mag + (random_bits(key, index) & 0xffffu);
+  mag = (up >> 16) >= 0x7f80u ? mag : up;
+  return static_cast<std::uint16_t>((sign | mag) >> 16);
+}
+
+/// The 8-bit code of x in a block of scale `scale` (quant::quantize_block_reference's rule).
+__device__ __forceinline__ std::uint8_t quantize(float x, float scale, int map, bool stochastic, std::uint32_t key,
+                                                 std::uint32_t index) {
+  const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+  const float xn = x * inv;
+  // The nearest entry: the number of decision points below xn (map_above is sorted).
+  int lo = 0, hi = 255;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (xn > map_above[map][mid]) lo = mid + 1;
+    else hi = mid;
+  }
+  int c = lo;
+  if (stochastic) {
+    const float vc = map_values[map][c];
+    int a = c, b = c;
+    if (xn > vc && c < 255) b = c + 1;
+    else if (xn < vc && c > 0) a = c - 1;
+    if (a != b) {
+      const float va = map_values[map][a], vb = map_values[map][b];
+      const float r = static_cast<float>(random_bits(key, index) >> 8) * 0x1p-24f;
+      c = (xn - va) > r * (vb - va) ? b : a;
+    }
+  }
+  if (c == map_zero[map] && xn != 0.0f) {
+    if (xn > 0) c = c + 1;
+    else if (c > 0) c = c - 1;
+  }
+  return static_cast<std::uint8_t>(c);
+}
+
+__device__ __forceinline__ float load(const moment_ref& mo, std::int64_t i, float scale) {
+  switch (mo.mode) {
+    case store_fp32: return static_cast<const float*>(mo.data)[i];
+    case store_bf16: return from_bf16(static_cast<const std::uint16_t*>(mo.data)[i]);
+    case store_int8: return map_values[mo.is_signed ? 0 : 1][static_cast<const std::uint8_t*>(mo.data)[i]] * scale;
+    default: return 0.0f;
+  }
+}
+
+/// fp32 and bf16 (8-bit moments are written per block).
+__device__ __forceinline__ void store(const moment_ref& mo, std::int64_t i, float x, bool stochastic) {
+  if (mo.mode == store_fp32) static_cast<float*>(mo.data)[i] = x;
+  else if (mo.mode == store_bf16)
+    static_cast<std::uint16_t*>(mo.data)[i] = to_bf16(x, stochastic, mo.key, static_cast<std::uint32_t>(i));
+}
+
+/// One element of one tensor: load, update, store (8-bit moments: the new value is returned in
+/// m_out / v_out / x_out for the caller to quantize).
+template <bool Sgd>
+__device__ __forceinline__ void update(const tensor_update& t, std::int64_t i, float ms, float vs, float xs,
+                                       float& m_out, float& v_out, float& x_out) {
+  float m = load(t.m, i, ms);
+  float v = load(t.v, i, vs);
+  float x = load(t.x, i, xs);
+  if constexpr (Sgd) {
+    t.p[i] = sgd_element(t.c, t.p[i], t.g[i], t.m.mode ? &m : nullptr);
+  } else {
+    t.p[i] = adam_element(t.c, t.p[i], t.g[i], m, v, t.x.mode ? &x : nullptr);
+  }
+  store(t.m, i, m, t.stochastic);
+  store(t.v, i, v, t.stochastic);
+  store(t.x, i, x, t.stochastic);
+  m_out = m;
+  v_out = v;
+  x_out = x;
+}
+
+struct work_item {
+  int tensor;
+  int length;
+  std::int64_t begin;
+};
+
+constexpr int threads_per_block = 256;
+constexpr int chunk = 4096;  // elements per work item of the elementwise step
+
+/// True when the fp32 arrays of t are 16-byte aligned and its bf16 ones 8-byte aligned.
+bool vectorizable(const tensor_update& t) {
+  auto aligned = [](const void* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; };
+  if (!aligned(t.p, 16) || !aligned(t.g, 16)) return false;
+  for (const moment_ref* mo : {&t.m, &t.v, &t.x}) {
+    if (mo->mode == store_fp32 && !aligned(mo->data, 16)) return false;
+    if (mo->mode == store_bf16 && !aligned(mo->data, 8)) return false;
+  }
+  return true;
+}
+
+template <bool Sgd>
+__device__ __forceinline__ void update4(const tensor_update& t, std::int64_t i) {
+  // 16-byte loads and stores of p, g and fp32 moments; 8 bytes of bf16 moments.
+  float4 p = *reinterpret_cast<const float4*>(t.p + i);
+  const float4 g = *reinterpret_cast<const float4*>(t.g + i);
+  float pm[4], pv[4], px[4];
+  const moment_ref* mos[3] = {&t.m, &t.v, &t.x};
+  float* outs[3] = {pm, pv, px};
+  for (int k = 0; k < 3; ++k) {
+    const moment_ref& mo = *mos[k];
+    float* o = outs[k];
+    if (mo.mode == store_fp32) {
+      const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(mo.data) + i);
+      o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w;
+    } else if (mo.mode == store_bf16) {
+      const uint2 a = *reinterpret_cast<const uint2*>(static_cast<const std::uint16_t*>(mo.data) + i);
+      o[0] = __uint_as_float(a.x << 16), o[1] = __uint_as_float(a.x & 0xffff0000u);
+      o[2] = __uint_as_float(a.y << 16), o[3] = __uint_as_float(a.y & 0xffff0000u);
+    } else {
+      o[0] = o[1] = o[2] = o[3] = 0.0f;
+    }
+  }
+  float ps[4] = {p.x, p.y, p.z, p.w};
+  const float gs[4] = {g.x, g.y, g.z, g.w};
+  for (int l = 0; l < 4; ++l) {
+    if constexpr (Sgd) ps[l] = sgd_element(t.c, ps[l], gs[l], t.m.mode ? &pm[l] : nullptr);
+    else ps[l] = adam_element(t.c, ps[l], gs[l], pm[l], pv[l], t.x.mode ? &px[l] : nullptr);
+  }
+  *reinterpret_cast<float4*>(t.p + i) = make_float4(ps[0], ps[1], ps[2], ps[3]);
+  for (int k = 0; k < 3; ++k) {
+    const moment_ref& mo = *mos[k];
+    const float* o = outs[k];
+    if (mo.mode == store_fp32) {
+      *reinterpret_cast<float4*>(static_cast<float*>(mo.data) + i) = make_float4(o[0], o[1], o[2], o[3]);
+    } else if (mo.mode == store_bf16) {
+      std::uint32_t h[4];
+      for (int l = 0; l < 4; ++l) h[l] = to_bf16(o[l], t.stochastic, mo.key, static_cast<std::uint32_t>(i + l));
+      *reinterpret_cast<uint2*>(static_cast<std::uint16_t*>(mo.data) + i) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+    }
+  }
+}
+
+template <bool Sgd>
+__global__ void elementwise_step(const tensor_update* tensors, const unsigned char* vector_ok, const work_item* items) {
+  const work_item w = items[blockIdx.x];
+  const tensor_update& t = tensors[w.tensor];
+  const std::int64_t end = w.begin + w.length;
+  if (vector_ok[w.tensor]) {
+    for (std::int64_t i = w.begin + 4 * static_cast<std::int64_t>(threadIdx.x); i < end; i += 4 * blockDim.x) {
+      if (i + 4 <= end) {
+        update4<Sgd>(t, i);
+      } else {
+        float m, v, x;
+        for (std::int64_t j = i; j < end; ++j) update<Sgd>(t, j, 0, 0, 0, m, v, x);
+      }
+    }
+  } else {
+    float m, v, x;
+    for (std::int64_t i = w.begin + threadIdx.x; i < end; i += blockDim.x) update<Sgd>(t, i, 0, 0, 0, m, v, x);
+  }
+}
+
+/// The largest value of `x` over the thread block (x >= 0); every thread gets it.
+__device__ float block_max(float x, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  x = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : 0.0f;
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+template <bool Sgd>
+__global__ void blockwise_step(const tensor_update* tensors, const work_item* items) {
+  extern __shared__ float values[];  // new values of the 8-bit moments: 3 x block
+  __shared__ float scratch[32];
+  const work_item w = items[blockIdx.x];
+  const tensor_update& t = tensors[w.tensor];
+  const std::int64_t k = w.begin / t.block;
+  const moment_ref* mos[3] = {&t.m, &t.v, &t.x};
+  float scale[3], absmax[3] = {0, 0, 0};
+  for (int q = 0; q < 3; ++q) scale[q] = mos[q]->mode == store_int8 ? mos[q]->scales[k] : 0.0f;
+  for (int j = threadIdx.x; j < w.length; j += blockDim.x) {
+    float out[3];
+    update<Sgd>(t, w.begin + j, scale[0], scale[1], scale[2], out[0], out[1], out[2]);
+    for (int q = 0; q < 3; ++q)
+      if (mos[q]->mode == store_int8) {
+        values[q * t.block + j] = out[q];
+        absmax[q] = fmaxf(absmax[q], fabsf(out[q]));
+      }
+  }
+  for (int q = 0; q < 3; ++q) {
+    const moment_ref& mo = *mos[q];
+    if (mo.mode != store_int8) continue;
+    const float s = block_max(absmax[q], scratch);  // synchronizes: every value is in shared memory
+    auto* codes = static_cast<std::uint8_t*>(mo.data);
+    for (int j = threadIdx.x; j < w.length; j += blockDim.x) {
+      const std::int64_t i = w.begin + j;
+      codes[i] = quantize(values[q * t.block + j], s, mo.is_signed ? 0 : 1, t.stochastic, mo.key,
+                          static_cast<std::uint32_t>(i));
+    }
+    if (threadIdx.x == 0) mo.scales[k] = s;
+  }
+}
+
+__global__ void finite_check(const float* const* grads, const work_item* items, int* bad) {
+  const work_item w = items[blockIdx.x];
+  const float* g = grads[w.tensor];
+  std::uint32_t any = 0;
+  for (std::int64_t i = w.begin + threadIdx.x; i < w.begin + w.length; i += blockDim.x)
+    any |= (__float_as_uint(g[i]) & 0x7f800000u) == 0x7f800000u;
+  if (__syncthreads_or(static_cast<int>(any)) && threadIdx.x == 0) *bad = 1;
+}
+
+/// Host arrays copied to the device in one transfer, from the caching allocator.
+class staging {
+public:
+  template <class T>
+  std::size_t add(const std::vector<T>& v) {
+    const std::size_t at = (bytes_.size() + 15) / 16 * 16;
+    bytes_.resize(at + v.size() * sizeof(T));
+    if (!v.empty()) std::memcpy(bytes_.data() + at, v.data(), v.size() * sizeof(T));
+    return at;
+  }
+  void upload(int device) {
+    buffer_ = tensor::empty({static_cast<std::int64_t>(std::max<std::size_t>(bytes_.size(), 16))}, dtype::u8,
+                            troupe::device::cuda(device));
+    check(cudaMemcpy(buffer_.bytes(), bytes_.data(), bytes_.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  template <class T>
+  T* at(std::size_t offset) {
+    return reinterpret_cast<T*>(buffer_.bytes() + offset);
+  }
+
+private:
+  std::vector<std::byte> bytes_;
+  tensor buffer_;
+};
+
+std::vector<work_item> chunks(const std::vector<std::int64_t>& sizes, std::int64_t size) {
+  std::vector<work_item> items;
+  for (std::size_t k = 0; k < sizes.size(); ++k)
+    for (std::int64_t b = 0; b < sizes[k]; b += size)
+      items.push_back({static_cast<int>(k), static_cast<int>(std::min(size, sizes[k] - b)), b});
+  return items;
+}
+
+}  // namespace
+
+bool all_finite(const std::vector<const float*>& grads, const std::vector<std::int64_t>& sizes, int device) {
+  const auto items = chunks(sizes, chunk * 4);
+  if (items.empty()) return true;
+  use_device(device);
+  staging s;
+  const auto g_at = s.add(grads), i_at = s.add(items), flag_at = s.add(std::vector<int>{0});
+  s.upload(device);
+  finite_check<<<static_cast<unsigned>(items.size()), threads_per_block>>>(s.at<const float* const>(g_at),
+                                                                          s.at<work_item>(i_at), s.at<int>(flag_at));
+  check(cudaGetLastError(), "finite_check launch");
+  int bad = 0;
+  check(cudaMemcpy(&bad, s.at<int>(flag_at), sizeof bad, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  return bad == 0;
+}
+
+void optimizer_step(bool sgd, const std::vector<tensor_update>& tensors, int device) {
+  std::vector<work_item> plain, blocked;
+  std::vector<unsigned char> vector_ok(tensors.size());
+  std::int64_t largest_block = 1;
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    const auto& t = tensors[k];
+    const bool int8 = t.m.mode == store_int8 || t.v.mode == store_int8 || t.x.mode == store_int8;
+    if (int8 && (t.block < 1 || t.block > max_int8_block))
+      throw std::invalid_argument("optimizer on CUDA: 8-bit blocks of " + std::to_string(t.block) +
+                                  " elements; the CUDA step handles at most " + std::to_string(max_int8_block));
+    vector_ok[k] = vectorizable(t);
+    const std::int64_t step = int8 ? t.block : chunk;
+    if (int8) largest_block = std::max(largest_block, t.block);
+    for (std::int64_t b = 0; b < t.n; b += step)
+      (int8 ? blocked : plain).push_back({static_cast<int>(k), static_cast<int>(std::min(step, t.n - b)), b});
+  }
+  if (plain.empty() && blocked.empty()) return;
+  use_device(device);
+  staging s;
+  const auto t_at = s.add(tensors), v_at = s.add(vector_ok), p_at = s.add(plain), b_at = s.add(blocked);
+  s.upload(device);
+  const auto* dt = s.at<const tensor_update>(t_at);
+  if (!plain.empty()) {
+    const auto grid = static_cast<unsigned>(plain.size());
+    if (sgd) elementwise_step<true><<<grid, threads_per_block>>>(dt, s.at<unsigned char>(v_at), s.at<work_item>(p_at));
+    else elementwise_step<false><<<grid, threads_per_block>>>(dt, s.at<unsigned char>(v_at), s.at<work_item>(p_at));
+    check(cudaGetLastError(), "elementwise_step launch");
+  }
+  if (!blocked.empty()) {
+    const auto grid = static_cast<unsigned>(blocked.size());
+    const std::size_t shared = 3 * static_cast<std::size_t>(largest_block) * sizeof(float);
+    if (sgd) {
+      check(cudaFuncSetAttribute(blockwise_step<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
+            "cudaFuncSetAttribute");
+      blockwise_step<true><<<grid, threads_per_block, shared>>>(dt, s.at<work_item>(b_at));
+    } else {
+      check(cudaFuncSetAttribute(blockwise_step<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
+            "cudaFuncSetAttribute");
+      blockwise_step<false><<<grid, threads_per_block, shared>>>(dt, s.at<work_item>(b_at));
+    }
+    check(cudaGetLastError(), "blockwise_step launch");
+  }
+  // The staging buffer goes back to the cache when this returns; the kernels reading it are
+  // queued on the default stream, so a later use of the same block is ordered after them.
+}
+
+void fill_zero(void* p, std::size_t bytes, int device) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  check(cudaMemset(p, 0, bytes), "cudaMemset");
+}
+
+}  // namespace troupe::kernels::cuda

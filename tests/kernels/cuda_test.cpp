@@ -1,0 +1,359 @@
+// The CUDA paths against the CPU: the fused optimizer step (every optimizer x state storage) and
+// the layers (forward and both backward halves). Every test needs a CUDA device and skips
+// without one; in a build without CUDA they compile and skip too.
+//
+// Tolerances: optim_cuda.cu is compiled without multiply-add contraction and performs the CPU's
+// IEEE operations in order, so fp32 values are expected to agree to the bit; the tests allow
+// 4 ulp. bf16 words may differ by one step, 8-bit codes by one code in at most 0.1% of the
+// elements (a value that lands on a decision point after a 1-ulp difference). The layers reduce
+// rows in a tree and cuBLAS orders its sums its own way: abs 1e-5 + rel 1e-4.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include <troupe/core/device.hpp>
+#include <troupe/kernels/gemm.hpp>
+#include <troupe/kernels/layers.hpp>
+#include <troupe/kernels/optim.hpp>
+
+namespace {
+
+using namespace troupe;
+using namespace troupe::kernels;
+
+#define SKIP_WITHOUT_CUDA() \
+  if (troupe::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+const device gpu = device::cuda(0);
+
+tensor random_tensor(std::mt19937& rng, tensor::shape_type shape, float scale = 1) {
+  std::normal_distribution<float> n(0, scale);
+  tensor t = tensor::empty(std::move(shape));
+  for (float& v : t.data<float>()) v = n(rng);
+  return t;
+}
+
+/// Distance in representable floats (0 when equal, including +0 and -0).
+std::int64_t ulps(float a, float b) {
+  auto ordered = [](float x) {
+    std::int32_t i;
+    std::memcpy(&i, &x, 4);
+    return i < 0 ? static_cast<std::int64_t>(std::numeric_limits<std::int32_t>::min()) - i : static_cast<std::int64_t>(i);
+  };
+  return std::llabs(ordered(a) - ordered(b));
+}
+
+/// Parameters on the host and the same values on the device.
+struct twin {
+  std::vector<parameter> host, dev;
+  twin(std::uint32_t seed, const std::vector<std::int64_t>& sizes) {
+    std::mt19937 rng(seed);
+    for (auto size : sizes) {
+      parameter p{"p" + std::to_string(size), random_tensor(rng, {size}), tensor::zeros({size})};
+      dev.push_back({p.name, p.value.to(gpu), p.grad.to(gpu)});
+      host.push_back(std::move(p));
+    }
+  }
+  static std::vector<parameter*> ptrs(std::vector<parameter>& ps) {
+    std::vector<parameter*> out;
+    for (auto& p : ps) out.push_back(&p);
+    return out;
+  }
+  /// Fresh gradients, the same on both sides.
+  void fresh_grads(std::mt19937& rng, float scale) {
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      host[i].grad = random_tensor(rng, host[i].grad.shape(), scale);
+      copy(host[i].grad, dev[i].grad);
+    }
+  }
+};
+
+/// Compares one moment of a host optimizer with the device one.
+void expect_same_moment(const optimizer::moment& h, const optimizer::moment& d, const std::string& what) {
+  ASSERT_EQ(h.mode, d.mode) << what;
+  if (h.mode == 0) return;
+  ASSERT_FALSE(d.data.where().is_cpu()) << what << ": device state lives on the host";
+  const tensor dd = d.data.to(device::cpu());
+  const std::int64_t n = h.data.numel();
+  ASSERT_EQ(n, dd.numel()) << what;
+  if (h.mode == 1) {
+    auto a = h.data.data<float>();
+    auto b = dd.data<float>();
+    for (std::int64_t i = 0; i < n; ++i) ASSERT_LE(ulps(a[i], b[i]), 4) << what << " element " << i << ": " << a[i] << " vs " << b[i];
+  } else if (h.mode == 2) {
+    auto a = h.data.data<std::uint16_t>();
+    auto b = dd.data<std::uint16_t>();
+    for (std::int64_t i = 0; i < n; ++i) ASSERT_LE(std::abs(int{a[i]} - int{b[i]}), 1) << what << " element " << i;
+  } else {
+    auto a = h.data.data<std::uint8_t>();
+    auto b = dd.data<std::uint8_t>();
+    std::int64_t differ = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      ASSERT_LE(std::abs(int{a[i]} - int{b[i]}), 1) << what << " code " << i;
+      differ += a[i] != b[i];
+    }
+    EXPECT_LE(differ, n / 1000) << what << ": " << differ << " of " << n << " codes differ";
+    const tensor ds = d.scales.to(device::cpu());
+    auto sa = h.scales.data<float>();
+    auto sb = ds.data<float>();
+    for (std::size_t k = 0; k < sa.size(); ++k) ASSERT_LE(ulps(sa[k], sb[k]), 4) << what << " scale " << k;
+  }
+}
+
+state_options stored(state_storage storage, std::int64_t min_8bit_elements) {
+  state_options so;
+  so.storage = storage;
+  so.min_8bit_elements = min_8bit_elements;
+  return so;
+}
+
+struct optim_case {
+  const char* name;
+  optimizer_kind kind;
+  hyperparameters hp;
+};
+
+std::vector<optim_case> optim_cases() {
+  return {
+      {"sgd", optimizer_kind::sgd, {.lr = 0.05}},
+      {"sgd momentum", optimizer_kind::sgd, {.lr = 0.05, .weight_decay = 0.01, .momentum = 0.9, .dampening = 0.1}},
+      {"sgd nesterov", optimizer_kind::sgd, {.lr = 0.05, .momentum = 0.9, .nesterov = true}},
+      {"adam", optimizer_kind::adam, {.lr = 1e-2, .weight_decay = 0.1}},
+      {"adam low beta1", optimizer_kind::adam, {.lr = 1e-2, .beta1 = 0.3}},
+      {"adamw", optimizer_kind::adamw, {.lr = 1e-2, .weight_decay = 0.01}},
+      {"adamw amsgrad", optimizer_kind::adamw, {.lr = 3e-3, .beta1 = 0.8, .beta2 = 0.99, .weight_decay = 0.05, .amsgrad = true}},
+  };
+}
+
+std::vector<std::pair<const char*, state_options>> storages() {
+  state_options fp32{};
+  state_options bf16 = stored(state_storage::bf16, 4096);
+  state_options bf16_sr = bf16;
+  bf16_sr.stochastic_rounding = true;
+  state_options int8 = stored(state_storage::int8, 1000);
+  state_options int8_2048 = int8;
+  int8_2048.block_size = 2048;
+  state_options int8_m32 = int8;
+  int8_m32.first_moment_fp32 = true;
+  state_options int8_sr = int8;
+  int8_sr.stochastic_rounding = true;
+  return {{"fp32", fp32},           {"bf16", bf16},         {"bf16 stochastic", bf16_sr}, {"int8", int8},
+          {"int8 blocks of 2048", int8_2048}, {"int8 fp32 m", int8_m32}, {"int8 stochastic", int8_sr}};
+}
+
+TEST(CudaOptimizer, StepsLikeTheCpuForEveryOptimizerAndStorage) {
+  SKIP_WITHOUT_CUDA();
+  // Sizes: a tail that fills no vector, one under min_8bit_elements (stays fp32), partial blocks,
+  // several chunks of the elementwise kernel.
+  const std::vector<std::int64_t> sizes{3, 999, 4099, 70'001};
+  for (const auto& c : optim_cases()) {
+    for (const auto& [sname, so] : storages()) {
+      const std::string what = std::string(c.name) + ", " + sname;
+      twin t(5, sizes);
+      optimizer cpu(c.kind, {{twin::ptrs(t.host), c.hp, so}}, {.threads = 1, .seed = 3});
+      optimizer cuda(c.kind, {{twin::ptrs(t.dev), c.hp, so}}, {.seed = 3});
+      ASSERT_EQ(cuda.where(), gpu);
+      std::mt19937 rng(17);
+      for (int step = 0; step < 3; ++step) {
+        t.fresh_grads(rng, step == 1 ? 1e-3f : 1.0f);
+        ASSERT_TRUE(cpu.step()) << what;
+        ASSERT_TRUE(cuda.step()) << what;
+      }
+      EXPECT_EQ(cuda.steps(), 3);
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const tensor dv = t.dev[i].value.to(device::cpu());
+        auto a = t.host[i].value.data<float>();
+        auto b = dv.data<float>();
+        std::int64_t worst = 0;
+        for (std::size_t j = 0; j < a.size(); ++j) worst = std::max(worst, ulps(a[j], b[j]));
+        EXPECT_LE(worst, 4) << what << ", tensor " << i;
+        const auto& hs = cpu.slots()[i];
+        const auto& ds = cuda.slots()[i];
+        expect_same_moment(hs.m, ds.m, what + ", tensor " + std::to_string(i) + ", m");
+        expect_same_moment(hs.v, ds.v, what + ", tensor " + std::to_string(i) + ", v");
+        expect_same_moment(hs.vmax, ds.vmax, what + ", tensor " + std::to_string(i) + ", vmax");
+      }
+      EXPECT_EQ(cpu.state_bytes(), cuda.state_bytes()) << what;
+    }
+  }
+}
+
+TEST(CudaOptimizer, SkipsAStepWithANonFiniteGradientAndChangesNothing) {
+  SKIP_WITHOUT_CUDA();
+  for (float poison : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    for (auto storage : {state_storage::fp32, state_storage::int8}) {
+      twin t(9, {5000, 70'001});
+      const state_options so = stored(storage, 0);
+      optimizer cuda(optimizer_kind::adamw, {{twin::ptrs(t.dev), {.lr = 1e-2, .weight_decay = 0.01}, so}});
+      std::mt19937 rng(2);
+      t.fresh_grads(rng, 1);
+      ASSERT_TRUE(cuda.step());
+      std::vector<tensor> before;
+      for (auto& p : t.dev) before.push_back(p.value.to(device::cpu()));
+      const auto& s = cuda.slots()[1];
+      const tensor m_before = s.m.data.to(device::cpu()), v_before = s.v.data.to(device::cpu());
+      t.fresh_grads(rng, 1);
+      // One poisoned element deep inside the last tensor.
+      tensor g = t.dev[1].grad.to(device::cpu());
+      g.data<float>()[65'537] = poison;
+      copy(g, t.dev[1].grad);
+      EXPECT_FALSE(cuda.step());
+      EXPECT_EQ(cuda.steps(), 1);
+      EXPECT_EQ(cuda.skipped(), 1);
+      for (std::size_t i = 0; i < t.dev.size(); ++i) {
+        const tensor now = t.dev[i].value.to(device::cpu());
+        EXPECT_EQ(std::memcmp(now.bytes(), before[i].bytes(), now.nbytes()), 0) << "tensor " << i << " changed";
+      }
+      const tensor m_now = s.m.data.to(device::cpu()), v_now = s.v.data.to(device::cpu());
+      EXPECT_EQ(std::memcmp(m_now.bytes(), m_before.bytes(), m_now.nbytes()), 0);
+      EXPECT_EQ(std::memcmp(v_now.bytes(), v_before.bytes(), v_now.nbytes()), 0);
+    }
+  }
+}
+
+TEST(CudaOptimizer, RefusesParametersOnTwoDevices) {
+  SKIP_WITHOUT_CUDA();
+  twin t(1, {10, 20});
+  std::vector<parameter*> mixed{&t.host[0], &t.dev[1]};
+  try {
+    optimizer o(optimizer_kind::adam, {{mixed, {}}});
+    FAIL() << "mixed devices were accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("one device"), std::string::npos) << e.what();
+  }
+  optimizer o(optimizer_kind::adam, {{twin::ptrs(t.dev), {}}});
+  EXPECT_THROW(o.reference_step(), std::invalid_argument);
+}
+
+TEST(CudaOptimizer, ZeroGradClearsDeviceGradientsAndStateSurvivesSaveAndLoad) {
+  SKIP_WITHOUT_CUDA();
+  twin t(4, {3000, 5000});
+  const state_options so = stored(state_storage::int8, 0);
+  optimizer o(optimizer_kind::adam, {{twin::ptrs(t.dev), {.lr = 1e-2}, so}});
+  std::mt19937 rng(6);
+  t.fresh_grads(rng, 1);
+  ASSERT_TRUE(o.step());
+  o.zero_grad();
+  for (auto& p : t.dev)
+    for (float g : p.grad.to(device::cpu()).data<float>()) ASSERT_EQ(g, 0.0f);
+  const std::string path = ::testing::TempDir() + "/cuda_optim_state.bin";
+  o.save(path);
+  optimizer back(optimizer_kind::adam, {{twin::ptrs(t.dev), {.lr = 1e-2}, so}});
+  back.load(path);
+  EXPECT_EQ(back.steps(), 1);
+  expect_same_moment(o.slots()[1].m, back.slots()[1].m, "loaded m");
+  EXPECT_FALSE(back.slots()[1].v.data.where().is_cpu());
+}
+
+// ---- layers ------------------------------------------------------------------------------------
+
+void expect_close(const tensor& cpu, const tensor& dev, const std::string& what) {
+  ASSERT_EQ(cpu.shape(), dev.shape()) << what;
+  ASSERT_EQ(dev.where(), gpu) << what << " is not on the device";
+  const tensor d = dev.to(device::cpu());
+  auto a = cpu.data<float>();
+  auto b = d.data<float>();
+  for (std::size_t i = 0; i < a.size(); ++i)
+    ASSERT_NEAR(a[i], b[i], 1e-5 + 1e-4 * std::fabs(a[i])) << what << " element " << i;
+}
+
+TEST(CudaGemm, MatchesTheReferenceForEveryTransposition) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(3);
+  const std::int64_t m = 37, n = 53, k = 71;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      tensor a = random_tensor(rng, ta ? tensor::shape_type{k, m} : tensor::shape_type{m, k});
+      tensor b = random_tensor(rng, tb ? tensor::shape_type{n, k} : tensor::shape_type{k, n});
+      tensor c = random_tensor(rng, {m, n});
+      tensor ref = c.clone();
+      gemm_reference(a, ta, b, tb, ref, 0.5f, 2.0f);
+      tensor dc = c.to(gpu);
+      gemm(a.to(gpu), ta, b.to(gpu), tb, dc, 0.5f, 2.0f);
+      expect_close(ref, dc, std::string("gemm ") + (ta ? "T" : "N") + (tb ? "T" : "N"));
+    }
+  tensor host = tensor::zeros({m, n});
+  EXPECT_THROW(gemm(tensor::zeros({m, k}).to(gpu), false, tensor::zeros({k, n}), false, host), std::invalid_argument);
+}
+
+/// The same model twice: one on the host, one moved to the device after the same initialization.
+void check_model_against_cpu(const std::function<std::unique_ptr<layer>()>& make, std::int64_t in, std::int64_t out,
+                             const std::string& what) {
+  auto cpu = make(), dev = make();
+  cpu->initialize(11);
+  dev->initialize(11);
+  move_to(*dev, gpu);
+  // Non-trivial gamma and beta (and biases): perturb every parameter the same way.
+  std::mt19937 rng(12);
+  auto cp = cpu->parameters(), dp = dev->parameters();
+  ASSERT_EQ(cp.size(), dp.size());
+  for (std::size_t i = 0; i < cp.size(); ++i) {
+    tensor noise = random_tensor(rng, cp[i]->value.shape(), 0.1f);
+    auto v = cp[i]->value.data<float>();
+    for (std::size_t j = 0; j < v.size(); ++j) v[j] += noise.data<float>()[j];
+    copy(cp[i]->value, dp[i]->value);
+  }
+  const std::int64_t batch = 19;
+  const tensor x = random_tensor(rng, {batch, in});
+  tensor labels = tensor::empty({batch}, dtype::i32);
+  for (auto& y : labels.data<std::int32_t>()) y = static_cast<std::int32_t>(rng() % out);
+  saved_activations kc, kd;
+  const tensor yc = cpu->forward(x, kc, true);
+  const tensor yd = dev->forward(x.to(gpu), kd, true);
+  expect_close(yc, yd, what + " forward");
+  EXPECT_EQ(kc.bytes(), kd.bytes()) << what;
+  tensor gc, gd;
+  const double lc = softmax_cross_entropy(yc, labels, gc);
+  const double ld = softmax_cross_entropy(yd, labels, gd);
+  EXPECT_NEAR(lc, ld, 1e-5 * std::fabs(lc)) << what << " loss";
+  expect_close(gc, gd, what + " d logits");
+  EXPECT_EQ(count_correct(yc, labels), count_correct(yd, labels)) << what;
+  const tensor dxc = cpu->backward_input(gc, kc);
+  const tensor dxd = dev->backward_input(gd, kd);
+  expect_close(dxc, dxd, what + " backward_input");
+  cpu->backward_weight(gc, kc);
+  dev->backward_weight(gd, kd);
+  for (std::size_t i = 0; i < cp.size(); ++i) expect_close(cp[i]->grad, dp[i]->grad, what + " grad of " + cp[i]->name);
+}
+
+TEST(CudaLayers, MatchTheCpuLayersForwardAndBothBackwardHalves) {
+  SKIP_WITHOUT_CUDA();
+  check_model_against_cpu([] { return make_mlp("mlp:37-64-33-10"); }, 37, 10, "mlp");
+  check_model_against_cpu(
+      [] {
+        auto s = std::make_unique<sequential>();
+        s->add(make_linear(29, 300));
+        s->add(make_gelu());
+        s->add(make_layer_norm(300));
+        s->add(make_residual(make_relu()));
+        s->add(make_dropout(0.3f));
+        s->add(make_linear(300, 7));
+        return s;
+      },
+      29, 7, "linear-gelu-layer_norm-residual(relu)-dropout-linear");
+}
+
+TEST(CudaLayers, InputsOnAnotherDeviceAndBadLabelsAreRefused) {
+  SKIP_WITHOUT_CUDA();
+  auto m = make_mlp("mlp:4-3");
+  move_to(*m, gpu);
+  saved_activations keep;
+  EXPECT_THROW(m->forward(tensor::zeros({2, 4}), keep, false), std::invalid_argument);
+  const tensor logits = tensor::zeros({2, 3}).to(gpu);
+  tensor labels = tensor::from<std::int32_t>({0, 3}, {2}), grad;
+  try {
+    softmax_cross_entropy(logits, labels, grad);
+    FAIL() << "label 3 of 3 classes was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("row 1"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
