@@ -53,6 +53,8 @@ void add_bench_command(CLI::App& app, int& rc) {
   optim->add_option("--steps", optim_opts->steps, "timed steps per row (median)")->capture_default_str();
   optim->add_option("--threads", optim_opts->threads, "threads per step (default: all cores)");
   optim->add_option("--only", optim_opts->only, "sgd, adam or adamw");
+  optim->add_option("--device", optim_opts->device, "cpu, cuda or cuda:N: where parameters and state live")
+      ->capture_default_str();
   optim->callback([optim_opts, quick, &rc] {
     if (*quick) {
       optim_opts->params = 1'000'000;

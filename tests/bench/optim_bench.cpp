@@ -1,7 +1,8 @@
 // `troupe bench optim`: seconds per step of SGD (momentum), Adam and AdamW over `params`
 // parameters in `tensors` tensors with fp32, bf16 and 8-bit state, and the machine's memory
 // bandwidth measured in the same run on arrays of the same size: a STREAM triad
-// (a = b + s c) and an in-place update (x = x s + y), both on all cores.
+// (a = b + s c) and an in-place update (x = x s + y), both on all cores. With --device cuda the
+// parameters and state live on the GPU and the anchor is a device-to-device copy of the same size.
 
 #include "optim_bench.hpp"
 
@@ -15,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include <troupe/core/device.hpp>
 #include <troupe/kernels/optim.hpp>
 
 namespace troupe::bench {
@@ -67,6 +69,27 @@ bandwidth measure_bandwidth(std::size_t n, int threads, int repeats) {
   return {12.0 * n / median(triad), 12.0 * n / median(inplace)};
 }
 
+/// Waits for the work queued on the device: a copy to the host is ordered after it.
+void synchronize(const tensor& on_device) {
+  if (!on_device.where().is_cpu()) (void)on_device.slice(0, 1).to(device::cpu());
+}
+
+/// Device-to-device copy bandwidth (read + write bytes per second) over n floats.
+double measure_device_copy(std::size_t n, device where, int repeats) {
+  const tensor src = tensor::zeros({static_cast<std::int64_t>(n)}, dtype::f32, where);
+  tensor dst = tensor::empty({static_cast<std::int64_t>(n)}, dtype::f32, where);
+  copy(src, dst);  // warm up
+  synchronize(dst);
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = clock_type::now();
+    copy(src, dst);
+    synchronize(dst);
+    times.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+  }
+  return 8.0 * static_cast<double>(n) / median(times);
+}
+
 /// Bytes a step moves per parameter: the finiteness check reads the gradient, the update
 /// reads it again, reads and writes the parameter and each moment (and 8-bit block scales).
 double bytes_per_param(const kernels::optimizer& opt, std::int64_t params) {
@@ -75,16 +98,16 @@ double bytes_per_param(const kernels::optimizer& opt, std::int64_t params) {
 }
 
 void row(const optim_options& o, std::ostream& out, const char* bench, const char* state, double seconds,
-         double bpp, double fraction) {
+         double bpp, double fraction, const std::string& where) {
   char buf[320];
   if (o.json)
     std::snprintf(buf, sizeof buf,
-                  "{\"suite\":\"optim\",\"bench\":\"%s\",\"state\":\"%s\",\"device\":\"cpu\",\"metric\":"
+                  "{\"suite\":\"optim\",\"bench\":\"%s\",\"state\":\"%s\",\"device\":\"%s\",\"metric\":"
                   "\"seconds_per_step\",\"value\":%.5f,\"bytes_per_param\":%.2f,\"fraction_of_bandwidth\":%.2f}\n",
-                  bench, state, seconds, bpp, fraction);
+                  bench, state, where.c_str(), seconds, bpp, fraction);
   else
-    std::snprintf(buf, sizeof buf, "%-6s %-5s %9.5f s/step  %6.2f bytes/param  %4.0f%% of in-place bandwidth\n", bench,
-                  state, seconds, bpp, 100 * fraction);
+    std::snprintf(buf, sizeof buf, "%-6s %-5s %-7s %9.5f s/step  %6.2f bytes/param  %4.0f%% of %s bandwidth\n", bench,
+                  state, where.c_str(), seconds, bpp, 100 * fraction, where == "cpu" ? "in-place" : "copy");
   out << buf;
   out.flush();
 }
@@ -100,10 +123,52 @@ int run_optim(const optim_options& o, std::ostream& out) {
     std::cerr << "troupe bench optim: --only '" << o.only << "' is not one of: sgd, adam, adamw\n";
     return 1;
   }
+  device where = device::cpu();
+  if (o.device != "cpu") {
+    const std::string prefix = "cuda";
+    int index = 0;
+    bool ok = o.device.rfind(prefix, 0) == 0;
+    if (ok && o.device.size() > prefix.size()) {
+      const std::string rest = o.device.substr(prefix.size());
+      ok = rest.size() > 1 && rest[0] == ':' && rest.find_first_not_of("0123456789", 1) == std::string::npos &&
+           rest.size() < 6;
+      if (ok) index = std::stoi(rest.substr(1));
+    }
+    if (!ok) {
+      std::cerr << "troupe bench optim: --device '" << o.device << "' is not one of: cpu, cuda, cuda:N\n";
+      return 1;
+    }
+    if (index >= cuda_device_count()) {
+      std::cerr << "troupe bench optim: --device " << o.device << ": "
+                << (built_with_cuda() ? std::to_string(cuda_device_count()) + " CUDA device(s) found"
+                                      : std::string("troupe was built without CUDA"))
+                << "\n";
+      return 1;
+    }
+    where = device::cuda(index);
+  }
+  const std::string where_name = where.str();
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const auto bw = measure_bandwidth(static_cast<std::size_t>(o.params), threads, std::max(3, o.steps));
+  bandwidth bw;
+  double anchor = 0;  // the bandwidth the fraction is taken against
   char buf[256];
+  if (!where.is_cpu()) {
+    anchor = measure_device_copy(static_cast<std::size_t>(o.params), where, std::max(5, o.steps));
+    if (o.json)
+      std::snprintf(buf, sizeof buf,
+                    "{\"suite\":\"optim\",\"bench\":\"copy\",\"device\":\"%s\",\"metric\":\"bandwidth\",\"value\":%.2f,"
+                    "\"unit\":\"GB/s\"}\n",
+                    where_name.c_str(), anchor / 1e9);
+    else
+      std::snprintf(buf, sizeof buf, "copy    bandwidth %.2f GB/s on %s (device to device)\n", anchor / 1e9,
+                    where_name.c_str());
+    out << buf;
+  } else {
+    bw = measure_bandwidth(static_cast<std::size_t>(o.params), threads, std::max(3, o.steps));
+    anchor = bw.inplace;
+  }
   for (auto [name, value] : {std::pair{"triad", bw.triad}, std::pair{"inplace", bw.inplace}}) {
+    if (!where.is_cpu()) break;
     if (o.json)
       std::snprintf(buf, sizeof buf,
                     "{\"suite\":\"optim\",\"bench\":\"%s\",\"device\":\"cpu\",\"metric\":\"bandwidth\",\"value\":%.2f,"
@@ -126,6 +191,10 @@ int run_optim(const optim_options& o, std::ostream& out) {
       v[i] = dist(rng);
       g[i] = 1e-3f * dist(rng);
     }
+    if (!where.is_cpu()) {
+      p.value = p.value.to(where);
+      p.grad = p.grad.to(where);
+    }
     params.push_back(std::move(p));
   }
   std::vector<kernels::parameter*> ptrs;
@@ -146,6 +215,7 @@ int run_optim(const optim_options& o, std::ostream& out) {
     for (auto storage : {kernels::state_storage::fp32, kernels::state_storage::bf16, kernels::state_storage::int8}) {
       kernels::optimizer opt(b.kind, {{ptrs, b.hp, {.storage = storage}}}, {.threads = o.threads});
       opt.step();  // first touch of the state
+      synchronize(params[0].value);
       std::vector<double> times;
       for (int s = 0; s < o.steps; ++s) {
         const auto t0 = clock_type::now();
@@ -153,15 +223,17 @@ int run_optim(const optim_options& o, std::ostream& out) {
           std::cerr << "troupe bench optim: a step was skipped\n";
           return 1;
         }
+        synchronize(params[0].value);  // the device step returns when queued
         times.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
       }
       const double seconds = median(times);
       const double bpp = bytes_per_param(opt, total);
-      row(o, out, b.name, kernels::name_of(storage), seconds, bpp, bpp * static_cast<double>(total) / seconds / bw.inplace);
+      row(o, out, b.name, kernels::name_of(storage), seconds, bpp, bpp * static_cast<double>(total) / seconds / anchor,
+          where_name);
     }
   }
   for (const auto& p : params)
-    for (float v : p.value.data<float>())
+    for (float v : p.value.to(device::cpu()).data<float>())
       if (!std::isfinite(v)) {
         std::cerr << "troupe bench optim: a parameter became non-finite\n";
         return 1;

@@ -15,11 +15,13 @@ struct optim_options {
   int steps = 7;                     ///< timed steps per row (the median is reported)
   int threads = 0;                   ///< 0: the optimizer's default (all cores at this size)
   std::string only;                  ///< sgd, adam or adamw
+  std::string device = "cpu";        ///< cpu, cuda or cuda:N (parameters and state live there)
 };
 
 /// Prints {"suite":"optim","bench":...,"state":...,"device":"cpu","metric":"seconds_per_step",
 /// "value":...,"bytes_per_param":...,"fraction_of_bandwidth":...} lines (or a table), after
-/// the triad and in-place bandwidth lines. Returns a process exit code.
+/// the triad and in-place bandwidth lines (on a CUDA device: after a device-to-device copy
+/// bandwidth line, against which the fraction is taken). Returns a process exit code.
 int run_optim(const optim_options& opts, std::ostream& out);
 
 }  // namespace troupe::bench

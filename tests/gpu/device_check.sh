@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Checks the CUDA paths on a machine with an NVIDIA GPU, in one go (within 8 minutes):
+#   1. configures a build with TROUPE_WITH_CUDA=ON for sm_90 (examples off) and builds only
+#      kernels_test and the troupe CLI;
+#   2. runs the CUDA tests (kernels_test --gtest_filter='Cuda*'): a skipped test is a failure here;
+#   3. runs `troupe bench optim --json --device cuda` (50 M parameters in 100 tensors per optimizer
+#      and state storage, against a device-to-device copy) and prints a table.
+# Exits non-zero on any failure, and with 2 and a message when no GPU is present.
+#
+# Usage: tests/gpu/device_check.sh [build-dir]   (default: build-gpu; BENCH_STEPS=7 to change steps)
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+build=${1:-build-gpu}
+steps=${BENCH_STEPS:-7}
+deadline=$((SECONDS + 480))
+left() { local l=$((deadline - SECONDS)); [ "$l" -gt 10 ] || { echo "device_check: out of time (8 minutes)" >&2; exit 1; }; echo "$l"; }
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! gpus=$(nvidia-smi -L 2>/dev/null) || [ -z "$gpus" ]; then
+  echo "device_check: no NVIDIA GPU present (nvidia-smi finds none): nothing to check on this machine" >&2
+  exit 2
+fi
+echo "== GPUs"
+echo "$gpus"
+command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || { echo "device_check: nvcc not found" >&2; exit 1; }
+command -v nvcc >/dev/null 2>&1 || export PATH=/usr/local/cuda/bin:$PATH
+
+echo "== configure ($build)"
+timeout "$(left)" cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTROUPE_WITH_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DTROUPE_BUILD_EXAMPLES=OFF >"$build.configure.log" 2>&1 ||
+  { tail -n 30 "$build.configure.log"; echo "device_check: configure failed" >&2; exit 1; }
+
+echo "== build kernels_test troupe"
+timeout "$(left)" cmake --build "$build" --target kernels_test troupe -j "$(nproc)" >"$build.build.log" 2>&1 ||
+  { grep -E "error|FAILED" "$build.build.log" | head -n 40; echo "device_check: build failed" >&2; exit 1; }
+
+echo "== CUDA tests"
+out=$(timeout "$(left)" "$build/bin/kernels_test" --gtest_filter='Cuda*' 2>&1) && rc=0 || rc=$?
+echo "$out" | grep -E "^\[ *(RUN|OK|FAILED|SKIPPED|PASSED) *\]|Failure|error" | head -n 200
+if [ "$rc" -ne 0 ]; then echo "device_check: CUDA tests failed (exit $rc)" >&2; exit 1; fi
+if echo "$out" | grep -q "^\[  SKIPPED \]"; then echo "device_check: CUDA tests were skipped on a GPU machine" >&2; exit 1; fi
+echo "$out" | grep -q "^\[  PASSED  \]" || { echo "device_check: no CUDA test ran" >&2; exit 1; }
+
+echo "== troupe bench optim --device cuda"
+json=$(timeout "$(left)" "$build/bin/troupe" bench optim --json --device cuda --steps "$steps") ||
+  { echo "device_check: the optimizer benchmark failed" >&2; exit 1; }
+echo "$json" | python3 -c '
+import json, sys
+rows = [json.loads(l) for l in sys.stdin if l.strip()]
+for r in rows:
+    if r["metric"] == "bandwidth":
+        print("%s bandwidth on %s: %.1f GB/s" % (r["bench"], r["device"], r["value"]))
+print("%-9s %-5s %9s %12s %11s" % ("optimizer", "state", "ms/step", "bytes/param", "of copy bw"))
+steps = [r for r in rows if r["metric"] == "seconds_per_step"]
+for r in steps:
+    print("%-9s %-5s %9.3f %12.2f %10.0f%%" % (r["bench"], r["state"], 1000 * r["value"], r["bytes_per_param"],
+                                             100 * r["fraction_of_bandwidth"]))
+if len(steps) != 9:
+    sys.exit("device_check: expected 9 optimizer rows, got %d" % len(steps))
+'
+echo "device_check: all passed in ${SECONDS}s"
