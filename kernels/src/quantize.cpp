@@ -3,12 +3,33 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <string>
 
+#include "quantize_avx512.hpp"
+
 namespace troupe::kernels::quant {
+
+namespace {
+
+int cpu_simd_level() noexcept {
+  if (__builtin_cpu_supports("avx512f")) return 2;
+  return __builtin_cpu_supports("avx2") ? 1 : 0;
+}
+
+std::atomic<int> simd_cap{2};
+
+}  // namespace
+
+int simd_level() noexcept {
+  static const int cpu = cpu_simd_level();
+  return std::min(cpu, simd_cap.load(std::memory_order_relaxed));
+}
+
+int limit_simd(int level) noexcept { return simd_cap.exchange(level); }
 
 std::array<double, 256> qmap::construct(bool is_signed) {
   constexpr int exponent_bits = 7;
@@ -64,6 +85,7 @@ qmap::qmap(bool is_signed) : signed_(is_signed) {
     above_[c] = f;
   }
   above_[255] = std::numeric_limits<float>::infinity();
+  build_estimate();
 
   // One bucket per (sign, clamped magnitude >> shift). A bucket's candidate is the code of its
   // lowest value; check that its highest value is at most one code further.
@@ -104,6 +126,59 @@ qmap::qmap(bool is_signed) : signed_(is_signed) {
   }
 }
 
+void qmap::build_estimate() {
+  // Pieces: index 0 for magnitudes under 1e-7 (the zero code), index d + 1 for decade d.
+  constexpr int decades = 7;
+  int base = 1;  // magnitude index of the decade's first entry (0 is the zero entry)
+  for (int d = 0; d < decades; ++d) {
+    const int n = signed_ ? (1 << d) : (1 << (d + 1));
+    const double unit = std::pow(10.0, d - (decades - 1));
+    // Entry k of the decade lies at t = k + 1/2 for t = (a / unit - 0.1) * n / 0.9; the midpoints
+    // at whole t. trunc(t + 1/2) is the nearest entry or one above it, so one below the entry.
+    piece_scale_[d + 1] = static_cast<float>(n / (0.9 * unit));
+    piece_offset_[d + 1] = static_cast<float>(0.5 - 0.1 * n / 0.9);
+    piece_base_[d + 1] = base - 1;
+    piece_count_[d + 1] = n;
+    base += n;
+  }
+  for (std::uint32_t i = 0; i < 32; ++i) {
+    // Binade [2^p, 2^(p+1)) with p = exponent - 127; above the clamp (1) nothing is used.
+    const int p = std::min(static_cast<int>(est_first_exponent + i), 127) - 127;
+    const double lo = std::ldexp(1.0, p), hi = std::ldexp(1.0, p + 1);
+    int d = -1;
+    while (d + 1 < decades && std::pow(10.0, d + 1 - decades) <= lo) ++d;
+    exponent_piece_[i] = d + 1;
+    exponent_threshold_[i] = std::numeric_limits<float>::infinity();
+    if (d + 1 < decades) {
+      const double next = std::pow(10.0, d + 1 - decades);
+      if (next < hi) exponent_threshold_[i] = static_cast<float>(next);
+    }
+  }
+  // estimate() is monotone in x (each piece's map is, the pieces follow each other and each
+  // ends where the next begins), so checking both ends of every code's interval, split at zero,
+  // checks every float.
+  const float inf = std::numeric_limits<float>::infinity();
+  auto check = [&](float x, int c) {
+    const int e = estimate(x);
+    const bool ok = x < 0 ? (e == c || e == c + 1) : (e == c || e + 1 == c);
+    if (!ok || quantize_estimated(x) != c || quantize_reference(x) != c)
+      throw std::logic_error("quantization estimate: " + std::to_string(e) + " for code " + std::to_string(c));
+  };
+  for (int c = 0; c < 256; ++c) {
+    const float lo = c == 0 ? -std::numeric_limits<float>::max() : std::nextafter(above_[c - 1], inf);
+    const float hi = c == 255 ? std::numeric_limits<float>::max() : above_[c];
+    if (lo < 0) {
+      check(lo, c);
+      check(hi < 0 ? hi : -std::numeric_limits<float>::denorm_min(), c);
+    }
+    if (hi >= 0) {
+      check(lo < 0 ? -0.0f : lo, c);
+      check(lo < 0 ? 0.0f : lo, c);
+      check(hi, c);
+    }
+  }
+}
+
 const qmap& qmap::dynamic(bool is_signed) {
   static const qmap s(true), u(false);
   return is_signed ? s : u;
@@ -124,8 +199,8 @@ std::uint32_t random_key(std::uint64_t seed, std::uint64_t step, std::uint64_t t
 namespace {
 
 // AVX2 versions of the table quantizer, the dequantizer and the absmax: the same operations on 8
-// lanes (gathers from the widened table), so the same results. Chosen at run time.
-const bool has_avx2 = __builtin_cpu_supports("avx2");
+// lanes (gathers from the widened table), so the same results. Chosen at run time; the AVX-512
+// quantizer comes first (quantize_avx512.hpp: arithmetic and registers instead of the table).
 
 __attribute__((target("avx2"))) std::size_t quantize_avx2(const float* x, std::size_t n, float inv, const qmap& map,
                                                            bool keep, std::uint8_t* codes) noexcept {
@@ -184,6 +259,29 @@ __attribute__((target("avx2"))) std::size_t dequantize_avx2(const std::uint8_t* 
   return i;
 }
 
+__attribute__((target("avx512f"))) std::size_t quantize_avx512(const float* x, std::size_t n, float inv,
+                                                               const qmap& map, bool keep,
+                                                               std::uint8_t* codes) noexcept {
+  if (n < 16) return 0;
+  const avx512::quantizer q = avx512::load_quantizer(map);
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const bool down = keep && map.is_signed();
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    avx512::store_codes(codes + i, avx512::quantize(q, _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv), keep, down));
+  return i;
+}
+
+__attribute__((target("avx512f"))) std::size_t dequantize_avx512(const std::uint8_t* codes, std::size_t n,
+                                                                 float scale, const float* values,
+                                                                 float* out) noexcept {
+  const __m512 s = _mm512_set1_ps(scale);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_i32gather_ps(avx512::load_codes(codes + i), values, 4), s));
+  return i;
+}
+
 __attribute__((target("avx2"))) float absmax_avx2(const float* x, std::size_t n, std::size_t& done) noexcept {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 m = _mm256_setzero_ps();
@@ -202,7 +300,7 @@ __attribute__((target("avx2"))) float absmax_avx2(const float* x, std::size_t n,
 float block_scale(const float* x, std::size_t n, double percentile) {
   float absmax = 0;
   std::size_t i = 0;
-  if (has_avx2) absmax = absmax_avx2(x, n, i);
+  if (simd_level() >= 1) absmax = absmax_avx2(x, n, i);
   for (; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i]));
   if (percentile <= 0 || percentile >= 100 || n == 0) return absmax;
   std::vector<float> a(n);
@@ -242,15 +340,19 @@ inline std::uint8_t finish(std::uint8_t c, float xn, const qmap& map, const bloc
 
 void dequantize_block(const std::uint8_t* codes, std::size_t n, float scale, const qmap& map, float* out) noexcept {
   const float* v = map.values();
-  const std::size_t done = has_avx2 ? dequantize_avx2(codes, n, scale, v, out) : 0;
+  const int level = simd_level();
+  std::size_t done = level >= 2 ? dequantize_avx512(codes, n, scale, v, out) : 0;
+  if (level >= 1) done += dequantize_avx2(codes + done, n - done, scale, v, out + done);
   for (std::size_t i = done; i < n; ++i) out[i] = v[codes[i]] * scale;
 }
 
 void quantize_block(const float* x, std::size_t n, float scale, const qmap& map, const block_options& o,
                     std::uint32_t key, std::uint32_t first, std::uint8_t* codes) noexcept {
   const float inv = scale > 0 ? 1.0f / scale : 0.0f;
-  if (!o.stochastic && has_avx2) {
-    const std::size_t done = quantize_avx2(x, n, inv, map, o.keep_nonzero, codes);
+  const int level = o.stochastic ? 0 : simd_level();
+  for (int l = level; l >= 1; --l) {
+    const std::size_t done = l == 2 ? quantize_avx512(x, n, inv, map, o.keep_nonzero, codes)
+                                    : quantize_avx2(x, n, inv, map, o.keep_nonzero, codes);
     x += done;
     codes += done;
     n -= done;

@@ -17,6 +17,8 @@
 // The two clamped buckets (magnitudes under 2^-24, and from 2 up) hold none (checked when the
 // table is built; the smallest decision point is about 1.6e-7), so the vector path
 // can compare the low 16 bits of x's magnitude with the decision point's offset in its bucket.
+// With AVX-512 the code comes from arithmetic instead (estimate(): the map is evenly spaced inside
+// each decade) and one comparison with a decision point looked up in registers.
 
 #include <array>
 #include <cstddef>
@@ -59,6 +61,46 @@ public:
   /// Stable identifier recorded in saved state: 1 signed dynamic, 2 unsigned dynamic.
   std::uint8_t id() const noexcept { return signed_ ? 1 : 2; }
 
+  /// The arithmetic estimate behind the AVX-512 quantizer (no table in memory: every table below
+  /// fits in registers). The magnitude a = min(|x|, 1) (its bits clamped below at est_lo_bits)
+  /// falls in a piece: -1 below 1e-7, else decade d = 0..6 of the map, [10^(d-7), 10^(d-6)).
+  /// The piece comes from a's float exponent (piece_of_exponent, one threshold per binade:
+  /// a >= exponent_threshold means the next piece); inside a piece the entries are evenly spaced,
+  /// so the entry index is trunc(a * piece_scale + piece_offset), at most piece_count, plus
+  /// piece_base. The result, mirrored around the zero code for negative x, is the nearest code
+  /// or one below it (x >= 0), or the nearest code or one above it (x < 0): one comparison with
+  /// above() of the estimate (x >= 0) or of the code under it (x < 0) decides. The construction
+  /// checks this at both ends of every code's interval (the estimate is monotone in x).
+  int estimate(float x) const noexcept {
+    std::uint32_t b;
+    std::memcpy(&b, &x, 4);
+    std::uint32_t m = b & 0x7fffffffu;
+    m = m < est_lo_bits ? est_lo_bits : m;
+    m = m > est_hi_bits ? est_hi_bits : m;
+    float a;
+    std::memcpy(&a, &m, 4);
+    const std::uint32_t e = (m >> 23) - est_first_exponent;
+    const int piece = exponent_piece_[e] + (a >= exponent_threshold_[e] ? 1 : 0);
+    int k = static_cast<int>(a * piece_scale_[piece] + piece_offset_[piece]);
+    k = k < piece_count_[piece] ? k : piece_count_[piece];
+    const int pm = piece_base_[piece] + k;
+    if (!(x < 0)) return zero_code_ + pm;
+    return zero_code_ - pm < 0 ? 0 : zero_code_ - pm;
+  }
+  /// The nearest code by estimate() and one comparison (the AVX-512 quantizer's scalar twin).
+  std::uint8_t quantize_estimated(float x) const noexcept {
+    const int c = estimate(x);
+    if (!(x < 0)) return static_cast<std::uint8_t>(c + (x > above_[c] ? 1 : 0));
+    return static_cast<std::uint8_t>(c - (c > 0 && x <= above_[c - 1] ? 1 : 0));
+  }
+  /// Tables of estimate(), indexed by the exponent (32, 25 used) and by piece + 1 (16, 8 used).
+  const std::int32_t* exponent_piece() const noexcept { return exponent_piece_.data(); }
+  const float* exponent_threshold() const noexcept { return exponent_threshold_.data(); }
+  const float* piece_scale() const noexcept { return piece_scale_.data(); }
+  const float* piece_offset() const noexcept { return piece_offset_.data(); }
+  const std::int32_t* piece_base() const noexcept { return piece_base_.data(); }
+  const std::int32_t* piece_count() const noexcept { return piece_count_.data(); }
+
   /// The construction evaluated in double (256 values, sorted).
   static std::array<double, 256> construct(bool is_signed);
 
@@ -66,16 +108,32 @@ public:
   static constexpr std::uint32_t hi_bits = 0x3fffffffu;  // just below 2: larger ones share a bucket
   static constexpr int shift = 16;                       // keep 7 mantissa bits
   static constexpr std::uint32_t buckets = ((hi_bits - lo_bits) >> shift) + 1;
+  static constexpr std::uint32_t est_lo_bits = 0x33800000u;  // 2^-24 (exponent 103)
+  static constexpr std::uint32_t est_hi_bits = 0x3f800000u;  // 1 (exponent 127)
+  static constexpr std::uint32_t est_first_exponent = 103;
 
 private:
   explicit qmap(bool is_signed);
+  void build_estimate();
   std::array<float, 256> values_{};
   std::array<float, 256> above_{};
   std::vector<std::uint8_t> lut_;
   std::vector<std::int32_t> packed_;  // code and decision offset, for vector gathers
+  // estimate(): per exponent - est_first_exponent, and per piece + 1 (piece -1 first).
+  std::array<std::int32_t, 32> exponent_piece_{};
+  std::array<float, 32> exponent_threshold_{};
+  std::array<float, 16> piece_scale_{}, piece_offset_{};
+  std::array<std::int32_t, 16> piece_base_{}, piece_count_{};
   std::uint8_t zero_code_ = 0;
   bool signed_ = false;
 };
+
+/// The widest vector instructions that the quantizer and the fused optimizer kernels use: 2
+/// AVX-512F, 1 AVX2, 0 none. The CPU's, unless lowered by limit_simd().
+int simd_level() noexcept;
+/// Caps simd_level() at `level` (so that tests run every path); returns the previous cap. Not
+/// for use while a step or a quantizer runs.
+int limit_simd(int level) noexcept;
 
 /// Counter-based random bits: the same (key, index) gives the same bits on any thread.
 inline std::uint32_t random_bits(std::uint32_t key, std::uint32_t index) noexcept {

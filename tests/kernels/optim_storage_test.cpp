@@ -11,6 +11,8 @@
 
 #include <troupe/kernels/optim.hpp>
 
+#include "quantize.hpp"
+
 namespace {
 
 using namespace troupe;
@@ -89,20 +91,28 @@ std::vector<storage_case> storages() {
 
 TEST(OptimizerStorage, FastStepsEqualTheReferenceInEveryStorageMode) {
   const std::vector<std::int64_t> sizes{1, 1000, 33'001};
-  for (const auto& c : configs()) {
-    for (const auto& st : storages()) {
-      model a(11, sizes), b(11, sizes);
-      optimizer fast(c.kind, {{a.ptrs(), c.hp, st.state}}, {.threads = 3, .seed = 4});
-      optimizer ref(c.kind, {{b.ptrs(), c.hp, st.state}}, {.threads = 1, .seed = 4});
-      std::mt19937 ga(5), gb(5);
-      for (int step = 0; step < 4; ++step) {
-        a.fresh_grads(ga);
-        b.fresh_grads(gb);
-        ASSERT_TRUE(fast.step());
-        ASSERT_TRUE(ref.reference_step());
+  // Every vector path the CPU has: AVX-512, AVX2, none.
+  struct restore {
+    int cap;
+    ~restore() { troupe::kernels::quant::limit_simd(cap); }
+  } guard{troupe::kernels::quant::limit_simd(2)};
+  for (int level = troupe::kernels::quant::simd_level(); level >= 0; --level) {
+    troupe::kernels::quant::limit_simd(level);
+    for (const auto& c : configs()) {
+      for (const auto& st : storages()) {
+        model a(11, sizes), b(11, sizes);
+        optimizer fast(c.kind, {{a.ptrs(), c.hp, st.state}}, {.threads = 3, .seed = 4});
+        optimizer ref(c.kind, {{b.ptrs(), c.hp, st.state}}, {.threads = 1, .seed = 4});
+        std::mt19937 ga(5), gb(5);
+        for (int step = 0; step < 4; ++step) {
+          a.fresh_grads(ga);
+          b.fresh_grads(gb);
+          ASSERT_TRUE(fast.step());
+          ASSERT_TRUE(ref.reference_step());
+        }
+        EXPECT_TRUE(a.same_values(b)) << c.name << ", " << st.name << ", vector level " << level;
+        EXPECT_EQ(fast.state_bytes(), ref.state_bytes()) << c.name << ", " << st.name;
       }
-      EXPECT_TRUE(a.same_values(b)) << c.name << ", " << st.name;
-      EXPECT_EQ(fast.state_bytes(), ref.state_bytes()) << c.name << ", " << st.name;
     }
   }
 }

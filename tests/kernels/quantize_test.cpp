@@ -92,28 +92,73 @@ TEST(QuantMap, FastQuantizerEqualsTheNearestEntrySearch) {
       std::memcpy(&f, &r, 4);
       xs.push_back(f);
     }
-    std::size_t bad = 0;
-    for (float x : xs)
-      if (map.quantize(x) != map.quantize_reference(x) && ++bad < 5)
+    std::size_t bad = 0, bad_estimated = 0;
+    for (float x : xs) {
+      const auto want = map.quantize_reference(x);
+      if (map.quantize(x) != want && ++bad < 5)
         ADD_FAILURE() << "signed " << s << " x " << x << ": fast " << int(map.quantize(x)) << " reference "
-                      << int(map.quantize_reference(x));
+                      << int(want);
+      if (map.quantize_estimated(x) != want && ++bad_estimated < 5)
+        ADD_FAILURE() << "signed " << s << " x " << x << ": estimated " << int(map.quantize_estimated(x))
+                      << " reference " << int(want);
+    }
     EXPECT_EQ(bad, 0u);
-    // The block quantizer (vectorized where the CPU allows) agrees too, with and without
-    // keep_nonzero, and so does the block dequantizer.
+    EXPECT_EQ(bad_estimated, 0u);
+    // The block quantizer agrees too on every vector path the CPU has (AVX-512, AVX2, none),
+    // with and without keep_nonzero, and so does the block dequantizer.
+    const int top = limit_simd(2);
     for (bool keep : {false, true}) {
       block_options o;
       o.keep_nonzero = keep;
-      std::vector<std::uint8_t> fast(xs.size()), slow(xs.size());
-      quantize_block(xs.data(), xs.size(), 1.0f, map, o, 0, 0, fast.data());
+      std::vector<std::uint8_t> slow(xs.size());
       quantize_block_reference(xs.data(), xs.size(), 1.0f, map, o, 0, 0, slow.data());
-      EXPECT_TRUE(fast == slow) << "signed " << s << " keep_nonzero " << keep;
-      std::vector<float> back(xs.size());
-      dequantize_block(fast.data(), fast.size(), 0.5f, map, back.data());
-      std::size_t wrong = 0;
-      for (std::size_t i = 0; i < xs.size(); ++i) wrong += back[i] != map.value(fast[i]) * 0.5f;
-      EXPECT_EQ(wrong, 0u);
+      for (int level = simd_level(); level >= 0; --level) {
+        limit_simd(level);
+        std::vector<std::uint8_t> fast(xs.size());
+        quantize_block(xs.data(), xs.size(), 1.0f, map, o, 0, 0, fast.data());
+        EXPECT_TRUE(fast == slow) << "signed " << s << " keep_nonzero " << keep << " vector level " << level;
+        std::vector<float> back(xs.size());
+        dequantize_block(fast.data(), fast.size(), 0.5f, map, back.data());
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < xs.size(); ++i) wrong += back[i] != map.value(fast[i]) * 0.5f;
+        EXPECT_EQ(wrong, 0u) << "vector level " << level;
+      }
+    }
+    limit_simd(top);
+  }
+}
+
+TEST(QuantMap, VectorQuantizersEqualTheTableOnAFloatSweep) {
+  // Every 61st float bit pattern of magnitude up to 2, both signs (about 35 million values),
+  // through the block quantizer of each vector path, against the table quantizer (itself checked
+  // against the nearest-entry search above).
+  std::vector<float> xs;
+  for (std::uint32_t b = 0; b <= 0x40000000u; b += 61) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    xs.push_back(f);
+    xs.push_back(-f);
+  }
+  const int top = limit_simd(2);
+  for (bool s : {true, false}) {
+    const auto& map = qmap::dynamic(s);
+    std::vector<std::uint8_t> want(xs.size());
+    for (std::size_t i = 0; i < xs.size(); ++i) want[i] = map.quantize(xs[i]);
+    for (int level = simd_level(); level >= 1; --level) {
+      limit_simd(level);
+      block_options o;
+      o.keep_nonzero = false;
+      std::vector<std::uint8_t> got(xs.size());
+      quantize_block(xs.data(), xs.size(), 1.0f, map, o, 0, 0, got.data());
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < xs.size(); ++i)
+        if (got[i] != want[i] && ++bad < 5)
+          ADD_FAILURE() << "signed " << s << " level " << level << " x " << xs[i] << ": " << int(got[i])
+                        << " table " << int(want[i]);
+      EXPECT_EQ(bad, 0u) << "signed " << s << " vector level " << level;
     }
   }
+  limit_simd(top);
 }
 
 TEST(QuantMap, TiesGoToTheLowerCode) {
