@@ -51,6 +51,7 @@ public:
   const float* values() const noexcept { return values_.data(); }
   /// above(c): the largest float that still quantizes to c or lower (+inf for 255).
   float above(std::uint8_t code) const noexcept { return above_[code]; }
+  const float* aboves() const noexcept { return above_.data(); }
   std::uint8_t zero_code() const noexcept { return zero_code_; }
   bool is_signed() const noexcept { return signed_; }
   /// Per bucket (same index as the table): the candidate code in bits 0-7 and, in bits 8 and up,

@@ -53,9 +53,7 @@ struct quantizer {
 
 __attribute__((target("avx512f"))) inline quantizer load_quantizer(const qmap& map) noexcept {
   quantizer q;
-  alignas(64) float above[256];
-  for (int c = 0; c < 256; ++c) above[c] = map.above(static_cast<std::uint8_t>(c));
-  q.above = load_table(above);
+  q.above = load_table(map.aboves());
   q.piece_lo = _mm512_loadu_si512(map.exponent_piece());
   q.piece_hi = _mm512_loadu_si512(map.exponent_piece() + 16);
   q.threshold_lo = _mm512_loadu_ps(map.exponent_threshold());
