@@ -340,7 +340,8 @@ void transport::connect(const std::string& host, std::uint16_t port) {
       [this, resolver, socket, host, port, alive = std::weak_ptr<bool>(alive_)](
           boost::system::error_code ec, asio::ip::tcp::resolver::results_type results) {
         if (alive.expired()) return;
-        auto fail = [&](const std::string& why) {
+        // By value: it runs again from the connect handler, after this one has returned.
+        auto fail = [this, host, port](const std::string& why) {
           log().warn("troupe net: cannot connect to {}:{}: {}", host, port, why);
           if (handlers_.on_close) handlers_.on_close(nullptr, "cannot connect to " + host + ":" + std::to_string(port) + ": " + why);
         };
