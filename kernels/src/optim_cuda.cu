@@ -15,8 +15,9 @@
 //   when the tensor's arrays are aligned;
 // - blockwise_step: tensors with 8-bit moments, a thread block per quantization block: dequantize,
 //   update, keep the new values in shared memory, reduce the block's absmax, requantize.
-// Both read a device array of (tensor descriptor, chunk) work items, so a whole list of tensors
-// is one launch.
+// Both read a device array of tensor descriptors and, per tensor, the index of its first thread
+// block (a prefix sum): a thread block finds its tensor by binary search, so a whole list of
+// tensors is one launch and what goes to the device per step is O(tensors), not O(blocks).
 
 #include <cuda_runtime.h>
 
@@ -196,11 +197,29 @@ __device__ __forceinline__ void update(const tensor_update& t, std::int64_t i, f
   x_out = x;
 }
 
+/// What one thread block works on: elements [begin, begin + length) of tensor `tensor`.
 struct work_item {
   int tensor;
   int length;
   std::int64_t begin;
 };
+
+/// The work item of this thread block. first[k] is the first block of tensor k (count + 1
+/// entries, non-decreasing); a tensor without elements has no block.
+__device__ __forceinline__ work_item item_of(const std::int64_t* first, int count, const std::int64_t* sizes,
+                                             const tensor_update* tensors, std::int64_t step_if_fixed) {
+  const std::int64_t b = blockIdx.x;
+  int lo = 0, hi = count - 1;  // the last k with first[k] <= b
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (first[mid] <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  const std::int64_t n = sizes ? sizes[lo] : tensors[lo].n;
+  const std::int64_t step = step_if_fixed ? step_if_fixed : tensors[lo].block;
+  const std::int64_t begin = (b - first[lo]) * step;
+  return {lo, static_cast<int>(n - begin < step ? n - begin : step), begin};
+}
 
 constexpr int threads_per_block = 256;
 constexpr int chunk = 4096;  // elements per work item of the elementwise step
@@ -259,8 +278,9 @@ __device__ __forceinline__ void update4(const tensor_update& t, std::int64_t i) 
 }
 
 template <bool Sgd>
-__global__ void elementwise_step(const tensor_update* tensors, const unsigned char* vector_ok, const work_item* items) {
-  const work_item w = items[blockIdx.x];
+__global__ void elementwise_step(const tensor_update* tensors, const unsigned char* vector_ok, const std::int64_t* first,
+                                 int count) {
+  const work_item w = item_of(first, count, nullptr, tensors, chunk);
   const tensor_update& t = tensors[w.tensor];
   const std::int64_t end = w.begin + w.length;
   if (vector_ok[w.tensor]) {
@@ -291,10 +311,10 @@ __device__ float block_max(float x, float* scratch) {
 }
 
 template <bool Sgd>
-__global__ void blockwise_step(const tensor_update* tensors, const work_item* items) {
+__global__ void blockwise_step(const tensor_update* tensors, const std::int64_t* first, int count) {
   extern __shared__ float values[];  // new values of the 8-bit moments: 3 x block
   __shared__ float scratch[32];
-  const work_item w = items[blockIdx.x];
+  const work_item w = item_of(first, count, nullptr, tensors, 0);
   const tensor_update& t = tensors[w.tensor];
   const std::int64_t k = w.begin / t.block;
   const moment_ref* mos[3] = {&t.m, &t.v, &t.x};
@@ -323,8 +343,9 @@ __global__ void blockwise_step(const tensor_update* tensors, const work_item* it
   }
 }
 
-__global__ void finite_check(const float* const* grads, const work_item* items, int* bad) {
-  const work_item w = items[blockIdx.x];
+__global__ void finite_check(const float* const* grads, const std::int64_t* sizes, const std::int64_t* first, int count,
+                             int* bad) {
+  const work_item w = item_of(first, count, sizes, nullptr, 4 * chunk);
   const float* g = grads[w.tensor];
   std::uint32_t any = 0;
   for (std::int64_t i = w.begin + threadIdx.x; i < w.begin + w.length; i += blockDim.x)
@@ -357,25 +378,30 @@ private:
   tensor buffer_;
 };
 
-std::vector<work_item> chunks(const std::vector<std::int64_t>& sizes, std::int64_t size) {
-  std::vector<work_item> items;
-  for (std::size_t k = 0; k < sizes.size(); ++k)
-    for (std::int64_t b = 0; b < sizes[k]; b += size)
-      items.push_back({static_cast<int>(k), static_cast<int>(std::min(size, sizes[k] - b)), b});
-  return items;
+/// Tensor k's first thread block when each takes steps[k] elements: sizes.size() + 1 entries.
+std::vector<std::int64_t> first_blocks(const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& steps) {
+  std::vector<std::int64_t> first{0};
+  for (std::size_t k = 0; k < sizes.size(); ++k) first.push_back(first.back() + (sizes[k] + steps[k] - 1) / steps[k]);
+  return first;
+}
+
+unsigned grid_of(const std::vector<std::int64_t>& first) {
+  if (first.back() > 0x7fffffff) throw std::invalid_argument("optimizer on CUDA: too many elements for one launch");
+  return static_cast<unsigned>(first.back());
 }
 
 }  // namespace
 
 bool all_finite(const std::vector<const float*>& grads, const std::vector<std::int64_t>& sizes, int device) {
-  const auto items = chunks(sizes, chunk * 4);
-  if (items.empty()) return true;
+  const auto first = first_blocks(sizes, std::vector<std::int64_t>(sizes.size(), 4 * chunk));
+  if (first.back() == 0) return true;
   use_device(device);
   staging s;
-  const auto g_at = s.add(grads), i_at = s.add(items), flag_at = s.add(std::vector<int>{0});
+  const auto g_at = s.add(grads), n_at = s.add(sizes), f_at = s.add(first), flag_at = s.add(std::vector<int>{0});
   s.upload(device);
-  finite_check<<<static_cast<unsigned>(items.size()), threads_per_block>>>(s.at<const float* const>(g_at),
-                                                                          s.at<work_item>(i_at), s.at<int>(flag_at));
+  finite_check<<<grid_of(first), threads_per_block>>>(s.at<const float* const>(g_at), s.at<std::int64_t>(n_at),
+                                                      s.at<std::int64_t>(f_at), static_cast<int>(sizes.size()),
+                                                      s.at<int>(flag_at));
   check(cudaGetLastError(), "finite_check launch");
   int bad = 0;
   check(cudaMemcpy(&bad, s.at<int>(flag_at), sizeof bad, cudaMemcpyDeviceToHost), "cudaMemcpy");
@@ -383,44 +409,59 @@ bool all_finite(const std::vector<const float*>& grads, const std::vector<std::i
 }
 
 void optimizer_step(bool sgd, const std::vector<tensor_update>& tensors, int device) {
-  std::vector<work_item> plain, blocked;
-  std::vector<unsigned char> vector_ok(tensors.size());
+  // Two lists: tensors without 8-bit moments (chunks of `chunk`) and with (one block each).
+  std::vector<tensor_update> plain, blocked;
+  std::vector<std::int64_t> plain_n, plain_step, blocked_n, blocked_step;
+  std::vector<unsigned char> vector_ok;
   std::int64_t largest_block = 1;
-  for (std::size_t k = 0; k < tensors.size(); ++k) {
-    const auto& t = tensors[k];
+  for (const auto& t : tensors) {
     const bool int8 = t.m.mode == store_int8 || t.v.mode == store_int8 || t.x.mode == store_int8;
     if (int8 && (t.block < 1 || t.block > max_int8_block))
       throw std::invalid_argument("optimizer on CUDA: 8-bit blocks of " + std::to_string(t.block) +
                                   " elements; the CUDA step handles at most " + std::to_string(max_int8_block));
-    vector_ok[k] = vectorizable(t);
-    const std::int64_t step = int8 ? t.block : chunk;
-    if (int8) largest_block = std::max(largest_block, t.block);
-    for (std::int64_t b = 0; b < t.n; b += step)
-      (int8 ? blocked : plain).push_back({static_cast<int>(k), static_cast<int>(std::min(step, t.n - b)), b});
+    if (int8) {
+      blocked.push_back(t);
+      blocked_n.push_back(t.n);
+      blocked_step.push_back(t.block);
+      largest_block = std::max(largest_block, t.block);
+    } else {
+      plain.push_back(t);
+      plain_n.push_back(t.n);
+      plain_step.push_back(chunk);
+      vector_ok.push_back(vectorizable(t) ? 1 : 0);
+    }
   }
-  if (plain.empty() && blocked.empty()) return;
+  const auto plain_first = first_blocks(plain_n, plain_step), blocked_first = first_blocks(blocked_n, blocked_step);
+  if (plain_first.back() == 0 && blocked_first.back() == 0) return;
   use_device(device);
   staging s;
-  const auto t_at = s.add(tensors), v_at = s.add(vector_ok), p_at = s.add(plain), b_at = s.add(blocked);
+  const auto p_at = s.add(plain), v_at = s.add(vector_ok), pf_at = s.add(plain_first), b_at = s.add(blocked),
+             bf_at = s.add(blocked_first);
   s.upload(device);
-  const auto* dt = s.at<const tensor_update>(t_at);
-  if (!plain.empty()) {
-    const auto grid = static_cast<unsigned>(plain.size());
-    if (sgd) elementwise_step<true><<<grid, threads_per_block>>>(dt, s.at<unsigned char>(v_at), s.at<work_item>(p_at));
-    else elementwise_step<false><<<grid, threads_per_block>>>(dt, s.at<unsigned char>(v_at), s.at<work_item>(p_at));
+  if (plain_first.back() > 0) {
+    const auto grid = grid_of(plain_first);
+    const auto* dt = s.at<const tensor_update>(p_at);
+    const auto* ok = s.at<unsigned char>(v_at);
+    const auto* first = s.at<std::int64_t>(pf_at);
+    const int count = static_cast<int>(plain.size());
+    if (sgd) elementwise_step<true><<<grid, threads_per_block>>>(dt, ok, first, count);
+    else elementwise_step<false><<<grid, threads_per_block>>>(dt, ok, first, count);
     check(cudaGetLastError(), "elementwise_step launch");
   }
-  if (!blocked.empty()) {
-    const auto grid = static_cast<unsigned>(blocked.size());
+  if (blocked_first.back() > 0) {
+    const auto grid = grid_of(blocked_first);
+    const auto* dt = s.at<const tensor_update>(b_at);
+    const auto* first = s.at<std::int64_t>(bf_at);
+    const int count = static_cast<int>(blocked.size());
     const std::size_t shared = 3 * static_cast<std::size_t>(largest_block) * sizeof(float);
     if (sgd) {
       check(cudaFuncSetAttribute(blockwise_step<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
             "cudaFuncSetAttribute");
-      blockwise_step<true><<<grid, threads_per_block, shared>>>(dt, s.at<work_item>(b_at));
+      blockwise_step<true><<<grid, threads_per_block, shared>>>(dt, first, count);
     } else {
       check(cudaFuncSetAttribute(blockwise_step<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
             "cudaFuncSetAttribute");
-      blockwise_step<false><<<grid, threads_per_block, shared>>>(dt, s.at<work_item>(b_at));
+      blockwise_step<false><<<grid, threads_per_block, shared>>>(dt, first, count);
     }
     check(cudaGetLastError(), "blockwise_step launch");
   }
