@@ -5,9 +5,14 @@
 // reductions (layer norm, softmax) accumulate in double as the CPU does, but in a tree instead of
 // a sequence, and nvcc may contract multiply-adds; column sums accumulate in float in row order
 // exactly as the CPU loops do. The tests compare with the CPU layers at abs 1e-5 + rel 1e-4.
+//
+// cuBLAS is loaded at the first GPU product (dlopen of the library CMake found), not linked:
+// linking it makes every troupe process map and relocate its 500 MB of code, about 215 MB of
+// resident memory before main() runs, whether or not it ever uses a GPU.
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <cmath>
 #include <mutex>
@@ -31,13 +36,32 @@ void check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + ": cuBLAS status " + std::to_string(s));
 }
 
+/// The cuBLAS entry points this file uses, from the library loaded at first use.
+struct cublas_api {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasSgemm_v2) sgemm = nullptr;
+};
+
+const cublas_api& cublas() {
+  static const cublas_api api = [] {
+    void* lib = dlopen(TROUPE_CUBLAS_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) throw std::runtime_error(std::string("cannot load cuBLAS from " TROUPE_CUBLAS_LIBRARY ": ") + dlerror());
+    cublas_api a;
+    a.create = reinterpret_cast<decltype(a.create)>(dlsym(lib, "cublasCreate_v2"));
+    a.sgemm = reinterpret_cast<decltype(a.sgemm)>(dlsym(lib, "cublasSgemm_v2"));
+    if (!a.create || !a.sgemm) throw std::runtime_error("cuBLAS at " TROUPE_CUBLAS_LIBRARY " lacks cublasCreate_v2 or cublasSgemm_v2");
+    return a;
+  }();
+  return api;
+}
+
 /// One cuBLAS handle per device, made at first use and kept for the process.
 cublasHandle_t handle(int device) {
   static std::mutex mutex;
   static std::vector<cublasHandle_t> handles;
   std::lock_guard lock(mutex);
   if (static_cast<std::size_t>(device) >= handles.size()) handles.resize(device + 1, nullptr);
-  if (!handles[device]) check(cublasCreate(&handles[device]), "cublasCreate");
+  if (!handles[device]) check(cublas().create(&handles[device]), "cublasCreate");
   return handles[device];
 }
 
@@ -198,7 +222,7 @@ void gemm(int device, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int
   if (m == 0 || n == 0) return;
   check(cudaSetDevice(device), "cudaSetDevice");
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
-  check(cublasSgemm(handle(device), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+  check(cublas().sgemm(handle(device), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                     static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
                     static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
         "cublasSgemm");
