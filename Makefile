@@ -65,12 +65,13 @@ $(ASAN_BUILD)/CMakeCache.txt:
 	  -DTROUPE_BUILD_EXAMPLES=OFF $(CMAKE_ARGS)
 
 asan: deps $(ASAN_BUILD)/CMakeCache.txt
-	cmake --build $(ASAN_BUILD) -j $(JOBS) --target actors_test core_test pipeline_test kernels_test
+	cmake --build $(ASAN_BUILD) -j $(JOBS) --target actors_test core_test pipeline_test kernels_test federated_test
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  TROUPE_STRESS_SCALE=small $(ASAN_BUILD)/bin/actors_test
 	ASAN_OPTIONS=detect_leaks=1 $(ASAN_BUILD)/bin/core_test
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(ASAN_BUILD)/bin/pipeline_test
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(ASAN_BUILD)/bin/kernels_test
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(ASAN_BUILD)/bin/federated_test
 
 $(FUZZ_BUILD)/CMakeCache.txt:
 	cmake -S . -B $(FUZZ_BUILD) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=RelWithDebInfo \

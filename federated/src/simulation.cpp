@@ -474,7 +474,7 @@ struct byte_reader {
     const auto n = get<std::uint64_t>();
     if (n > (end - at) / sizeof(T)) truncated();
     std::vector<T> v(n);
-    std::memcpy(v.data(), bytes.data() + at, n * sizeof(T));
+    if (n) std::memcpy(v.data(), bytes.data() + at, n * sizeof(T));  // an empty vector may have no storage
     at += n * sizeof(T);
     return v;
   }
