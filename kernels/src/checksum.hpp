@@ -1,11 +1,21 @@
 #pragma once
-// CRC-32 (zlib's) of a byte range, for the checksummed files of weights and optimizer state.
+// Checksummed files, as weights and optimizer state are saved: a 4-byte magic, the body, and the
+// CRC-32 (zlib's) of everything before it, written through a neighbouring file and a rename.
 
 #include <zlib.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "troupe/core/codec.hpp"
 
 namespace troupe::kernels {
 
@@ -19,6 +29,49 @@ inline std::uint32_t checksum(const std::byte* data, std::size_t n) {
     n -= chunk;
   }
   return static_cast<std::uint32_t>(crc);
+}
+
+/// Appends the CRC-32 of what `w` holds (magic and body) and writes it all to `path` through
+/// `path.tmp` and a rename, so that a crash never leaves half a file under `path`. Errors go to
+/// fail(why), which throws.
+template <class Fail>
+void write_checksummed(const std::string& path, byte_writer& w, Fail&& fail) {
+  w.write_raw(checksum(w.buffer().data(), w.buffer().size()));
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail("cannot be written (check the directory exists and is writable)");
+    out.write(reinterpret_cast<const char*>(w.buffer().data()), static_cast<std::streamsize>(w.buffer().size()));
+    if (!out.flush()) fail("writing failed (disk full?)");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot replace the file");
+}
+
+/// A file read back by read_checksummed: its bytes, and the body between magic and CRC.
+struct checksummed_file {
+  std::vector<std::byte> bytes;
+  std::span<const std::byte> body() const { return {bytes.data() + 4, bytes.size() - 8}; }
+};
+
+/// Reads `path` and checks its magic and CRC-32; `kind` names the format in the errors ("weights").
+/// Errors go to fail(why), which throws.
+template <class Fail>
+checksummed_file read_checksummed(const std::string& path, const char (&magic)[4], const char* kind, Fail&& fail) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("does not exist or cannot be read");
+  checksummed_file f;
+  {
+    std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    f.bytes.resize(raw.size());
+    if (!raw.empty()) std::memcpy(f.bytes.data(), raw.data(), raw.size());
+  }
+  if (f.bytes.size() < sizeof magic + 8 || std::memcmp(f.bytes.data(), magic, sizeof magic) != 0)
+    fail(std::string("is not a troupe ") + kind + " file (no " + std::string(magic, sizeof magic) + " header)");
+  const std::size_t body_end = f.bytes.size() - 4;
+  std::uint32_t stored;
+  std::memcpy(&stored, f.bytes.data() + body_end, 4);
+  if (checksum(f.bytes.data(), body_end) != stored) fail("is corrupted or truncated (checksum mismatch)");
+  return f;
 }
 
 }  // namespace troupe::kernels

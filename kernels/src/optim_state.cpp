@@ -59,34 +59,13 @@ void optimizer::save(const std::string& path) const {
       if (mo->mode == 3) codec<tensor>::encode(w, mo->scales);
     }
   }
-  w.write_raw(checksum(w.buffer().data(), w.buffer().size()));
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail(path, "cannot be written (check the directory exists and is writable)");
-    out.write(reinterpret_cast<const char*>(w.buffer().data()), static_cast<std::streamsize>(w.buffer().size()));
-    if (!out.flush()) fail(path, "writing failed (disk full?)");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path, "cannot replace the file");
+  write_checksummed(path, w, [&](const std::string& why) { fail(path, why); });
 }
 
 void optimizer::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "does not exist or cannot be read");
-  std::vector<std::byte> bytes;
-  {
-    std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    bytes.resize(raw.size());
-    if (!raw.empty()) std::memcpy(bytes.data(), raw.data(), raw.size());
-  }
-  if (bytes.size() < sizeof magic + 8 || std::memcmp(bytes.data(), magic, sizeof magic) != 0)
-    fail(path, "is not a troupe optimizer state file (no TRPO header)");
-  const std::size_t body = bytes.size() - 4;
-  std::uint32_t stored;
-  std::memcpy(&stored, bytes.data() + body, 4);
-  if (checksum(bytes.data(), body) != stored) fail(path, "is corrupted or truncated (checksum mismatch)");
-
-  byte_reader r(std::span<const std::byte>(bytes.data() + sizeof magic, body - sizeof magic));
+  const auto file =
+      read_checksummed(path, magic, "optimizer state", [&](const std::string& why) { fail(path, why); });
+  byte_reader r(file.body());
   struct loaded {
     moment m, v, vmax;
     bool started;

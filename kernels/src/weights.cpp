@@ -31,37 +31,12 @@ void save_weights(layer& model, const std::string& path) {
     codec<std::string>::encode(w, p->name);
     codec<tensor>::encode(w, p->value);
   }
-  const std::uint32_t crc = checksum(w.buffer().data(), w.buffer().size());
-  w.write_raw(crc);
-  // Write to a neighbour and rename, so that a crash never leaves half a file under `path`.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail(path, "cannot be written (check the directory exists and is writable)");
-    out.write(reinterpret_cast<const char*>(w.buffer().data()), static_cast<std::streamsize>(w.buffer().size()));
-    if (!out.flush()) fail(path, "writing failed (disk full?)");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path, "cannot replace the file");
+  write_checksummed(path, w, [&](const std::string& why) { fail(path, why); });
 }
 
 void load_weights(layer& model, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "does not exist or cannot be read");
-  std::vector<std::byte> bytes;
-  {
-    std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    bytes.resize(raw.size());
-    if (!raw.empty()) std::memcpy(bytes.data(), raw.data(), raw.size());
-  }
-  if (bytes.size() < sizeof magic + 8 || std::memcmp(bytes.data(), magic, sizeof magic) != 0)
-    fail(path, "is not a troupe weights file (no TRPW header)");
-  const std::size_t body = bytes.size() - 4;
-  std::uint32_t stored;
-  std::memcpy(&stored, bytes.data() + body, 4);
-  if (checksum(bytes.data(), body) != stored)
-    fail(path, "is corrupted or truncated (checksum mismatch)");
-
-  byte_reader r(std::span<const std::byte>(bytes.data() + sizeof magic, body - sizeof magic));
+  const auto file = read_checksummed(path, magic, "weights", [&](const std::string& why) { fail(path, why); });
+  byte_reader r(file.body());
   auto params = model.parameters();
   std::vector<tensor> values;
   try {
