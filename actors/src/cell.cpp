@@ -508,6 +508,10 @@ void cell_base::add_watcher(cell_base* watcher) {
   watcher->enqueue_urgent(message_ptr(std::make_unique<down_message>(std::move(late)).release()));
 }
 
+void send_down_notice(cell_base& watcher, const down_notice& n) {
+  watcher.enqueue_urgent(message_ptr(std::make_unique<down_message>(n).release()));
+}
+
 void cell_base::on_down(std::unique_ptr<down_callback> f) {
   down_notice late;
   {

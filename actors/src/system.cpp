@@ -1,4 +1,5 @@
 #include "system.hpp"
+#include "net/node.hpp"
 
 #include <cxxabi.h>
 
@@ -79,6 +80,8 @@ void system_impl::shutdown() noexcept {
   }
   std::lock_guard guard(shutdown_mutex_);
   if (shut_down_) return;
+  // Leave the cluster first: no call from another node arrives while the actors stop.
+  if (node) stop_node(*node);
   shutting_down.store(true);
   // Stop every live actor; each removes itself from the list when its stop has run.
   std::vector<cell_ptr> live;
@@ -166,7 +169,20 @@ void manual_runtime::advance(std::chrono::nanoseconds d) {
 // ---- the functions actor_system's templates call ---------------------------------------
 
 system_impl* make_system(actor_system* facade, const system_config& cfg, bool manual) {
-  return std::make_unique<system_impl>(facade, cfg, manual).release();
+  auto* s = std::make_unique<system_impl>(facade, cfg, manual).release();
+  if (!cfg.node.listen.empty()) {
+    if (manual) {
+      destroy_system(s);
+      throw std::invalid_argument("a test_system cannot be a node of a cluster");
+    }
+    try {
+      s->node = start_node(*s, cfg.node);
+    } catch (...) {
+      destroy_system(s);
+      throw;
+    }
+  }
+  return s;
 }
 
 void destroy_system(system_impl* s) noexcept {

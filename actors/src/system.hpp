@@ -43,6 +43,7 @@ public:
 };
 
 class manual_runtime;
+class node_runtime;
 
 std::unique_ptr<scheduler> make_thread_pool(system_impl& sys, unsigned threads,
                                             unsigned throughput);
@@ -103,6 +104,8 @@ public:
   std::atomic<std::uint32_t> live_count{0};  // a futex word: shutdown sleeps until it is 0
   std::atomic<bool> shutting_down{false};
   std::atomic<std::uint64_t> dead_letters{0};
+  /// The node part when the system is a node of a cluster (net/node.cpp).
+  std::shared_ptr<node_runtime> node;
 
 private:
   std::unique_ptr<scheduler> sched_;
@@ -149,5 +152,7 @@ private:
 
 namespace troupe::detail {
 message_ptr make_start_message();
+/// Delivers a down notice to an actor with on_down.
+void send_down_notice(cell_base& watcher, const down_notice& n);
 void mark_named(cell_base& c);
 }  // namespace troupe::detail

@@ -20,6 +20,7 @@ public:
       case errc::system_shutdown: return "the actor system is shutting down";
       case errc::broken_promise: return "the reply can never arrive";
       case errc::name_taken: return "the name is already registered";
+      case errc::remote_exception: return "a method on another node threw";
     }
     return "unknown troupe error " + std::to_string(v);
   }

@@ -30,6 +30,7 @@ const char* reason_name(troupe::exit_reason r) {
     case troupe::exit_reason::stopped: return "stopped";
     case troupe::exit_reason::failed: return "failed";
     case troupe::exit_reason::shutdown: return "shutdown";
+    case troupe::exit_reason::node_lost: return "node lost";
   }
   return "?";
 }

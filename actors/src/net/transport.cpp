@@ -69,12 +69,14 @@ std::vector<std::byte> handshake_proof(std::string_view token, std::string_view 
 
 // ---- connection ----------------------------------------------------------------------------
 
-connection::connection(transport& owner, tcp::socket socket, bool outbound, std::uint64_t id)
+connection::connection(transport& owner, tcp::socket socket, bool outbound, std::uint64_t id,
+                       std::uint64_t tag)
     : owner_(owner),
       socket_(std::move(socket)),
       deadline_(socket_.get_executor()),
       outbound_(outbound),
       id_(id),
+      tag_(tag),
       decoder_(handshake_limits(owner.config().limits)),
       read_buf_(read_chunk) {}
 
@@ -325,41 +327,51 @@ void transport::accept_next() {
   acceptor_->async_accept(asio::make_strand(io_), [this, alive = std::weak_ptr<bool>(alive_)](
                                                       boost::system::error_code ec, asio::ip::tcp::socket s) {
     if (alive.expired() || !acceptor_ || !acceptor_->is_open()) return;
-    if (!ec) adopt(std::move(s), false);
+    if (!ec) adopt(std::move(s), false, 0);
     else if (ec == asio::error::operation_aborted) return;
     else log().warn("troupe net: accept failed: {}", ec.message());
     accept_next();
   });
 }
 
-void transport::connect(const std::string& host, std::uint16_t port) {
+void transport::connect(const std::string& host, std::uint16_t port, std::uint64_t tag,
+                        std::function<void(const std::string&)> on_fail) {
   auto resolver = std::make_shared<asio::ip::tcp::resolver>(io_);
   auto socket = std::make_shared<asio::ip::tcp::socket>(asio::make_strand(io_));
   resolver->async_resolve(
       host, std::to_string(port),
-      [this, resolver, socket, host, port, alive = std::weak_ptr<bool>(alive_)](
-          boost::system::error_code ec, asio::ip::tcp::resolver::results_type results) {
+      [this, resolver, socket, host, port, tag, on_fail = std::move(on_fail),
+       alive = std::weak_ptr<bool>(alive_)](boost::system::error_code ec,
+                                            asio::ip::tcp::resolver::results_type results) {
         if (alive.expired()) return;
         // By value: it runs again from the connect handler, after this one has returned.
-        auto fail = [this, host, port](const std::string& why) {
-          log().warn("troupe net: cannot connect to {}:{}: {}", host, port, why);
-          if (handlers_.on_close) handlers_.on_close(nullptr, "cannot connect to " + host + ":" + std::to_string(port) + ": " + why);
+        auto fail = [this, host, port, on_fail](const std::string& why) {
+          auto reason = "cannot connect to " + host + ":" + std::to_string(port) + ": " + why;
+          if (on_fail) return on_fail(reason);
+          log().warn("troupe net: {}", reason);
+          if (handlers_.on_close) handlers_.on_close(nullptr, reason);
         };
         if (ec) return fail(ec.message());
         asio::async_connect(*socket, results,
-                            [this, socket, fail, alive](boost::system::error_code ec, const asio::ip::tcp::endpoint&) {
+                            [this, socket, fail, tag, alive](boost::system::error_code ec, const asio::ip::tcp::endpoint&) {
                               if (alive.expired()) return;
                               if (ec) return fail(ec.message());
-                              adopt(std::move(*socket), true);
+                              adopt(std::move(*socket), true, tag);
                             });
       });
 }
 
-void transport::adopt(asio::ip::tcp::socket socket, bool outbound) {
+void transport::adopt(asio::ip::tcp::socket socket, bool outbound, std::uint64_t tag) {
   std::shared_ptr<connection> c;
+  boost::system::error_code ec;
+  auto local = socket.local_endpoint(ec);
+  auto remote = socket.remote_endpoint(ec);
   {
     std::lock_guard lock(mutex_);
-    c = std::shared_ptr<connection>(new connection(*this, std::move(socket), outbound, next_id_++));
+    c = std::shared_ptr<connection>(
+        new connection(*this, std::move(socket), outbound, next_id_++, tag));
+    c->local_host_ = local.address().to_string();
+    c->remote_host_ = remote.address().to_string();
     connections_.emplace(c->id(), c);
   }
   // The connection's first steps run on its own strand.

@@ -94,6 +94,11 @@ public:
   bool is_open() const noexcept { return open_.load(std::memory_order_acquire); }
   /// Whether this side dialled (client) or accepted (server).
   bool outbound() const noexcept { return outbound_; }
+  /// The value given to transport::connect (0 for accepted connections).
+  std::uint64_t tag() const noexcept { return tag_; }
+  /// This side's and the peer's IP addresses, as text.
+  const std::string& local_host() const noexcept { return local_host_; }
+  const std::string& remote_host() const noexcept { return remote_host_; }
 
   /// Queues an envelope; frames leave in the order of `send` calls. @threadsafe
   /// Sending before the handshake is done queues the envelope until it is.
@@ -107,7 +112,8 @@ public:
 
 private:
   friend class transport;
-  connection(transport& owner, tcp::socket socket, bool outbound, std::uint64_t id);
+  connection(transport& owner, tcp::socket socket, bool outbound, std::uint64_t id,
+             std::uint64_t tag);
 
   void start();
   void read_more();
@@ -124,6 +130,9 @@ private:
   asio::steady_timer deadline_;
   const bool outbound_;
   const std::uint64_t id_;
+  const std::uint64_t tag_;
+  std::string local_host_;
+  std::string remote_host_;
   frame_decoder decoder_;
   std::vector<std::byte> read_buf_;
   std::deque<outbound_frame> queue_;    // waiting to be written
@@ -166,8 +175,11 @@ public:
   /// Listens on `address:port` (port 0: any free port) and returns the bound port.
   /// Throws troupe::error on a bad address or a port in use.
   std::uint16_t listen(const std::string& address, std::uint16_t port);
-  /// Dials `host:port`; the result arrives as on_open (or on_close with the reason).
-  void connect(const std::string& host, std::uint16_t port);
+  /// Dials `host:port`; the result arrives as on_open (the connection carries `tag`), or, when
+  /// the peer cannot be reached, as `on_fail(reason)` if given, else on_close with a null
+  /// connection.
+  void connect(const std::string& host, std::uint16_t port, std::uint64_t tag = 0,
+               std::function<void(const std::string&)> on_fail = {});
   /// Stops listening and closes every connection. @threadsafe
   void close_all(const std::string& reason);
 
@@ -177,7 +189,7 @@ public:
 private:
   friend class connection;
   void accept_next();
-  void adopt(asio::ip::tcp::socket socket, bool outbound);
+  void adopt(asio::ip::tcp::socket socket, bool outbound, std::uint64_t tag);
   void closed(const std::shared_ptr<connection>& c, const std::string& reason);
 
   asio::io_context& io_;

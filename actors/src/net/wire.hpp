@@ -91,6 +91,11 @@ struct wire_limits {
   std::uint32_t max_error_message = 64u << 10;
 };
 
+/// The target of calls and tells addressed to the receiving node itself (spawn, lookup, names,
+/// status). Actors' cluster-wide ids carry a node id of at least 1 above bit 40, so no actor has
+/// this id.
+inline constexpr std::uint64_t node_target = 1;
+
 /// Payloads at least this large travel as the raw body (written by scatter/gather, read into
 /// their final buffer); smaller ones stay inline in the envelope.
 inline constexpr std::size_t inline_payload_limit = 16u << 10;

@@ -8,6 +8,10 @@
 /// Arguments are moved (or copied) into the message; the method runs later on the actor's
 /// worker, never concurrently with another method of the same actor. In process, nothing is
 /// serialized. Any callable `f(T&, args...)` works where a member function pointer does.
+///
+/// A ref may also point to an actor on another node (spawn_on, a cluster-wide lookup): the
+/// same calls then encode the arguments with their codecs and travel over TCP (remote.hpp);
+/// only the methods listed in TROUPE_REMOTE(T, ...) may be called that way.
 
 #include <concepts>
 #include <functional>
@@ -17,6 +21,7 @@
 #include <utility>
 
 #include "troupe/actors/detail/cell.hpp"
+#include "troupe/actors/detail/remote_handle.hpp"
 #include "troupe/actors/future.hpp"
 
 namespace troupe {
@@ -221,17 +226,31 @@ public:
 
   actor_ref() noexcept = default;
   explicit actor_ref(detail::cell_ptr c) noexcept : cell_(std::move(c)) {}
+  explicit actor_ref(detail::remote_ptr r) noexcept : remote_(std::move(r)) {}
 
-  actor_id id() const noexcept { return cell_ ? cell_->id() : 0; }
-  explicit operator bool() const noexcept { return static_cast<bool>(cell_); }
-  /// False once the actor has stopped for good (it may still be running when true).
-  bool alive() const noexcept { return cell_ && cell_->alive(); }
+  /// The actor's id: in its system, or cluster-wide (its node in the top bits) when remote.
+  actor_id id() const noexcept {
+    return cell_ ? cell_->id() : remote_ ? detail::remote_wire_id(*remote_) : 0;
+  }
+  explicit operator bool() const noexcept { return cell_ || remote_; }
+  /// False once the actor has stopped for good (it may still be running when true); for a
+  /// remote actor, also once its node is lost.
+  bool alive() const noexcept {
+    return cell_ ? cell_->alive() : remote_ && detail::remote_alive(*remote_);
+  }
+  /// True when the actor lives on another node.
+  bool is_remote() const noexcept { return static_cast<bool>(remote_); }
+  /// The node the actor lives on (0 when it is in this process and this is no node).
+  node_id node() const noexcept { return remote_ ? detail::remote_node(*remote_) : 0; }
 
   /// Sends `method(args...)` without waiting for it. Messages from one sender to one actor
   /// are handled in send order. To a dead actor the message goes to the dead letters.
   template <class M, class... Args>
     requires std::invocable<M, T&, std::decay_t<Args>...>
   void tell(M method, Args&&... args) const {
+    if constexpr (detail::remote_capable<T>) {
+      if (remote_) return detail::remote_tell_typed<T>(*remote_, method, std::forward<Args>(args)...);
+    }
     using msg_t = detail::tell_message_for<T, M, std::decay_t<Args>...>;
     check();
     detail::deliver(*cell_, detail::message_ptr(
@@ -246,6 +265,9 @@ public:
       -> future<detail::reply_t<detail::method_result_t<T, M, std::decay_t<Args>...>>> {
     using reply = detail::reply_t<detail::method_result_t<T, M, std::decay_t<Args>...>>;
     using msg_t = detail::ask_message_for<T, M, std::decay_t<Args>...>;
+    if constexpr (detail::remote_capable<T>) {
+      if (remote_) return detail::remote_ask_typed<T>(*remote_, method, std::forward<Args>(args)...);
+    }
     check();
     auto* m = std::make_unique<msg_t>(method, std::forward<Args>(args)...).release();
     m->set_system(&cell_->system());
@@ -258,22 +280,33 @@ public:
   /// Stops the actor: urgent, so it overtakes queued messages, which are then refused
   /// (their asks fail with errc::actor_dead). on_stop runs, monitors get a down notice.
   void stop() const {
+    if (remote_) return detail::remote_stop(*remote_);
     check();
     cell_->stop(exit_reason::stopped);
   }
 
   friend bool operator==(const actor_ref& a, const actor_ref& b) noexcept {
+    if (a.remote_ || b.remote_) return a.id() == b.id() && a.remote_ && b.remote_;
     return a.cell_.get() == b.cell_.get();
   }
 
-  /// The runtime cell (for the runtime's own use).
+  /// The runtime cell (for the runtime's own use); null for a remote actor.
   detail::cell_base* cell() const noexcept { return cell_.get(); }
+  /// The remote handle (for the runtime's own use); null for a local actor.
+  detail::remote_actor* remote() const noexcept { return remote_.get(); }
 
 private:
   void check() const {
-    if (!cell_) throw std::logic_error("troupe::actor_ref is empty (default-constructed)");
+    if (!cell_) {
+      if (remote_)
+        throw std::logic_error(std::string("troupe::actor_ref<") + detail::type_name_of<T>() +
+                               ">: this call cannot reach an actor on another node (declare the "
+                               "class and the method with TROUPE_REMOTE)");
+      throw std::logic_error("troupe::actor_ref is empty (default-constructed)");
+    }
   }
   detail::cell_ptr cell_;
+  detail::remote_ptr remote_;
 };
 
 }  // namespace troupe

@@ -35,12 +35,34 @@
 
 namespace troupe {
 
+/// Makes an actor_system a node of a cluster (see remote.hpp). Nodes authenticate each other
+/// with the cluster's token; a node that goes silent for `node_timeout` is lost.
+struct node_config {
+  /// "HOST:PORT" to listen on (port 0: any free port). Empty: the system is no node.
+  std::string listen;
+  /// "HOST:PORT" of the head to join. Empty: this node is the head.
+  std::string head;
+  /// The host other nodes dial to reach this one. Empty: the listen host, or when that is a
+  /// wildcard (0.0.0.0), this side's address of the connection to the head.
+  std::string advertise;
+  /// The cluster's shared secret. Empty: the environment variable TROUPE_CLUSTER_TOKEN.
+  std::string token;
+  std::chrono::milliseconds heartbeat{100};
+  /// Silence after which a node is lost: asks to it fail with errc::node_lost, monitors of
+  /// its actors receive down notices.
+  std::chrono::milliseconds node_timeout{800};
+  /// How long joining the head may take before the constructor gives up.
+  std::chrono::milliseconds join_timeout{10'000};
+};
+
 /// Settings of an actor_system.
 struct system_config {
   /// Worker threads; 0 means one per hardware thread.
   unsigned threads = 0;
   /// Messages an actor handles before its worker moves on to another actor.
   unsigned throughput = 64;
+  /// Cluster membership; by default the system is no node.
+  node_config node{};
 };
 
 /// Counters of one actor, readable while it runs.
@@ -91,6 +113,17 @@ std::size_t manual_run_until_idle(system_impl& s);
 void manual_advance(system_impl& s, std::chrono::nanoseconds d);
 std::chrono::nanoseconds manual_now(system_impl& s);
 cell_base& current_cell_or_throw(const char* what);
+// Remote actors (defined in src/net/node.cpp; templates in remote.hpp).
+template <class T, class... A>
+actor_ref<T> spawn_on_typed(actor_system& sys, node_id where, const spawn_options& opts, A&&... args);
+template <class T>
+std::optional<actor_ref<T>> lookup_remote_typed(system_impl& s, std::string_view name);
+template <class T>
+void publish_name_typed(system_impl& s, const std::string& name, const actor_ref<T>& ref);
+future<down_notice> monitor_remote(remote_actor& a);
+void watch_remote(remote_actor& a, cell_base& watcher);
+node_id this_node(system_impl& s) noexcept;
+std::uint16_t this_node_port(system_impl& s) noexcept;
 }  // namespace detail
 
 class actor_system {
@@ -109,6 +142,24 @@ public:
     return spawn<T>(spawn_options{}, std::forward<Args>(args)...);
   }
 
+  /// Creates an actor of class T on node `where` (any_node: the least-loaded node) and returns
+  /// at once; calls made meanwhile queue behind the creation. T must be declared with
+  /// TROUPE_REMOTE and the arguments need codecs; a constructor that throws there makes the
+  /// calls fail with its message. On this node (or when the system is no node) it is spawn().
+  template <class T, class... Args>
+  actor_ref<T> spawn_on(node_id where, Args&&... args) {
+    return detail::spawn_on_typed<T>(*this, where, spawn_options{}, std::forward<Args>(args)...);
+  }
+  template <class T, class... Args>
+  actor_ref<T> spawn_on(node_id where, const spawn_options& opts, Args&&... args) {
+    return detail::spawn_on_typed<T>(*this, where, opts, std::forward<Args>(args)...);
+  }
+
+  /// This system's node id in its cluster (the head is 1); 0 when it is no node.
+  node_id node() const noexcept { return detail::this_node(*impl_); }
+  /// The TCP port this node listens on; 0 when it is no node.
+  std::uint16_t node_port() const noexcept { return detail::this_node_port(*impl_); }
+
   /// As spawn(args...), with a bounded mailbox, a restart policy or reentrancy.
   template <class T, class... Args>
     requires std::constructible_from<T, Args&&...>
@@ -122,19 +173,30 @@ public:
   }
 
   /// Names an actor so that others find it with lookup<T>(name). Throws
-  /// troupe::error(errc::name_taken) when the name belongs to another live actor.
+  /// troupe::error(errc::name_taken) when the name belongs to another live actor. On a node,
+  /// an actor of a TROUPE_REMOTE class is named cluster-wide: every node finds it.
   template <class T>
   void register_name(std::string name, const actor_ref<T>& ref) {
-    detail::register_name(*impl_, std::move(name), ref.cell());
+    if constexpr (detail::remote_capable<T>) {
+      if (ref.is_remote()) return detail::publish_name_typed<T>(*impl_, name, ref);
+      detail::register_name(*impl_, name, ref.cell());
+      detail::publish_name_typed<T>(*impl_, name, ref);
+    } else {
+      detail::register_name(*impl_, std::move(name), ref.cell());
+    }
   }
   bool unregister_name(std::string_view name) { return detail::unregister_name(*impl_, name); }
 
   /// The live actor registered as `name`, or nullopt. Throws troupe::error(errc::type_mismatch)
-  /// when it is not a T.
+  /// when it is not a T. On a node, names of other nodes are asked of the head (blocking:
+  /// not from inside an actor).
   template <class T>
   std::optional<actor_ref<T>> lookup(std::string_view name) {
     auto c = detail::lookup_name(*impl_, name);
-    if (!c) return std::nullopt;
+    if (!c) {
+      if constexpr (detail::remote_capable<T>) return detail::lookup_remote_typed<T>(*impl_, name);
+      return std::nullopt;
+    }
     if (c->type() != typeid(T))
       throw error(errc::type_mismatch, "actor '" + std::string(name) + "' is a " + c->type_name() +
                                            ", not a " + detail::type_name_of<T>());
@@ -144,6 +206,7 @@ public:
   /// A future that completes with the down notice when `target` is gone for good.
   template <class T>
   future<down_notice> monitor(const actor_ref<T>& target) {
+    if (target.is_remote()) return detail::monitor_remote(*target.remote());
     return monitor_cell(*target.cell());
   }
 
@@ -171,6 +234,8 @@ public:
   /// Counters of one actor. @threadsafe
   template <class T>
   actor_stats stats(const actor_ref<T>& ref) const {
+    if (ref.is_remote())
+      throw std::logic_error("stats() reads local actors; `troupe status` reports remote ones");
     return detail::stats_of(*ref.cell());
   }
   /// Counters of every live actor. @threadsafe
@@ -253,6 +318,7 @@ actor_ref<T> self() {
 template <class T>
 void monitor(const actor_ref<T>& target) {
   auto& c = detail::current_cell_or_throw("this_actor::monitor");
+  if (target.is_remote()) return detail::watch_remote(*target.remote(), c);
   target.cell()->add_watcher(&c);
 }
 

@@ -23,6 +23,7 @@ enum class errc : int {
   system_shutdown = 9,    ///< the actor system is shutting down
   broken_promise = 10,    ///< a reply can never arrive (its sender was destroyed unanswered)
   name_taken = 11,        ///< a name is already registered to another actor
+  remote_exception = 12,  ///< a method on another node threw; the message says what
 };
 
 /// The category of `troupe::errc`; its name is "troupe".

@@ -28,6 +28,7 @@ enum class exit_reason : std::uint8_t {
   stopped,   ///< stop() was called (by anyone, or by the actor itself)
   failed,    ///< an exception escaped a method with nobody to receive it, restarts exhausted
   shutdown,  ///< the actor system shut down
+  node_lost, ///< the node the actor lived on stopped answering (remote actors)
 };
 
 /// What a monitor receives when the actor it watches is gone for good.
@@ -241,6 +242,8 @@ public:
   /// Sends `watcher` (an actor with on_down) a down notice when this actor is gone for good;
   /// at once when it is gone already. @threadsafe
   void add_watcher(cell_base* watcher);
+  /// True when the class has on_down (so it may monitor others).
+  bool receives_down_notices() const noexcept { return has_on_down(); }
   /// Runs `f(notice)` on the thread that ends this actor (or now when it is gone).
   /// @threadsafe
   void on_down(std::unique_ptr<down_callback> f);

@@ -1,0 +1,1374 @@
+#include "net/node.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "net/transport.hpp"
+#include "system.hpp"
+#include "troupe/actors/remote.hpp"
+#include "troupe/core/log.hpp"
+
+// ---- codecs of the status report (only the node speaks them) ------------------------------
+
+template <>
+struct troupe::codec<troupe::node_info> {
+  static void encode(byte_writer& w, const node_info& n) {
+    troupe::codec<std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t>>::encode(
+        w, {n.id, n.host, n.port, n.alive, n.actors});
+  }
+  static node_info decode(byte_reader& r) {
+    auto [id, host, port, alive, actors] =
+        troupe::codec<std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t>>::decode(r);
+    return {id, std::move(host), port, alive, actors};
+  }
+};
+
+template <>
+struct troupe::codec<troupe::actor_status> {
+  using tuple = std::tuple<std::uint64_t, std::string, std::string, std::int64_t, std::uint64_t, double>;
+  static void encode(byte_writer& w, const actor_status& a) {
+    troupe::codec<tuple>::encode(w, {a.id, a.type, a.name, a.mailbox_depth, a.messages, a.messages_per_s});
+  }
+  static actor_status decode(byte_reader& r) {
+    auto [id, type, name, depth, messages, rate] = troupe::codec<tuple>::decode(r);
+    return {id, std::move(type), std::move(name), depth, messages, rate};
+  }
+};
+
+template <>
+struct troupe::codec<troupe::node_status> {
+  static void encode(byte_writer& w, const node_status& s) {
+    troupe::codec<node_info>::encode(w, s.info);
+    troupe::codec<std::uint64_t>::encode(w, s.dead_letters);
+    troupe::codec<std::vector<actor_status>>::encode(w, s.actors);
+  }
+  static node_status decode(byte_reader& r) {
+    node_status s;
+    s.info = troupe::codec<node_info>::decode(r);
+    s.dead_letters = troupe::codec<std::uint64_t>::decode(r);
+    s.actors = troupe::codec<std::vector<actor_status>>::decode(r);
+    return s;
+  }
+};
+
+namespace troupe::detail {
+
+namespace {
+
+namespace asio = boost::asio;
+using net::connection;
+using net::envelope;
+using net::envelope_kind;
+using clock_type = std::chrono::steady_clock;
+
+/// Control codes after the handshake's (transport.hpp).
+enum class ctl : std::uint64_t { join = 16, welcome = 17, hello = 18, members = 19, heartbeat = 20, down = 21 };
+/// Operations of the node itself (calls and tells to net::node_target).
+enum class op : std::uint64_t {
+  spawn = 1,
+  lookup = 2,
+  register_name = 3,
+  unregister_name = 4,
+  stop_actor = 5,
+  watch = 6,
+  node_stats = 7,
+  cluster_status = 8,
+};
+
+constexpr int wire_shift = 40;
+constexpr node_id head_id = 1;
+
+using member_tuple = std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t>;
+using spawn_opts_tuple = std::tuple<std::uint64_t, std::uint8_t, std::int32_t, std::int64_t, double,
+                                    std::int64_t, bool, bool>;
+using spawn_tuple =
+    std::tuple<std::string, std::uint64_t, std::uint64_t, spawn_opts_tuple, std::vector<std::byte>>;
+using name_tuple = std::tuple<std::string, std::uint64_t, std::uint32_t, std::string>;
+using found_tuple = std::tuple<bool, std::uint64_t, std::uint32_t, std::string>;
+using down_tuple = std::tuple<std::uint64_t, std::uint8_t, std::string>;
+
+spawn_opts_tuple pack(const spawn_options& o) {
+  return {o.mailbox_capacity, static_cast<std::uint8_t>(o.overflow), o.restart.max_restarts,
+          o.restart.backoff.count(), o.restart.backoff_multiplier, o.restart.max_backoff.count(),
+          o.reentrant, o.fail_on_ask_exception};
+}
+spawn_options unpack(const spawn_opts_tuple& t) {
+  spawn_options o;
+  o.mailbox_capacity = std::get<0>(t);
+  if (std::get<1>(t) > static_cast<std::uint8_t>(overflow_policy::reject))
+    throw error(errc::decode_error, "unknown overflow policy");
+  o.overflow = static_cast<overflow_policy>(std::get<1>(t));
+  o.restart.max_restarts = std::get<2>(t);
+  o.restart.backoff = std::chrono::milliseconds(std::get<3>(t));
+  o.restart.backoff_multiplier = std::get<4>(t);
+  o.restart.max_backoff = std::chrono::milliseconds(std::get<5>(t));
+  o.reentrant = std::get<6>(t);
+  o.fail_on_ask_exception = std::get<7>(t);
+  return o;
+}
+
+envelope make_envelope(envelope_kind kind, std::uint64_t target, std::uint64_t method,
+                       std::vector<std::byte> payload = {}, std::uint64_t request = 0) {
+  envelope e;
+  e.kind = kind;
+  e.target = target;
+  e.method = method;
+  e.request_id = request;
+  e.payload = std::move(payload);
+  return e;
+}
+envelope control(ctl code, std::vector<std::byte> payload = {}) {
+  return make_envelope(envelope_kind::control, 0, static_cast<std::uint64_t>(code), std::move(payload));
+}
+
+/// "HOST:PORT" (IPv6 hosts in brackets) into its parts.
+std::pair<std::string, std::uint16_t> split_address(const std::string& a, const char* what) {
+  auto colon = a.rfind(':');
+  auto bad = [&](const char* why) {
+    return std::invalid_argument(std::string(what) + " '" + a + "' is not HOST:PORT (" + why + ")");
+  };
+  if (colon == std::string::npos || colon == 0) throw bad("no port");
+  std::string host = a.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  unsigned port = 0;
+  auto p = a.data() + colon + 1, end = a.data() + a.size();
+  auto [ptr, ec] = std::from_chars(p, end, port);
+  if (p == end || ec != std::errc() || ptr != end || port > 65535) throw bad("the port must be 0-65535");
+  return {host, static_cast<std::uint16_t>(port)};
+}
+
+bool wildcard(const std::string& host) { return host == "0.0.0.0" || host == "::" || host.empty(); }
+
+// ---- the registry of remote classes ---------------------------------------------------------
+
+struct type_registry {
+  std::mutex mu;
+  std::unordered_map<std::string, remote_type_entry> types;
+  std::unordered_map<std::string, std::unordered_map<std::uint64_t, construct_fn>> ctors;
+};
+type_registry& registry() {
+  static type_registry r;
+  return r;
+}
+const remote_type_entry* find_type(std::string_view name) {
+  auto& r = registry();
+  std::lock_guard lock(r.mu);
+  auto it = r.types.find(std::string(name));
+  return it == r.types.end() ? nullptr : &it->second;  // entries are never erased
+}
+construct_fn find_ctor(std::string_view type, std::uint64_t key) {
+  auto& r = registry();
+  std::lock_guard lock(r.mu);
+  auto it = r.ctors.find(std::string(type));
+  if (it == r.ctors.end()) return nullptr;
+  auto c = it->second.find(key);
+  return c == it->second.end() ? nullptr : c->second;
+}
+
+/// The error an exception becomes on the wire.
+std::pair<errc, std::string> describe(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const error& x) {
+    // what() ends with the category's text, which the receiver's error adds again.
+    std::string what = x.what();
+    auto suffix = ": " + x.code().message();
+    if (what.size() > suffix.size() && what.ends_with(suffix)) what.resize(what.size() - suffix.size());
+    return {x.code_value(), what};
+  } catch (const std::exception& x) {
+    return {errc::remote_exception, demangle(typeid(x).name()) + ": " + x.what()};
+  } catch (...) {
+    return {errc::remote_exception, "an exception that is not a std::exception"};
+  }
+}
+
+std::exception_ptr error_from(const envelope& env) {
+  auto code = static_cast<errc>(env.error_code);
+  if (env.error_code == 0 || env.error_code > static_cast<std::uint32_t>(errc::remote_exception))
+    code = errc::remote_exception;
+  return std::make_exception_ptr(error(code, env.error_message));
+}
+
+}  // namespace
+
+// ---- the node ------------------------------------------------------------------------------
+
+class remote_actor {
+public:
+  remote_actor(std::shared_ptr<node_runtime> n, system_impl& s, node_id where, std::uint64_t wire)
+      : node(std::move(n)), sys(&s), where(where), wire(wire) {
+    sys->add_ref();
+  }
+  ~remote_actor() { sys->release(); }
+
+  std::atomic<std::uint32_t> refs{1};
+  std::shared_ptr<node_runtime> node;
+  system_impl* sys;
+  const node_id where;
+  const std::uint64_t wire;
+};
+
+class node_runtime : public std::enable_shared_from_this<node_runtime> {
+public:
+  node_runtime(system_impl& sys, const node_config& cfg) : sys_(sys), cfg_(cfg) {
+    if (cfg_.token.empty())
+      if (const char* t = std::getenv("TROUPE_CLUSTER_TOKEN")) cfg_.token = t;
+    if (cfg_.token.empty())
+      throw std::invalid_argument(
+          "a node needs the cluster's token: set node_config::token or TROUPE_CLUSTER_TOKEN");
+    if (cfg_.heartbeat.count() <= 0 || cfg_.node_timeout <= cfg_.heartbeat)
+      throw std::invalid_argument("node_config: heartbeat must be positive and below node_timeout");
+    std::tie(listen_host_, listen_port_) = split_address(cfg_.listen, "node_config::listen");
+    if (!cfg_.head.empty()) std::tie(head_host_, head_port_) = split_address(cfg_.head, "node_config::head");
+  }
+
+  void start() {
+    net::transport_config tc;
+    tc.token = cfg_.token;
+    auto weak = weak_from_this();
+    net::transport_handlers h;
+    h.on_open = [weak](const std::shared_ptr<connection>& c) {
+      if (auto self = weak.lock()) self->on_open(c);
+    };
+    h.on_envelope = [weak](const std::shared_ptr<connection>& c, envelope env) {
+      if (auto self = weak.lock()) self->on_envelope(c, std::move(env));
+    };
+    h.on_close = [weak](const std::shared_ptr<connection>& c, const std::string& why) {
+      if (auto self = weak.lock()) self->on_close(c, why);
+    };
+    transport_ = std::make_unique<net::transport>(io_, tc, std::move(h));
+    port_ = transport_->listen(listen_host_, listen_port_);
+    thread_ = std::thread([this] { io_.run(); });
+    arm_heartbeat();
+    if (head_host_.empty()) {
+      std::lock_guard lock(mu_);
+      self_ = head_id;
+      auto& m = members_[head_id];
+      m.id = head_id;
+      m.host = cfg_.advertise.empty() ? (wildcard(listen_host_) ? "127.0.0.1" : listen_host_) : cfg_.advertise;
+      m.port = port_;
+      log().info("troupe node 1 (head) listening on {}:{}", listen_host_, port_);
+      return;
+    }
+    join();
+  }
+
+  void stop() noexcept {
+    std::vector<std::unique_ptr<reply_sink>> sinks;
+    std::vector<watch> watches;
+    {
+      std::lock_guard lock(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+      for (auto& [id, p] : pending_) sinks.push_back(std::move(p.sink));
+      pending_.clear();
+      for (auto& [w, entry] : watches_)
+        for (auto& x : entry.list) watches.push_back(std::move(x));
+      watches_.clear();
+      exported_.clear();
+      for (auto& [id, m] : members_) {
+        m.conn.reset();
+        m.backlog.clear();
+        for (auto& s : m.in_doubt) sinks.push_back(std::move(s));
+        m.in_doubt.clear();
+      }
+      conns_.clear();
+    }
+    for (auto& s : sinks)
+      if (s) s->fail(std::make_exception_ptr(error(errc::system_shutdown, "the node is stopping")));
+    for (auto& w : watches)
+      if (w.st) w.st->fail(std::make_exception_ptr(error(errc::system_shutdown)), true);
+    if (transport_) transport_->close_all("the node is stopping");
+    // Let the closes go out, then stop the loop.
+    asio::post(io_, [this] { work_.reset(); heartbeat_.cancel(); });
+    if (thread_.joinable()) {
+      auto deadline = clock_type::now() + std::chrono::milliseconds(500);
+      while (!io_.stopped() && clock_type::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      io_.stop();
+      thread_.join();
+    }
+    transport_.reset();
+  }
+
+  std::uint16_t port() const noexcept { return port_; }
+  node_id self() const {
+    std::lock_guard lock(mu_);
+    return self_;
+  }
+
+  bool member_alive(node_id id) const {
+    std::lock_guard lock(mu_);
+    auto it = members_.find(id);
+    return !stopped_ && it != members_.end() && it->second.alive;
+  }
+
+  // ---- calls out -------------------------------------------------------------------------
+
+  void call(node_id to, envelope env, std::unique_ptr<reply_sink> sink) {
+    std::exception_ptr failure;
+    {
+      std::lock_guard lock(mu_);
+      auto it = members_.find(to);
+      if (stopped_) {
+        failure = std::make_exception_ptr(error(errc::system_shutdown, "the node is stopping"));
+      } else if (it == members_.end() || !it->second.alive) {
+        failure = std::make_exception_ptr(
+            error(errc::node_lost, "node " + std::to_string(to) +
+                                       (it == members_.end() ? " is not a member of the cluster" : " is lost")));
+      } else {
+        auto& m = it->second;
+        if (sink) {
+          env.kind = envelope_kind::call;
+          env.request_id = next_request_++;
+          pending_.emplace(env.request_id, pending_call{to, std::move(sink), m.conn != nullptr});
+        }
+        if (m.conn) {
+          m.conn->send(std::move(env));
+        } else {
+          m.backlog.push_back(std::move(env));
+          if (!m.dialing) dial(m);
+        }
+      }
+    }
+    if (failure) {
+      if (sink) sink->fail(failure);
+      else sys_.dead_letters.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+
+  remote_ptr make_remote(node_id where, std::uint64_t wire) {
+    return remote_ptr::adopt(new remote_actor(shared_from_this(), sys_, where, wire));
+  }
+
+  spawned spawn(node_id where, std::string_view type, std::uint64_t ctor, std::vector<std::byte> args,
+                const spawn_options& opts) {
+    node_id self;
+    std::uint64_t wire;
+    {
+      std::lock_guard lock(mu_);
+      self = self_;
+      if (where == 0) where = place();
+      auto it = members_.find(where);
+      if (it == members_.end() || !it->second.alive)
+        throw error(errc::node_lost, "spawn_on: node " + std::to_string(where) + " is not a live member");
+      ++it->second.placed;
+      wire = (static_cast<std::uint64_t>(self) << wire_shift) | sys_.next_id();
+    }
+    if (where == self) return {construct_local(type, ctor, args, opts), {}};
+    auto payload = encode(spawn_tuple{std::string(type), ctor, wire, pack(opts), std::move(args)});
+    struct spawn_sink final : reply_sink {
+      std::string what;
+      void deliver(std::span<const std::byte>) noexcept override {}
+      void fail(std::exception_ptr e) noexcept override {
+        log().warn("spawn_on of {} failed: {}", what, describe(e).second);
+      }
+    };
+    auto sink = std::make_unique<spawn_sink>();
+    sink->what = std::string(type) + " on node " + std::to_string(where);
+    call(where, make_envelope(envelope_kind::call, net::node_target, static_cast<std::uint64_t>(op::spawn), std::move(payload)),
+         std::move(sink));
+    return {{}, make_remote(where, wire)};
+  }
+
+  /// Blocking lookup of a cluster-wide name (asks the head).
+  std::optional<spawned> lookup(std::string_view name, std::string& type) {
+    found_tuple found;
+    if (self() == head_id) {
+      found = find_name(std::string(name));
+    } else {
+      auto* st = make_state<found_tuple>();
+      st->set_system(&sys_);
+      st->add_ref();
+      future<found_tuple> f{state_ptr<found_tuple>(st)};
+      call(head_id,
+           make_envelope(envelope_kind::call, net::node_target, static_cast<std::uint64_t>(op::lookup), encode(std::string(name))),
+           std::make_unique<typed_sink<found_tuple>>(st));
+      found = std::move(f).timeout(cfg_.join_timeout).get();
+    }
+    auto& [ok, wire, where, t] = found;
+    if (!ok) return std::nullopt;
+    type = t;
+    if (where == self()) {
+      std::lock_guard lock(mu_);
+      auto it = exported_.find(wire);
+      if (it == exported_.end() || !it->second.cell) return std::nullopt;
+      return spawned{it->second.cell, {}};
+    }
+    return spawned{{}, make_remote(where, wire)};
+  }
+
+  void publish_name(const std::string& name, cell_base* local, remote_actor* remote, std::string_view type) {
+    name_tuple t;
+    if (local) {
+      auto wire = export_local(*local, type);
+      t = {name, wire, self(), std::string(type)};
+    } else {
+      t = {name, remote->wire, remote->where, std::string(type)};
+    }
+    if (self() == head_id) return add_name(std::move(t));
+    call(head_id, make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::register_name), encode(t)),
+         nullptr);
+  }
+
+  void stop_remote(remote_actor& a) {
+    call(a.where, make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::stop_actor), encode(a.wire)),
+         nullptr);
+  }
+
+  /// A monitor of a remote actor: a future or an actor with on_down.
+  struct watch {
+    state_ptr<down_notice> st;
+    cell_ptr cell;
+  };
+
+  void add_watch(remote_actor& a, watch w) {
+    bool lost = false;
+    {
+      std::lock_guard lock(mu_);
+      auto it = members_.find(a.where);
+      lost = stopped_ || it == members_.end() || !it->second.alive;
+      if (!lost) {
+        auto& entry = watches_[a.wire];
+        entry.host = a.where;
+        entry.list.push_back(std::move(w));
+      }
+    }
+    if (lost) return fire(std::move(w), down_notice{a.wire, exit_reason::node_lost, "node " + std::to_string(a.where) + " is lost"});
+    call(a.where, make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::watch), encode(a.wire)),
+         nullptr);
+  }
+
+private:
+  struct member {
+    node_id id = 0;
+    std::string host;
+    std::uint16_t port = 0;
+    bool alive = true;
+    std::uint64_t actors = 0;
+    std::uint64_t placed = 0;  // actors this node placed there since its last load report
+    std::shared_ptr<connection> conn;
+    bool dialing = false;
+    bool timed_out = false;
+    std::vector<envelope> backlog;
+    std::vector<std::unique_ptr<reply_sink>> in_doubt;  // written before the connection dropped
+    clock_type::time_point heard = clock_type::now();
+  };
+  struct watched {
+    node_id host = 0;
+    std::vector<watch> list;
+  };
+  struct pending_call {
+    node_id to;
+    std::unique_ptr<reply_sink> sink;
+    bool written;  // handed to a connection (not waiting in a backlog)
+  };
+  struct exported {
+    cell_ptr cell;
+    const remote_type_entry* type = nullptr;
+    std::string failure;           // set when construction failed
+    std::vector<node_id> watchers;
+  };
+
+  class conn_responder final : public responder {
+  public:
+    conn_responder(std::weak_ptr<node_runtime> n, std::uint64_t conn, std::uint64_t request)
+        : node_(std::move(n)), conn_(conn), request_(request) {}
+    void reply(std::vector<std::byte> payload) noexcept override {
+      send(make_envelope(envelope_kind::reply, 0, 0, std::move(payload), request_));
+    }
+    void error(std::exception_ptr e) noexcept override {
+      auto [code, what] = describe(std::move(e));
+      auto env = make_envelope(envelope_kind::error, 0, 0, {}, request_);
+      env.error_code = static_cast<std::uint32_t>(code);
+      env.error_message = what.substr(0, 4096);
+      send(std::move(env));
+    }
+
+  private:
+    void send(envelope env) noexcept {
+      if (auto n = node_.lock()) n->send_on(conn_, std::move(env));
+    }
+    std::weak_ptr<node_runtime> node_;
+    std::uint64_t conn_;
+    std::uint64_t request_;
+  };
+
+  void send_on(std::uint64_t conn, envelope env) noexcept {
+    std::lock_guard lock(mu_);
+    auto it = conns_.find(conn);
+    if (it != conns_.end()) it->second->send(std::move(env));
+  }
+
+  // ---- membership ------------------------------------------------------------------------
+
+  void join() {
+    {
+      std::lock_guard lock(mu_);
+      auto& m = members_[head_id];
+      m.id = head_id;
+      m.host = head_host_;
+      m.port = head_port_;
+      m.dialing = true;
+    }
+    transport_->connect(head_host_, head_port_, head_id, [this](const std::string& why) {
+      std::lock_guard lock(mu_);
+      join_error_ = why;
+      joined_cv_.notify_all();
+    });
+    std::unique_lock lock(mu_);
+    if (!joined_cv_.wait_for(lock, cfg_.join_timeout, [&] { return self_ != 0 || !join_error_.empty(); }))
+      join_error_ = "no answer within " + std::to_string(cfg_.join_timeout.count()) + " ms";
+    if (self_ == 0) {
+      auto why = join_error_;
+      lock.unlock();
+      stop();
+      throw error(errc::connection_lost, "cannot join the head at " + cfg_.head + ": " + why);
+    }
+  }
+
+  void on_open(const std::shared_ptr<connection>& c) {
+    std::lock_guard lock(mu_);
+    if (stopped_) return c->close("the node is stopping");
+    conns_[c->id()] = c;
+    if (!c->outbound()) return;  // the peer says who it is (hello or join)
+    node_id to = static_cast<node_id>(c->tag());
+    if (to == head_id && self_ == 0) {
+      // Joining: say where this node can be reached.
+      std::string host = cfg_.advertise;
+      if (host.empty()) host = wildcard(listen_host_) ? c->local_host() : listen_host_;
+      c->send(control(ctl::join, encode(std::tuple<std::string, std::uint16_t>(host, port_))));
+      auto& m = members_[head_id];
+      m.conn = c;
+      m.dialing = false;
+      m.heard = clock_type::now();
+      conn_node_[c->id()] = head_id;
+      return;
+    }
+    c->send(control(ctl::hello, encode(std::uint32_t{self_})));
+    attach(to, c);
+  }
+
+  /// Makes `c` the connection to `to` and sends what waited for it (under mu_).
+  void attach(node_id to, const std::shared_ptr<connection>& c) {
+    conn_node_[c->id()] = to;
+    auto it = members_.find(to);
+    if (it == members_.end() || !it->second.alive) return;
+    auto& m = it->second;
+    m.heard = clock_type::now();
+    m.dialing = false;
+    m.timed_out = false;
+    if (m.conn && m.conn->is_open()) return;
+    m.conn = c;
+    if (!m.in_doubt.empty()) {
+      // The redial succeeded: the peer lives, but the calls written before the drop may or
+      // may not have run, and are never sent twice.
+      auto failure = std::make_exception_ptr(error(
+          errc::connection_lost, "the connection to node " + std::to_string(to) +
+                                     " dropped after the call was sent (it may have run)"));
+      asio::post(io_, [sinks = std::make_shared<std::vector<std::unique_ptr<reply_sink>>>(std::move(m.in_doubt)), failure] {
+        for (auto& s : *sinks) s->fail(failure);
+      });
+      m.in_doubt.clear();
+    }
+    for (auto& env : m.backlog) {
+      if (env.kind == envelope_kind::call)
+        if (auto p = pending_.find(env.request_id); p != pending_.end()) p->second.written = true;
+      c->send(std::move(env));
+    }
+    m.backlog.clear();
+  }
+
+  void dial(member& m) {
+    m.dialing = true;
+    auto weak = weak_from_this();
+    node_id id = m.id;
+    transport_->connect(m.host, m.port, id, [weak, id](const std::string& why) {
+      if (auto self = weak.lock()) self->lose(id, why);
+    });
+  }
+
+  std::vector<member_tuple> member_list() const {
+    std::vector<member_tuple> out;
+    for (auto& [id, m] : members_) out.emplace_back(id, m.host, m.port, m.alive, m.actors);
+    return out;
+  }
+
+  void broadcast_members() {  // head, under mu_
+    auto payload = encode(member_list());
+    for (auto& [id, m] : members_)
+      if (id != self_ && m.alive && m.conn) m.conn->send(control(ctl::members, payload));
+  }
+
+  void on_members(const std::vector<member_tuple>& list) {  // worker, under mu_
+    std::vector<node_id> lost;
+    for (auto& [id, host, port, alive, actors] : list) {
+      if (id == self_) continue;
+      auto [it, fresh] = members_.try_emplace(id);
+      auto& m = it->second;
+      if (fresh) {
+        m.id = id;
+        m.host = host;
+        m.port = port;
+      }
+      m.actors = actors;
+      m.placed = 0;
+      if (!alive && m.alive) lost.push_back(id);
+    }
+    for (auto id : lost) lose_locked(id, "the head reports it lost");
+  }
+
+  node_id place() const {  // under mu_: the live member with the fewest actors
+    node_id best = self_;
+    std::uint64_t best_load = ~std::uint64_t{0};
+    for (auto& [id, m] : members_) {
+      if (!m.alive) continue;
+      std::uint64_t load = (id == self_ ? sys_.live_count.load(std::memory_order_relaxed) : m.actors) + m.placed;
+      if (load < best_load) best = id, best_load = load;
+    }
+    return best;
+  }
+
+  // ---- failure detection -----------------------------------------------------------------
+
+  void arm_heartbeat() {
+    heartbeat_.expires_after(cfg_.heartbeat);
+    heartbeat_.async_wait([weak = weak_from_this()](boost::system::error_code ec) {
+      if (ec) return;
+      if (auto self = weak.lock()) self->beat();
+    });
+  }
+
+  void beat() {
+    {
+      std::lock_guard lock(mu_);
+      if (stopped_) return;
+      auto now = clock_type::now();
+      std::uint64_t actors = sys_.live_count.load(std::memory_order_relaxed);
+      auto payload = encode(actors);
+      for (auto& [id, m] : members_) {
+        if (id == self_ || !m.alive) continue;
+        if (m.conn) {
+          if (now - m.heard > cfg_.node_timeout) {
+            m.timed_out = true;
+            m.conn->close("no heartbeat from node " + std::to_string(id) + " for " +
+                          std::to_string(cfg_.node_timeout.count()) + " ms");
+          } else {
+            m.conn->send(control(ctl::heartbeat, payload));
+          }
+        }
+      }
+      if (self_ == head_id) {
+        self_member().actors = actors;
+        if (++beats_ % 10 == 0) broadcast_members();
+      }
+    }
+    arm_heartbeat();
+  }
+
+  member& self_member() { return members_[self_]; }
+
+  void on_close(const std::shared_ptr<connection>& c, const std::string& why) {
+    if (!c) return;
+    std::lock_guard lock(mu_);
+    conns_.erase(c->id());
+    if (self_ == 0 && c->outbound() && c->tag() == head_id) {
+      join_error_ = why;
+      joined_cv_.notify_all();
+      return;
+    }
+    auto it = conn_node_.find(c->id());
+    if (it == conn_node_.end()) return;
+    node_id id = it->second;
+    conn_node_.erase(it);
+    if (stopped_) return;
+    auto m = members_.find(id);
+    if (m == members_.end() || !m->second.alive || m->second.conn != c) return;
+    m->second.conn.reset();
+    if (m->second.timed_out || (self_ == 0 && id == head_id)) return lose_locked(id, why);
+    // A dropped connection: redial once. If the peer answers, it lives: the calls already
+    // written fail (they may have run), the queued ones go out on the new connection.
+    log().info("troupe node {}: connection to node {} closed ({}); redialling", self_, id, why);
+    for (auto p = pending_.begin(); p != pending_.end();) {
+      if (p->second.to == id && p->second.written) {
+        m->second.in_doubt.push_back(std::move(p->second.sink));
+        p = pending_.erase(p);
+      } else {
+        ++p;
+      }
+    }
+    dial(m->second);
+  }
+
+  void lose(node_id id, const std::string& why) {
+    std::lock_guard lock(mu_);
+    lose_locked(id, why);
+  }
+
+  void lose_locked(node_id id, const std::string& why) {
+    auto it = members_.find(id);
+    if (it == members_.end() || !it->second.alive || stopped_) return;
+    auto& m = it->second;
+    m.alive = false;
+    m.dialing = false;
+    if (m.conn) m.conn->close("node " + std::to_string(id) + " is lost");
+    m.conn.reset();
+    std::size_t dropped = 0;
+    for (auto& env : m.backlog)
+      if (env.kind == envelope_kind::tell) ++dropped;
+    m.backlog.clear();
+    sys_.dead_letters.fetch_add(dropped, std::memory_order_relaxed);
+    log().warn("troupe node {}: node {} ({}:{}) is lost: {}", self_, id, m.host, m.port, why);
+    auto failure = std::make_exception_ptr(error(errc::node_lost, "node " + std::to_string(id) + " is lost: " + why));
+    std::vector<std::unique_ptr<reply_sink>> sinks = std::move(m.in_doubt);
+    m.in_doubt.clear();
+    for (auto p = pending_.begin(); p != pending_.end();) {
+      if (p->second.to == id) {
+        sinks.push_back(std::move(p->second.sink));
+        p = pending_.erase(p);
+      } else {
+        ++p;
+      }
+    }
+    std::vector<std::pair<watch, down_notice>> fired;
+    for (auto w = watches_.begin(); w != watches_.end();) {
+      if (w->second.host == id) {
+        for (auto& x : w->second.list) fired.emplace_back(std::move(x), down_notice{w->first, exit_reason::node_lost, "node " + std::to_string(id) + " is lost"});
+        w = watches_.erase(w);
+      } else {
+        ++w;
+      }
+    }
+    for (auto& [wire, e] : exported_) std::erase(e.watchers, id);
+    if (self_ == head_id) {
+      std::erase_if(names_, [id](const auto& kv) { return std::get<2>(kv.second) == id; });
+      broadcast_members();
+    }
+    // Completing futures may run continuations inline: do it outside the lock.
+    asio::post(io_, [sinks = std::make_shared<decltype(sinks)>(std::move(sinks)),
+                     fired = std::make_shared<decltype(fired)>(std::move(fired)), failure]() mutable {
+      for (auto& s : *sinks) s->fail(failure);
+      for (auto& [w, n] : *fired) fire(std::move(w), n);
+    });
+  }
+
+  static void fire(watch w, const down_notice& n) {
+    if (w.st) w.st->complete_value(true, n);
+    if (w.cell) send_down_notice(*w.cell, n);
+  }
+
+  // ---- envelopes in ----------------------------------------------------------------------
+
+  void on_envelope(const std::shared_ptr<connection>& c, envelope env) {
+    node_id from = 0;
+    {
+      std::lock_guard lock(mu_);
+      if (auto it = conn_node_.find(c->id()); it != conn_node_.end()) {
+        from = it->second;
+        if (auto m = members_.find(from); m != members_.end()) m->second.heard = clock_type::now();
+      }
+    }
+    try {
+      switch (env.kind) {
+        case envelope_kind::control: return on_control(c, from, std::move(env));
+        case envelope_kind::call:
+        case envelope_kind::tell:
+          if (env.target == net::node_target) return on_op(c, from, std::move(env));
+          return on_call(c, std::move(env));
+        case envelope_kind::reply:
+        case envelope_kind::error: return on_reply(std::move(env));
+      }
+    } catch (const std::exception& e) {
+      // A peer that sends what cannot be decoded is closed; the node goes on.
+      c->close(std::string("bad ") + std::string(net::to_string(env.kind)) + " envelope: " + e.what());
+    }
+  }
+
+  void on_control(const std::shared_ptr<connection>& c, node_id from, envelope env) {
+    switch (static_cast<ctl>(env.method)) {
+      case ctl::heartbeat: {
+        auto actors = decode<std::uint64_t>(env.payload);
+        std::lock_guard lock(mu_);
+        if (auto m = members_.find(from); m != members_.end()) {
+          m->second.actors = actors;
+          m->second.placed = 0;
+        }
+        return;
+      }
+      case ctl::join: {
+        auto [host, port] = decode<std::tuple<std::string, std::uint16_t>>(env.payload);
+        std::lock_guard lock(mu_);
+        if (self_ != head_id) return c->close("join sent to a node that is not the head");
+        node_id id = next_node_++;
+        auto& m = members_[id];
+        m.id = id;
+        m.host = host.empty() ? c->remote_host() : host;
+        m.port = port;
+        m.conn = c;
+        conn_node_[c->id()] = id;
+        log().info("troupe node 1: node {} joined from {}:{}", id, m.host, m.port);
+        c->send(control(ctl::welcome, encode(std::tuple<std::uint32_t, std::vector<member_tuple>>(id, member_list()))));
+        broadcast_members();
+        return;
+      }
+      case ctl::welcome: {
+        auto [id, list] = decode<std::tuple<std::uint32_t, std::vector<member_tuple>>>(env.payload);
+        std::lock_guard lock(mu_);
+        if (self_ != 0) return;
+        self_ = id;
+        auto& me = members_[id];
+        me.id = id;
+        me.port = port_;
+        on_members(list);
+        members_[head_id].alive = true;
+        log().info("troupe node {}: joined the head at {}", id, cfg_.head);
+        joined_cv_.notify_all();
+        return;
+      }
+      case ctl::hello: {
+        auto id = decode<std::uint32_t>(env.payload);
+        std::lock_guard lock(mu_);
+        auto m = members_.find(id);
+        if (m == members_.end()) {
+          // A node this one has not heard of yet: the head's news may be on its way.
+          if (self_ == head_id) return c->close("hello from node " + std::to_string(id) + ", which never joined");
+          members_[id].id = id;
+          members_[id].alive = true;
+        } else if (!m->second.alive) {
+          return c->close("node " + std::to_string(id) + " was lost; a restarted node joins anew");
+        }
+        attach(id, c);
+        return;
+      }
+      case ctl::members: {
+        auto list = decode<std::vector<member_tuple>>(env.payload);
+        std::lock_guard lock(mu_);
+        on_members(list);
+        return;
+      }
+      case ctl::down: {
+        auto [wire, reason, what] = decode<down_tuple>(env.payload);
+        if (reason > static_cast<std::uint8_t>(exit_reason::node_lost))
+          throw error(errc::decode_error, "unknown exit reason");
+        std::vector<watch> list;
+        {
+          std::lock_guard lock(mu_);
+          auto it = watches_.find(wire);
+          if (it == watches_.end()) return;
+          list = std::move(it->second.list);
+          watches_.erase(it);
+        }
+        down_notice n{wire, static_cast<exit_reason>(reason), what};
+        for (auto& w : list) fire(std::move(w), n);
+        return;
+      }
+      default:
+        return c->close("unknown control code " + std::to_string(env.method));
+    }
+  }
+
+  void on_reply(envelope env) {
+    std::unique_ptr<reply_sink> sink;
+    {
+      std::lock_guard lock(mu_);
+      auto it = pending_.find(env.request_id);
+      if (it == pending_.end()) return;  // timed out or failed already
+      sink = std::move(it->second.sink);
+      pending_.erase(it);
+    }
+    if (env.kind == envelope_kind::reply) sink->deliver(env.payload);
+    else sink->fail(error_from(env));
+  }
+
+  void on_call(const std::shared_ptr<connection>& c, envelope env) {
+    std::shared_ptr<responder> r;
+    if (env.kind == envelope_kind::call)
+      r = std::make_shared<conn_responder>(weak_from_this(), c->id(), env.request_id);
+    cell_ptr target;
+    const remote_type_entry* type = nullptr;
+    std::string failure;
+    {
+      std::lock_guard lock(mu_);
+      auto it = exported_.find(env.target);
+      if (it != exported_.end()) {
+        target = it->second.cell;
+        type = it->second.type;
+        failure = it->second.failure;
+      }
+    }
+    auto refuse = [&](errc code, std::string what) {
+      if (r) r->error(std::make_exception_ptr(error(code, what)));
+      else sys_.dead_letters.fetch_add(1, std::memory_order_relaxed);
+    };
+    if (!failure.empty()) return refuse(errc::actor_dead, failure);
+    if (!target)
+      return refuse(errc::actor_dead, "no actor " + std::to_string(env.target) + " on node " +
+                                          std::to_string(self()) + " (stopped, or never spawned)");
+    dispatch_fn fn = nullptr;
+    for (auto& [id, f] : type->methods)
+      if (id == env.method) fn = f;
+    if (!fn)
+      return refuse(errc::decode_error, std::string(type->name) + " has no remote method with id " +
+                                            std::to_string(env.method) + " (do both programs list the same TROUPE_REMOTE methods?)");
+    try {
+      fn(*target, env.payload, r);
+    } catch (...) {
+      auto [code, what] = describe(std::current_exception());
+      refuse(code, "arguments of a call to " + std::string(type->name) + ": " + what);
+    }
+  }
+
+  void on_op(const std::shared_ptr<connection>& c, node_id from, envelope env) {
+    std::shared_ptr<responder> r;
+    if (env.kind == envelope_kind::call)
+      r = std::make_shared<conn_responder>(weak_from_this(), c->id(), env.request_id);
+    auto answer = [&](std::vector<std::byte> payload) {
+      if (r) r->reply(std::move(payload));
+    };
+    try {
+      switch (static_cast<op>(env.method)) {
+        case op::spawn: {
+          auto [type, ctor, wire, opts, args] = decode<spawn_tuple>(env.payload);
+          std::string failure;
+          cell_ptr cell;
+          try {
+            cell = construct_local(type, ctor, args, unpack(opts));
+          } catch (...) {
+            failure = "constructing " + type + " on node " + std::to_string(self()) + " failed: " +
+                      describe(std::current_exception()).second;
+          }
+          if (cell) export_at(wire, *cell, find_type(type));
+          else {
+            std::lock_guard lock(mu_);
+            exported_[wire].failure = failure;
+          }
+          if (!failure.empty()) throw error(errc::actor_dead, failure);
+          return answer({});
+        }
+        case op::lookup: {
+          auto name = decode<std::string>(env.payload);
+          std::lock_guard lock(mu_);
+          return answer(encode(find_name_locked(name)));
+        }
+        case op::register_name: return add_name(decode<name_tuple>(env.payload));
+        case op::unregister_name: {  // every name of an actor that is gone
+          auto wire = decode<std::uint64_t>(env.payload);
+          std::lock_guard lock(mu_);
+          std::erase_if(names_, [wire](const auto& kv) { return std::get<1>(kv.second) == wire; });
+          return;
+        }
+        case op::stop_actor: {
+          auto wire = decode<std::uint64_t>(env.payload);
+          cell_ptr cell;
+          {
+            std::lock_guard lock(mu_);
+            if (auto it = exported_.find(wire); it != exported_.end()) cell = it->second.cell;
+          }
+          if (cell) cell->stop(exit_reason::stopped);
+          return;
+        }
+        case op::watch: {
+          auto wire = decode<std::uint64_t>(env.payload);
+          std::lock_guard lock(mu_);
+          auto it = exported_.find(wire);
+          if (it != exported_.end() && it->second.cell) it->second.watchers.push_back(from);
+          else if (c) c->send(control(ctl::down, encode(down_tuple{wire, static_cast<std::uint8_t>(exit_reason::stopped), "no such actor"})));
+          return;
+        }
+        case op::node_stats: return answer(encode(local_status()));
+        case op::cluster_status: return gather_status(r);
+      }
+      throw error(errc::decode_error, "unknown node operation " + std::to_string(env.method));
+    } catch (...) {
+      if (r) r->error(std::current_exception());
+      else throw;
+    }
+  }
+
+  // ---- actors here -----------------------------------------------------------------------
+
+  cell_ptr construct_local(std::string_view type, std::uint64_t ctor, std::span<const std::byte> args,
+                           const spawn_options& opts) {
+    auto fn = find_ctor(type, ctor);
+    if (!fn) {
+      if (!find_type(type))
+        throw std::invalid_argument("spawn_on: node " + std::to_string(self()) + " does not know the class '" +
+                                    std::string(type) + "' (declare it with TROUPE_REMOTE in the program or a loaded library)");
+      throw std::invalid_argument("spawn_on: node " + std::to_string(self()) + " knows no constructor of " +
+                                  std::string(type) + " with these argument types (declare it with TROUPE_REMOTE_CTOR)");
+    }
+    if (!sys_.facade) throw error(errc::system_shutdown, "the actor system is gone");
+    return fn(*sys_.facade, args, opts);
+  }
+
+  std::uint64_t export_local(cell_base& c, std::string_view type) {
+    auto wire = (static_cast<std::uint64_t>(self()) << wire_shift) | c.id();
+    export_at(wire, c, find_type(type));
+    return wire;
+  }
+
+  void export_at(std::uint64_t wire, cell_base& c, const remote_type_entry* type) {
+    {
+      std::lock_guard lock(mu_);
+      auto [it, fresh] = exported_.try_emplace(wire);
+      if (!fresh && it->second.cell) return;
+      it->second.cell = cell_ptr(&c);
+      it->second.type = type;
+    }
+    struct on_gone final : down_callback {
+      std::weak_ptr<node_runtime> node;
+      std::uint64_t wire;
+      void notify(const down_notice& n) noexcept override {
+        if (auto self = node.lock()) self->exported_down(wire, n);
+      }
+    };
+    auto cb = std::make_unique<on_gone>();
+    cb->node = weak_from_this();
+    cb->wire = wire;
+    c.on_down(std::move(cb));
+  }
+
+  void exported_down(std::uint64_t wire, const down_notice& n) {
+    std::lock_guard lock(mu_);
+    auto it = exported_.find(wire);
+    if (it == exported_.end()) return;
+    auto payload = encode(down_tuple{wire, static_cast<std::uint8_t>(n.reason), n.what});
+    for (auto w : it->second.watchers)
+      if (auto m = members_.find(w); m != members_.end() && m->second.conn)
+        m->second.conn->send(control(ctl::down, payload));
+    exported_.erase(it);
+    // Its cluster-wide names go too.
+    if (self_ == head_id) {
+      std::erase_if(names_, [wire](const auto& kv) { return std::get<1>(kv.second) == wire; });
+    } else if (auto h = members_.find(head_id); h != members_.end() && h->second.conn) {
+      h->second.conn->send(make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::unregister_name), encode(wire)));
+    }
+  }
+
+  // ---- names (head) ----------------------------------------------------------------------
+
+  void add_name(name_tuple t) {
+    std::lock_guard lock(mu_);
+    auto& [name, wire, where, type] = t;
+    auto it = names_.find(name);
+    if (it != names_.end() && std::get<1>(it->second) != wire) {
+      auto m = members_.find(std::get<2>(it->second));
+      if (m != members_.end() && m->second.alive) {
+        log().warn("troupe node 1: the name '{}' already belongs to actor {} on node {}; refused for actor {} on node {}",
+                   name, std::get<1>(it->second), std::get<2>(it->second), wire, where);
+        return;
+      }
+    }
+    names_[name] = std::tuple<std::uint64_t, std::uint64_t, node_id, std::string>{0, wire, where, type};
+  }
+
+  found_tuple find_name(const std::string& name) {
+    std::lock_guard lock(mu_);
+    return find_name_locked(name);
+  }
+  found_tuple find_name_locked(const std::string& name) {
+    auto it = names_.find(name);
+    if (it == names_.end()) return {false, 0, 0, {}};
+    auto& [unused, wire, where, type] = it->second;
+    return {true, wire, where, type};
+  }
+
+  // ---- status ----------------------------------------------------------------------------
+
+  node_status local_status() {
+    node_status s;
+    {
+      std::lock_guard lock(mu_);
+      auto& me = members_[self_];
+      s.info = {self_, me.host, port_, true, sys_.live_count.load()};
+    }
+    s.dead_letters = sys_.dead_letters.load();
+    std::unordered_map<actor_id, std::string> names;
+    {
+      std::lock_guard lock(sys_.names_mutex);
+      for (auto& [name, c] : sys_.names) names[c->id()] = name;
+    }
+    auto now = clock_type::now();
+    std::lock_guard lock(rates_mu_);
+    std::unordered_map<actor_id, std::pair<std::uint64_t, clock_type::time_point>> next;
+    for (auto& a : all_stats(sys_)) {
+      actor_status x{a.id, a.type, {}, a.mailbox_depth, a.messages, 0};
+      if (auto n = names.find(a.id); n != names.end()) x.name = n->second;
+      if (auto prev = rates_.find(a.id); prev != rates_.end()) {
+        double dt = std::chrono::duration<double>(now - prev->second.second).count();
+        if (dt > 0) x.messages_per_s = static_cast<double>(a.messages - prev->second.first) / dt;
+      }
+      next[a.id] = {a.messages, now};
+      s.actors.push_back(std::move(x));
+    }
+    rates_ = std::move(next);
+    return s;
+  }
+
+  void gather_status(std::shared_ptr<responder> r) {
+    struct gather {
+      std::mutex mu;
+      std::vector<node_status> nodes;
+      std::size_t waiting = 0;
+      std::shared_ptr<responder> r;
+      void add(node_status s) {
+        std::lock_guard lock(mu);
+        nodes.push_back(std::move(s));
+        finish_if_done();
+      }
+      void finish_if_done() {
+        if (--waiting != 0) return;
+        std::sort(nodes.begin(), nodes.end(), [](auto& a, auto& b) { return a.info.id < b.info.id; });
+        r->reply(encode(nodes));
+      }
+    };
+    struct status_sink final : reply_sink {
+      std::shared_ptr<gather> g;
+      node_info info;
+      void deliver(std::span<const std::byte> p) noexcept override {
+        try {
+          auto s = decode<node_status>(p);
+          s.info.host = info.host;
+          g->add(std::move(s));
+        } catch (...) {
+          fail(std::current_exception());
+        }
+      }
+      void fail(std::exception_ptr) noexcept override {
+        node_status s;
+        s.info = info;
+        s.info.alive = false;
+        g->add(std::move(s));
+      }
+    };
+    auto g = std::make_shared<gather>();
+    g->r = std::move(r);
+    std::vector<node_info> others;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [id, m] : members_) {
+        if (id == self_) continue;
+        if (m.alive) others.push_back({id, m.host, m.port, true, m.actors});
+        else g->nodes.push_back(node_status{{id, m.host, m.port, false, 0}, 0, {}});
+      }
+    }
+    g->waiting = others.size() + 1;
+    for (auto& info : others) {
+      auto sink = std::make_unique<status_sink>();
+      sink->g = g;
+      sink->info = info;
+      call(info.id, make_envelope(envelope_kind::call, net::node_target, static_cast<std::uint64_t>(op::node_stats)), std::move(sink));
+    }
+    g->add(local_status());
+  }
+
+  system_impl& sys_;
+  node_config cfg_;
+  std::string listen_host_, head_host_;
+  std::uint16_t listen_port_ = 0, head_port_ = 0, port_ = 0;
+
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
+  asio::steady_timer heartbeat_{io_};
+  std::unique_ptr<net::transport> transport_;
+  std::thread thread_;
+
+  mutable std::mutex mu_;
+  std::condition_variable joined_cv_;
+  std::string join_error_;
+  bool stopped_ = false;
+  node_id self_ = 0;
+  node_id next_node_ = 2;
+  std::uint64_t beats_ = 0;
+  std::uint64_t next_request_ = 1;
+  std::map<node_id, member> members_;
+  std::unordered_map<std::uint64_t, node_id> conn_node_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<connection>> conns_;
+  std::unordered_map<std::uint64_t, pending_call> pending_;
+  std::unordered_map<std::uint64_t, exported> exported_;
+  std::unordered_map<std::uint64_t, watched> watches_;  // remote actors monitored from here
+  std::map<std::string, std::tuple<std::uint64_t, std::uint64_t, node_id, std::string>> names_;  // head
+  std::mutex rates_mu_;
+  std::unordered_map<actor_id, std::pair<std::uint64_t, clock_type::time_point>> rates_;
+};
+
+}  // namespace troupe::detail
+
+// ---- the functions behind the public templates --------------------------------------------
+
+namespace troupe::detail {
+
+namespace {
+node_runtime& node_of(system_impl& s, const char* what) {
+  if (!s.node)
+    throw std::invalid_argument(std::string(what) +
+                                ": this actor_system is no node (set system_config::node.listen)");
+  return *s.node;
+}
+}  // namespace
+
+std::shared_ptr<node_runtime> start_node(system_impl& sys, const node_config& cfg) {
+  auto n = std::make_shared<node_runtime>(sys, cfg);
+  n->start();
+  return n;
+}
+void stop_node(node_runtime& n) noexcept { n.stop(); }
+std::uint16_t node_port(const node_runtime& n) noexcept { return n.port(); }
+
+void retain(remote_actor* a) noexcept { a->refs.fetch_add(1, std::memory_order_relaxed); }
+void release(remote_actor* a) noexcept {
+  if (a->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) std::unique_ptr<remote_actor>{a};
+}
+std::uint64_t remote_wire_id(const remote_actor& a) noexcept { return a.wire; }
+node_id remote_node(const remote_actor& a) noexcept { return a.where; }
+bool remote_alive(const remote_actor& a) noexcept { return a.node->member_alive(a.where); }
+system_impl& remote_system(const remote_actor& a) noexcept { return *a.sys; }
+
+void remote_call(remote_actor& a, std::uint64_t method, std::vector<std::byte> args,
+                 std::unique_ptr<reply_sink> sink) {
+  envelope env;
+  env.kind = sink ? envelope_kind::call : envelope_kind::tell;
+  env.target = a.wire;
+  env.method = method;
+  env.payload = std::move(args);
+  a.node->call(a.where, std::move(env), std::move(sink));
+}
+void remote_stop(remote_actor& a) { a.node->stop_remote(a); }
+
+spawned remote_spawn(system_impl& sys, node_id where, std::string_view type, std::uint64_t ctor,
+                     std::vector<std::byte> args, const spawn_options& opts) {
+  if (!sys.node) {
+    if (where != 0)
+      throw std::invalid_argument("spawn_on(" + std::to_string(where) +
+                                  "): this actor_system is no node (set system_config::node.listen)");
+    auto fn = find_ctor(type, ctor);
+    if (!fn || !sys.facade) throw std::logic_error("spawn_on: no constructor registered for " + std::string(type));
+    return {fn(*sys.facade, args, opts), {}};
+  }
+  return sys.node->spawn(where, type, ctor, std::move(args), opts);
+}
+
+std::optional<spawned> remote_lookup(system_impl& s, std::string_view name, std::string& type) {
+  if (!s.node) return std::nullopt;
+  return s.node->lookup(name, type);
+}
+
+void publish_name(system_impl& s, const std::string& name, cell_base* local, remote_actor* remote,
+                  std::string_view type) {
+  if (!s.node) {
+    if (remote) node_of(s, "register_name of a remote actor");
+    return;
+  }
+  s.node->publish_name(name, local, remote, type);
+}
+
+future<down_notice> monitor_remote(remote_actor& a) {
+  auto* st = make_state<down_notice>();
+  st->set_system(a.sys);
+  st->add_ref();
+  future<down_notice> f{state_ptr<down_notice>(st)};
+  a.node->add_watch(a, {state_ptr<down_notice>(st), {}});
+  return f;
+}
+
+void watch_remote(remote_actor& a, cell_base& watcher) {
+  if (!watcher.receives_down_notices())
+    throw std::logic_error(std::string("this_actor::monitor: ") + watcher.type_name() +
+                           " has no on_down(const troupe::down_notice&) to receive the notice");
+  a.node->add_watch(a, {{}, cell_ptr(&watcher)});
+}
+
+node_id this_node(system_impl& s) noexcept { return s.node ? s.node->self() : 0; }
+std::uint16_t this_node_port(system_impl& s) noexcept { return s.node ? s.node->port() : 0; }
+
+bool register_remote_type(remote_type_entry e) {
+  auto& r = registry();
+  std::lock_guard lock(r.mu);
+  r.types.try_emplace(std::string(e.name), std::move(e));
+  return true;
+}
+
+bool register_remote_constructor(std::string_view type, std::uint64_t key, construct_fn f) {
+  auto& r = registry();
+  std::lock_guard lock(r.mu);
+  r.ctors[std::string(type)].try_emplace(key, f);
+  return true;
+}
+
+}  // namespace troupe::detail
+
+namespace troupe {
+
+std::vector<node_status> cluster_status(const std::string& head_address, const std::string& token,
+                                        std::chrono::milliseconds timeout) {
+  using namespace detail;
+  auto [host, port] = split_address(head_address, "the head's address");
+  std::string secret = token;
+  if (secret.empty())
+    if (const char* t = std::getenv("TROUPE_CLUSTER_TOKEN")) secret = t;
+  if (secret.empty())
+    throw std::invalid_argument("the cluster's token is needed: pass it or set TROUPE_CLUSTER_TOKEN");
+  asio::io_context io;
+  std::optional<std::vector<node_status>> result;
+  std::string failure;
+  net::transport_handlers h;
+  h.on_open = [](const std::shared_ptr<connection>& c) {
+    c->send(make_envelope(envelope_kind::call, net::node_target, static_cast<std::uint64_t>(op::cluster_status), {}, 1));
+  };
+  h.on_envelope = [&](const std::shared_ptr<connection>& c, envelope env) {
+    if (env.kind == envelope_kind::reply) {
+      try {
+        result = decode<std::vector<node_status>>(env.payload);
+      } catch (const std::exception& e) {
+        failure = std::string("the head's answer does not decode: ") + e.what();
+      }
+    } else if (env.kind == envelope_kind::error) {
+      failure = env.error_message;
+    } else {
+      return;  // heartbeats and news are not for us
+    }
+    c->close("status received");
+    io.stop();
+  };
+  h.on_close = [&](const std::shared_ptr<connection>&, const std::string& why) {
+    if (!result && failure.empty()) failure = why;
+    io.stop();
+  };
+  net::transport_config tc;
+  tc.token = secret;
+  {
+    net::transport t(io, tc, std::move(h));
+    t.connect(host, port);
+    io.run_for(timeout);
+    if (!result && failure.empty()) failure = "no answer within " + std::to_string(timeout.count()) + " ms";
+    t.close_all("done");
+    io.restart();
+    io.run_for(std::chrono::milliseconds(50));
+    io.stop();
+  }
+  if (!result) throw error(errc::connection_lost, "status of " + head_address + ": " + failure);
+  return std::move(*result);
+}
+
+void run_node(const system_config& cfg, const std::function<bool()>& stop_requested) {
+  actor_system sys(cfg);
+  std::printf("{\"node\":%u,\"port\":%u}\n", static_cast<unsigned>(sys.node()),
+              static_cast<unsigned>(sys.node_port()));
+  std::fflush(stdout);
+  while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+}
+
+}  // namespace troupe

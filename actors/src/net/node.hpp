@@ -1,0 +1,41 @@
+#pragma once
+// The node part of an actor_system: membership, remote calls, remote spawn, the cluster-wide
+// names, failure detection. Private: Asio stays in node.cpp.
+//
+// How a cluster works
+// - The head (node 1) keeps the membership and the registry of names. A node joins by dialling
+//   the head (token handshake, transport.hpp), sending control(join) with the address it listens
+//   on, and receiving control(welcome) with its id and the members. The head sends
+//   control(members) to everyone when the membership changes, and every second with the loads.
+// - Nodes dial each other on first use (control(hello) says who dials) and keep one connection
+//   per peer for sending, so the envelopes of one sender reach a peer in send order.
+// - An actor that other nodes can reach has a cluster-wide wire id: its creator's node id in the
+//   top 24 bits and an id from the creator's counter in the low 40. Calls (kind call/tell) target
+//   that id; target net::node_target (1) is the node itself (spawn, lookup, names, stop, watch,
+//   status).
+// - Every connection carries a heartbeat each `heartbeat`; a peer silent for `node_timeout` is
+//   lost at once. A connection that closes (a killed process) is redialled once: if that fails
+//   the peer is lost, if it succeeds the calls that were already written fail with
+//   connection_lost (they may or may not have run: a call is delivered at most once), and the
+//   calls still queued go out on the new connection.
+// - A lost node: asks to it fail with node_lost, monitors of its actors receive down notices
+//   (exit_reason::node_lost), the head drops its names. It never comes back under its id; a
+//   restarted process joins as a new node.
+
+#include <memory>
+
+#include "troupe/actors/actor_system.hpp"
+
+namespace troupe::detail {
+
+class node_runtime;
+
+/// Starts the node part of `sys` (and joins the head when configured). Throws
+/// std::invalid_argument for a bad configuration, troupe::error when the head cannot be joined.
+std::shared_ptr<node_runtime> start_node(system_impl& sys, const node_config& cfg);
+/// Leaves the cluster: closes the connections, fails what waits on them. Idempotent.
+void stop_node(node_runtime& n) noexcept;
+/// The port the node listens on.
+std::uint16_t node_port(const node_runtime& n) noexcept;
+
+}  // namespace troupe::detail

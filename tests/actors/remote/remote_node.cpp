@@ -1,0 +1,42 @@
+// A worker node for the remote tests: joins the head, optionally names a kv store, and runs
+// until its standard input closes (the test ends) or it is killed.
+//
+//   remote_test_node --head HOST:PORT --token T [--listen HOST:PORT] [--name NAME]
+//
+// Prints {"node":N,"port":P} once it has joined.
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "remote_types.hpp"
+
+int main(int argc, char** argv) {
+  troupe::system_config cfg{.threads = 2};
+  cfg.node.listen = "127.0.0.1:0";
+  std::string name;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--head") cfg.node.head = value;
+    else if (flag == "--token") cfg.node.token = value;
+    else if (flag == "--listen") cfg.node.listen = value;
+    else if (flag == "--name") name = value;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  try {
+    troupe::actor_system sys(cfg);
+    if (!name.empty()) sys.register_name(name, sys.spawn<remote_test::kv>());
+    std::printf("{\"node\":%u,\"port\":%u}\n", sys.node(), sys.node_port());
+    std::fflush(stdout);
+    char buf[64];
+    while (std::fread(buf, 1, sizeof buf, stdin) > 0) {
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "remote_test_node: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,75 @@
+#pragma once
+// Actor classes shared by the remote tests and the worker node they start (remote_node.cpp).
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "troupe/actors/remote.hpp"
+
+namespace remote_test {
+
+/// A key-value store.
+class kv {
+public:
+  void put(std::string k, std::string v) { m_[std::move(k)] = std::move(v); }
+  std::optional<std::string> get(const std::string& k) const {
+    auto it = m_.find(k);
+    if (it == m_.end()) return std::nullopt;
+    return it->second;
+  }
+  std::uint64_t size() const { return m_.size(); }
+
+private:
+  std::map<std::string, std::string> m_;
+};
+
+/// Arithmetic, errors, payloads, ordering and the process it runs in.
+class worker {
+public:
+  explicit worker(std::int64_t base) : base_(base) {
+    if (base < 0) throw std::invalid_argument("worker: a negative base");
+  }
+  std::int64_t add(std::int64_t x) const { return base_ + x; }
+  std::string fail(std::string why) { throw std::runtime_error(why); }
+  std::vector<std::byte> echo(std::vector<std::byte> b) { return b; }
+  std::uint64_t checksum(std::vector<float> v) {
+    std::uint64_t h = 0;
+    for (float f : v) h = h * 31 + static_cast<std::uint64_t>(f);
+    return h;
+  }
+  /// Messages from one sender carry 0, 1, 2...: counts those that arrive out of order.
+  void record(std::uint32_t sender, std::uint64_t seq) {
+    auto& next = next_[sender];
+    if (seq != next) ++out_of_order_;
+    next = seq + 1;
+    ++received_;
+  }
+  std::uint64_t received() const { return received_; }
+  std::uint64_t out_of_order() const { return out_of_order_; }
+  std::int64_t pid() const { return ::getpid(); }
+  void sleep_ms(std::int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+  troupe::task<std::int64_t> twice(std::int64_t x) { co_return 2 * (base_ + x); }
+
+private:
+  std::int64_t base_;
+  std::map<std::uint32_t, std::uint64_t> next_;
+  std::uint64_t received_ = 0;
+  std::uint64_t out_of_order_ = 0;
+};
+
+}  // namespace remote_test
+
+TROUPE_REMOTE(remote_test::kv, put, get, size)
+TROUPE_REMOTE(remote_test::worker, add, fail, echo, checksum, record, received, out_of_order, pid,
+              sleep_ms, twice)
+// The worker node never calls spawn_on<worker>(std::int64_t) itself, so it learns the
+// constructor here.
+TROUPE_REMOTE_CTOR(remote_test::worker, std::int64_t)
