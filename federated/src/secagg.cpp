@@ -8,8 +8,14 @@
 #include <stdexcept>
 #include <string>
 
+#include <openssl/core_names.h>
 #include <openssl/evp.h>
+#include <openssl/params.h>
 #include <openssl/rand.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace troupe::federated::secagg {
 
@@ -30,8 +36,26 @@ struct cipher_ctx_free { void operator()(EVP_CIPHER_CTX* p) const { EVP_CIPHER_C
 using pkey_ptr = std::unique_ptr<EVP_PKEY, pkey_free>;
 using cipher_ctx_ptr = std::unique_ptr<EVP_CIPHER_CTX, cipher_ctx_free>;
 
+/// An X25519 public key as an OpenSSL key object. Built through a per-thread import context:
+/// EVP_PKEY_new_raw_public_key looks the key type up by name on every call.
+pkey_ptr x25519_public(const key& raw) {
+  thread_local const std::unique_ptr<EVP_PKEY_CTX, pkey_ctx_free> import = [] {
+    std::unique_ptr<EVP_PKEY_CTX, pkey_ctx_free> ctx(EVP_PKEY_CTX_new_from_name(nullptr, "X25519", nullptr));
+    if (!ctx || EVP_PKEY_fromdata_init(ctx.get()) != 1) crypto_failed("set up X25519 key import");
+    return ctx;
+  }();
+  key copy = raw;  // OSSL_PARAM takes a non-const pointer
+  OSSL_PARAM params[] = {OSSL_PARAM_construct_octet_string(OSSL_PKEY_PARAM_PUB_KEY, copy.data(), copy.size()),
+                         OSSL_PARAM_construct_end()};
+  EVP_PKEY* pk = nullptr;
+  if (EVP_PKEY_fromdata(import.get(), &pk, EVP_PKEY_PUBLIC_KEY, params) != 1 || !pk) bad("an X25519 public key is malformed");
+  return pkey_ptr(pk);
+}
+
 /// An X25519 secret key held as an OpenSSL key object, so that each agreement costs one scalar
-/// multiplication (building the object from raw bytes computes the public key once).
+/// multiplication (building the object from raw bytes computes the public key once). The
+/// derivation context is set up at the first agreement and kept: setting one up looks the
+/// algorithm up in OpenSSL's provider store again.
 class x25519_secret {
 public:
   x25519_secret() = default;
@@ -50,14 +74,20 @@ public:
   const key& public_key() const noexcept { return public_; }
 
   /// The shared secret with `other_public`; a malformed or low-order public key is refused.
+  /// Not for concurrent calls on one secret (it reuses its context).
   key agree(const key& other_public) const {
-    pkey_ptr pk(EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, nullptr, other_public.data(), other_public.size()));
-    if (!pk) bad("an X25519 public key is malformed");
-    std::unique_ptr<EVP_PKEY_CTX, pkey_ctx_free> ctx(EVP_PKEY_CTX_new(pkey_.get(), nullptr));
+    const pkey_ptr pk = x25519_public(other_public);
+    if (!derive_) {
+      derive_.reset(EVP_PKEY_CTX_new(pkey_.get(), nullptr));
+      if (!derive_ || EVP_PKEY_derive_init(derive_.get()) != 1) {
+        derive_.reset();
+        crypto_failed("set up an X25519 key agreement");
+      }
+    }
     key shared;
     std::size_t len = shared.size();
-    if (!ctx || EVP_PKEY_derive_init(ctx.get()) != 1 || EVP_PKEY_derive_set_peer(ctx.get(), pk.get()) != 1 ||
-        EVP_PKEY_derive(ctx.get(), shared.data(), &len) != 1 || len != shared.size())
+    if (EVP_PKEY_derive_set_peer(derive_.get(), pk.get()) != 1 || EVP_PKEY_derive(derive_.get(), shared.data(), &len) != 1 ||
+        len != shared.size())
       bad("X25519 key agreement failed (an invalid public key)");
     return shared;
   }
@@ -65,6 +95,7 @@ public:
 private:
   key raw_{}, public_{};
   pkey_ptr pkey_;
+  mutable std::unique_ptr<EVP_PKEY_CTX, pkey_ctx_free> derive_;
 };
 
 /// SHA-256 of a label and some key material: the seeds and box keys derived from shared secrets.
@@ -72,7 +103,7 @@ key derive(const key& material, const char* label) {
   key out;
   static const EVP_MD* sha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);
   unsigned int len = 0;
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> md(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
+  thread_local const std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> md(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
   if (!sha256 || !md || EVP_DigestInit_ex(md.get(), sha256, nullptr) != 1 ||
       EVP_DigestUpdate(md.get(), label, std::strlen(label)) != 1 ||
       EVP_DigestUpdate(md.get(), material.data(), material.size()) != 1 ||
@@ -98,11 +129,19 @@ const EVP_CIPHER* aes_128_ctr() {
 
 constexpr std::size_t gcm_nonce = 12, gcm_tag = 16;
 
+/// One cipher context per thread, set up again for every box or stream (allocating one costs
+/// more than the AES key schedule).
+const cipher_ctx_ptr& thread_cipher() {
+  thread_local const cipher_ctx_ptr ctx(EVP_CIPHER_CTX_new());
+  if (!ctx) crypto_failed("allocate a cipher context");
+  return ctx;
+}
+
 /// AES-256-GCM: nonce || ciphertext || tag.
 std::vector<std::uint8_t> seal(const key& k, const std::vector<std::uint8_t>& plain) {
   std::vector<std::uint8_t> box(gcm_nonce + plain.size() + gcm_tag);
   random_bytes(box.data(), gcm_nonce);
-  cipher_ctx_ptr ctx(EVP_CIPHER_CTX_new());
+  const auto& ctx = thread_cipher();
   int len = 0;
   if (!ctx || EVP_EncryptInit_ex(ctx.get(), aes_256_gcm(), nullptr, k.data(), box.data()) != 1 ||
       EVP_EncryptUpdate(ctx.get(), box.data() + gcm_nonce, &len, plain.data(), static_cast<int>(plain.size())) != 1 ||
@@ -115,7 +154,7 @@ std::vector<std::uint8_t> seal(const key& k, const std::vector<std::uint8_t>& pl
 /// Opens a box from seal(); false when it fails authentication.
 bool open(const key& k, const std::vector<std::uint8_t>& box, std::vector<std::uint8_t>& plain) {
   if (box.size() != gcm_nonce + plain.size() + gcm_tag) return false;
-  cipher_ctx_ptr ctx(EVP_CIPHER_CTX_new());
+  const auto& ctx = thread_cipher();
   int len = 0;
   std::array<std::uint8_t, gcm_tag> tag;
   std::memcpy(tag.data(), box.data() + box.size() - gcm_tag, gcm_tag);
@@ -187,29 +226,149 @@ key mask_seed(const x25519_secret& secret, const key& other_public) {
   return derive(secret.agree(other_public), "troupe secagg pairwise mask");
 }
 
-/// values[i] += PRG(seed)[i] (or -=, mod 2^32). The generator is AES-128-CTR keyed by the seed's
-/// first half (each seed keys one stream), run in 16 KiB pieces that stay in the L1 cache.
-void apply_mask(std::span<std::uint32_t> values, const key& seed, bool subtract) {
-  constexpr std::size_t words = 4096;
-  alignas(64) static thread_local std::array<std::uint32_t, words> zeros{}, stream{};
-  static const std::array<std::uint8_t, 16> iv{};
-  cipher_ctx_ptr ctx(EVP_CIPHER_CTX_new());
-  if (!ctx || EVP_EncryptInit_ex(ctx.get(), aes_128_ctr(), nullptr, seed.data(), iv.data()) != 1)
-    crypto_failed("start the mask generator");
+// The mask generator. PRG(seed) is the AES-128-CTR key stream under the seed's first 16 bytes
+// from a zero counter, read as little-endian 32-bit words: word w is in block w / 4, whose
+// counter is w / 4 as a 128-bit big-endian integer. A client adds k + 1 streams to its input and
+// the server takes one stream per survivor out of the sum, so the streams are made chunk by
+// chunk: each 16 KiB chunk of the output stays in L1 while every stream passes over it.
+constexpr std::size_t chunk_words = 4096;
+
+/// The reference: OpenSSL's EVP AES-128-CTR, one stream after another over the whole vector.
+void apply_masks_reference(std::span<std::uint32_t> values, std::span<const mask_term> terms, std::size_t offset) {
+  alignas(64) thread_local std::array<std::uint32_t, chunk_words> zeros{}, stream{};
+  std::array<std::uint8_t, 16> iv{};
+  const std::uint64_t first_block = offset / 4;
+  for (int b = 0; b < 8; ++b) iv[15 - b] = static_cast<std::uint8_t>(first_block >> (8 * b));
+  const auto& ctx = thread_cipher();
   std::uint32_t* __restrict out = values.data();
-  for (std::size_t at = 0; at < values.size(); at += words) {
-    const std::size_t n = std::min(words, values.size() - at);
-    int len = 0;
-    if (EVP_EncryptUpdate(ctx.get(), reinterpret_cast<unsigned char*>(stream.data()), &len,
-                          reinterpret_cast<const unsigned char*>(zeros.data()), static_cast<int>(n * 4)) != 1)
-      crypto_failed("generate a mask");
-    const std::uint32_t* __restrict m = stream.data();
-    if (subtract)
-      for (std::size_t i = 0; i < n; ++i) out[at + i] -= m[i];
-    else
-      for (std::size_t i = 0; i < n; ++i) out[at + i] += m[i];
+  for (const auto& t : terms) {
+    if (EVP_EncryptInit_ex(ctx.get(), aes_128_ctr(), nullptr, t.seed.data(), iv.data()) != 1)
+      crypto_failed("start the mask generator");
+    for (std::size_t at = 0; at < values.size(); at += chunk_words) {
+      const std::size_t n = std::min(chunk_words, values.size() - at);
+      int len = 0;
+      if (EVP_EncryptUpdate(ctx.get(), reinterpret_cast<unsigned char*>(stream.data()), &len,
+                            reinterpret_cast<const unsigned char*>(zeros.data()), static_cast<int>(n * 4)) != 1)
+        crypto_failed("generate a mask");
+      const std::uint32_t* __restrict m = stream.data();
+      if (t.subtract)
+        for (std::size_t i = 0; i < n; ++i) out[at + i] -= m[i];
+      else
+        for (std::size_t i = 0; i < n; ++i) out[at + i] += m[i];
+    }
   }
 }
+
+#if defined(__x86_64__)
+#define TROUPE_AESNI __attribute__((target("aes,sse4.1")))
+#define TROUPE_VAES __attribute__((target("avx512f,avx512bw,vaes,aes,sse4.1")))
+
+template <int Rcon>
+TROUPE_AESNI inline __m128i next_round_key(__m128i k) {
+  const __m128i g = _mm_shuffle_epi32(_mm_aeskeygenassist_si128(k, Rcon), 0xff);
+  k = _mm_xor_si128(k, _mm_slli_si128(k, 4));
+  k = _mm_xor_si128(k, _mm_slli_si128(k, 4));
+  k = _mm_xor_si128(k, _mm_slli_si128(k, 4));
+  return _mm_xor_si128(k, g);
+}
+
+/// The AES-128 key schedule (FIPS 197, 5.2) of the seed's first 16 bytes.
+struct aes128_schedule {
+  __m128i rk[11];
+};
+TROUPE_AESNI aes128_schedule expand_key(const key& seed) {
+  aes128_schedule s;
+  s.rk[0] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(seed.data()));
+  s.rk[1] = next_round_key<0x01>(s.rk[0]);
+  s.rk[2] = next_round_key<0x02>(s.rk[1]);
+  s.rk[3] = next_round_key<0x04>(s.rk[2]);
+  s.rk[4] = next_round_key<0x08>(s.rk[3]);
+  s.rk[5] = next_round_key<0x10>(s.rk[4]);
+  s.rk[6] = next_round_key<0x20>(s.rk[5]);
+  s.rk[7] = next_round_key<0x40>(s.rk[6]);
+  s.rk[8] = next_round_key<0x80>(s.rk[7]);
+  s.rk[9] = next_round_key<0x1b>(s.rk[8]);
+  s.rk[10] = next_round_key<0x36>(s.rk[9]);
+  return s;
+}
+
+/// Four counter blocks (little-endian block indices) through AES-128.
+TROUPE_VAES inline __m512i encrypt_counters(const __m512i* rk, __m512i counter, __m512i reverse) {
+  __m512i b = _mm512_xor_si512(_mm512_shuffle_epi8(counter, reverse), rk[0]);
+  for (int r = 1; r < 10; ++r) b = _mm512_aesenc_epi128(b, rk[r]);
+  return _mm512_aesenclast_epi128(b, rk[10]);
+}
+
+template <bool Subtract>
+TROUPE_VAES inline __m512i accumulate(__m512i v, __m512i m) {
+  return Subtract ? _mm512_sub_epi32(v, m) : _mm512_add_epi32(v, m);
+}
+
+/// out[i] ±= PRG word (4 * first_block + i) for i < n: four blocks per 512-bit register, eight
+/// registers in flight to cover the AES rounds' latency.
+template <bool Subtract>
+TROUPE_VAES void add_stream_vaes(const aes128_schedule& s, std::uint64_t first_block, std::uint32_t* out, std::size_t n) {
+  __m512i rk[11];
+  for (int r = 0; r < 11; ++r) rk[r] = _mm512_maskz_broadcast_i32x4(0xFFFF, s.rk[r]);
+  // Counters are kept little-endian (the block index in the low 64 bits of each lane) and
+  // byte-reversed into the big-endian counter block that AES encrypts.
+  const __m512i reverse = _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const auto base = static_cast<long long>(first_block);
+  __m512i counter = _mm512_set_epi64(0, base + 3, 0, base + 2, 0, base + 1, 0, base);
+  const __m512i four = _mm512_set_epi64(0, 4, 0, 4, 0, 4, 0, 4);
+  constexpr int lanes = 8;
+  std::size_t i = 0;
+  for (; i + 16 * lanes <= n; i += 16 * lanes) {
+    __m512i b[lanes];
+#pragma GCC unroll 8
+    for (int j = 0; j < lanes; ++j) {
+      b[j] = _mm512_xor_si512(_mm512_shuffle_epi8(counter, reverse), rk[0]);
+      counter = _mm512_add_epi64(counter, four);
+    }
+#pragma GCC unroll 9
+    for (int r = 1; r < 10; ++r)
+#pragma GCC unroll 8
+      for (int j = 0; j < lanes; ++j) b[j] = _mm512_aesenc_epi128(b[j], rk[r]);
+#pragma GCC unroll 8
+    for (int j = 0; j < lanes; ++j) {
+      std::uint32_t* at = out + i + 16 * j;
+      _mm512_storeu_si512(at, accumulate<Subtract>(_mm512_loadu_si512(at), _mm512_aesenclast_epi128(b[j], rk[10])));
+    }
+  }
+  for (; i < n; i += 16) {  // the last few blocks, one register at a time
+    const __m512i m = encrypt_counters(rk, counter, reverse);
+    counter = _mm512_add_epi64(counter, four);
+    const auto live = static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
+    _mm512_mask_storeu_epi32(out + i, live, accumulate<Subtract>(_mm512_maskz_loadu_epi32(live, out + i), m));
+  }
+}
+
+bool cpu_has_vaes() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("vaes") && __builtin_cpu_supports("aes");
+  return has;
+}
+
+void apply_masks_vaes(std::span<std::uint32_t> values, std::span<const mask_term> terms, std::size_t offset) {
+  std::vector<aes128_schedule> keys(terms.size());
+  for (std::size_t t = 0; t < terms.size(); ++t) keys[t] = expand_key(terms[t].seed);
+  for (std::size_t at = 0; at < values.size(); at += chunk_words) {
+    const std::size_t n = std::min(chunk_words, values.size() - at);
+    const std::uint64_t block = (offset + at) / 4;
+    for (std::size_t t = 0; t < terms.size(); ++t) {
+      if (terms[t].subtract)
+        add_stream_vaes<true>(keys[t], block, values.data() + at, n);
+      else
+        add_stream_vaes<false>(keys[t], block, values.data() + at, n);
+    }
+  }
+}
+#else
+bool cpu_has_vaes() { return false; }
+void apply_masks_vaes(std::span<std::uint32_t> values, std::span<const mask_term> terms, std::size_t offset) {
+  apply_masks_reference(values, terms, offset);
+}
+#endif
 
 // ---- share boxes ---------------------------------------------------------------------------------
 
@@ -356,21 +515,39 @@ key reconstruct_secret(std::span<const share> shares, std::size_t threshold) {
   return from_chunks(chunks);
 }
 
-std::vector<std::int32_t> encode(std::span<const float> input, const config& cfg) {
+namespace {
+
+/// The fixed-point encoding of `input` into out[0, dim) as mod-2^32 words (what encode() returns).
+void encode_into(std::span<const float> input, const config& cfg, std::uint32_t* __restrict o) {
   if (input.size() != cfg.dim)
     bad("an input has " + std::to_string(input.size()) + " values, the round expects " + std::to_string(cfg.dim));
   float poison = 0;  // NaN or infinity makes it NaN
   for (float x : input) poison += x * 0.0f;
   if (poison != 0.0f) bad("an input is not finite");
   const double scale = cfg.scale(), clip = cfg.clip;
-  std::vector<std::int32_t> out(input.size());
   const float* __restrict in = input.data();
-  std::int32_t* __restrict o = out.data();
   for (std::size_t i = 0; i < input.size(); ++i) {
     const double y = std::min(std::max(static_cast<double>(in[i]), -clip), clip) * scale;  // |y| < 2^31 / max_clients
-    o[i] = static_cast<std::int32_t>(y + (y < 0 ? -0.5 : 0.5));  // nearest, halves away from 0
+    o[i] = static_cast<std::uint32_t>(static_cast<std::int32_t>(y + (y < 0 ? -0.5 : 0.5)));  // nearest, halves away from 0
   }
+}
+
+}  // namespace
+
+std::vector<std::int32_t> encode(std::span<const float> input, const config& cfg) {
+  std::vector<std::int32_t> out(input.size());
+  encode_into(input, cfg, reinterpret_cast<std::uint32_t*>(out.data()));
   return out;
+}
+
+bool fast_masks_available() noexcept { return cpu_has_vaes(); }
+
+void apply_masks(std::span<std::uint32_t> values, std::span<const mask_term> terms, std::size_t offset, bool reference) {
+  if (offset % 4) bad("a mask slice must start at a whole AES block (a multiple of 4 words), got " + std::to_string(offset));
+  if (reference || !cpu_has_vaes())
+    apply_masks_reference(values, terms, offset);
+  else
+    apply_masks_vaes(values, terms, offset);
 }
 
 // ---- client --------------------------------------------------------------------------------------
@@ -450,11 +627,13 @@ masked_input client::mask(std::span<const encrypted_share> received, std::span<c
   }
   s_->shared.clear();
   for (const auto& [owner, _] : s_->held) s_->shared.push_back(owner);  // std::map: sorted
-  const auto encoded = encode(input, s_->cfg);
-  masked_input out{s_->id, std::vector<std::uint32_t>(encoded.begin(), encoded.end())};
-  apply_mask(out.values, s_->self_seed, false);
-  for (client_id j : s_->shared)
-    apply_mask(out.values, mask_seed(s_->mask_secret, s_->peers.at(j).keys.masking), s_->id > j);
+  masked_input out{s_->id, std::vector<std::uint32_t>(s_->cfg.dim)};
+  encode_into(input, s_->cfg, out.values.data());
+  std::vector<mask_term> terms;
+  terms.reserve(s_->shared.size() + 1);
+  terms.push_back({s_->self_seed, false});
+  for (client_id j : s_->shared) terms.push_back({mask_seed(s_->mask_secret, s_->peers.at(j).keys.masking), s_->id > j});
+  apply_masks(out.values, terms);
   s_->masked = true;
   return out;
 }
@@ -563,15 +742,16 @@ std::vector<float> server::finish() {
   const auto request = request_unmasking();
   const std::size_t t = s_->g->threshold();
   std::vector<std::uint32_t> sum = s_->sum;
-  for (client_id id : request.survivors)
-    apply_mask(sum, reconstruct_secret(s_->self_mask_shares[id], t), true);
+  std::vector<mask_term> terms;  // every stream to take out, then one pass over the sum
+  for (client_id id : request.survivors) terms.push_back({reconstruct_secret(s_->self_mask_shares[id], t), true});
   for (client_id d : request.dropped) {
     const x25519_secret secret(reconstruct_secret(s_->mask_key_shares[d], t));
     if (secret.public_key() != s_->keys.at(d).masking) throw std::runtime_error("secagg: a reconstructed mask key does not match its public key");
     // Survivor j added +PRG when j < d, -PRG when j > d (its sign for the edge); take it back out.
     for (client_id j : s_->g->neighbours(d))
-      if (contains(request.survivors, j)) apply_mask(sum, mask_seed(secret, s_->keys.at(j).masking), j < d);
+      if (contains(request.survivors, j)) terms.push_back({mask_seed(secret, s_->keys.at(j).masking), j < d});
   }
+  apply_masks(sum, terms);
   decoded_.resize(sum.size());
   std::vector<float> out(sum.size());
   const double scale = s_->cfg.scale();

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 #include <set>
 #include <vector>
@@ -63,6 +64,77 @@ std::vector<std::vector<float>> random_inputs(std::size_t clients, std::size_t d
 void expect_exact(const round_result& r) {
   ASSERT_EQ(r.integer_sum.size(), r.expected.size());
   for (std::size_t j = 0; j < r.expected.size(); ++j) ASSERT_EQ(r.integer_sum[j], r.expected[j]) << "coordinate " << j;
+}
+
+// ---- the mask generator ----------------------------------------------------------------------------
+
+std::vector<mask_term> random_terms(std::size_t count, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<mask_term> terms(count);
+  for (auto& t : terms) {
+    for (auto& b : t.seed) b = static_cast<std::uint8_t>(rng());
+    t.subtract = rng() & 1;
+  }
+  return terms;
+}
+
+std::vector<std::uint32_t> random_words(std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::uint32_t> v(n);
+  for (auto& x : v) x = rng();
+  return v;
+}
+
+TEST(MaskGenerator, StartsWithTheAesBlockOfCounterZero) {
+  // AES-128 under the all-zero key encrypts the all-zero block to 66e94bd4 ef8a2c3b 884cfa59
+  // ca342b2e (a known answer): the first four words of PRG(0), little-endian.
+  const std::vector<mask_term> zero(1);
+  for (bool reference : {false, true}) {
+    std::vector<std::uint32_t> v(4, 0);
+    apply_masks(v, zero, 0, reference);
+    EXPECT_EQ(v, (std::vector<std::uint32_t>{0xd44be966u, 0x3b2c8aefu, 0x59fa4c88u, 0x2e2b34cau})) << "reference " << reference;
+  }
+}
+
+TEST(MaskGenerator, FastPathGivesTheReferenceWordsForEveryLengthAndOffset) {
+  if (!fast_masks_available()) std::printf("no VAES on this CPU: both calls take the reference path\n");
+  std::uint32_t seed = 1;
+  for (std::size_t n : {1u, 3u, 15u, 16u, 17u, 127u, 128u, 129u, 4095u, 4096u, 4097u, 79511u}) {
+    for (std::size_t offset : {std::size_t{0}, std::size_t{4}, std::size_t{4096}, (std::size_t{1} << 34) - 8}) {
+      const auto terms = random_terms(1 + seed % 15, seed);
+      const auto start = random_words(n, seed + 1000);
+      auto fast = start, reference = start;
+      apply_masks(fast, terms, offset);
+      apply_masks(reference, terms, offset, true);
+      ASSERT_EQ(fast, reference) << n << " words at offset " << offset;
+      ASSERT_NE(fast, start);
+      ++seed;
+    }
+  }
+}
+
+TEST(MaskGenerator, ASliceAtAnOffsetIsThatPartOfTheWholeStream) {
+  const auto terms = random_terms(3, 7);
+  for (bool reference : {false, true}) {
+    std::vector<std::uint32_t> whole(10000, 0);
+    apply_masks(whole, terms, 0, reference);
+    std::vector<std::uint32_t> slice(5000, 0);
+    apply_masks(slice, terms, 4100, reference);
+    EXPECT_TRUE(std::equal(slice.begin(), slice.end(), whole.begin() + 4100)) << "reference " << reference;
+  }
+  std::vector<std::uint32_t> v(8);
+  EXPECT_THROW(apply_masks(v, terms, 2), std::invalid_argument);
+}
+
+TEST(MaskGenerator, SubtractingTheSameStreamsRestoresTheInput) {
+  auto terms = random_terms(15, 11);
+  const auto start = random_words(79511, 12);
+  auto v = start;
+  apply_masks(v, terms);
+  EXPECT_NE(v, start);
+  for (auto& t : terms) t.subtract = !t.subtract;
+  apply_masks(v, terms);
+  EXPECT_EQ(v, start);
 }
 
 TEST(Shamir, AnyThresholdSharesReconstructAndFewerDoNot) {
@@ -165,6 +237,18 @@ TEST(SecAggPlus, RefusesTamperedAndMalformedMessages) {
   EXPECT_THROW(clients[0].unmask({{2}, {2}}), std::invalid_argument);  // both secrets of client 2
   EXPECT_THROW(graph({1}, cfg), std::invalid_argument);
   EXPECT_THROW(graph({1, 1, 2}, cfg), std::invalid_argument);
+}
+
+TEST(SecAggPlus, RefusesALowOrderPublicKey) {
+  config cfg{.dim = 8, .clip = 1, .max_clients = 4};
+  graph g({1, 2, 3, 4}, cfg);
+  server srv(cfg, g);
+  std::vector<client> clients;
+  for (client_id id : {1, 2, 3, 4}) clients.emplace_back(id, cfg, g);
+  for (auto& c : clients) srv.receive_keys(c.advertise());
+  auto keys = srv.keys_for(1);
+  keys[0].encryption = key{};  // the point of order 1: the agreed secret would be all zeros
+  EXPECT_THROW(clients[0].share_keys(keys), std::invalid_argument);
 }
 
 }  // namespace
