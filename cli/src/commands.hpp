@@ -11,5 +11,6 @@ void add_schedule_command(CLI::App& app, int& rc);
 void add_partition_command(CLI::App& app, int& rc);
 void add_train_command(CLI::App& app, int& rc);
 void add_fedsim_command(CLI::App& app, int& rc);
+void add_node_command(CLI::App& app, int& rc);
 
 }  // namespace troupe::cli

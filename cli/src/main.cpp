@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   troupe::cli::add_partition_command(app, rc);
   troupe::cli::add_train_command(app, rc);
   troupe::cli::add_fedsim_command(app, rc);
+  troupe::cli::add_node_command(app, rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,5 +1,6 @@
 #include "remote_bench.hpp"
 
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,12 +20,27 @@
 #include <thread>
 #include <vector>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 
-#include "net/transport.hpp"
+#include "troupe/actors/remote.hpp"
 
 extern char** environ;
+
+namespace troupe::bench {
+
+/// The actor the remote suite calls on the peer node.
+struct remote_echo {
+  std::uint64_t ping(std::uint64_t x) { return x + 1; }
+  std::uint64_t take(std::vector<std::byte> payload) { return payload.size(); }
+  void hold(std::int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+};
+
+}  // namespace troupe::bench
+
+TROUPE_REMOTE(troupe::bench::remote_echo, ping, take, hold)
 
 namespace troupe::bench {
 namespace {
@@ -35,7 +51,6 @@ using clock_type = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 constexpr const char* token_env = "TROUPE_BENCH_REMOTE_TOKEN";
-constexpr std::size_t echo_limit = 4096;  // the peer echoes payloads up to this size
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -63,109 +78,15 @@ struct reporter {
   }
 };
 
-// The parent's side of the framed workloads: one transport connection to the peer, driven from
-// the transport's own callbacks (as an actor would be), the caller waiting for the end only.
-struct client {
-  explicit client(const std::string& token) {
-    net::transport_config cfg;
-    cfg.token = token;
-    net::transport_handlers h;
-    h.on_open = [this](const std::shared_ptr<net::connection>& c) {
-      std::lock_guard lock(mutex);
-      conn = c;
-      changed.notify_all();
-    };
-    h.on_envelope = [this](const std::shared_ptr<net::connection>&, net::envelope e) { on_reply(std::move(e)); };
-    h.on_close = [this](const std::shared_ptr<net::connection>&, const std::string& reason) {
-      std::lock_guard lock(mutex);
-      closed = reason.empty() ? "closed" : reason;
-      changed.notify_all();
-    };
-    net = std::make_unique<net::transport>(io, cfg, std::move(h));
-  }
-  ~client() {
-    net->close_all("benchmark over");
-    work.reset();
-    io.stop();
-    if (thread.joinable()) thread.join();
-    net.reset();
-  }
-  void start() { thread = std::thread([this] { io.run(); }); }
-
-  bool wait(const std::function<bool()>& done, std::chrono::seconds limit) {
-    std::unique_lock lock(mutex);
-    return changed.wait_for(lock, limit, [&] { return done() || !closed.empty(); }) && closed.empty();
-  }
-
-  // Runs `total` calls of `payload_bytes` each with at most `window` in flight; returns seconds.
-  double calls(std::uint64_t total, std::size_t window, std::size_t payload_bytes) {
-    {
-      std::lock_guard lock(mutex);
-      sent = done = 0;
-      this->total = total;
-      this->payload_bytes = payload_bytes;
-      wrong = false;
-    }
-    auto t0 = clock_type::now();
-    for (std::size_t i = 0; i < window && i < total; ++i) send_next();
-    check(wait([&] { return done == this->total; }, 120s), "the peer stopped answering: " + closed);
-    auto s = seconds_since(t0);
-    check(!wrong, "a reply did not match its call");
-    return s;
-  }
-
-  void send_next() {
-    std::uint64_t id;
-    {
-      std::lock_guard lock(mutex);
-      if (sent == total) return;
-      id = ++sent;
-    }
-    net::envelope e;
-    e.kind = net::envelope_kind::call;
-    e.target = 1;
-    e.method = 1;
-    e.request_id = id;
-    e.reply_to = 1;
-    e.payload.resize(payload_bytes);
-    if (payload_bytes >= 8) std::memcpy(e.payload.data(), &id, 8);
-    conn->send(std::move(e));
-  }
-
-  void on_reply(net::envelope e) {
-    bool ok = e.kind == net::envelope_kind::reply && e.request_id != 0;
-    if (payload_bytes >= 8 && payload_bytes <= echo_limit) {
-      std::uint64_t id = 0;
-      ok = ok && e.payload.size() == payload_bytes;
-      if (ok) std::memcpy(&id, e.payload.data(), 8);
-      ok = ok && id == e.request_id;
-    }
-    {
-      std::lock_guard lock(mutex);
-      if (!ok) wrong = true;
-      if (++done == total) changed.notify_all();
-    }
-    send_next();
-  }
-
-  asio::io_context io;
-  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
-  std::unique_ptr<net::transport> net;
-  std::thread thread;
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::shared_ptr<net::connection> conn;
-  std::string closed;
-  std::uint64_t sent = 0, done = 0, total = 0;
-  std::size_t payload_bytes = 0;
-  bool wrong = false;
-};
-
+/// A peer node process. It runs until its standard input closes: when this object goes (or
+/// the suite's process dies), the pipe closes and the peer leaves.
 struct peer_process {
   pid_t pid = -1;
+  int stdin_fd = -1;
   ~peer_process() {
+    if (stdin_fd >= 0) close(stdin_fd);
     if (pid > 0) {
-      // Normally the peer exits when its connections close; do not wait on one that hangs.
+      // Do not wait on a peer that hangs.
       for (int i = 0; i < 50; ++i) {
         int status = 0;
         if (waitpid(pid, &status, WNOHANG) == pid) return;
@@ -187,9 +108,98 @@ std::string random_token() {
 }  // namespace
 
 const char* const* remote_bench_names() {
-  static const char* const names[] = {"raw_pingpong", "call_sync", "call_async", "bulk", nullptr};
+  static const char* const names[] = {"raw_pingpong", "call_sync", "call_async", "bulk", "remote_spawn",
+                                      "failover", nullptr};
   return names;
 }
+
+namespace {
+
+/// Starts this program again as a peer node: `troupe bench remote --peer HOST:RAW:HEAD`; the
+/// token travels in its environment, never on its command line.
+void start_peer(peer_process& peer, const std::string& token, const std::string& where) {
+  std::string self = "/proc/self/exe";
+  std::vector<std::string> args{"troupe", "bench", "remote", "--peer", where};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings{std::string(token_env) + "=" + token};
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, token_env, std::strlen(token_env)) != 0) env_strings.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  int in[2];
+  if (pipe2(in, O_CLOEXEC) != 0) throw std::runtime_error("cannot make a pipe for the peer");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  int rc = posix_spawn(&peer.pid, self.c_str(), &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  close(in[0]);
+  peer.stdin_fd = in[1];
+  if (rc != 0) throw std::runtime_error(std::string("cannot start the peer process: ") + std::strerror(rc));
+}
+
+/// Waits until the cluster has `n` live nodes besides the head.
+std::vector<node_id> wait_for_nodes(actor_system& sys, std::size_t n, const std::string& token) {
+  auto deadline = clock_type::now() + 20s;
+  while (clock_type::now() < deadline) {
+    std::vector<node_id> ids;
+    for (auto& s : cluster_status("127.0.0.1:" + std::to_string(sys.node_port()), token))
+      if (s.info.alive && s.info.id != sys.node()) ids.push_back(s.info.id);
+    if (ids.size() >= n) return ids;
+    std::this_thread::sleep_for(20ms);
+  }
+  throw std::runtime_error("the peer node did not join within 20 s");
+}
+
+/// Runs `total` asks with at most `window` in flight, each started from the previous one's
+/// callback; returns seconds.
+template <class Ask, class Check>
+double pipelined(std::uint64_t total, std::size_t window, Ask ask, Check valid) {
+  struct state {
+    std::mutex m;
+    std::condition_variable cv;
+    std::uint64_t sent = 0, done = 0;
+    std::string failure;
+  };
+  auto st = std::make_shared<state>();
+  std::function<void()> next = [&, st] {
+    {
+      std::lock_guard lock(st->m);
+      if (st->sent == total) return;
+      ++st->sent;
+    }
+    ask().then(
+        [&, st](std::uint64_t v) {
+          {
+            std::lock_guard lock(st->m);
+            if (!valid(v)) st->failure = "a reply did not match its call";
+            if (++st->done == total) st->cv.notify_all();
+          }
+          next();
+        },
+        [st](std::exception_ptr e) {
+          std::lock_guard lock(st->m);
+          try {
+            std::rethrow_exception(e);
+          } catch (const std::exception& x) {
+            st->failure = x.what();
+          }
+          st->cv.notify_all();
+        });
+  };
+  auto t0 = clock_type::now();
+  for (std::size_t i = 0; i < window && i < total; ++i) next();
+  std::unique_lock lock(st->m);
+  check(st->cv.wait_for(lock, 120s, [&] { return st->done == total || !st->failure.empty(); }),
+        "the peer stopped answering");
+  check(st->failure.empty(), st->failure);
+  return seconds_since(t0);
+}
+
+}  // namespace
 
 int run_remote(const remote_options& opts, std::ostream& out) {
   bool known = opts.only.empty();
@@ -202,30 +212,18 @@ int run_remote(const remote_options& opts, std::ostream& out) {
   reporter report{opts, out};
   try {
     const auto token = random_token();
-    peer_process peer;  // declared first: destroyed last, after the connections to it closed
+    peer_process peer, doomed;  // declared first: stopped last, after the head
     asio::io_context raw_io;
     tcp::acceptor raw_acceptor(raw_io, {asio::ip::make_address("127.0.0.1"), 0});
-    client c(token);
-    auto net_port = c.net->listen("127.0.0.1", 0);
-    c.start();
-
-    // The peer is this very program, started again with the hidden --peer option; the token
-    // travels in its environment, never on its command line.
-    std::string self = "/proc/self/exe";
-    std::string where = "127.0.0.1:" + std::to_string(raw_acceptor.local_endpoint().port()) + ":" +
-                        std::to_string(net_port);
-    std::vector<std::string> args{"troupe", "bench", "remote", "--peer", where};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_strings{std::string(token_env) + "=" + token};
-    for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, token_env, std::strlen(token_env)) != 0) env_strings.emplace_back(*e);
-    std::vector<char*> envp;
-    for (auto& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    if (posix_spawn(&peer.pid, self.c_str(), nullptr, nullptr, argv.data(), envp.data()) != 0)
-      throw std::runtime_error(std::string("cannot start the peer process: ") + std::strerror(errno));
+    system_config cfg{.threads = 2};
+    cfg.node.listen = "127.0.0.1:0";
+    cfg.node.token = token;
+    actor_system head(cfg);
+    auto where = [&](bool raw) {
+      return "127.0.0.1:" + std::to_string(raw ? raw_acceptor.local_endpoint().port() : 0) + ":" +
+             std::to_string(head.node_port());
+    };
+    start_peer(peer, token, where(true));
 
     // Accept the peer's raw socket with a deadline: a peer that died must not hang the suite.
     tcp::socket raw(raw_io);
@@ -234,7 +232,8 @@ int run_remote(const remote_options& opts, std::ostream& out) {
     raw_io.run_for(20s);
     check(accepted, "the peer process did not connect within 20 s");
     raw.set_option(tcp::no_delay(true));
-    check(c.wait([&] { return c.conn != nullptr; }, 20s), "the peer did not connect: " + c.closed);
+    auto peer_node = wait_for_nodes(head, 1, token).front();
+    auto echo = head.spawn_on<remote_echo>(peer_node);
 
     const std::uint64_t rounds = opts.quick ? 2'000 : 20'000;
     double raw_us = 0;
@@ -250,7 +249,7 @@ int run_remote(const remote_options& opts, std::ostream& out) {
           x = y;
         }
       };
-      pingpong(rounds / 10);  // warm-up, as for the framed workloads
+      pingpong(rounds / 10);  // warm-up, as for the actor workloads
       auto t0 = clock_type::now();
       pingpong(rounds);
       auto s = seconds_since(t0);
@@ -262,23 +261,68 @@ int run_remote(const remote_options& opts, std::ostream& out) {
     }
     raw.close();
     if (wants("call_sync")) {
-      c.calls(rounds / 10, 1, 16);  // warm-up
-      auto s = c.calls(rounds, 1, 16);
-      report("call_sync", "round_trips_per_s", rounds / s, "round trips/s");
+      // One ask at a time from a thread outside the actors, as a driver program calls.
+      auto sync_calls = [&](std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i)
+          check(echo.ask(&remote_echo::ping, i).get() == i + 1, "a reply did not match its call");
+      };
+      sync_calls(rounds / 10);
+      auto t0 = clock_type::now();
+      sync_calls(rounds);
+      auto s = seconds_since(t0);
+      report("call_sync", "calls_per_s", rounds / s, "calls/s");
       report("call_sync", "round_trip_us", s * 1e6 / rounds, "us");
       report("call_sync", "ratio_to_raw", (s * 1e6 / rounds) / raw_us, "x");
     }
     if (wants("call_async")) {
       const std::uint64_t n = opts.quick ? 20'000 : 300'000;
-      auto s = c.calls(n, 1000, 16);
-      report("call_async", "round_trips_per_s", n / s, "round trips/s");
+      std::atomic<std::uint64_t> seq{0};
+      auto s = pipelined(n, 1000, [&] { return echo.ask(&remote_echo::ping, seq.fetch_add(1)); },
+                         [](std::uint64_t v) { return v != 0; });
+      report("call_async", "calls_per_s", n / s, "calls/s");
     }
     if (wants("bulk")) {
       const std::uint64_t n = opts.quick ? 64 : 1024;
       const std::size_t mib = 1u << 20;
-      c.calls(4, 4, mib);  // warm-up
-      auto s = c.calls(n, 8, mib);
+      std::vector<std::byte> payload(mib);
+      for (std::size_t i = 0; i < mib; ++i) payload[i] = std::byte(i * 131 % 251);
+      auto s = pipelined(n, 8, [&] { return echo.ask(&remote_echo::take, payload); },
+                         [&](std::uint64_t v) { return v == mib; });
       report("bulk", "MB_per_s", static_cast<double>(n) * mib / 1e6 / s, "MB/s");
+    }
+    if (wants("remote_spawn")) {
+      const std::size_t n = opts.quick ? 500 : 5'000;
+      std::vector<actor_ref<remote_echo>> spawned;
+      spawned.reserve(n);
+      auto t0 = clock_type::now();
+      for (std::size_t i = 0; i < n; ++i) spawned.push_back(head.spawn_on<remote_echo>(peer_node));
+      // Creations and calls to one node arrive in order: the last actor's answer means all exist.
+      check(spawned.back().ask(&remote_echo::ping, 1).get() == 2, "a spawned actor answered wrong");
+      auto s = seconds_since(t0);
+      report("remote_spawn", "actors_per_s", n / s, "actors/s");
+      for (auto& a : spawned) a.stop();
+    }
+    if (wants("failover")) {
+      // A second node, killed with SIGKILL while 100 asks wait on it.
+      start_peer(doomed, token, where(false));
+      auto ids = wait_for_nodes(head, 2, token);
+      node_id victim = ids.back() == peer_node ? ids.front() : ids.back();
+      auto a = head.spawn_on<remote_echo>(victim);
+      check(a.ask(&remote_echo::ping, 1).get() == 2, "the doomed node answered wrong");
+      std::vector<future<void>> waiting;
+      for (int i = 0; i < 100; ++i) waiting.push_back(a.ask(&remote_echo::hold, std::int64_t{60'000}));
+      std::this_thread::sleep_for(50ms);
+      auto t0 = clock_type::now();
+      kill(doomed.pid, SIGKILL);
+      for (auto& f : waiting) {
+        try {
+          f.get();
+          throw std::runtime_error("an ask to the killed node succeeded");
+        } catch (const error& e) {
+          check(e.code_value() == errc::node_lost, std::string("an ask failed otherwise: ") + e.what());
+        }
+      }
+      report("failover", "ms_until_asks_fail", seconds_since(t0) * 1e3, "ms");
     }
   } catch (const std::exception& e) {
     std::cerr << "troupe bench remote: " << e.what() << "\n";
@@ -295,48 +339,44 @@ int run_remote_peer(const remote_options& opts) {
   }
   auto first = opts.peer.find(':'), second = opts.peer.rfind(':');
   if (first == std::string::npos || first == second) {
-    std::cerr << "troupe bench remote --peer: expected host:raw_port:net_port, got '" << opts.peer << "'\n";
+    std::cerr << "troupe bench remote --peer: expected host:raw_port:head_port, got '" << opts.peer << "'\n";
     return 1;
   }
   try {
     const auto host = opts.peer.substr(0, first);
     const auto raw_port = static_cast<std::uint16_t>(std::stoul(opts.peer.substr(first + 1, second - first - 1)));
-    const auto net_port = static_cast<std::uint16_t>(std::stoul(opts.peer.substr(second + 1)));
+    const auto head_port = opts.peer.substr(second + 1);
 
-    std::thread raw_echo([&] {
-      asio::io_context io;
-      tcp::socket s(io);
-      s.connect({asio::ip::make_address(host), raw_port});
-      s.set_option(tcp::no_delay(true));
-      boost::system::error_code ec;
-      for (;;) {
-        std::uint64_t x = 0;
-        asio::read(s, asio::buffer(&x, 8), ec);
-        if (ec) return;
-        ++x;
-        asio::write(s, asio::buffer(&x, 8), ec);
-        if (ec) return;
+    std::thread raw_echo;
+    if (raw_port != 0)
+      raw_echo = std::thread([&] {
+        asio::io_context io;
+        tcp::socket s(io);
+        s.connect({asio::ip::make_address(host), raw_port});
+        s.set_option(tcp::no_delay(true));
+        boost::system::error_code ec;
+        for (;;) {
+          std::uint64_t x = 0;
+          asio::read(s, asio::buffer(&x, 8), ec);
+          if (ec) return;
+          ++x;
+          asio::write(s, asio::buffer(&x, 8), ec);
+          if (ec) return;
+        }
+      });
+
+    system_config cfg{.threads = 2};
+    cfg.node.listen = host + ":0";
+    cfg.node.head = host + ":" + head_port;
+    cfg.node.token = token;
+    {
+      actor_system sys(cfg);
+      // Runs until the suite closes this process's standard input (or kills it).
+      char buf[64];
+      while (read(0, buf, sizeof buf) > 0) {
       }
-    });
-
-    asio::io_context io;
-    net::transport_config cfg;
-    cfg.token = token;
-    net::transport_handlers h;
-    h.on_envelope = [](const std::shared_ptr<net::connection>& c, net::envelope e) {
-      if (e.kind != net::envelope_kind::call) return;
-      net::envelope r;
-      r.kind = net::envelope_kind::reply;
-      r.request_id = e.request_id;
-      r.reply_to = e.reply_to;
-      if (e.payload.size() <= echo_limit) r.payload = std::move(e.payload);
-      c->send(std::move(r));
-    };
-    h.on_close = [&io](const std::shared_ptr<net::connection>&, const std::string&) { io.stop(); };
-    net::transport t(io, cfg, std::move(h));
-    t.connect(host, net_port);
-    io.run();
-    raw_echo.join();
+    }
+    if (raw_echo.joinable()) raw_echo.join();
   } catch (const std::exception& e) {
     std::cerr << "troupe bench remote --peer: " << e.what() << "\n";
     return 1;
@@ -345,3 +385,4 @@ int run_remote_peer(const remote_options& opts) {
 }
 
 }  // namespace troupe::bench
+

@@ -147,18 +147,23 @@ struct codec<std::string> {
   }
 };
 
+/// Element types a vector copies as raw bytes.
+template <class T>
+inline constexpr bool raw_element = (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) ||
+                                    std::is_same_v<T, std::byte>;
+
 template <class T>
 struct codec<std::vector<T>, std::enable_if_t<serializable<T>>> {
   static void encode(byte_writer& w, const std::vector<T>& v) {
     w.write_varint(v.size());
-    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+    if constexpr (raw_element<T>) {
       w.write_bytes(v.data(), v.size() * sizeof(T));
     } else {
       for (const auto& x : v) codec<T>::encode(w, x);
     }
   }
   static std::vector<T> decode(byte_reader& r) {
-    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+    if constexpr (raw_element<T>) {
       auto n = r.read_length(sizeof(T));
       std::vector<T> v(n);
       r.read_bytes(v.data(), n * sizeof(T));

@@ -1,0 +1,151 @@
+// troupe node start / troupe status: run a cluster node, and ask the head what runs where.
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "troupe/actors/remote.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+std::atomic<bool> stop_signal{false};
+extern "C" void on_stop_signal(int) { stop_signal.store(true); }
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\', out += c;
+    else if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", c);
+    else out += c;
+  }
+  return out + "\"";
+}
+
+struct node_args {
+  bool head = false;
+  std::string host = "0.0.0.0";
+  unsigned port = 0;
+  std::string address;
+  std::string advertise;
+  std::string token;
+  unsigned threads = 0;
+  unsigned heartbeat_ms = 100;
+  unsigned timeout_ms = 800;
+  std::vector<std::string> libraries;
+};
+
+int start_node(const node_args& a) {
+  if (a.head == !a.address.empty()) {
+    std::cerr << "troupe node start: give either --head or --address HOST:PORT of the head\n";
+    return 1;
+  }
+  // Libraries declare the classes (TROUPE_REMOTE) this node can host.
+  for (auto& lib : a.libraries) {
+    if (!dlopen(lib.c_str(), RTLD_NOW | RTLD_GLOBAL)) {
+      std::cerr << "troupe node start: cannot load " << lib << ": " << dlerror() << "\n";
+      return 1;
+    }
+  }
+  system_config cfg;
+  cfg.threads = a.threads;
+  cfg.node.listen = a.host + ":" + std::to_string(a.port);
+  cfg.node.head = a.address;
+  cfg.node.advertise = a.advertise;
+  cfg.node.token = a.token;
+  cfg.node.heartbeat = std::chrono::milliseconds(a.heartbeat_ms);
+  cfg.node.node_timeout = std::chrono::milliseconds(a.timeout_ms);
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  try {
+    run_node(cfg, [] { return stop_signal.load(); });
+  } catch (const std::exception& e) {
+    std::cerr << "troupe node start: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+int show_status(const std::string& address, const std::string& token, bool json) {
+  std::vector<node_status> nodes;
+  try {
+    nodes = cluster_status(address, token);
+  } catch (const std::exception& e) {
+    std::cerr << "troupe status: " << e.what() << "\n";
+    return 1;
+  }
+  if (json) {
+    std::string out = "{\"nodes\":[";
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      auto& n = nodes[i];
+      out += fmt::format("{}{{\"node\":{},\"address\":{},\"alive\":{},\"live_actors\":{},\"dead_letters\":{},\"actors\":[",
+                         i ? "," : "", n.info.id, json_string(n.info.host + ":" + std::to_string(n.info.port)),
+                         n.info.alive ? "true" : "false", n.info.actors, n.dead_letters);
+      for (std::size_t j = 0; j < n.actors.size(); ++j) {
+        auto& x = n.actors[j];
+        out += fmt::format("{}{{\"id\":{},\"type\":{},\"name\":{},\"mailbox_depth\":{},\"messages\":{},\"messages_per_s\":{:.1f}}}",
+                           j ? "," : "", x.id, json_string(x.type), json_string(x.name), x.mailbox_depth, x.messages,
+                           x.messages_per_s);
+      }
+      out += "]}";
+    }
+    std::cout << out << "]}\n";
+    return 0;
+  }
+  for (auto& n : nodes) {
+    std::cout << fmt::format("node {} {}:{} {}  actors {}  dead letters {}\n", n.info.id, n.info.host, n.info.port,
+                             n.info.alive ? "alive" : "LOST", n.info.actors, n.dead_letters);
+    if (!n.actors.empty())
+      std::cout << fmt::format("  {:>8}  {:<32} {:<16} {:>8} {:>12} {:>10}\n", "id", "type", "name", "mailbox",
+                               "messages", "msg/s");
+    for (auto& x : n.actors)
+      std::cout << fmt::format("  {:>8}  {:<32} {:<16} {:>8} {:>12} {:>10.1f}\n", x.id, x.type, x.name,
+                               x.mailbox_depth, x.messages, x.messages_per_s);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_node_command(CLI::App& app, int& rc) {
+  auto* node = app.add_subcommand("node", "run a node of a troupe cluster");
+  node->require_subcommand(1);
+  auto a = std::make_shared<node_args>();
+  auto* start = node->add_subcommand(
+      "start", "start a node: the head (--head) or one that joins it (--address); runs until SIGINT/SIGTERM");
+  start->add_flag("--head", a->head, "this node is the head (membership and names)");
+  start->add_option("--address", a->address, "HOST:PORT of the head to join");
+  start->add_option("--host", a->host, "address to listen on")->capture_default_str();
+  start->add_option("--port", a->port, "port to listen on (0: any free port)")
+      ->check(CLI::Range(0u, 65535u))->capture_default_str();
+  start->add_option("--advertise", a->advertise, "host other nodes dial to reach this one");
+  start->add_option("--token", a->token, "the cluster's shared secret (default: $TROUPE_CLUSTER_TOKEN)");
+  start->add_option("--threads", a->threads, "worker threads (0: one per hardware thread)");
+  start->add_option("--heartbeat-ms", a->heartbeat_ms, "heartbeat period")->check(CLI::Range(1u, 60'000u))
+      ->capture_default_str();
+  start->add_option("--node-timeout-ms", a->timeout_ms, "silence after which a node is lost")
+      ->check(CLI::Range(2u, 600'000u))->capture_default_str();
+  start->add_option("--load", a->libraries, "a shared library with TROUPE_REMOTE classes (repeatable)");
+  start->callback([a, &rc] { rc = start_node(*a); });
+
+  auto address = std::make_shared<std::string>();
+  auto token = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  auto* status = app.add_subcommand("status", "list a cluster's nodes and actors (asks the head)");
+  status->add_option("--address", *address, "HOST:PORT of the head")->required();
+  status->add_option("--token", *token, "the cluster's shared secret (default: $TROUPE_CLUSTER_TOKEN)");
+  status->add_flag("--json", *json, "one JSON object");
+  status->callback([address, token, json, &rc] { rc = show_status(*address, *token, *json); });
+}
+
+}  // namespace troupe::cli
