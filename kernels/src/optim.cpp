@@ -436,10 +436,10 @@ __attribute__((target("avx2"))) void adam_int8_avx2(float* p, const float* grad,
 
 /// adam_element on 16 lanes.
 template <bool L2>
-__attribute__((target("avx512f"))) inline __m512 adam_avx512(__m512 p, __m512 grad, __m512& m, __m512& v,
-                                                             const adam_constants& c) {
+TROUPE_AVX512 inline __m512 adam_avx512(__m512 p, __m512 grad, __m512& m, __m512& v, const adam_constants& c) {
   const __m512 param = _mm512_mul_ps(p, _mm512_set1_ps(c.decay));
-  __m512 g = _mm512_mul_ps(grad, _mm512_set1_ps(c.gscale));
+  // x * 1 == x for every float: without clipping the gradient is used as it is.
+  __m512 g = c.gscale == 1.0f ? grad : _mm512_mul_ps(grad, _mm512_set1_ps(c.gscale));
   if constexpr (L2) g = _mm512_add_ps(g, _mm512_mul_ps(param, _mm512_set1_ps(c.l2)));
   const __m512 diff = _mm512_sub_ps(g, m);
   m = c.one_minus_beta1 < 0.5f ? _mm512_add_ps(m, _mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta1), diff))
@@ -451,68 +451,111 @@ __attribute__((target("avx512f"))) inline __m512 adam_avx512(__m512 p, __m512 gr
   return _mm512_add_ps(param, _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(-c.step_size), m), denom));
 }
 
-/// One 8-bit block on AVX-512: the moments' codes become values by 16-lane gathers from the
-/// 1 KiB value tables (measured a little faster here than the register tables), the update writes the parameters and the new moments and, with the block's new
-/// absmax, the codes by the arithmetic quantizer; tails go through the scalar element and the
-/// block quantizer.
-template <bool L2>
-__attribute__((target("avx512f"))) void adam_int8_avx512(float* p, const float* grad, std::uint8_t* mc,
-                                                         std::uint8_t* vc, float& ms, float& vs,
-                                                         const quant::avx512::quantizer& mq,
-                                                         const quant::avx512::quantizer& vq, const quant::qmap& mmap,
-                                                         const quant::qmap& vmap, std::size_t n,
-                                                         const adam_constants& c, float* mbuf, float* vbuf) {
-  const __m512 msv = _mm512_set1_ps(ms), vsv = _mm512_set1_ps(vs);
-  __m512 ma = _mm512_setzero_ps(), va = _mm512_setzero_ps();
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m512 mi = _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(mc + i), mmap.values(), 4), msv);
-    __m512 vi = _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(vc + i), vmap.values(), 4), vsv);
-    _mm512_storeu_ps(p + i, adam_avx512<L2>(_mm512_loadu_ps(p + i), _mm512_loadu_ps(grad + i), mi, vi, c));
-    _mm512_storeu_ps(mbuf + i, mi);
-    _mm512_storeu_ps(vbuf + i, vi);
-    ma = _mm512_max_ps(ma, _mm512_abs_ps(mi));
-    va = _mm512_max_ps(va, _mm512_abs_ps(vi));
+/// A block whose new moment values wait in L1 buffers for their codes.
+struct pending_block {
+  std::uint8_t* mc = nullptr;
+  std::uint8_t* vc = nullptr;
+  const float* mbuf = nullptr;
+  const float* vbuf = nullptr;
+  std::size_t n = 0;
+  float minv = 0, vinv = 0;  // as quant::quantize_block: 1 / scale, 0 for a zero scale
+};
+
+/// Codes of elements [j, j + 16) of a pending block: the arithmetic quantizer, then the table for
+/// the lanes it is not sure of. (GCC 12 takes the intrinsics' own undefined-value placeholders
+/// for uninitialized variables here once they are inlined.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+TROUPE_AVX512 inline void quantize_chunk(const pending_block& q, std::size_t j, const quant::avx512::quantizer& mq,
+                                         const quant::avx512::quantizer& vq, const quant::qmap& mmap,
+                                         const quant::qmap& vmap) {
+  __mmask16 um, uv;
+  const __m512 xm = _mm512_mul_ps(_mm512_loadu_ps(q.mbuf + j), _mm512_set1_ps(q.minv));
+  const __m512 xv = _mm512_mul_ps(_mm512_loadu_ps(q.vbuf + j), _mm512_set1_ps(q.vinv));
+  quant::avx512::store_codes(q.mc + j, quant::avx512::quantize<true>(mq, xm, um));
+  quant::avx512::store_codes(q.vc + j, quant::avx512::quantize<false>(vq, xv, uv));
+  if ((um | uv) != 0) [[unlikely]] {
+    for (unsigned m = um; m != 0; m &= m - 1) {
+      const std::size_t i = j + static_cast<std::size_t>(__builtin_ctz(m));
+      q.mc[i] = quant::avx512::quantize_exact(mmap, q.mbuf[i] * q.minv, true);
+    }
+    for (unsigned m = uv; m != 0; m &= m - 1) {
+      const std::size_t i = j + static_cast<std::size_t>(__builtin_ctz(m));
+      q.vc[i] = quant::avx512::quantize_exact(vmap, q.vbuf[i] * q.vinv, true);
+    }
   }
-  float am = _mm512_reduce_max_ps(ma), av = _mm512_reduce_max_ps(va);
-  const std::size_t full = i;
-  for (; i < n; ++i) {
-    p[i] = adam_element<L2>(p[i], grad[i], mmap.value(mc[i]) * ms, vmap.value(vc[i]) * vs, c, mbuf[i], vbuf[i]);
-    am = std::max(am, std::fabs(mbuf[i]));
-    av = std::max(av, std::fabs(vbuf[i]));
-  }
-  ms = am;
-  vs = av;
-  // As quant::quantize_block with keep_nonzero: x * (1 / scale), 0 for a zero scale.
-  const __m512 minv = _mm512_set1_ps(am > 0 ? 1.0f / am : 0.0f), vinv = _mm512_set1_ps(av > 0 ? 1.0f / av : 0.0f);
-  const bool down_m = mmap.is_signed(), down_v = vmap.is_signed();
-  for (std::size_t j = 0; j < full; j += 16) {
-    quant::avx512::store_codes(mc + j, quant::avx512::quantize(mq, _mm512_mul_ps(_mm512_loadu_ps(mbuf + j), minv), true, down_m));
-    quant::avx512::store_codes(vc + j, quant::avx512::quantize(vq, _mm512_mul_ps(_mm512_loadu_ps(vbuf + j), vinv), true, down_v));
-  }
-  if (full < n) {
-    quant::block_options o;
-    o.block = n;
-    quant::quantize_block(mbuf + full, n - full, am, mmap, o, 0, 0, mc + full);
-    quant::quantize_block(vbuf + full, n - full, av, vmap, o, 0, 0, vc + full);
+}
+#pragma GCC diagnostic pop
+
+/// The elements of a pending block that do not fill a vector.
+inline void quantize_tail(const pending_block& q, std::size_t from, const quant::qmap& mmap,
+                          const quant::qmap& vmap) {
+  for (std::size_t i = from; i < q.n; ++i) {
+    q.mc[i] = quant::avx512::quantize_exact(mmap, q.mbuf[i] * q.minv, true);
+    q.vc[i] = quant::avx512::quantize_exact(vmap, q.vbuf[i] * q.vinv, true);
   }
 }
 
-/// The blocks of [begin, end) through adam_int8_avx512, with the maps' registers loaded once.
-__attribute__((target("avx512f"))) void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_t* mc,
-                                                                std::uint8_t* vc, float* msc, float* vsc,
-                                                                const quant::qmap& mmap, const quant::qmap& vmap,
-                                                                std::size_t begin, std::size_t end, std::size_t block,
-                                                                bool l2, const adam_constants& c, float* bm,
-                                                                float* bv) {
-  const quant::avx512::quantizer mq = quant::avx512::load_quantizer(mmap), vq = quant::avx512::load_quantizer(vmap);
-  for (std::size_t b = begin; b < end; b += block) {
+/// The 8-bit blocks of [begin, end) on AVX-512. Per block: the moments' codes become values by
+/// 16-lane gathers from the 1 KiB value tables, the update writes the parameters and the new
+/// moments to an L1 buffer while keeping the block's absmax; the codes follow once the absmax is
+/// known, with the arithmetic quantizer. The codes of each block are written while the next
+/// block is updated (two buffers), so that the update's divisions and square root, which keep
+/// the divider busy, overlap with the quantizer's integer and permute work.
+template <bool L2>
+TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_t* mc, std::uint8_t* vc, float* msc,
+                                           float* vsc, const quant::qmap& mmap, const quant::qmap& vmap,
+                                           std::size_t begin, std::size_t end, std::size_t block,
+                                           const adam_constants& c, float* buffers) {
+  const quant::avx512::quantizer mq = quant::avx512::load_quantizer(mmap, true);
+  const quant::avx512::quantizer vq = quant::avx512::load_quantizer(vmap, true);
+  const float* mvals = mmap.values();
+  const float* vvals = vmap.values();
+  pending_block prev;
+  int side = 0;
+  for (std::size_t b = begin; b < end; b += block, side ^= 1) {
     const std::size_t n = std::min(block, end - b), k = b / block;
-    if (l2)
-      adam_int8_avx512<true>(p + b, g + b, mc + b, vc + b, msc[k], vsc[k], mq, vq, mmap, vmap, n, c, bm, bv);
-    else
-      adam_int8_avx512<false>(p + b, g + b, mc + b, vc + b, msc[k], vsc[k], mq, vq, mmap, vmap, n, c, bm, bv);
+    float* mbuf = buffers + 2 * block * static_cast<std::size_t>(side);
+    float* vbuf = mbuf + block;
+    float* pb = p + b;
+    const float* gb = g + b;
+    const std::uint8_t* mcb = mc + b;
+    const std::uint8_t* vcb = vc + b;
+    const __m512 msv = _mm512_set1_ps(msc[k]), vsv = _mm512_set1_ps(vsc[k]);
+    __m512 ma = _mm512_setzero_ps(), va = _mm512_setzero_ps();
+    const std::size_t full = n & ~std::size_t{15}, prev_full = prev.n & ~std::size_t{15};
+    const std::size_t both = std::min(full, prev_full);
+    auto update = [&](std::size_t i) TROUPE_AVX512 {
+      __m512 mi = _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(mcb + i), mvals, 4), msv);
+      __m512 vi = _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(vcb + i), vvals, 4), vsv);
+      _mm512_storeu_ps(pb + i, adam_avx512<L2>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i), mi, vi, c));
+      _mm512_storeu_ps(mbuf + i, mi);
+      _mm512_storeu_ps(vbuf + i, vi);
+      ma = _mm512_range_ps(ma, mi, 0x0b);  // max(|ma|, |mi|), sign cleared
+      va = _mm512_range_ps(va, vi, 0x0b);
+    };
+    std::size_t i = 0;
+    for (; i < both; i += 16) {
+      update(i);
+      quantize_chunk(prev, i, mq, vq, mmap, vmap);
+    }
+    for (std::size_t j = i; j < full; j += 16) update(j);
+    for (std::size_t j = i; j < prev_full; j += 16) quantize_chunk(prev, j, mq, vq, mmap, vmap);
+    quantize_tail(prev, prev_full, mmap, vmap);
+    float am = _mm512_reduce_max_ps(ma), av = _mm512_reduce_max_ps(va);
+    const float ms = msc[k], vs = vsc[k];
+    for (std::size_t j = full; j < n; ++j) {
+      pb[j] = adam_element<L2>(pb[j], gb[j], mmap.value(mcb[j]) * ms, vmap.value(vcb[j]) * vs, c, mbuf[j], vbuf[j]);
+      am = std::max(am, std::fabs(mbuf[j]));
+      av = std::max(av, std::fabs(vbuf[j]));
+    }
+    msc[k] = am;
+    vsc[k] = av;
+    prev = {mc + b, vc + b, mbuf, vbuf, n, am > 0 ? 1.0f / am : 0.0f, av > 0 ? 1.0f / av : 0.0f};
   }
+  const std::size_t prev_full = prev.n & ~std::size_t{15};
+  for (std::size_t j = 0; j < prev_full; j += 16) quantize_chunk(prev, j, mq, vq, mmap, vmap);
+  quantize_tail(prev, prev_full, mmap, vmap);
 }
 
 /// Whether a slot's step can use the fused compressed kernels: Adam or AdamW with m and v in the
@@ -538,9 +581,11 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     return;
   }
   const std::size_t block = static_cast<std::size_t>(s.m.block);
+  // One block of each moment; the AVX-512 kernel uses bm for two of each (it quantizes one block
+  // while it updates the next).
   thread_local std::vector<float> bm, bv;
-  if (bm.size() < block) {
-    bm.resize(block);
+  if (bm.size() < 4 * block) {
+    bm.resize(4 * block);
     bv.resize(block);
   }
   const auto& mmap = map_of(s.m);
@@ -550,8 +595,9 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
   float* msc = s.m.scales.data<float>().data();
   float* vsc = s.v.scales.data<float>().data();
   const auto mo = block_opts(s.m, rm), vo = block_opts(s.v, rv);
-  if (quant::simd_level() >= 2) {
-    adam_int8_blocks_avx512(p, g, mc, vc, msc, vsc, mmap, vmap, begin, end, block, l2, c, bm.data(), bv.data());
+  if (quant::simd_level() >= 2 && mmap.is_signed() && !vmap.is_signed()) {
+    if (l2) adam_int8_blocks_avx512<true>(p, g, mc, vc, msc, vsc, mmap, vmap, begin, end, block, c, bm.data());
+    else adam_int8_blocks_avx512<false>(p, g, mc, vc, msc, vsc, mmap, vmap, begin, end, block, c, bm.data());
     return;
   }
   for (std::size_t b = begin; b < end; b += block) {

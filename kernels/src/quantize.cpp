@@ -16,7 +16,7 @@ namespace troupe::kernels::quant {
 namespace {
 
 int cpu_simd_level() noexcept {
-  if (__builtin_cpu_supports("avx512f")) return 2;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return 2;
   return __builtin_cpu_supports("avx2") ? 1 : 0;
 }
 
@@ -127,54 +127,122 @@ qmap::qmap(bool is_signed) : signed_(is_signed) {
 }
 
 void qmap::build_estimate() {
-  // Pieces: index 0 for magnitudes under 1e-7 (the zero code), index d + 1 for decade d.
+  // Magnitude indices: 0 the zero entry, 1.. the positive entries in order, top the entry 1.
+  // Decision j lies between indices j and j + 1: a positive x goes up when x > above(zero + j),
+  // a negative one when |x| >= -above(zero - j - 1) (ties go to the lower code, which is the
+  // larger magnitude below zero).
   constexpr int decades = 7;
-  int base = 1;  // magnitude index of the decade's first entry (0 is the zero entry)
-  for (int d = 0; d < decades; ++d) {
-    const int n = signed_ ? (1 << d) : (1 << (d + 1));
-    const double unit = std::pow(10.0, d - (decades - 1));
-    // Entry k of the decade lies at t = k + 1/2 for t = (a / unit - 0.1) * n / 0.9; the midpoints
-    // at whole t. trunc(t + 1/2) is the nearest entry or one above it, so one below the entry.
-    piece_scale_[d + 1] = static_cast<float>(n / (0.9 * unit));
-    piece_offset_[d + 1] = static_cast<float>(0.5 - 0.1 * n / 0.9);
-    piece_base_[d + 1] = base - 1;
-    piece_count_[d + 1] = n;
+  const int zero = zero_code_;
+  const int top = 255 - zero;
+  const float inf = std::numeric_limits<float>::infinity();
+  auto up = [&](float f) { return std::nextafter(f, inf); };
+  auto down = [&](float f) { return std::nextafter(f, -inf); };
+  auto fail = [](const std::string& why) { throw std::logic_error("quantization estimate: " + why); };
+  // Pieces: 0 the zero entry, d + 1 decade d, 8 the entry 1. Piece q > 0 starts at decision
+  // start[q] - 1, at magnitude start_at[q]; a negative x's start is one ulp lower on a tie.
+  std::array<int, 9> start{};
+  std::array<float, 9> start_at{};
+  std::array<bool, 9> tie{};
+  const float margin = 0x1p-12f;
+  for (auto* table : {&piece_scale_[0], &piece_scale_[1]}) table->fill(0.0f);
+  for (auto* table : {&piece_offset_[0], &piece_offset_[1]}) table->fill(0.5f);
+  for (auto* table : {&piece_limit_[0], &piece_limit_[1]}) table->fill(0);
+  piece_margin_.fill(0.0f);
+  int base = 1;
+  for (int q = 1; q <= decades + 1; ++q) {
+    const int d = q - 1;
+    const int n = q > decades ? 1 : (signed_ ? (1 << d) : (2 << d));
+    start[q] = base;
+    const float p = above_[zero + base - 1];
+    start_at[q] = up(p);
+    if (signed_ && base <= zero) {
+      const float neg = -above_[zero - base];
+      if (neg == p) tie[q] = true;
+      else if (neg != up(p)) fail("decision " + std::to_string(base - 1) + " is not mirrored");
+    }
+    for (int kv = 0; kv < 2; ++kv) {
+      if (q > decades) {
+        piece_offset_[kv][q] = static_cast<float>(top) + 0.5f;
+        piece_limit_[kv][q] = top;
+      } else {
+        // t = base + (a / unit - 0.1) * n / 0.9: whole at the midpoints between the decade's entries.
+        const double unit = std::pow(10.0, d - (decades - 1));
+        piece_scale_[kv][q] = static_cast<float>(n / (0.9 * unit));
+        piece_offset_[kv][q] = static_cast<float>(base - 0.1 * n / 0.9);
+        piece_limit_[kv][q] = base + n - 1;
+        piece_margin_[q] = margin;
+      }
+    }
     base += n;
   }
-  for (std::uint32_t i = 0; i < 32; ++i) {
-    // Binade [2^p, 2^(p+1)) with p = exponent - 127; above the clamp (1) nothing is used.
-    const int p = std::min(static_cast<int>(est_first_exponent + i), 127) - 127;
-    const double lo = std::ldexp(1.0, p), hi = std::ldexp(1.0, p + 1);
-    int d = -1;
-    while (d + 1 < decades && std::pow(10.0, d + 1 - decades) <= lo) ++d;
-    exponent_piece_[i] = d + 1;
-    exponent_threshold_[i] = std::numeric_limits<float>::infinity();
-    if (d + 1 < decades) {
-      const double next = std::pow(10.0, d + 1 - decades);
-      if (next < hi) exponent_threshold_[i] = static_cast<float>(next);
+  if (base != top + 1) fail("the pieces hold " + std::to_string(base) + " entries");
+  // The zero piece: index 0; with keep_nonzero index 1 for every a > 0.
+  piece_scale_[1][0] = 0x1p124f;
+  piece_offset_[1][0] = 1.0f - 0x1p-24f;
+  piece_limit_[1][0] = 1;
+  for (std::uint32_t s = 0; s < 32; ++s) {
+    // Exponent est_first_exponent + s: the binade [lo, hi); slot 0 also holds everything smaller.
+    const int p = static_cast<int>(est_first_exponent + s) - 127;
+    const float lo = s == 0 ? 0.0f : std::ldexp(1.0f, p), hi = std::ldexp(1.0f, p + 1);
+    int q = 0;
+    while (q < decades + 1 && start_at[q + 1] <= lo) ++q;
+    exponent_piece_[s] = q;
+    exponent_threshold_[s] = inf;
+    if (q < decades + 1 && start_at[q + 1] < hi) {
+      if (q + 1 < decades + 1 && start_at[q + 2] < hi) fail("two pieces start in one binade");
+      exponent_threshold_[s] = start_at[q + 1];
+      exponent_piece_[s] = q | (tie[q + 1] ? 16 : 0);
+      if (tie[q + 1] && down(start_at[q + 1]) < lo) fail("a tie at a binade's start");
     }
   }
-  // estimate() is monotone in x (each piece's map is, the pieces follow each other and each
-  // ends where the next begins), so checking both ends of every code's interval, split at zero,
-  // checks every float.
-  const float inf = std::numeric_limits<float>::infinity();
-  auto check = [&](float x, int c) {
-    const int e = estimate(x);
-    const bool ok = x < 0 ? (e == c || e == c + 1) : (e == c || e + 1 == c);
-    if (!ok || quantize_estimated(x) != c || quantize_reference(x) != c)
-      throw std::logic_error("quantization estimate: " + std::to_string(e) + " for code " + std::to_string(c));
+  // The proof: t grows with a inside a piece, so the estimate is exact for every float when, at
+  // every decision inside a piece, t is below K + margin at the largest magnitude of index j
+  // and above K - margin at the smallest of index j + 1 (K = j + 1), both in that piece; when
+  // every piece starts where it should for both signs; and when t at a piece's start is at
+  // least its first index plus the margin. Magnitudes of a negative x are checked through -a.
+  auto piece_of = [&](float x) {
+    const float a = std::min(std::fabs(x), 1.0f);
+    std::uint32_t ab;
+    std::memcpy(&ab, &a, 4);
+    const std::uint32_t e = std::max(ab >> 23, est_first_exponent) & 31u;
+    const std::uint32_t cb = ab + (signed_ && x < 0 ? static_cast<std::uint32_t>(exponent_piece_[e] >> 4) : 0u);
+    float ac;
+    std::memcpy(&ac, &cb, 4);
+    return (exponent_piece_[e] & 15) + (ac >= exponent_threshold_[e] ? 1 : 0);
   };
-  for (int c = 0; c < 256; ++c) {
-    const float lo = c == 0 ? -std::numeric_limits<float>::max() : std::nextafter(above_[c - 1], inf);
-    const float hi = c == 255 ? std::numeric_limits<float>::max() : above_[c];
-    if (lo < 0) {
-      check(lo, c);
-      check(hi < 0 ? hi : -std::numeric_limits<float>::denorm_min(), c);
+  auto t_of = [&](float a, int q) { return std::fma(a, piece_scale_[0][q], piece_offset_[0][q]); };
+  for (int sign = 0; sign < (signed_ ? 2 : 1); ++sign) {
+    for (int j = 0; j < top; ++j) {
+      if (sign == 1 && j >= zero) break;  // no negative entry beyond -above(0)
+      // Largest magnitude of index j and smallest of index j + 1, as signed values.
+      const float hi_mag = sign == 0 ? up(above_[zero + j]) : -above_[zero - j - 1];
+      const float lo_mag = down(hi_mag);
+      const float x_lo = sign == 0 ? lo_mag : -lo_mag, x_hi = sign == 0 ? hi_mag : -hi_mag;
+      const int q = piece_of(x_hi);
+      int q_start = 0;
+      while (q_start < decades + 1 && start[q_start + 1] <= j + 1) ++q_start;
+      if (q != q_start) fail("decision " + std::to_string(j) + " falls in piece " + std::to_string(q));
+      if (start[q] == j + 1) {
+        if (piece_of(x_lo) != q - 1) fail("piece " + std::to_string(q) + " starts late");
+        if (q <= decades && !(t_of(hi_mag, q) >= static_cast<float>(j + 1) + margin))
+          fail("piece " + std::to_string(q) + " starts below its first index");
+        continue;
+      }
+      const float k = static_cast<float>(j + 1);
+      if (piece_of(x_lo) != q || !(t_of(lo_mag, q) < k + margin) || !(t_of(hi_mag, q) > k - margin))
+        fail("decision " + std::to_string(j) + " outside the margin");
     }
-    if (hi >= 0) {
-      check(lo < 0 ? -0.0f : lo, c);
-      check(lo < 0 ? 0.0f : lo, c);
-      check(hi, c);
+  }
+  // And the estimate agrees with the search at these points (keep_nonzero both ways).
+  for (int c = 0; c < 256; ++c) {
+    for (float x : {values_[c], above_[c], up(above_[c]), down(above_[c]), -above_[c], -up(above_[c])}) {
+      if (!std::isfinite(x)) continue;
+      for (bool keep : {false, true}) {
+        const estimated r = estimate(x, keep);
+        int want = quantize_reference(x);
+        if (keep && want == zero && x != 0.0f) want += x > 0.0f ? 1 : (signed_ && want > 0 ? -1 : 0);
+        if (r.sure && r.code != want) fail(std::to_string(r.code) + " for code " + std::to_string(want));
+      }
     }
   }
 }
@@ -259,23 +327,28 @@ __attribute__((target("avx2"))) std::size_t dequantize_avx2(const std::uint8_t* 
   return i;
 }
 
-__attribute__((target("avx512f"))) std::size_t quantize_avx512(const float* x, std::size_t n, float inv,
-                                                               const qmap& map, bool keep,
-                                                               std::uint8_t* codes) noexcept {
-  if (n < 16) return 0;
-  const avx512::quantizer q = avx512::load_quantizer(map);
+template <bool Signed>
+TROUPE_AVX512 std::size_t quantize_avx512(const float* x, std::size_t n, float inv, const qmap& map, bool keep,
+                                          std::uint8_t* codes) noexcept {
+  const avx512::quantizer q = avx512::load_quantizer(map, keep);
   const __m512 vinv = _mm512_set1_ps(inv);
-  const bool down = keep && map.is_signed();
   std::size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    avx512::store_codes(codes + i, avx512::quantize(q, _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv), keep, down));
+  for (; i + 16 <= n; i += 16) {
+    __mmask16 unsure;
+    avx512::store_codes(codes + i, avx512::quantize<Signed>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv), unsure));
+    for (unsigned m = unsure; m != 0; m &= m - 1) {
+      const std::size_t j = i + static_cast<std::size_t>(__builtin_ctz(m));
+      codes[j] = avx512::quantize_exact(map, x[j] * inv, keep);
+    }
+  }
   return i;
 }
 
-__attribute__((target("avx512f"))) std::size_t dequantize_avx512(const std::uint8_t* codes, std::size_t n,
-                                                                 float scale, const float* values,
+TROUPE_AVX512 std::size_t dequantize_avx512(const std::uint8_t* codes, std::size_t n,
+                                                                 float scale, const qmap& map,
                                                                  float* out) noexcept {
   const __m512 s = _mm512_set1_ps(scale);
+  const float* values = map.values();
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_i32gather_ps(avx512::load_codes(codes + i), values, 4), s));
@@ -341,7 +414,7 @@ inline std::uint8_t finish(std::uint8_t c, float xn, const qmap& map, const bloc
 void dequantize_block(const std::uint8_t* codes, std::size_t n, float scale, const qmap& map, float* out) noexcept {
   const float* v = map.values();
   const int level = simd_level();
-  std::size_t done = level >= 2 ? dequantize_avx512(codes, n, scale, v, out) : 0;
+  std::size_t done = level >= 2 ? dequantize_avx512(codes, n, scale, map, out) : 0;
   if (level >= 1) done += dequantize_avx2(codes + done, n - done, scale, v, out + done);
   for (std::size_t i = done; i < n; ++i) out[i] = v[codes[i]] * scale;
 }
@@ -351,8 +424,9 @@ void quantize_block(const float* x, std::size_t n, float scale, const qmap& map,
   const float inv = scale > 0 ? 1.0f / scale : 0.0f;
   const int level = o.stochastic ? 0 : simd_level();
   for (int l = level; l >= 1; --l) {
-    const std::size_t done = l == 2 ? quantize_avx512(x, n, inv, map, o.keep_nonzero, codes)
-                                    : quantize_avx2(x, n, inv, map, o.keep_nonzero, codes);
+    const std::size_t done = l == 1 ? quantize_avx2(x, n, inv, map, o.keep_nonzero, codes)
+                             : map.is_signed() ? quantize_avx512<true>(x, n, inv, map, o.keep_nonzero, codes)
+                                               : quantize_avx512<false>(x, n, inv, map, o.keep_nonzero, codes);
     x += done;
     codes += done;
     n -= done;

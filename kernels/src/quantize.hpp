@@ -18,9 +18,11 @@
 // table is built; the smallest decision point is about 1.6e-7), so the vector path
 // can compare the low 16 bits of x's magnitude with the decision point's offset in its bucket.
 // With AVX-512 the code comes from arithmetic instead (estimate(): the map is evenly spaced inside
-// each decade) and one comparison with a decision point looked up in registers.
+// each decade, so one multiply-add gives the code, exact unless it lands next to a decision
+// point, where the table decides).
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -62,45 +64,77 @@ public:
   /// Stable identifier recorded in saved state: 1 signed dynamic, 2 unsigned dynamic.
   std::uint8_t id() const noexcept { return signed_ ? 1 : 2; }
 
-  /// The arithmetic estimate behind the AVX-512 quantizer (no table in memory: every table below
-  /// fits in registers). The magnitude a = min(|x|, 1) (its bits clamped below at est_lo_bits)
-  /// falls in a piece: -1 below 1e-7, else decade d = 0..6 of the map, [10^(d-7), 10^(d-6)).
-  /// The piece comes from a's float exponent (piece_of_exponent, one threshold per binade:
-  /// a >= exponent_threshold means the next piece); inside a piece the entries are evenly spaced,
-  /// so the entry index is trunc(a * piece_scale + piece_offset), at most piece_count, plus
-  /// piece_base. The result, mirrored around the zero code for negative x, is the nearest code
-  /// or one below it (x >= 0), or the nearest code or one above it (x < 0): one comparison with
-  /// above() of the estimate (x >= 0) or of the code under it (x < 0) decides. The construction
-  /// checks this at both ends of every code's interval (the estimate is monotone in x).
-  int estimate(float x) const noexcept {
-    std::uint32_t b;
-    std::memcpy(&b, &x, 4);
-    std::uint32_t m = b & 0x7fffffffu;
-    m = m < est_lo_bits ? est_lo_bits : m;
-    m = m > est_hi_bits ? est_hi_bits : m;
+  /// The arithmetic estimate behind the AVX-512 quantizer (every table below fits in registers).
+  /// The magnitude a = min(|x|, 1) (signed map) or min(max(x, 0), 1) (unsigned) falls in a piece:
+  /// 0 below the first decision point (the zero entry), d + 1 for decade d of the map, 8 for the
+  /// entry 1. Pieces begin exactly at decision points: a's float exponent gives the piece at the
+  /// start of its binade and the one piece start inside it (a >= exponent_threshold() means the
+  /// next piece; for a negative x with a tie at that decision point, a is read one ulp higher).
+  /// Inside decade d the entries are evenly spaced and the decision points between them lie at
+  /// whole numbers of t = a * piece_scale + piece_offset (one fused multiply-add), so the
+  /// magnitude index is min(trunc(t), piece_limit), mirrored around the zero code for negative
+  /// x. The piece's first decision point (from the decade below) is its start and its last
+  /// entry covers two units of t, hence the limit. t is within a small error of that ideal, so
+  /// the index is exact whenever t is at least piece_margin away from a whole number; otherwise
+  /// `sure` is false and the caller asks the table (about one value in a thousand). With
+  /// keep_nonzero the zero piece maps every nonzero magnitude to index 1 (the fused
+  /// multiply-add rounds a * 2^124 + (1 - 2^-24) up to 1 for the smallest subnormal). The
+  /// construction checks every decision point of both signs and throws if any assumption fails.
+  struct estimated {
+    int code;
+    bool sure;
+  };
+  estimated estimate(float x, bool keep) const noexcept {
     float a;
-    std::memcpy(&a, &m, 4);
-    const std::uint32_t e = (m >> 23) - est_first_exponent;
-    const int piece = exponent_piece_[e] + (a >= exponent_threshold_[e] ? 1 : 0);
-    int k = static_cast<int>(a * piece_scale_[piece] + piece_offset_[piece]);
-    k = k < piece_count_[piece] ? k : piece_count_[piece];
-    const int pm = piece_base_[piece] + k;
-    if (!(x < 0)) return zero_code_ + pm;
-    return zero_code_ - pm < 0 ? 0 : zero_code_ - pm;
+    if (signed_) {
+      a = std::fabs(x);
+      a = a < 1.0f ? a : 1.0f;
+    } else {
+      a = x > 0.0f ? x : 0.0f;
+      a = a < 1.0f ? a : 1.0f;
+    }
+    std::uint32_t ab;
+    std::memcpy(&ab, &a, 4);
+    std::uint32_t e = ab >> 23;
+    e = (e < est_first_exponent ? est_first_exponent : e) & 31u;
+    const std::int32_t pe = exponent_piece_[e];
+    std::uint32_t xb;
+    std::memcpy(&xb, &x, 4);
+    const bool negative = (xb >> 31) != 0;
+    std::uint32_t cb = ab + (signed_ && negative ? static_cast<std::uint32_t>(pe >> 4) : 0u);
+    float ac;
+    std::memcpy(&ac, &cb, 4);
+    const int piece = (pe & 15) + (ac >= exponent_threshold_[e] ? 1 : 0);
+    const int kv = keep ? 1 : 0;
+    const float t = std::fma(a, piece_scale_[kv][piece], piece_offset_[kv][piece]);
+    std::uint32_t k = t >= 0x1p32f ? 0xffffffffu : static_cast<std::uint32_t>(t);
+    const std::uint32_t limit = static_cast<std::uint32_t>(piece_limit_[kv][piece]);
+    k = k < limit ? k : limit;
+    const bool sure = !(std::fabs(t - std::nearbyint(t)) < piece_margin_[piece]);
+    int code = static_cast<int>(k);
+    if (signed_) {
+      code = negative ? zero_code_ - code : zero_code_ + code;
+      code = code < 0 ? 0 : code;
+    }
+    return {code, sure};
   }
-  /// The nearest code by estimate() and one comparison (the AVX-512 quantizer's scalar twin).
-  std::uint8_t quantize_estimated(float x) const noexcept {
-    const int c = estimate(x);
-    if (!(x < 0)) return static_cast<std::uint8_t>(c + (x > above_[c] ? 1 : 0));
-    return static_cast<std::uint8_t>(c - (c > 0 && x <= above_[c - 1] ? 1 : 0));
+  /// The nearest code (with keep_nonzero's rule when `keep`) by estimate(), or by the table when
+  /// the estimate is not sure (the AVX-512 quantizer's scalar twin).
+  std::uint8_t quantize_estimated(float x, bool keep = false) const noexcept {
+    const estimated r = estimate(x, keep);
+    if (r.sure) return static_cast<std::uint8_t>(r.code);
+    int c = quantize(x);
+    if (keep && c == zero_code_ && x != 0.0f) c += x > 0.0f ? 1 : (signed_ && c > 0 ? -1 : 0);
+    return static_cast<std::uint8_t>(c);
   }
-  /// Tables of estimate(), indexed by the exponent (32, 25 used) and by piece + 1 (16, 8 used).
+  /// Tables of estimate(): per exponent & 31 (exponents 96..127) and per piece (16, 9 used);
+  /// scale, offset and limit without (0) and with (1) keep_nonzero.
   const std::int32_t* exponent_piece() const noexcept { return exponent_piece_.data(); }
   const float* exponent_threshold() const noexcept { return exponent_threshold_.data(); }
-  const float* piece_scale() const noexcept { return piece_scale_.data(); }
-  const float* piece_offset() const noexcept { return piece_offset_.data(); }
-  const std::int32_t* piece_base() const noexcept { return piece_base_.data(); }
-  const std::int32_t* piece_count() const noexcept { return piece_count_.data(); }
+  const float* piece_scale(bool keep) const noexcept { return piece_scale_[keep ? 1 : 0].data(); }
+  const float* piece_offset(bool keep) const noexcept { return piece_offset_[keep ? 1 : 0].data(); }
+  const std::int32_t* piece_limit(bool keep) const noexcept { return piece_limit_[keep ? 1 : 0].data(); }
+  const float* piece_margin() const noexcept { return piece_margin_.data(); }
 
   /// The construction evaluated in double (256 values, sorted).
   static std::array<double, 256> construct(bool is_signed);
@@ -109,9 +143,7 @@ public:
   static constexpr std::uint32_t hi_bits = 0x3fffffffu;  // just below 2: larger ones share a bucket
   static constexpr int shift = 16;                       // keep 7 mantissa bits
   static constexpr std::uint32_t buckets = ((hi_bits - lo_bits) >> shift) + 1;
-  static constexpr std::uint32_t est_lo_bits = 0x33800000u;  // 2^-24 (exponent 103)
-  static constexpr std::uint32_t est_hi_bits = 0x3f800000u;  // 1 (exponent 127)
-  static constexpr std::uint32_t est_first_exponent = 103;
+  static constexpr std::uint32_t est_first_exponent = 96;  // smaller exponents share its slot
 
 private:
   explicit qmap(bool is_signed);
@@ -120,17 +152,19 @@ private:
   std::array<float, 256> above_{};
   std::vector<std::uint8_t> lut_;
   std::vector<std::int32_t> packed_;  // code and decision offset, for vector gathers
-  // estimate(): per exponent - est_first_exponent, and per piece + 1 (piece -1 first).
+  // estimate(): per exponent & 31 (the piece in bits 0-3, a tie for negative x in bit 4), and
+  // per piece (without and with keep_nonzero).
   std::array<std::int32_t, 32> exponent_piece_{};
   std::array<float, 32> exponent_threshold_{};
-  std::array<float, 16> piece_scale_{}, piece_offset_{};
-  std::array<std::int32_t, 16> piece_base_{}, piece_count_{};
+  std::array<std::array<float, 16>, 2> piece_scale_{}, piece_offset_{};
+  std::array<std::array<std::int32_t, 16>, 2> piece_limit_{};
+  std::array<float, 16> piece_margin_{};
   std::uint8_t zero_code_ = 0;
   bool signed_ = false;
 };
 
 /// The widest vector instructions that the quantizer and the fused optimizer kernels use: 2
-/// AVX-512F, 1 AVX2, 0 none. The CPU's, unless lowered by limit_simd().
+/// AVX-512 F and DQ, 1 AVX2, 0 none. The CPU's, unless lowered by limit_simd().
 int simd_level() noexcept;
 /// Caps simd_level() at `level` (so that tests run every path); returns the previous cap. Not
 /// for use while a step or a quantizer runs.
