@@ -657,6 +657,11 @@ private:
       std::lock_guard lock(mu_);
       if (stopped_) return;
       auto now = clock_type::now();
+      // When this node itself stalled (its loop ran late), silence from others proves nothing:
+      // they get a fresh period instead of being declared lost for this node's delay.
+      if (now - last_beat_ > 2 * cfg_.heartbeat)
+        for (auto& [id, m] : members_) m.heard = std::max(m.heard, now - cfg_.heartbeat);
+      last_beat_ = now;
       std::uint64_t actors = sys_.live_count.load(std::memory_order_relaxed);
       auto payload = encode(actors);
       for (auto& [id, m] : members_) {
@@ -691,7 +696,13 @@ private:
       return;
     }
     auto it = conn_node_.find(c->id());
-    if (it == conn_node_.end()) return;
+    if (it == conn_node_.end()) {
+      // A dial that reached the peer but never finished the handshake counts as a failed dial.
+      if (stopped_ || !c->outbound() || c->tag() == 0) return;
+      auto m = members_.find(static_cast<node_id>(c->tag()));
+      if (m != members_.end() && m->second.alive && !m->second.conn) lose_locked(m->first, why);
+      return;
+    }
     node_id id = it->second;
     conn_node_.erase(it);
     if (stopped_) return;
@@ -1193,6 +1204,7 @@ private:
   node_id self_ = 0;
   node_id next_node_ = 2;
   std::uint64_t beats_ = 0;
+  clock_type::time_point last_beat_ = clock_type::now();
   std::uint64_t next_request_ = 1;
   std::map<node_id, member> members_;
   std::unordered_map<std::uint64_t, node_id> conn_node_;

@@ -3,6 +3,12 @@
 #include <algorithm>
 #include <utility>
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
@@ -50,6 +56,8 @@ envelope control(control_code code, std::vector<std::byte> payload = {}) {
 }
 
 constexpr std::size_t read_chunk = 64u << 10;
+// Frames closer together than this are batched rather than written one system call each.
+constexpr auto direct_write_gap = std::chrono::microseconds(20);
 
 }  // namespace
 
@@ -78,7 +86,9 @@ connection::connection(transport& owner, tcp::socket socket, bool outbound, std:
       id_(id),
       tag_(tag),
       decoder_(handshake_limits(owner.config().limits)),
-      read_buf_(read_chunk) {}
+      read_buf_(read_chunk) {
+  fd_ = socket_.native_handle();
+}
 
 connection::~connection() = default;
 
@@ -97,14 +107,15 @@ void connection::start() {
 }
 
 void connection::send(envelope env) {
-  asio::post(socket_.get_executor(), [self = shared_from_this(), env = std::move(env)]() mutable {
-    if (self->closed_ || self->closing_) return;
-    if (!self->authenticated()) {
-      self->held_.push_back(std::move(env));
-      return;
-    }
-    self->send_now(std::move(env));
-  });
+  // Encoded on the sender's thread; written from it too when nothing else is being written.
+  auto frame = encode_frame(std::move(env));
+  std::lock_guard lock(write_mutex_);
+  if (write_closed_ || closing_) return;
+  if (!authenticated()) {
+    held_.push_back(std::move(frame));
+    return;
+  }
+  enqueue(std::move(frame));
 }
 
 void connection::close(std::string reason) {
@@ -114,31 +125,83 @@ void connection::close(std::string reason) {
 }
 
 void connection::send_now(envelope env) {
-  queue_.push_back(encode_frame(std::move(env)));
-  if (!writing_now_) write_more();
+  std::lock_guard lock(write_mutex_);
+  if (!write_closed_) enqueue(encode_frame(std::move(env)));
+}
+
+void connection::enqueue(outbound_frame f) {
+  // Nothing in flight and the last frame left a while ago (calls one at a time): write now,
+  // without a hop to the connection's thread. Frames that follow each other closely (many
+  // calls in flight) queue instead, and the strand writes them together: fewer system calls.
+  // The socket is non-blocking; what the kernel does not take now goes the asynchronous way.
+  auto now = std::chrono::steady_clock::now();
+  bool direct = !writing_now_ && queue_.empty() && now - last_direct_ > direct_write_gap;
+  if (direct) last_direct_ = now;
+  if (direct) {
+    iovec iov[2];
+    int parts = 0;
+    iov[parts++] = {f.head.data(), f.head.size()};
+    if (!f.body.empty()) iov[parts++] = {f.body.data(), f.body.size()};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<std::size_t>(parts);
+    ssize_t n = ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n == static_cast<ssize_t>(f.size())) {
+      frames_sent_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      write_closed_ = true;
+      asio::post(socket_.get_executor(), [self = shared_from_this(), why = std::string(std::strerror(errno))] {
+        self->do_close("write failed: " + why);
+      });
+      return;
+    }
+    f.written = n > 0 ? static_cast<std::size_t>(n) : 0;
+  }
+  queue_.push_back(std::move(f));
+  if (!writing_now_) {
+    writing_now_ = true;
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->write_more(); });
+  }
 }
 
 void connection::write_more() {
-  if (closed_ || queue_.empty()) return;
-  // Gather everything queued into one write: heads and bodies go out from their own buffers.
-  writing_.swap(queue_);
   std::vector<asio::const_buffer> buffers;
-  buffers.reserve(writing_.size() * 2);
-  for (const auto& f : writing_) {
-    buffers.emplace_back(f.head.data(), f.head.size());
-    if (!f.body.empty()) buffers.emplace_back(f.body.data(), f.body.size());
-  }
-  writing_now_ = true;
-  asio::async_write(socket_, buffers, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-    self->writing_now_ = false;
-    self->frames_sent_.fetch_add(self->writing_.size(), std::memory_order_relaxed);
-    self->writing_.clear();
-    if (ec) {
-      if (!self->closed_) self->do_close("write failed: " + ec.message());
+  {
+    std::lock_guard lock(write_mutex_);
+    if (write_closed_ || queue_.empty()) {
+      writing_now_ = false;
+      if (closing_ && !write_closed_) asio::post(socket_.get_executor(), [self = shared_from_this()] {
+        self->do_close(self->closing_reason_, true);
+      });
       return;
     }
-    if (self->closing_ && self->queue_.empty()) {
-      self->do_close(self->closing_reason_, true);
+    // Gather everything queued into one write: heads and bodies go out from their own buffers.
+    writing_.swap(queue_);
+    buffers.reserve(writing_.size() * 2);
+    for (const auto& f : writing_) {
+      std::size_t skip = f.written;
+      auto add = [&](const std::vector<std::byte>& part) {
+        if (skip >= part.size()) {
+          skip -= part.size();
+          return;
+        }
+        buffers.emplace_back(part.data() + skip, part.size() - skip);
+        skip = 0;
+      };
+      add(f.head);
+      add(f.body);
+    }
+  }
+  asio::async_write(socket_, buffers, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+    {
+      std::lock_guard lock(self->write_mutex_);
+      self->frames_sent_.fetch_add(self->writing_.size(), std::memory_order_relaxed);
+      self->writing_.clear();
+    }
+    if (ec) {
+      if (!self->closed_) self->do_close("write failed: " + ec.message());
       return;
     }
     self->write_more();
@@ -189,7 +252,7 @@ void connection::on_read(std::size_t n) {
   while (auto env = decoder_.pop()) {
     frames_received_.fetch_add(1, std::memory_order_relaxed);
     on_envelope(std::move(*env));
-    if (closed_ || closing_) return;
+    if (closed_ || closing_now()) return;
   }
   read_more();
 }
@@ -244,9 +307,18 @@ bool connection::on_handshake(envelope env) {
   auto payload = std::span<const std::byte>(env.payload);
   if (!same_proof(payload.first(proof_bytes), handshake_proof(token, client_label, nonce_))) {
     // Tell the peer why, then close once the refusal is written; read nothing more.
-    closing_ = true;
-    closing_reason_ = "wrong cluster token";
-    send_now(control(control_code::refuse));
+    {
+      std::lock_guard lock(write_mutex_);
+      closing_ = true;
+      closing_reason_ = "wrong cluster token";
+      if (!write_closed_) enqueue(encode_frame(control(control_code::refuse)));
+    }
+    // Written at once: close now; otherwise write_more closes once the queue is written.
+    std::unique_lock lock(write_mutex_);
+    if (!writing_now_ && queue_.empty()) {
+      lock.unlock();
+      do_close(closing_reason_, true);
+    }
     return false;
   }
   send_now(control(control_code::accept, handshake_proof(token, server_label, payload.subspan(proof_bytes))));
@@ -255,16 +327,17 @@ bool connection::on_handshake(envelope env) {
 }
 
 void connection::finish_handshake() {
-  authenticated_.store(true, std::memory_order_release);
   deadline_.cancel();
   decoder_.set_limits(owner_.config().limits);
-  if (owner_.handlers_.on_open) owner_.handlers_.on_open(shared_from_this());
-  auto held = std::move(held_);
-  held_.clear();
-  for (auto& env : held) {
-    if (closed_) break;
-    send_now(std::move(env));
+  {
+    // What was sent before the handshake goes first; later sends queue behind it.
+    std::lock_guard lock(write_mutex_);
+    authenticated_.store(true, std::memory_order_release);
+    for (auto& f : held_)
+      if (!write_closed_) enqueue(std::move(f));
+    held_.clear();
   }
+  if (owner_.handlers_.on_open) owner_.handlers_.on_open(shared_from_this());
 }
 
 void connection::do_close(std::string reason, bool refused) {
@@ -277,10 +350,15 @@ void connection::do_close(std::string reason, bool refused) {
     log().info("troupe net: connection {} closed: {}", id_, reason);
   boost::system::error_code ignored;
   deadline_.cancel();
-  socket_.shutdown(tcp::socket::shutdown_both, ignored);
-  socket_.close(ignored);
-  queue_.clear();
-  held_.clear();
+  {
+    // Under the write lock: no sender is inside sendmsg on this descriptor when it closes.
+    std::lock_guard lock(write_mutex_);
+    write_closed_ = true;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+    queue_.clear();
+    held_.clear();
+  }
   owner_.closed(shared_from_this(), reason);
 }
 

@@ -121,7 +121,12 @@ private:
   void on_envelope(envelope env);
   bool on_handshake(envelope env);
   void send_now(envelope env);
+  void enqueue(outbound_frame f);  // under write_mutex_
   void write_more();
+  bool closing_now() {
+    std::lock_guard lock(write_mutex_);
+    return closing_;
+  }
   void do_close(std::string reason, bool refused = false);  // refused: logged as a warning
   void finish_handshake();
 
@@ -135,13 +140,20 @@ private:
   std::string remote_host_;
   frame_decoder decoder_;
   std::vector<std::byte> read_buf_;
+  std::vector<std::byte> nonce_;        // the nonce this side sent
+  bool closed_ = false;                 // on the connection's strand
+  int fd_ = -1;                         // the socket's descriptor, for writes from any thread
+  // The write side, shared by senders on any thread and the strand (write_mutex_ guards it):
+  // a sender writes directly when nothing is queued or in flight, else queues; the strand
+  // writes the queue in gathered asynchronous writes until it is empty.
+  std::mutex write_mutex_;
   std::deque<outbound_frame> queue_;    // waiting to be written
   std::deque<outbound_frame> writing_;  // in the gathered write now in flight
-  std::vector<envelope> held_;          // sent before the handshake finished
-  std::vector<std::byte> nonce_;        // the nonce this side sent
+  std::vector<outbound_frame> held_;    // sent before the handshake finished
   bool writing_now_ = false;
-  bool closed_ = false;
-  bool closing_ = false;        // close once the queue is written (a refusal)
+  bool write_closed_ = false;
+  std::chrono::steady_clock::time_point last_direct_{};
+  bool closing_ = false;                // close once the queue is written (a refusal)
   std::string closing_reason_;
   std::atomic<bool> authenticated_{false};
   std::atomic<bool> open_{true};

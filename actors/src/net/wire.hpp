@@ -105,6 +105,7 @@ inline constexpr std::size_t inline_payload_limit = 16u << 10;
 struct outbound_frame {
   std::vector<std::byte> head;
   std::vector<std::byte> body;
+  std::size_t written = 0;  ///< bytes of it already written (the transport's bookkeeping)
   std::size_t size() const noexcept { return head.size() + body.size(); }
 };
 
