@@ -249,12 +249,15 @@ public:
     if (it == r.slot.end()) throw std::logic_error("secagg: client " + std::to_string(u.client) + " is not in this round");
     if (u.delta.size() + 1 != r.cfg.dim) throw std::logic_error("secagg: the update's length changed within the round");
     const double ratio = u.weight / s_->options.mean_weight;
-    std::vector<float> input(r.cfg.dim);
+    // Buffers are reused rather than allocated per client (a fresh 300 KB block costs a page
+    // fault per 4 KB): the input in a per-thread scratch, the masked words in u.words' storage,
+    // and the delta keeps its capacity so that the engine takes it back.
+    thread_local std::vector<float> input;
+    input.resize(r.cfg.dim);
     for (std::size_t i = 0; i < u.delta.size(); ++i) input[i] = static_cast<float>(u.delta[i] * ratio);
     input.back() = static_cast<float>(ratio);
-    u.words = r.clients[it->second].mask(r.inbox[it->second], input).values;
+    u.words = r.clients[it->second].mask(r.inbox[it->second], input, std::move(u.words)).values;
     u.delta.clear();
-    u.delta.shrink_to_fit();
   }
   void end_round(const round_info&, std::vector<std::pair<std::string, double>>& metrics) override {
     metrics.emplace_back("secagg_survivors", static_cast<double>(s_->survivors));

@@ -86,8 +86,10 @@ public:
     }
     key shared;
     std::size_t len = shared.size();
-    if (EVP_PKEY_derive_set_peer(derive_.get(), pk.get()) != 1 || EVP_PKEY_derive(derive_.get(), shared.data(), &len) != 1 ||
-        len != shared.size())
+    // Without OpenSSL's peer check: for X25519 it only asks that the key have a public part
+    // (and builds a context to ask); the derivation itself refuses low-order points.
+    if (EVP_PKEY_derive_set_peer_ex(derive_.get(), pk.get(), 0) != 1 ||
+        EVP_PKEY_derive(derive_.get(), shared.data(), &len) != 1 || len != shared.size())
       bad("X25519 key agreement failed (an invalid public key)");
     return shared;
   }
@@ -517,19 +519,28 @@ key reconstruct_secret(std::span<const share> shares, std::size_t threshold) {
 
 namespace {
 
-/// The fixed-point encoding of `input` into out[0, dim) as mod-2^32 words (what encode() returns).
-void encode_into(std::span<const float> input, const config& cfg, std::uint32_t* __restrict o) {
-  if (input.size() != cfg.dim)
-    bad("an input has " + std::to_string(input.size()) + " values, the round expects " + std::to_string(cfg.dim));
-  float poison = 0;  // NaN or infinity makes it NaN
-  for (float x : input) poison += x * 0.0f;
-  if (poison != 0.0f) bad("an input is not finite");
-  const double scale = cfg.scale(), clip = cfg.clip;
-  const float* __restrict in = input.data();
-  for (std::size_t i = 0; i < input.size(); ++i) {
+/// out[i] = the fixed-point word of in[i]; true when some input is infinite or NaN. Built for
+/// AVX-512 and AVX2 as well and picked at load time (the baseline build leaves the double-to-
+/// integer conversions scalar); every clone computes the same IEEE operations. It throws nothing
+/// (an exception thrown inside a GCC 12 clone ended in std::terminate).
+#if defined(__x86_64__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+bool encode_words(const float* __restrict in, std::size_t n, double clip, double scale, std::uint32_t* __restrict o) noexcept {
+  std::uint32_t non_finite = 0;  // an exponent of all ones (an integer test, so that it vectorizes)
+  for (std::size_t i = 0; i < n; ++i) {
+    non_finite |= (std::bit_cast<std::uint32_t>(in[i]) & 0x7F800000u) == 0x7F800000u;
     const double y = std::min(std::max(static_cast<double>(in[i]), -clip), clip) * scale;  // |y| < 2^31 / max_clients
     o[i] = static_cast<std::uint32_t>(static_cast<std::int32_t>(y + (y < 0 ? -0.5 : 0.5)));  // nearest, halves away from 0
   }
+  return non_finite != 0;
+}
+
+/// The fixed-point encoding of `input` into out[0, dim) as mod-2^32 words (what encode() returns).
+void encode_into(std::span<const float> input, const config& cfg, std::uint32_t* out) {
+  if (input.size() != cfg.dim)
+    bad("an input has " + std::to_string(input.size()) + " values, the round expects " + std::to_string(cfg.dim));
+  if (encode_words(input.data(), input.size(), cfg.clip, cfg.scale(), out)) bad("an input is not finite");
 }
 
 }  // namespace
@@ -612,7 +623,8 @@ std::vector<encrypted_share> client::share_keys(std::span<const public_keys> nei
   return out;
 }
 
-masked_input client::mask(std::span<const encrypted_share> received, std::span<const float> input) {
+masked_input client::mask(std::span<const encrypted_share> received, std::span<const float> input,
+                          std::vector<std::uint32_t> storage) {
   if (!s_->keys_shared) bad("mask before share_keys");
   for (const auto& e : received) {
     if (e.to != s_->id) bad("a share addressed to " + std::to_string(e.to) + " reached " + std::to_string(s_->id));
@@ -627,7 +639,8 @@ masked_input client::mask(std::span<const encrypted_share> received, std::span<c
   }
   s_->shared.clear();
   for (const auto& [owner, _] : s_->held) s_->shared.push_back(owner);  // std::map: sorted
-  masked_input out{s_->id, std::vector<std::uint32_t>(s_->cfg.dim)};
+  storage.resize(s_->cfg.dim);  // every word is written below
+  masked_input out{s_->id, std::move(storage)};
   encode_into(input, s_->cfg, out.values.data());
   std::vector<mask_term> terms;
   terms.reserve(s_->shared.size() + 1);

@@ -195,6 +195,7 @@ struct engine_state {
   // allocated per update: fresh 300 KB blocks cost a page fault per 4 KB.
   std::mutex buffers_mutex;
   std::vector<std::vector<float>> buffers;
+  std::vector<std::vector<std::uint32_t>> word_buffers;  // encoded updates (masked under SecAgg)
 
   /// A buffer of n floats (contents unspecified). @threadsafe
   std::vector<float> take_buffer(std::size_t n) {
@@ -214,6 +215,23 @@ struct engine_state {
     if (b.capacity() == 0) return;
     std::lock_guard lock(buffers_mutex);
     buffers.push_back(std::move(b));
+  }
+  /// An empty word vector, with the capacity of one given back earlier when there is one. @threadsafe
+  std::vector<std::uint32_t> take_words() {
+    std::vector<std::uint32_t> w;
+    std::lock_guard lock(buffers_mutex);
+    if (!word_buffers.empty()) {
+      w = std::move(word_buffers.back());
+      word_buffers.pop_back();
+    }
+    w.clear();
+    return w;
+  }
+  /// @threadsafe
+  void give_back(std::vector<std::uint32_t>&& w) {
+    if (w.capacity() == 0) return;
+    std::lock_guard lock(buffers_mutex);
+    word_buffers.push_back(std::move(w));
   }
 
   /// The calling thread's scratch: one per worker thread, made on its first use.
@@ -290,6 +308,7 @@ public:
         ci[p] += dc;
       }
     }
+    if (!e.transforms.empty()) u.words = e.take_words();  // storage an encoding transform may reuse
     for (std::size_t t = 0; t < e.transforms.size(); ++t) {
       const std::size_t floats = e.transforms[t]->client_state_floats(u.delta.size());
       std::span<float> state = floats ? std::span<float>(state_.get() + e.transform_offset[t], floats) : std::span<float>();
@@ -875,6 +894,7 @@ round_report simulation::run_round() {
     loss += u.loss * static_cast<double>(u.samples);
     samples += u.samples;
     e.give_back(std::move(u.delta));
+    e.give_back(std::move(u.words));
   }
   if (!who.empty()) {  // a round where every client failed leaves the model as it was
     std::vector<float> aggregate = impl_->agg->finish();

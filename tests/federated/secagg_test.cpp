@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <set>
 #include <vector>
@@ -237,6 +238,18 @@ TEST(SecAggPlus, RefusesTamperedAndMalformedMessages) {
   EXPECT_THROW(clients[0].unmask({{2}, {2}}), std::invalid_argument);  // both secrets of client 2
   EXPECT_THROW(graph({1}, cfg), std::invalid_argument);
   EXPECT_THROW(graph({1, 1, 2}, cfg), std::invalid_argument);
+}
+
+TEST(SecAggPlus, EncodingRoundsClipsAndRefusesNonFiniteInputs) {
+  const config cfg{.dim = 6, .clip = 1, .max_clients = 2};  // scale 2^29: 2 * 1 * 2^29 < 2^31
+  const auto e = encode(std::vector<float>{0.5f, -0.5f, 3.0f, -3.0f, 0x1p-30f, -0x1p-30f}, cfg);
+  EXPECT_EQ(e, (std::vector<std::int32_t>{1 << 28, -(1 << 28), 1 << 29, -(1 << 29), 1, -1}));  // halves away from 0
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> in(6, 0.25f);
+    in[4] = bad;
+    EXPECT_THROW(encode(in, cfg), std::invalid_argument);
+  }
 }
 
 TEST(SecAggPlus, RefusesALowOrderPublicKey) {

@@ -122,8 +122,10 @@ public:
   public_keys advertise();
   /// From the neighbours' advertised keys (others are ignored), one box per neighbour.
   std::vector<encrypted_share> share_keys(std::span<const public_keys> neighbours);
-  /// Opens the boxes addressed to this client and masks `input` (dim values).
-  masked_input mask(std::span<const encrypted_share> received, std::span<const float> input);
+  /// Opens the boxes addressed to this client and masks `input` (dim values). The result's
+  /// values reuse `storage`'s memory when it has the capacity.
+  masked_input mask(std::span<const encrypted_share> received, std::span<const float> input,
+                    std::vector<std::uint32_t> storage = {});
   unmask_response unmask(const unmask_request& request) const;
 
 private:

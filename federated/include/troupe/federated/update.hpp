@@ -43,6 +43,7 @@ struct client_update {
   std::vector<float> delta;    ///< trained - global (round_info::dim floats), unless encoded
   /// An encoded form of the update (masked integers under secure aggregation, a compressed
   /// payload...). When not empty, delta is empty and the aggregator's add_encoded receives it.
+  /// Transforms receive it empty, possibly with capacity from an earlier round to reuse.
   std::vector<std::uint32_t> words;
 };
 
