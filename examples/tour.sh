@@ -14,7 +14,7 @@ if [[ -z $bin_dir ]]; then
   exit 2
 fi
 
-examples=(hello ping_pong supervision fork_join bounded fedsim_custom)
+examples=(hello ping_pong supervision fork_join bounded fedsim_custom cluster)
 about=(
   "spawn, tell, ask, exceptions and timeouts"
   "coroutine methods that await replies without blocking a thread; reentrancy"
@@ -22,7 +22,9 @@ about=(
   "a parallel sum: fork asks to workers, join their replies"
   "bounded mailboxes: back-pressure (wait) and refusal (reject)"
   "federated simulation with your own client model and server strategy"
+  "a head, two worker nodes and a driver as separate processes: remote spawn, calls, names"
 )
+here=$(cd "$(dirname "$0")" && pwd)
 
 # A hang is a failure too: give each example a generous limit when `timeout` exists.
 run_limited() {
@@ -40,7 +42,12 @@ for i in "${!examples[@]}"; do
     echo "tour: $exe not found; build the examples first (cmake --build build)" >&2
     exit 1
   fi
-  run_limited "$exe"
+  # An example made of several processes has a script that starts them.
+  if [[ -x $here/$name/run.sh ]]; then
+    run_limited "$here/$name/run.sh" "$bin_dir"
+  else
+    run_limited "$exe"
+  fi
   rc=$?
   if [[ $rc -ne 0 ]]; then
     if [[ $rc -eq 124 ]]; then

@@ -75,7 +75,15 @@ using net::envelope_kind;
 using clock_type = std::chrono::steady_clock;
 
 /// Control codes after the handshake's (transport.hpp).
-enum class ctl : std::uint64_t { join = 16, welcome = 17, hello = 18, members = 19, heartbeat = 20, down = 21 };
+enum class ctl : std::uint64_t {
+  join = 16,
+  welcome = 17,
+  hello = 18,
+  members = 19,
+  heartbeat = 20,
+  down = 21,
+  leave = 22,
+};
 /// Operations of the node itself (calls and tells to net::node_target).
 enum class op : std::uint64_t {
   spawn = 1,
@@ -280,6 +288,7 @@ public:
       watches_.clear();
       exported_.clear();
       for (auto& [id, m] : members_) {
+        if (m.conn && self_ != 0) m.conn->send(control(ctl::leave));  // not lost: gone on purpose
         m.conn.reset();
         m.backlog.clear();
         for (auto& s : m.in_doubt) sinks.push_back(std::move(s));
@@ -729,7 +738,7 @@ private:
     lose_locked(id, why);
   }
 
-  void lose_locked(node_id id, const std::string& why) {
+  void lose_locked(node_id id, const std::string& why, bool left = false) {
     auto it = members_.find(id);
     if (it == members_.end() || !it->second.alive || stopped_) return;
     auto& m = it->second;
@@ -742,7 +751,10 @@ private:
       if (env.kind == envelope_kind::tell) ++dropped;
     m.backlog.clear();
     sys_.dead_letters.fetch_add(dropped, std::memory_order_relaxed);
-    log().warn("troupe node {}: node {} ({}:{}) is lost: {}", self_, id, m.host, m.port, why);
+    if (left)
+      log().info("troupe node {}: node {} ({}:{}) left the cluster", self_, id, m.host, m.port);
+    else
+      log().warn("troupe node {}: node {} ({}:{}) is lost: {}", self_, id, m.host, m.port, why);
     auto failure = std::make_exception_ptr(error(errc::node_lost, "node " + std::to_string(id) + " is lost: " + why));
     std::vector<std::unique_ptr<reply_sink>> sinks = std::move(m.in_doubt);
     m.in_doubt.clear();
@@ -864,6 +876,11 @@ private:
         attach(id, c);
         return;
       }
+      case ctl::leave: {
+        std::lock_guard lock(mu_);
+        if (from != 0) lose_locked(from, "it left the cluster", true);
+        return;
+      }
       case ctl::members: {
         auto list = decode<std::vector<member_tuple>>(env.payload);
         std::lock_guard lock(mu_);
@@ -970,9 +987,7 @@ private:
           return answer({});
         }
         case op::lookup: {
-          auto name = decode<std::string>(env.payload);
-          std::lock_guard lock(mu_);
-          return answer(encode(find_name_locked(name)));
+          return answer(encode(find_name(decode<std::string>(env.payload))));
         }
         case op::register_name: return add_name(decode<name_tuple>(env.payload));
         case op::unregister_name: {  // every name of an actor that is gone
