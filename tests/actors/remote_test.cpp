@@ -309,3 +309,42 @@ TEST(Remote, BadConfigurationIsAClearError) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Remote, AnActorWithARestartPolicyIsRecreatedOnASurvivingNode) {
+  troupe::actor_system head(head_config());
+  child_node w1({"--head", head_of(head), "--token", token});
+  auto doomed = w1.joined();
+  child_node w2({"--head", head_of(head), "--token", token});
+  auto survivor = w2.joined();
+  ASSERT_NE(doomed, 0u);
+  ASSERT_NE(survivor, 0u);
+  troupe::spawn_options opts;
+  opts.restart.max_restarts = 2;
+  auto a = head.spawn_on<worker>(doomed, opts, std::int64_t{5});
+  auto first_pid = a.ask(&worker::pid).get();
+  ASSERT_EQ(a.ask(&worker::add, 1).get(), 6);
+  auto other = head.spawn_on<worker>(doomed, std::int64_t{5});  // no restart policy
+  ASSERT_EQ(other.ask(&worker::add, 1).get(), 6);
+  w1.kill9();
+  // The same handle reaches the new instance once it exists (asks in flight when the node
+  // died fail; a call is never delivered twice).
+  std::int64_t answer = 0;
+  for (auto deadline = clock_type::now() + 5s; answer == 0 && clock_type::now() < deadline;) {
+    try {
+      answer = a.ask(&worker::add, 2).timeout(1s).get();
+    } catch (const troupe::error&) {
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  EXPECT_EQ(answer, 7);
+  EXPECT_NE(a.node(), doomed);
+  EXPECT_TRUE(a.alive());
+  EXPECT_NE(a.ask(&worker::pid).get(), first_pid);
+  // Without a restart policy the actor is gone with its node.
+  EXPECT_THROW(other.ask(&worker::add, 1).timeout(2s).get(), troupe::error);
+  EXPECT_FALSE(other.alive());
+}
+
+}  // namespace

@@ -83,6 +83,7 @@ enum class ctl : std::uint64_t {
   heartbeat = 20,
   down = 21,
   leave = 22,
+  moved = 23,  // an actor was re-created on another node (head -> all)
 };
 /// Operations of the node itself (calls and tells to net::node_target).
 enum class op : std::uint64_t {
@@ -94,6 +95,7 @@ enum class op : std::uint64_t {
   watch = 6,
   node_stats = 7,
   cluster_status = 8,
+  restartable = 9,  // tells the head how to re-create an actor elsewhere
 };
 
 constexpr int wire_shift = 40;
@@ -107,6 +109,7 @@ using spawn_tuple =
 using name_tuple = std::tuple<std::string, std::uint64_t, std::uint32_t, std::string>;
 using found_tuple = std::tuple<bool, std::uint64_t, std::uint32_t, std::string>;
 using down_tuple = std::tuple<std::uint64_t, std::uint8_t, std::string>;
+using moved_tuple = std::tuple<std::uint64_t, std::uint32_t>;
 
 spawn_opts_tuple pack(const spawn_options& o) {
   return {o.mailbox_capacity, static_cast<std::uint8_t>(o.overflow), o.restart.max_restarts,
@@ -325,12 +328,19 @@ public:
     return !stopped_ && it != members_.end() && it->second.alive;
   }
 
+  /// Where an actor lives now: where it was made, unless it was re-created elsewhere.
+  node_id location(node_id made_on, std::uint64_t wire) const {
+    std::lock_guard lock(mu_);
+    return route(made_on, wire);
+  }
+
   // ---- calls out -------------------------------------------------------------------------
 
   void call(node_id to, envelope env, std::unique_ptr<reply_sink> sink) {
     std::exception_ptr failure;
     {
       std::lock_guard lock(mu_);
+      if (env.target != net::node_target) to = route(to, env.target);
       auto it = members_.find(to);
       if (stopped_) {
         failure = std::make_exception_ptr(error(errc::system_shutdown, "the node is stopping"));
@@ -378,7 +388,15 @@ public:
       wire = (static_cast<std::uint64_t>(self) << wire_shift) | sys_.next_id();
     }
     if (where == self) return {construct_local(type, ctor, args, opts), {}};
-    auto payload = encode(spawn_tuple{std::string(type), ctor, wire, pack(opts), std::move(args)});
+    auto record = spawn_tuple{std::string(type), ctor, wire, pack(opts), std::move(args)};
+    if (opts.restart.max_restarts != 0) {
+      // The head re-creates it elsewhere if its node is lost.
+      if (self == head_id) add_restartable(where, record);
+      else call(head_id, make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::restartable),
+                                       encode(std::tuple<std::uint32_t, spawn_tuple>(where, record))),
+                nullptr);
+    }
+    auto payload = encode(record);
     struct spawn_sink final : reply_sink {
       std::string what;
       void deliver(std::span<const std::byte>) noexcept override {}
@@ -434,7 +452,15 @@ public:
   }
 
   void stop_remote(remote_actor& a) {
-    call(a.where, make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::stop_actor), encode(a.wire)),
+    {
+      std::lock_guard lock(mu_);
+      restartable_.erase(a.wire);  // stopped on purpose: not to be re-created
+    }
+    if (self() != head_id)
+      call(head_id, make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::restartable),
+                                  encode(std::tuple<std::uint32_t, spawn_tuple>(0, spawn_tuple{{}, 0, a.wire, {}, {}}))),
+           nullptr);
+    call(location(a.where, a.wire), make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::stop_actor), encode(a.wire)),
          nullptr);
   }
 
@@ -446,18 +472,20 @@ public:
 
   void add_watch(remote_actor& a, watch w) {
     bool lost = false;
+    node_id where;
     {
       std::lock_guard lock(mu_);
-      auto it = members_.find(a.where);
+      where = route(a.where, a.wire);
+      auto it = members_.find(where);
       lost = stopped_ || it == members_.end() || !it->second.alive;
       if (!lost) {
         auto& entry = watches_[a.wire];
-        entry.host = a.where;
+        entry.host = where;
         entry.list.push_back(std::move(w));
       }
     }
-    if (lost) return fire(std::move(w), down_notice{a.wire, exit_reason::node_lost, "node " + std::to_string(a.where) + " is lost"});
-    call(a.where, make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::watch), encode(a.wire)),
+    if (lost) return fire(std::move(w), down_notice{a.wire, exit_reason::node_lost, "node " + std::to_string(where) + " is lost"});
+    call(where, make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::watch), encode(a.wire)),
          nullptr);
   }
 
@@ -480,6 +508,78 @@ private:
     node_id host = 0;
     std::vector<watch> list;
   };
+  struct restartable {
+    node_id host = 0;
+    spawn_tuple spawn;  // how to make it again (its wire id included)
+    int restarts = 0;
+  };
+
+  node_id route(node_id made_on, std::uint64_t wire) const {  // under mu_
+    if (relocated_.empty()) return made_on;
+    auto it = relocated_.find(wire);
+    return it == relocated_.end() ? made_on : it->second;
+  }
+
+  void add_restartable(node_id host, const spawn_tuple& record) {  // head
+    std::lock_guard lock(mu_);
+    restartable_[std::get<2>(record)] = {host, record, 0};
+  }
+
+  /// Head: re-creates the restartable actors of a lost node on the least-loaded live node,
+  /// under the same wire id, and tells every node where they are now.
+  void relocate(node_id lost) {
+    std::vector<std::pair<node_id, spawn_tuple>> todo;
+    {
+      std::lock_guard lock(mu_);
+      if (stopped_) return;
+      for (auto it = restartable_.begin(); it != restartable_.end();) {
+        auto& r = it->second;
+        if (r.host != lost) {
+          ++it;
+          continue;
+        }
+        int max = std::get<2>(std::get<3>(r.spawn));
+        if (max >= 0 && r.restarts >= max) {
+          log().warn("troupe node 1: actor {} ({}) was on lost node {} and has used its {} restarts", it->first,
+                     std::get<0>(r.spawn), lost, max);
+          it = restartable_.erase(it);
+          continue;
+        }
+        node_id to = place();
+        ++r.restarts;
+        r.host = to;
+        ++members_[to].placed;
+        relocated_[it->first] = to;
+        todo.emplace_back(to, r.spawn);
+        auto payload = encode(moved_tuple{it->first, to});
+        for (auto& [id, m] : members_)
+          if (id != self_ && m.alive && m.conn) m.conn->send(control(ctl::moved, payload));
+        log().info("troupe node 1: re-creating actor {} ({}) of lost node {} on node {}", it->first,
+                   std::get<0>(r.spawn), lost, to);
+        ++it;
+      }
+    }
+    for (auto& [to, record] : todo) {
+      if (to == self()) {
+        auto& [type, ctor, wire, opts, args] = record;
+        try {
+          auto cell = construct_local(type, ctor, args, unpack(opts));
+          export_at(wire, *cell, find_type(type));
+        } catch (const std::exception& e) {
+          log().warn("troupe node 1: re-creating actor {} failed: {}", wire, e.what());
+        }
+        continue;
+      }
+      struct respawn_sink final : reply_sink {
+        void deliver(std::span<const std::byte>) noexcept override {}
+        void fail(std::exception_ptr e) noexcept override {
+          log().warn("troupe node 1: re-creating an actor failed: {}", describe(e).second);
+        }
+      };
+      call(to, make_envelope(envelope_kind::call, net::node_target, static_cast<std::uint64_t>(op::spawn), encode(record)),
+           std::make_unique<respawn_sink>());
+    }
+  }
   struct pending_call {
     node_id to;
     std::unique_ptr<reply_sink> sink;
@@ -779,6 +879,9 @@ private:
     if (self_ == head_id) {
       std::erase_if(names_, [id](const auto& kv) { return std::get<2>(kv.second) == id; });
       broadcast_members();
+      if (!left) asio::post(io_, [weak = weak_from_this(), id] {
+        if (auto self = weak.lock()) self->relocate(id);
+      });
     }
     // Completing futures may run continuations inline: do it outside the lock.
     asio::post(io_, [sinks = std::make_shared<decltype(sinks)>(std::move(sinks)),
@@ -874,6 +977,12 @@ private:
           return c->close("node " + std::to_string(id) + " was lost; a restarted node joins anew");
         }
         attach(id, c);
+        return;
+      }
+      case ctl::moved: {
+        auto [wire, to] = decode<moved_tuple>(env.payload);
+        std::lock_guard lock(mu_);
+        if (from == head_id) relocated_[wire] = to;
         return;
       }
       case ctl::leave: {
@@ -1012,6 +1121,17 @@ private:
           auto it = exported_.find(wire);
           if (it != exported_.end() && it->second.cell) it->second.watchers.push_back(from);
           else if (c) c->send(control(ctl::down, encode(down_tuple{wire, static_cast<std::uint8_t>(exit_reason::stopped), "no such actor"})));
+          return;
+        }
+        case op::restartable: {
+          auto [host, record] = decode<std::tuple<std::uint32_t, spawn_tuple>>(env.payload);
+          if (self() != head_id) throw error(errc::decode_error, "restart records go to the head");
+          if (host == 0) {  // stopped on purpose
+            std::lock_guard lock(mu_);
+            restartable_.erase(std::get<2>(record));
+          } else {
+            add_restartable(host, record);
+          }
           return;
         }
         case op::node_stats: return answer(encode(local_status()));
@@ -1227,6 +1347,8 @@ private:
   std::unordered_map<std::uint64_t, pending_call> pending_;
   std::unordered_map<std::uint64_t, exported> exported_;
   std::unordered_map<std::uint64_t, watched> watches_;  // remote actors monitored from here
+  std::unordered_map<std::uint64_t, node_id> relocated_;  // actors re-created on another node
+  std::unordered_map<std::uint64_t, restartable> restartable_;  // head: how to re-create them
   std::map<std::string, std::tuple<std::uint64_t, std::uint64_t, node_id, std::string>> names_;  // head
   std::mutex rates_mu_;
   std::unordered_map<actor_id, std::pair<std::uint64_t, clock_type::time_point>> rates_;
@@ -1260,8 +1382,10 @@ void release(remote_actor* a) noexcept {
   if (a->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) std::unique_ptr<remote_actor>{a};
 }
 std::uint64_t remote_wire_id(const remote_actor& a) noexcept { return a.wire; }
-node_id remote_node(const remote_actor& a) noexcept { return a.where; }
-bool remote_alive(const remote_actor& a) noexcept { return a.node->member_alive(a.where); }
+node_id remote_node(const remote_actor& a) noexcept { return a.node->location(a.where, a.wire); }
+bool remote_alive(const remote_actor& a) noexcept {
+  return a.node->member_alive(a.node->location(a.where, a.wire));
+}
 system_impl& remote_system(const remote_actor& a) noexcept { return *a.sys; }
 
 void remote_call(remote_actor& a, std::uint64_t method, std::vector<std::byte> args,

@@ -147,10 +147,12 @@ public:
   /// TROUPE_REMOTE and the arguments need codecs; a constructor that throws there makes the
   /// calls fail with its message. On this node (or when the system is no node) it is spawn().
   template <class T, class... Args>
+    requires std::constructible_from<T, Args&&...>
   actor_ref<T> spawn_on(node_id where, Args&&... args) {
     return detail::spawn_on_typed<T>(*this, where, spawn_options{}, std::forward<Args>(args)...);
   }
   template <class T, class... Args>
+    requires std::constructible_from<T, Args&&...>
   actor_ref<T> spawn_on(node_id where, const spawn_options& opts, Args&&... args) {
     return detail::spawn_on_typed<T>(*this, where, opts, std::forward<Args>(args)...);
   }
