@@ -16,6 +16,7 @@ packages=(
   libbenchmark-dev            # micro-benchmarks
   libopenblas-dev zlib1g-dev  # GEMM, gzip'd datasets
   libssl-dev                  # secure aggregation's cryptography (and TLS)
+  openssl                     # the command, to make test certificates for TLS
   clang libclang-rt-14-dev    # the frame decoder's fuzzer (libFuzzer, `make fuzz`)
   dataset-fashion-mnist       # real training data
 )

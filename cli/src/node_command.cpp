@@ -43,6 +43,7 @@ struct node_args {
   unsigned heartbeat_ms = 100;
   unsigned timeout_ms = 800;
   std::vector<std::string> libraries;
+  std::string tls_certificate, tls_private_key, tls_ca;
 };
 
 int start_node(const node_args& a) {
@@ -65,6 +66,9 @@ int start_node(const node_args& a) {
   cfg.node.token = a.token;
   cfg.node.heartbeat = std::chrono::milliseconds(a.heartbeat_ms);
   cfg.node.node_timeout = std::chrono::milliseconds(a.timeout_ms);
+  cfg.node.tls_certificate = a.tls_certificate;
+  cfg.node.tls_private_key = a.tls_private_key;
+  cfg.node.tls_ca = a.tls_ca;
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   try {
@@ -136,6 +140,9 @@ void add_node_command(CLI::App& app, int& rc) {
   start->add_option("--node-timeout-ms", a->timeout_ms, "silence after which a node is lost")
       ->check(CLI::Range(2u, 600'000u))->capture_default_str();
   start->add_option("--load", a->libraries, "a shared library with TROUPE_REMOTE classes (repeatable)");
+  start->add_option("--tls-cert", a->tls_certificate, "PEM certificate: TLS on every connection (default: $TROUPE_TLS_CERTIFICATE)");
+  start->add_option("--tls-key", a->tls_private_key, "PEM private key of the certificate (default: $TROUPE_TLS_PRIVATE_KEY)");
+  start->add_option("--tls-ca", a->tls_ca, "PEM CA file peers' certificates must chain to (default: $TROUPE_TLS_CA)");
   start->callback([a, &rc] { rc = start_node(*a); });
 
   auto address = std::make_shared<std::string>();

@@ -506,3 +506,50 @@ TEST_F(netns_cluster, AKilledNodeIsDetectedAndARestartedOneRejoins) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Remote, TlsEncryptsTheClusterAndRefusesUntrustedPeers) {
+  auto dir = std::filesystem::temp_directory_path() / ("troupe-tls-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto make_cert = [&](const std::string& name) {
+    auto d = dir.string();
+    return sh("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " + d + "/" +
+              name + ".key -out " + d + "/" + name + ".pem -days 2 -subj /CN=troupe-" + name);
+  };
+  if (!make_cert("cluster") || !make_cert("rogue")) {
+    std::filesystem::remove_all(dir);
+    GTEST_SKIP() << "the openssl command is missing: cannot make test certificates";
+  }
+  auto file = [&](const std::string& f) { return (dir / f).string(); };
+  auto cfg = head_config();
+  cfg.node.tls_certificate = file("cluster.pem");
+  cfg.node.tls_private_key = file("cluster.key");
+  cfg.node.tls_ca = file("cluster.pem");  // self-signed: it is its own CA
+  {
+    troupe::actor_system head(cfg);
+    child_node w({"--head", head_of(head), "--token", token, "--tls-cert", file("cluster.pem"), "--tls-key",
+                  file("cluster.key"), "--tls-ca", file("cluster.pem")});
+    auto id = w.joined();
+    ASSERT_NE(id, 0u);
+    auto a = head.spawn_on<worker>(id, std::int64_t{1});
+    EXPECT_EQ(a.ask(&worker::add, 1).get(), 2);
+    std::vector<std::byte> big(2 << 20, std::byte{3});
+    EXPECT_EQ(a.ask(&worker::echo, big).get(), big);
+
+    // The right token but a certificate the cluster does not trust: refused.
+    child_node rogue({"--head", head_of(head), "--token", token, "--tls-cert", file("rogue.pem"), "--tls-key",
+                      file("rogue.key"), "--tls-ca", file("cluster.pem")});
+    EXPECT_EQ(rogue.joined(), 0u);
+    EXPECT_EQ(rogue.wait_exit(), 1);
+    // A peer without TLS: refused.
+    EXPECT_THROW(troupe::cluster_status(head_of(head), token, 2s), troupe::error);
+    EXPECT_EQ(a.ask(&worker::add, 2).get(), 3);
+  }
+  // Bad TLS settings are a clear error.
+  cfg.node.tls_private_key = file("missing.key");
+  EXPECT_THROW(troupe::actor_system{cfg}, std::invalid_argument);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace

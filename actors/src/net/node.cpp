@@ -161,6 +161,16 @@ std::pair<std::string, std::uint16_t> split_address(const std::string& a, const 
   return {host, static_cast<std::uint16_t>(port)};
 }
 
+/// The TLS settings, each defaulting to its environment variable.
+net::tls_config tls_settings(const std::string& cert, const std::string& key, const std::string& ca) {
+  auto pick = [](const std::string& v, const char* env) {
+    if (!v.empty()) return v;
+    const char* e = std::getenv(env);
+    return std::string(e ? e : "");
+  };
+  return {pick(cert, "TROUPE_TLS_CERTIFICATE"), pick(key, "TROUPE_TLS_PRIVATE_KEY"), pick(ca, "TROUPE_TLS_CA")};
+}
+
 bool wildcard(const std::string& host) { return host == "0.0.0.0" || host == "::" || host.empty(); }
 
 // ---- the registry of remote classes ---------------------------------------------------------
@@ -249,6 +259,7 @@ public:
   void start() {
     net::transport_config tc;
     tc.token = cfg_.token;
+    tc.tls = tls_settings(cfg_.tls_certificate, cfg_.tls_private_key, cfg_.tls_ca);
     auto weak = weak_from_this();
     net::transport_handlers h;
     h.on_open = [weak](const std::shared_ptr<connection>& c) {
@@ -1500,6 +1511,7 @@ std::vector<node_status> cluster_status(const std::string& head_address, const s
   };
   net::transport_config tc;
   tc.token = secret;
+  tc.tls = tls_settings({}, {}, {});
   {
     net::transport t(io, tc, std::move(h));
     t.connect(host, port);

@@ -11,6 +11,7 @@
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/asio/write.hpp>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -88,6 +89,7 @@ connection::connection(transport& owner, tcp::socket socket, bool outbound, std:
       decoder_(handshake_limits(owner.config().limits)),
       read_buf_(read_chunk) {
   fd_ = socket_.native_handle();
+  if (owner.tls_) tls_ = std::make_unique<asio::ssl::stream<tcp::socket&>>(socket_, *owner.tls_);
 }
 
 connection::~connection() = default;
@@ -99,11 +101,27 @@ void connection::start() {
   deadline_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
     if (!ec && !self->authenticated() && !self->closed_) self->do_close("handshake timed out", true);
   });
+  if (!tls_) return begin_handshake();
+  tls_->async_handshake(outbound_ ? asio::ssl::stream_base::client : asio::ssl::stream_base::server,
+                        [self = shared_from_this()](boost::system::error_code ec) {
+                          if (self->closed_) return;
+                          if (ec) return self->do_close("TLS handshake failed: " + ec.message(), true);
+                          self->begin_handshake();
+                        });
+}
+
+void connection::begin_handshake() {
   if (!outbound_) {
     nonce_ = random_nonce();
     send_now(control(control_code::challenge, nonce_));
   }
   read_more();
+}
+
+template <class Buffers, class Handler>
+void connection::read_some(const Buffers& b, Handler&& h) {
+  if (tls_) tls_->async_read_some(b, std::forward<Handler>(h));
+  else socket_.async_read_some(b, std::forward<Handler>(h));
 }
 
 void connection::send(envelope env) {
@@ -135,7 +153,7 @@ void connection::enqueue(outbound_frame f) {
   // calls in flight) queue instead, and the strand writes them together: fewer system calls.
   // The socket is non-blocking; what the kernel does not take now goes the asynchronous way.
   auto now = std::chrono::steady_clock::now();
-  bool direct = !writing_now_ && queue_.empty() && now - last_direct_ > direct_write_gap;
+  bool direct = !tls_ && !writing_now_ && queue_.empty() && now - last_direct_ > direct_write_gap;
   if (direct) last_direct_ = now;
   if (direct) {
     iovec iov[2];
@@ -194,7 +212,7 @@ void connection::write_more() {
       add(f.body);
     }
   }
-  asio::async_write(socket_, buffers, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+  auto done = [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
     {
       std::lock_guard lock(self->write_mutex_);
       self->frames_sent_.fetch_add(self->writing_.size(), std::memory_order_relaxed);
@@ -205,7 +223,9 @@ void connection::write_more() {
       return;
     }
     self->write_more();
-  });
+  };
+  if (tls_) asio::async_write(*tls_, buffers, std::move(done));
+  else asio::async_write(socket_, buffers, std::move(done));
 }
 
 void connection::read_more() {
@@ -214,7 +234,7 @@ void connection::read_more() {
   // the read buffer and the decoder.
   auto body = decoder_.body_space();
   if (body.size() >= read_chunk) {
-    socket_.async_read_some(asio::buffer(body.data(), body.size()),
+    read_some(asio::buffer(body.data(), body.size()),
                             [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
                               if (ec) {
                                 if (!self->closed_) self->do_close(ec == asio::error::eof ? "the peer closed the connection inside a frame" : "read failed: " + ec.message());
@@ -228,7 +248,7 @@ void connection::read_more() {
                             });
     return;
   }
-  socket_.async_read_some(asio::buffer(read_buf_),
+  read_some(asio::buffer(read_buf_),
                           [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
                             if (ec) {
                               if (self->closed_) return;
@@ -368,6 +388,28 @@ transport::transport(asio::io_context& io, transport_config config, transport_ha
     : io_(io), config_(std::move(config)), handlers_(std::move(handlers)) {
   if (config_.token.empty())
     throw error(errc::connection_lost, "a transport needs a cluster token (an empty one is refused)");
+  if (config_.tls.enabled()) {
+    auto ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls);
+    ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                     asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                     asio::ssl::context::no_tlsv1_1);
+    auto load = [&](const char* what, const std::string& file, auto&& fn) {
+      boost::system::error_code ec;
+      fn(ec);
+      if (ec) throw std::invalid_argument(std::string("TLS ") + what + " '" + file + "': " + ec.message());
+    };
+    load("certificate", config_.tls.certificate,
+         [&](auto& ec) { ctx->use_certificate_chain_file(config_.tls.certificate, ec); });
+    if (config_.tls.private_key.empty())
+      throw std::invalid_argument("TLS needs the certificate's private key too");
+    load("private key", config_.tls.private_key,
+         [&](auto& ec) { ctx->use_private_key_file(config_.tls.private_key, asio::ssl::context::pem, ec); });
+    if (!config_.tls.ca.empty()) {
+      load("CA file", config_.tls.ca, [&](auto& ec) { ctx->load_verify_file(config_.tls.ca, ec); });
+      ctx->set_verify_mode(asio::ssl::verify_peer | asio::ssl::verify_fail_if_no_peer_cert);
+    }
+    tls_ = std::move(ctx);
+  }
 }
 
 transport::~transport() {

@@ -54,6 +54,12 @@
 
 #include "net/wire.hpp"
 
+namespace boost::asio::ssl {
+class context;
+template <typename Stream>
+class stream;
+}  // namespace boost::asio::ssl
+
 namespace troupe::net {
 
 namespace asio = boost::asio;
@@ -73,11 +79,22 @@ inline constexpr std::size_t proof_bytes = 32;
 std::vector<std::byte> handshake_proof(std::string_view token, std::string_view label,
                                        std::span<const std::byte> nonce);
 
+/// TLS through Asio's OpenSSL support. With a certificate set, every connection runs TLS
+/// (1.2 or later) before the token handshake, presenting this certificate in both directions;
+/// with a CA file, a peer must present a certificate signed by it.
+struct tls_config {
+  std::string certificate;  ///< PEM file: this node's certificate (chain); empty: no TLS
+  std::string private_key;  ///< PEM file: its private key
+  std::string ca;           ///< PEM file: the CAs peers' certificates must chain to (empty: any)
+  bool enabled() const noexcept { return !certificate.empty(); }
+};
+
 struct transport_config {
   std::string token;  ///< the cluster's shared secret; must not be empty
   wire_limits limits;  ///< after the handshake
   std::chrono::milliseconds handshake_timeout{5000};
   bool no_delay = true;  ///< TCP_NODELAY
+  tls_config tls;
 };
 
 class transport;
@@ -116,6 +133,9 @@ private:
              std::uint64_t tag);
 
   void start();
+  void begin_handshake();  // the token handshake, after TLS when there is TLS
+  template <class Buffers, class Handler>
+  void read_some(const Buffers& b, Handler&& h);
   void read_more();
   void on_read(std::size_t n);
   void on_envelope(envelope env);
@@ -133,6 +153,7 @@ private:
   transport& owner_;
   tcp::socket socket_;
   asio::steady_timer deadline_;
+  std::unique_ptr<asio::ssl::stream<tcp::socket&>> tls_;  // set when the transport uses TLS
   const bool outbound_;
   const std::uint64_t id_;
   const std::uint64_t tag_;
@@ -208,6 +229,7 @@ private:
   transport_config config_;
   transport_handlers handlers_;
   std::unique_ptr<asio::ip::tcp::acceptor> acceptor_;
+  std::unique_ptr<asio::ssl::context> tls_;
   mutable std::mutex mutex_;
   std::unordered_map<std::uint64_t, std::shared_ptr<connection>> connections_;
   std::uint64_t next_id_ = 1;

@@ -2,6 +2,7 @@
 // until its standard input closes (the test ends) or it is killed.
 //
 //   remote_test_node --head HOST:PORT --token T [--listen HOST:PORT] [--name NAME]
+//                    [--tls-cert PEM --tls-key PEM --tls-ca PEM]
 //
 // Prints {"node":N,"port":P} once it has joined.
 
@@ -21,6 +22,9 @@ int main(int argc, char** argv) {
     else if (flag == "--token") cfg.node.token = value;
     else if (flag == "--listen") cfg.node.listen = value;
     else if (flag == "--name") name = value;
+    else if (flag == "--tls-cert") cfg.node.tls_certificate = value;
+    else if (flag == "--tls-key") cfg.node.tls_private_key = value;
+    else if (flag == "--tls-ca") cfg.node.tls_ca = value;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;

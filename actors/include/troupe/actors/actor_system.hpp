@@ -47,6 +47,13 @@ struct node_config {
   std::string advertise;
   /// The cluster's shared secret. Empty: the environment variable TROUPE_CLUSTER_TOKEN.
   std::string token;
+  /// TLS (Asio's OpenSSL support): PEM files of this node's certificate and private key, and of
+  /// the CA peers' certificates must chain to. Empty: the environment variables
+  /// TROUPE_TLS_CERTIFICATE, TROUPE_TLS_PRIVATE_KEY, TROUPE_TLS_CA; no certificate: no TLS (the
+  /// token still authenticates every node, but traffic is not encrypted).
+  std::string tls_certificate;
+  std::string tls_private_key;
+  std::string tls_ca;
   std::chrono::milliseconds heartbeat{100};
   /// Silence after which a node is lost: asks to it fail with errc::node_lost, monitors of
   /// its actors receive down notices.
