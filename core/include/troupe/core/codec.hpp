@@ -163,7 +163,10 @@ struct codec<std::vector<T>, std::enable_if_t<serializable<T>>> {
     }
   }
   static std::vector<T> decode(byte_reader& r) {
-    if constexpr (raw_element<T>) {
+    if constexpr (std::is_same_v<T, std::byte>) {
+      auto bytes = r.take(r.read_length(1));
+      return std::vector<std::byte>(bytes.begin(), bytes.end());  // one copy, no zero fill first
+    } else if constexpr (raw_element<T>) {
       auto n = r.read_length(sizeof(T));
       std::vector<T> v(n);
       r.read_bytes(v.data(), n * sizeof(T));
