@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,6 +123,14 @@ std::size_t scaled(std::size_t n) {
   return s && std::string(s) == "small" ? n / 20 : n;
 }
 
+/// A local actor whose coroutine method awaits a remote actor's reply without blocking a thread.
+struct relay {
+  troupe::task<std::int64_t> add_twice(troupe::actor_ref<worker> w, std::int64_t x) {
+    auto once = co_await w.ask(&worker::add, x);
+    co_return co_await w.ask(&worker::add, once);
+  }
+};
+
 TEST(Remote, SpawnCallsAndErrorsAcrossProcesses) {
   troupe::actor_system head(head_config());
   ASSERT_EQ(head.node(), 1u);
@@ -135,6 +144,12 @@ TEST(Remote, SpawnCallsAndErrorsAcrossProcesses) {
   EXPECT_EQ(a.ask(&worker::add, 2).get(), 42);
   EXPECT_NE(a.ask(&worker::pid).get(), static_cast<std::int64_t>(::getpid()));
   EXPECT_EQ(a.ask(&worker::twice, 1).get(), 82);  // a coroutine method
+  // co_await of a remote reply inside a local actor; then() from outside.
+  auto r = head.spawn<relay>();
+  EXPECT_EQ(r.ask(&relay::add_twice, a, 1).get(), 81);
+  std::promise<std::int64_t> got;
+  a.ask(&worker::add, 3).then([&](std::int64_t v) { got.set_value(v); });
+  EXPECT_EQ(got.get_future().get(), 43);
 
   // A method's exception reaches the caller with its message.
   try {
