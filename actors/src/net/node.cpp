@@ -1386,7 +1386,6 @@ std::shared_ptr<node_runtime> start_node(system_impl& sys, const node_config& cf
   return n;
 }
 void stop_node(node_runtime& n) noexcept { n.stop(); }
-std::uint16_t node_port(const node_runtime& n) noexcept { return n.port(); }
 
 void retain(remote_actor* a) noexcept { a->refs.fetch_add(1, std::memory_order_relaxed); }
 void release(remote_actor* a) noexcept {

@@ -35,7 +35,5 @@ class node_runtime;
 std::shared_ptr<node_runtime> start_node(system_impl& sys, const node_config& cfg);
 /// Leaves the cluster: closes the connections, fails what waits on them. Idempotent.
 void stop_node(node_runtime& n) noexcept;
-/// The port the node listens on.
-std::uint16_t node_port(const node_runtime& n) noexcept;
 
 }  // namespace troupe::detail
