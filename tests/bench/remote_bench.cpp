@@ -173,12 +173,13 @@ double pipelined(std::uint64_t total, std::size_t window, Ask ask, Check valid) 
     }
     ask().then(
         [&, st](std::uint64_t v) {
-          {
-            std::lock_guard lock(st->m);
-            if (!valid(v)) st->failure = "a reply did not match its call";
-            if (++st->done == total) st->cv.notify_all();
-          }
-          next();
+          const bool ok = valid(v);
+          // Start the next call before this one counts as done: once done == total the caller
+          // returns, and `next`, `ask` and `total` live in its frame.
+          if (ok) next();
+          std::lock_guard lock(st->m);
+          if (!ok) st->failure = "a reply did not match its call";
+          if (++st->done == total) st->cv.notify_all();
         },
         [st](std::exception_ptr e) {
           std::lock_guard lock(st->m);
