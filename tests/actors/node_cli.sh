@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# `troupe node start` and `troupe status` as processes: a head and a worker join, status lists
+# both (text and JSON), a wrong token is refused, bad flags are errors.
+#
+#   tests/actors/node_cli.sh PATH/TO/troupe
+set -euo pipefail
+troupe=${1:?usage: $0 PATH/TO/troupe}
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+export TROUPE_CLUSTER_TOKEN=node-cli-test-token
+export TROUPE_LOG_LEVEL=warn
+
+fail() { echo "node_cli: $*" >&2; exit 1; }
+wait_for() {  # FILE PATTERN
+  for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
+  fail "no '$2' in $1: $(cat "$1" 2>/dev/null)"
+}
+
+"$troupe" node start --head --host 127.0.0.1 --port 0 --threads 1 >"$dir/head" 2>"$dir/head.err" &
+pids+=($!)
+wait_for "$dir/head" '"port"'
+port=$(sed -n 's/.*"port":\([0-9]*\).*/\1/p' "$dir/head")
+"$troupe" node start --address "127.0.0.1:$port" --host 127.0.0.1 --threads 1 >"$dir/worker" 2>"$dir/worker.err" &
+pids+=($!)
+wait_for "$dir/worker" '"node":2'
+
+"$troupe" status --address "127.0.0.1:$port" >"$dir/status"
+grep -q "^node 1 127.0.0.1:$port alive" "$dir/status" || fail "status lacks the head: $(cat "$dir/status")"
+grep -q "^node 2 .* alive" "$dir/status" || fail "status lacks the worker: $(cat "$dir/status")"
+"$troupe" status --address "127.0.0.1:$port" --json >"$dir/status.json"
+grep -q '^{"nodes":\[{"node":1,.*"alive":true.*},{"node":2,.*"alive":true' "$dir/status.json" ||
+  fail "bad JSON status: $(cat "$dir/status.json")"
+
+# A wrong token, an unreachable head and bad flags are errors with exit code 1 (or CLI11's).
+if "$troupe" status --address "127.0.0.1:$port" --token wrong >/dev/null 2>"$dir/err"; then fail "a wrong token was accepted"; fi
+grep -q "wrong cluster token" "$dir/err" || fail "no reason for the refusal: $(cat "$dir/err")"
+if "$troupe" status --address "127.0.0.1:1" >/dev/null 2>&1; then fail "an unreachable head gave a status"; fi
+if "$troupe" node start >/dev/null 2>&1; then fail "node start without --head or --address ran"; fi
+if "$troupe" node start --head --port 70000 >/dev/null 2>&1; then fail "port 70000 was accepted"; fi
+if "$troupe" node start --head --load /nonexistent/lib.so >/dev/null 2>&1; then fail "a missing library was accepted"; fi
+
+# The worker leaves on SIGTERM; the head then reports one node alive.
+kill -TERM "${pids[1]}"
+wait "${pids[1]}" || fail "the worker did not stop cleanly on SIGTERM"
+for _ in $(seq 100); do
+  "$troupe" status --address "127.0.0.1:$port" >"$dir/status" && ! grep -q "^node 2 .* alive" "$dir/status" && break
+  sleep 0.05
+done
+grep -q "^node 2 .* LOST" "$dir/status" || fail "the head still lists the worker alive: $(cat "$dir/status")"
+echo "node_cli: ok"
