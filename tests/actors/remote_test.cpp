@@ -118,6 +118,19 @@ troupe::system_config head_config() {
 
 std::string head_of(troupe::actor_system& sys) { return "127.0.0.1:" + std::to_string(sys.node_port()); }
 
+/// `w.add(x)`, asked until it answers (a re-created actor or a redialled connection takes a
+/// moment; asks in flight meanwhile fail), for up to 5 s; 0 when it never does.
+std::int64_t first_answer(const troupe::actor_ref<worker>& w, std::int64_t x) {
+  for (auto deadline = clock_type::now() + 5s; clock_type::now() < deadline;) {
+    try {
+      return w.ask(&worker::add, x).timeout(1s).get();
+    } catch (const troupe::error&) {
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  return 0;
+}
+
 std::size_t scaled(std::size_t n) {
   const char* s = std::getenv("TROUPE_STRESS_SCALE");
   return s && std::string(s) == "small" ? n / 20 : n;
@@ -273,14 +286,7 @@ TEST(Remote, ADroppedConnectionIsRedialledAndACallNeverRunsTwice) {
     EXPECT_EQ(e.code_value(), troupe::errc::connection_lost) << e.what();
   }
   // The nodes redial: the same handle works, the node was never lost, nothing ran twice.
-  std::int64_t answer = 0;
-  for (auto deadline = clock_type::now() + 5s; answer == 0 && clock_type::now() < deadline;) {
-    try {
-      answer = a.ask(&worker::add, 5).timeout(1s).get();
-    } catch (const troupe::error&) {
-      std::this_thread::sleep_for(20ms);
-    }
-  }
+  auto answer = first_answer(a, 5);
   EXPECT_EQ(answer, 5);
   EXPECT_TRUE(a.alive());
   a.tell(&worker::record, 0u, std::uint64_t{1});
@@ -382,14 +388,7 @@ TEST(Remote, AnActorWithARestartPolicyIsRecreatedOnASurvivingNode) {
   w1.kill9();
   // The same handle reaches the new instance once it exists (asks in flight when the node
   // died fail; a call is never delivered twice).
-  std::int64_t answer = 0;
-  for (auto deadline = clock_type::now() + 5s; answer == 0 && clock_type::now() < deadline;) {
-    try {
-      answer = a.ask(&worker::add, 2).timeout(1s).get();
-    } catch (const troupe::error&) {
-      std::this_thread::sleep_for(20ms);
-    }
-  }
+  auto answer = first_answer(a, 2);
   EXPECT_EQ(answer, 7);
   EXPECT_NE(a.node(), doomed);
   EXPECT_TRUE(a.alive());
@@ -504,14 +503,7 @@ TEST_F(netns_cluster, ACutLinkIsDetectedAsksFailAndRestartableActorsMove) {
   EXPECT_EQ(n.reason, troupe::exit_reason::node_lost);
 
   // The restartable actor answers again, from another node; the other one is gone.
-  std::int64_t answer = 0;
-  for (auto deadline = clock_type::now() + 5s; answer == 0 && clock_type::now() < deadline;) {
-    try {
-      answer = moving.ask(&worker::add, 2).timeout(1s).get();
-    } catch (const troupe::error&) {
-      std::this_thread::sleep_for(20ms);
-    }
-  }
+  auto answer = first_answer(moving, 2);
   EXPECT_EQ(answer, 12);
   EXPECT_NE(moving.node(), a_id);
   EXPECT_THROW(fixed.ask(&worker::add, 1).timeout(2s).get(), troupe::error);
