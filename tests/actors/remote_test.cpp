@@ -118,6 +118,18 @@ troupe::system_config head_config() {
 
 std::string head_of(troupe::actor_system& sys) { return "127.0.0.1:" + std::to_string(sys.node_port()); }
 
+/// Waits for every future and expects each to fail with node_lost.
+void expect_node_lost(std::vector<troupe::future<void>>& pending) {
+  for (auto& f : pending) {
+    try {
+      f.get();
+      ADD_FAILURE() << "an ask to a lost node succeeded";
+    } catch (const troupe::error& e) {
+      EXPECT_EQ(e.code_value(), troupe::errc::node_lost) << e.what();
+    }
+  }
+}
+
 /// `w.add(x)`, asked until it answers (a re-created actor or a redialled connection takes a
 /// moment; asks in flight meanwhile fail), for up to 5 s; 0 when it never does.
 std::int64_t first_answer(const troupe::actor_ref<worker>& w, std::int64_t x) {
@@ -250,14 +262,7 @@ TEST(Remote, KilledNodeFailsPendingAsksWithinASecond) {
   std::this_thread::sleep_for(50ms);
   auto t0 = clock_type::now();
   w.kill9();
-  for (auto& f : pending) {
-    try {
-      f.get();
-      FAIL() << "a pending ask succeeded";
-    } catch (const troupe::error& e) {
-      EXPECT_EQ(e.code_value(), troupe::errc::node_lost) << e.what();
-    }
-  }
+  expect_node_lost(pending);
   auto waited = clock_type::now() - t0;
   EXPECT_LT(waited, 1s);
   auto n = std::move(down).timeout(2s).get();
@@ -486,14 +491,7 @@ TEST_F(netns_cluster, ACutLinkIsDetectedAsksFailAndRestartableActorsMove) {
 
   auto t0 = clock_type::now();
   set_link('a', false);
-  for (auto& f : waiting) {
-    try {
-      f.get();
-      FAIL() << "an ask across a cut link succeeded";
-    } catch (const troupe::error& e) {
-      EXPECT_EQ(e.code_value(), troupe::errc::node_lost) << e.what();
-    }
-  }
+  expect_node_lost(waiting);
   auto detected = clock_type::now() - t0;
   // Silence is noticed after node_timeout (800 ms) plus at most one heartbeat period (more
   // slack under the sanitizers, which slow every thread down).
