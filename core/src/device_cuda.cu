@@ -81,7 +81,8 @@ void* device_allocate(std::size_t bytes, int index) {
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
     device_release_cache();  // give the cached blocks back and try once more
-    e = cudaMalloc(&p, size);
+    e = cudaSetDevice(index);  // releasing visits every device that has cached blocks
+    if (e == cudaSuccess) e = cudaMalloc(&p, size);
   }
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
@@ -115,11 +116,17 @@ void device_zero(void* p, std::size_t bytes, int index) {
 void device_release_cache() noexcept {
   auto& c = the_cache();
   std::lock_guard lock(c.mutex);
+  // cudaFree needs the block's device to be current; the caller's device is restored after.
+  int current = -1;
+  const bool known = cudaGetDevice(&current) == cudaSuccess;
   for (auto& [key, blocks] : c.free_blocks) {
+    if (blocks.empty()) continue;
     if (cudaSetDevice(key.first) != cudaSuccess) continue;
     for (void* p : blocks) cudaFree(p);
     blocks.clear();
   }
+  if (known) cudaSetDevice(current);
+  cudaGetLastError();
 }
 
 }  // namespace detail
