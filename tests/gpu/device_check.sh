@@ -14,7 +14,8 @@ cd "$(dirname "$0")/../.."
 build=${1:-build-gpu}
 steps=${BENCH_STEPS:-7}
 deadline=$((SECONDS + 480))
-left() { local l=$((deadline - SECONDS)); [ "$l" -gt 10 ] || { echo "device_check: out of time (8 minutes)" >&2; exit 1; }; echo "$l"; }
+# The seconds left for the next step; fails (the caller exits) when fewer than 10 are left.
+left() { local l=$((deadline - SECONDS)); [ "$l" -gt 10 ] || { echo "device_check: out of time (8 minutes)" >&2; return 1; }; echo "$l"; }
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! gpus=$(nvidia-smi -L 2>/dev/null) || [ -z "$gpus" ]; then
   echo "device_check: no NVIDIA GPU present (nvidia-smi finds none): nothing to check on this machine" >&2
@@ -28,25 +29,30 @@ command -v nvcc >/dev/null 2>&1 || export PATH=/usr/local/cuda/bin:$PATH
 echo "== configure ($build)"
 generator=()
 command -v ninja >/dev/null 2>&1 && [ ! -f "$build/CMakeCache.txt" ] && generator=(-G Ninja)
-timeout "$(left)" cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTROUPE_WITH_CUDA=ON \
+limit=$(left) || exit 1
+timeout "$limit" cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTROUPE_WITH_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DTROUPE_BUILD_EXAMPLES=OFF >"$build.configure.log" 2>&1 ||
   { tail -n 30 "$build.configure.log"; echo "device_check: configure failed" >&2; exit 1; }
 
 echo "== build kernels_test troupe"
-timeout "$(left)" cmake --build "$build" --target kernels_test troupe -j "$(nproc)" >"$build.build.log" 2>&1 ||
-  { grep -E "error|FAILED" "$build.build.log" | head -n 40; echo "device_check: build failed" >&2; exit 1; }
+limit=$(left) || exit 1
+timeout "$limit" cmake --build "$build" --target kernels_test troupe -j "$(nproc)" >"$build.build.log" 2>&1 ||
+  { grep -E "error|FAILED" "$build.build.log" | head -n 40 || true; echo "device_check: build failed" >&2; exit 1; }
 
 echo "== CUDA tests"
-out=$(timeout "$(left)" "$build/bin/kernels_test" --gtest_filter='Cuda*' 2>&1) && rc=0 || rc=$?
-echo "$out" | grep -E "^\[ *(RUN|OK|FAILED|SKIPPED|PASSED) *\]|Failure|error" | head -n 200
-if [ "$rc" -ne 0 ]; then echo "device_check: CUDA tests failed (exit $rc)" >&2; exit 1; fi
-if echo "$out" | grep -q "^\[  SKIPPED \]"; then echo "device_check: CUDA tests were skipped on a GPU machine" >&2; exit 1; fi
-echo "$out" | grep -q "^\[  PASSED  \]" || { echo "device_check: no CUDA test ran" >&2; exit 1; }
+# Here-strings, not `echo | grep -q`: with pipefail, grep -q leaving early can fail the echo.
+limit=$(left) || exit 1
+out=$(timeout "$limit" "$build/bin/kernels_test" --gtest_filter='Cuda*' 2>&1) && rc=0 || rc=$?
+grep -E "^\[ *(RUN|OK|FAILED|SKIPPED|PASSED) *\]|Failure|error" <<<"$out" | head -n 200 || true
+if [ "$rc" -ne 0 ]; then tail -n 20 <<<"$out"; echo "device_check: CUDA tests failed (exit $rc)" >&2; exit 1; fi
+if grep -q "^\[  SKIPPED \]" <<<"$out"; then echo "device_check: CUDA tests were skipped on a GPU machine" >&2; exit 1; fi
+grep -q "^\[  PASSED  \] [1-9]" <<<"$out" || { echo "device_check: no CUDA test ran" >&2; exit 1; }
 
 echo "== troupe bench optim --device cuda"
-json=$(timeout "$(left)" "$build/bin/troupe" bench optim --json --device cuda --steps "$steps") ||
+limit=$(left) || exit 1
+json=$(timeout "$limit" "$build/bin/troupe" bench optim --json --device cuda --steps "$steps") ||
   { echo "device_check: the optimizer benchmark failed" >&2; exit 1; }
-echo "$json" | python3 -c '
+python3 -c '
 import json, sys
 rows = [json.loads(l) for l in sys.stdin if l.strip()]
 for r in rows:
@@ -59,5 +65,5 @@ for r in steps:
                                              100 * r["fraction_of_bandwidth"]))
 if len(steps) != 9:
     sys.exit("device_check: expected 9 optimizer rows, got %d" % len(steps))
-'
+' <<<"$json"
 echo "device_check: all passed in ${SECONDS}s"
