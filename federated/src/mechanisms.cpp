@@ -77,6 +77,40 @@ struct dp_state {
   double sum_multiplier = 0;  // z, or z_Δ when adaptive
 };
 
+/// The server's half of DP-FedAvg once it holds the sum of the round's clipped updates (added
+/// by itself, or unmasked by secure aggregation): N(0, (z S)²) on every coordinate, the division
+/// by K, one accountant step and, when adaptive, the bound's update from the unclipped count.
+/// The draws depend only on the round's seed, so both paths add the same noise.
+void noise_sum(dp_state& s, std::span<float> sum, std::int64_t unclipped, std::uint64_t round_seed) {
+  const double stddev = s.sum_multiplier * s.clipping.bound;
+  const double k = static_cast<double>(s.options.expected_clients);
+  splitmix64 g{derive_seed(round_seed, 0xD1FF)};
+  const std::uint64_t noise_seed = g.next();
+  add_gaussian_noise(sum, stddev, noise_seed);
+  for (float& x : sum) x = static_cast<float>(x / k);
+  s.accountant.compose(k / static_cast<double>(s.options.population), s.options.noise, 1);
+  if (s.options.adaptive) s.clipping.update(unclipped, k, g.next());
+}
+
+void report_dp(const dp_state& s, std::vector<std::pair<std::string, double>>& metrics) {
+  metrics.emplace_back("epsilon", s.accountant.epsilon(s.options.delta).epsilon);
+  if (s.options.adaptive) metrics.emplace_back("dp_clip", s.clipping.bound);
+}
+
+// The clipping bound, then the accountant's RDP per order.
+std::vector<double> save_dp(const dp_state& s) {
+  std::vector<double> out{s.clipping.bound};
+  out.insert(out.end(), s.accountant.rdp().begin(), s.accountant.rdp().end());
+  return out;
+}
+
+void load_dp(dp_state& s, std::span<const double> state, const std::string& who) {
+  if (state.empty() || !(state[0] > 0) || !std::isfinite(state[0]))
+    bad(who + ": the saved state has no valid clipping bound");
+  s.accountant.restore(state.subspan(1));
+  s.clipping.bound = state[0];
+}
+
 class dp_clip final : public update_transform {
 public:
   explicit dp_clip(std::shared_ptr<dp_state> s) : s_(std::move(s)) {}
@@ -85,21 +119,10 @@ public:
     clip_l2(u.delta, s_->clipping.bound);
   }
   void end_round(const round_info&, std::vector<std::pair<std::string, double>>& metrics) override {
-    metrics.emplace_back("epsilon", s_->accountant.epsilon(s_->options.delta).epsilon);
-    if (s_->options.adaptive) metrics.emplace_back("dp_clip", s_->clipping.bound);
+    report_dp(*s_, metrics);
   }
-  // The clipping bound, then the accountant's RDP per order.
-  std::vector<double> save_state() const override {
-    std::vector<double> out{s_->clipping.bound};
-    out.insert(out.end(), s_->accountant.rdp().begin(), s_->accountant.rdp().end());
-    return out;
-  }
-  void load_state(std::span<const double> state) override {
-    if (state.empty() || !(state[0] > 0) || !std::isfinite(state[0]))
-      bad("dp-clip: the saved state has no valid clipping bound");
-    s_->accountant.restore(state.subspan(1));
-    s_->clipping.bound = state[0];
-  }
+  std::vector<double> save_state() const override { return save_dp(*s_); }
+  void load_state(std::span<const double> state) override { load_dp(*s_, state, "dp-clip"); }
 
 private:
   std::shared_ptr<dp_state> s_;
@@ -130,16 +153,9 @@ public:
   }
   std::vector<float> finish() override {
     if (added_ == 0) throw std::logic_error("dp-gaussian: no updates in this round");
-    const double stddev = s_->sum_multiplier * s_->clipping.bound;
-    const double k = static_cast<double>(s_->options.expected_clients);
     std::vector<float> out(sum_.size());
-    splitmix64 g{derive_seed(seed_, 0xD1FF)};
-    const std::uint64_t noise_seed = g.next();
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(sum_[i]);
-    add_gaussian_noise(out, stddev, noise_seed);
-    for (float& x : out) x = static_cast<float>(x / k);
-    s_->accountant.compose(k / static_cast<double>(s_->options.population), s_->options.noise, 1);
-    if (s_->options.adaptive) s_->clipping.update(unclipped_, k, g.next());
+    noise_sum(*s_, out, unclipped_, seed_);
     return out;
   }
 
@@ -217,6 +233,11 @@ struct secagg_state {
   secagg_options options;
   secagg_round round;
   std::size_t survivors = 0;
+  /// Differential privacy on the sum (null without): the clients clip, the server noises.
+  std::shared_ptr<dp_state> dp;
+  /// Coordinates after the update's: the weight ratio (weighted mean), the unclipped indicator
+  /// (adaptive clipping) or none (fixed clipping).
+  std::size_t extra() const { return dp ? (dp->options.adaptive ? 1 : 0) : 1; }
 };
 
 /// Runs f(i) for i in [0, n) on the machine's cores (up to four threads): key setup is per client.
@@ -247,20 +268,38 @@ public:
     auto& r = s_->round;
     auto it = r.slot.find(u.client);
     if (it == r.slot.end()) throw std::logic_error("secagg: client " + std::to_string(u.client) + " is not in this round");
-    if (u.delta.size() + 1 != r.cfg.dim) throw std::logic_error("secagg: the update's length changed within the round");
-    const double ratio = u.weight / s_->options.mean_weight;
+    if (u.delta.size() + s_->extra() != r.cfg.dim) throw std::logic_error("secagg: the update's length changed within the round");
     // Buffers are reused rather than allocated per client (a fresh 300 KB block costs a page
     // fault per 4 KB): the input in a per-thread scratch, the masked words in u.words' storage,
     // and the delta keeps its capacity so that the engine takes it back.
     thread_local std::vector<float> input;
     input.resize(r.cfg.dim);
-    for (std::size_t i = 0; i < u.delta.size(); ++i) input[i] = static_cast<float>(u.delta[i] * ratio);
-    input.back() = static_cast<float>(ratio);
+    if (s_->dp) {
+      // DP-FedAvg: the client clips its own update (unweighted: the sum's sensitivity is S);
+      // under adaptive clipping it adds S when it was not clipped, 0 when it was, so that the
+      // server learns only how many were (the sum of that coordinate over S).
+      const double bound = s_->dp->clipping.bound;
+      const double norm = clip_l2(u.delta, bound);
+      std::copy(u.delta.begin(), u.delta.end(), input.begin());
+      if (s_->dp->options.adaptive) input.back() = norm <= bound ? static_cast<float>(bound) : 0.0f;
+    } else {
+      const double ratio = u.weight / s_->options.mean_weight;
+      for (std::size_t i = 0; i < u.delta.size(); ++i) input[i] = static_cast<float>(u.delta[i] * ratio);
+      input.back() = static_cast<float>(ratio);
+    }
     u.words = r.clients[it->second].mask(r.inbox[it->second], input, std::move(u.words)).values;
     u.delta.clear();
   }
   void end_round(const round_info&, std::vector<std::pair<std::string, double>>& metrics) override {
+    if (s_->dp) report_dp(*s_->dp, metrics);
     metrics.emplace_back("secagg_survivors", static_cast<double>(s_->survivors));
+  }
+  std::vector<double> save_state() const override { return s_->dp ? save_dp(*s_->dp) : std::vector<double>{}; }
+  void load_state(std::span<const double> state) override {
+    if (s_->dp)
+      load_dp(*s_->dp, state, "secagg with dp");
+    else
+      update_transform::load_state(state);
   }
 
 private:
@@ -274,8 +313,11 @@ public:
   void begin(const round_info& round) override {
     auto& r = s_->round;
     r = {};
-    r.cfg = {.dim = round.dim + 1,
-             .clip = s_->options.clip,
+    // Under DP every input's L2 norm is at most the bound S, so is each coordinate's magnitude
+    // (the unclipped indicator is 0 or S): clipping coordinates to S changes nothing, and the
+    // scale keeps the sum of max_clients inputs below 2^31 (see secagg_options::dp).
+    r.cfg = {.dim = round.dim + s_->extra(),
+             .clip = s_->dp ? s_->dp->clipping.bound : s_->options.clip,
              .max_clients = std::max(s_->options.max_clients, round.participants.size()),
              .degree = s_->options.degree,
              .threshold = 0,
@@ -322,11 +364,20 @@ public:
     for (auto id : request.dropped) r.server->receive_unmask(r.clients[r.slot.at(id)].unmask(request));
     auto sum = r.server->finish();
     s_->survivors = r.server->survivors();
+    r = {};
+    if (s_->dp) {
+      std::int64_t unclipped = 0;
+      if (s_->dp->options.adaptive) {
+        unclipped = std::llround(sum.back() / s_->dp->clipping.bound);
+        sum.pop_back();
+      }
+      noise_sum(*s_->dp, sum, unclipped, seed_);
+      return sum;
+    }
     const float total = sum.back();
     if (!(total > 0)) throw std::runtime_error("secagg: the round's weights sum to zero");
     sum.pop_back();
     for (float& x : sum) x /= total;
-    r = {};
     return sum;
   }
 
@@ -358,7 +409,9 @@ std::unique_ptr<aggregator> make_robust_aggregator(const std::string& spec) {
   bad("unknown robust aggregation rule '" + spec + "' (median, trimmed-mean:B, krum:F, multi-krum:F:M)");
 }
 
-mechanism make_differential_privacy(const dp_options& options) {
+namespace {
+
+std::shared_ptr<dp_state> make_dp_state(const dp_options& options) {
   if (!(options.clip > 0) || !std::isfinite(options.clip)) bad("--dp-clip must be a positive number");
   if (!(options.noise > 0) || !std::isfinite(options.noise)) bad("--dp-noise must be a positive number");
   if (!(options.delta > 0 && options.delta < 1)) bad("--dp-delta must be in (0, 1)");
@@ -378,6 +431,13 @@ mechanism make_differential_privacy(const dp_options& options) {
                                   : std::max(static_cast<double>(options.expected_clients) / 20, options.noise);
     s->sum_multiplier = s->clipping.sum_noise_multiplier(options.noise);
   }
+  return s;
+}
+
+}  // namespace
+
+mechanism make_differential_privacy(const dp_options& options) {
+  auto s = make_dp_state(options);
   return {std::make_unique<dp_clip>(s), std::make_unique<dp_noise>(s)};
 }
 
@@ -420,6 +480,7 @@ mechanism make_secure_aggregation(const secagg_options& options) {
   if (!(options.dropout >= 0 && options.dropout < 1)) bad("secagg: the dropout fraction must be in [0, 1)");
   auto s = std::make_shared<secagg_state>();
   s->options = options;
+  if (options.dp.clip != 0 || options.dp.noise != 0) s->dp = make_dp_state(options.dp);
   return {std::make_unique<secagg_mask>(s), std::make_unique<secagg_sum>(s)};
 }
 
@@ -428,12 +489,11 @@ void install_mechanisms(simulation& sim, const simulation_options& o, double mea
   if (dp && !(o.dp_clip > 0 && o.dp_noise > 0))
     bad("differential privacy needs both --dp-clip and --dp-noise, positive");
   if (robust && o.secagg) bad("a robust rule needs each update and secure aggregation hides them: pick one");
-  if (dp && o.secagg) bad("differential privacy with secure aggregation (noise added inside the protocol) is not supported");
   if (robust && dp) bad("a robust rule with differential privacy is not supported: the noise is calibrated to the mean");
   if (robust) sim.set_aggregator(make_robust_aggregator(o.strategy));
   if (!o.attack.empty() && !is_data_attack(o.attack)) sim.add_transform(make_update_attack(o.attack, o.seed));
   if (!o.compress.empty()) sim.add_transform(make_compression(o.compress));
-  if (dp) {
+  if (dp && !o.secagg) {
     auto m = make_differential_privacy({.clip = o.dp_clip,
                                         .noise = o.dp_noise,
                                         .delta = o.dp_delta,
@@ -444,9 +504,17 @@ void install_mechanisms(simulation& sim, const simulation_options& o, double mea
     sim.set_aggregator(std::move(m.aggregator));
   }
   if (o.secagg) {
+    // With DP the masking transform clips as well, and the server noises the unmasked sum.
+    const dp_options privacy{.clip = o.dp_clip,
+                             .noise = o.dp_noise,
+                             .delta = o.dp_delta,
+                             .expected_clients = sim.sample_size(),
+                             .population = sim.population(),
+                             .adaptive = o.dp_adaptive};
     auto m = make_secure_aggregation({.mean_weight = mean_weight > 0 ? mean_weight : 1.0,
                                       .max_clients = sim.sample_size(),
-                                      .dropout = o.secagg_dropout});
+                                      .dropout = o.secagg_dropout,
+                                      .dp = dp ? privacy : dp_options{}});
     sim.add_transform(std::move(m.transform));
     sim.set_aggregator(std::move(m.aggregator));
   } else if (o.secagg_dropout != 0) {

@@ -4,7 +4,9 @@
 #include <memory>
 #include <vector>
 
+#include <troupe/federated/dp.hpp>
 #include <troupe/federated/mechanisms.hpp>
+#include <troupe/federated/secagg.hpp>
 #include <troupe/federated/simulation.hpp>
 #include <troupe/kernels/data.hpp>
 
@@ -52,6 +54,205 @@ TEST(SecureAggregation, GivesTheWeightedMeanUpToFixedPointRoundingEvenWithDropou
     for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
     EXPECT_LT(worst, 1e-4) << "dropout " << dropout;
   }
+}
+
+// ---- differential privacy on the secure sum -------------------------------------------------------
+
+/// One round driven by hand: begin, every client's transform, the encoded (or plain) updates
+/// added in order, finish. Returns the aggregate and the updates as they left the clients.
+struct hand_round {
+  std::vector<float> aggregate;
+  std::vector<client_update> sent;
+};
+
+hand_round drive(mechanism& m, std::vector<client_update> updates, std::uint64_t seed, std::size_t population) {
+  std::vector<std::uint64_t> who;
+  for (const auto& u : updates) who.push_back(u.client);
+  const round_info round{.round = 1, .dim = updates.front().delta.size(), .population = population, .participants = who, .seed = seed};
+  m.aggregator->begin(round);
+  splitmix64 rng{5};
+  for (auto& u : updates) {
+    m.transform->apply(u, {}, round, rng);
+    if (u.words.empty())
+      m.aggregator->add(u.client, u.weight, u.delta);
+    else
+      m.aggregator->add_encoded(u.client, u.weight, u.words);
+  }
+  return {m.aggregator->finish(), std::move(updates)};
+}
+
+/// `count` updates of `dim` Gaussian coordinates with L2 norms spread over (0.2, 2.2) * bound.
+std::vector<client_update> random_updates(std::size_t count, std::size_t dim, double bound, std::uint64_t seed) {
+  std::vector<client_update> out;
+  for (std::size_t c = 0; c < count; ++c) {
+    client_update u{.client = 100 + 7 * c, .weight = 10.0 + double(c), .delta = std::vector<float>(dim), .words = {}};
+    add_gaussian_noise(u.delta, 1.0, seed + c);
+    const double target = bound * (0.2 + 2.0 * double(c) / double(count));
+    double norm = 0;
+    for (float x : u.delta) norm += double(x) * x;
+    for (float& x : u.delta) x = static_cast<float>(x * target / std::sqrt(norm));
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+std::vector<double> clipped_sum(std::vector<client_update> updates, double bound) {
+  std::vector<double> sum(updates.front().delta.size(), 0.0);
+  for (auto& u : updates) {
+    clip_l2(u.delta, bound);
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += u.delta[i];
+  }
+  return sum;
+}
+
+TEST(PrivateSecureAggregation, GivesThePlainDpModelUpToFixedPointRoundingWithTheSameEpsilon) {
+  // z = 1e-9 is DP-FedAvg without noise in effect (the library asks for z > 0); with z = 1 both
+  // paths draw the same noise from the round's seed, so only the encoding's rounding differs.
+  for (const double z : {1e-9, 1.0})
+    for (const bool adaptive : {false, true}) {
+      const dp_options dp{.clip = 0.5, .noise = z, .expected_clients = 10, .population = 30, .adaptive = adaptive};
+      simulation plain(small(), fashion()), secure(small(), fashion());
+      auto p = make_differential_privacy(dp);
+      plain.add_transform(std::move(p.transform));
+      plain.set_aggregator(std::move(p.aggregator));
+      auto s = make_secure_aggregation({.max_clients = 10, .dropout = 0.1, .dp = dp});
+      secure.add_transform(std::move(s.transform));
+      secure.set_aggregator(std::move(s.aggregator));
+      double last = 0;
+      for (int r = 0; r < 3; ++r) {
+        const auto a = plain.run_round(), b = secure.run_round();
+        EXPECT_EQ(metric(b, "secagg_survivors"), 10);
+        EXPECT_EQ(metric(b, "epsilon"), metric(a, "epsilon"));  // the same accountant steps
+        EXPECT_GT(metric(b, "epsilon"), last);
+        last = metric(b, "epsilon");
+        if (adaptive) {
+          EXPECT_NEAR(metric(b, "dp_clip"), metric(a, "dp_clip"), 1e-12);  // the same count
+        }
+      }
+      const auto a = plain.global_model(), b = secure.global_model();
+      double worst = 0, moved = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
+        moved = std::max(moved, std::fabs(double(a[i])));
+      }
+      EXPECT_LT(worst, 1e-5) << "z " << z << " adaptive " << adaptive;
+      EXPECT_GT(moved, 1e-3);
+    }
+}
+
+TEST(PrivateSecureAggregation, NoisesTheUnmaskedSumWithStandardDeviationZTimesTheBound) {
+  const std::size_t dim = 20000, k = 6;
+  for (const bool adaptive : {false, true}) {
+    const double bound = 2.0, z = 0.7;
+    auto m = make_secure_aggregation({.max_clients = k, .dp = {.clip = bound, .noise = z, .expected_clients = k,
+                                                               .population = 60, .adaptive = adaptive, .count_noise = 1.0}});
+    const auto updates = random_updates(k, dim, bound, 11);
+    const auto expected = clipped_sum(updates, bound);
+    const auto out = drive(m, updates, 3, 60).aggregate;
+    ASSERT_EQ(out.size(), dim);
+    double mean = 0, squares = 0;
+    for (std::size_t i = 0; i < dim; ++i) {
+      const double noise = double(out[i]) * k - expected[i];
+      mean += noise;
+      squares += noise * noise;
+    }
+    mean /= dim;
+    const double stddev = std::sqrt(squares / dim - mean * mean);
+    adaptive_clipping c{.bound = bound, .count_noise = 1.0};
+    const double multiplier = adaptive ? c.sum_noise_multiplier(z) : z;  // z_Δ > z when adaptive
+    EXPECT_NEAR(stddev, multiplier * bound, 0.02 * multiplier * bound) << "adaptive " << adaptive;
+    EXPECT_NEAR(mean, 0, 4 * multiplier * bound / std::sqrt(double(dim)));
+  }
+}
+
+TEST(PrivateSecureAggregation, CountsTheUnclippedClientsThroughTheSecureSumOnly) {
+  // Norms 0.2, 0.53, 0.87, 1.2, 1.53, 1.87 times the bound: three unclipped of six.
+  const std::size_t k = 6;
+  const dp_options dp{.clip = 1.0, .noise = 0.5, .expected_clients = k, .population = 60, .adaptive = true, .count_noise = 1.0};
+  auto plain = make_differential_privacy(dp);
+  auto secure = make_secure_aggregation({.max_clients = k, .dp = dp});
+  const auto updates = random_updates(k, 500, 1.0, 21);
+  drive(plain, updates, 9, 60);
+  drive(secure, updates, 9, 60);
+  std::vector<std::pair<std::string, double>> a, b;
+  plain.transform->end_round({}, a);
+  secure.transform->end_round({}, b);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0].first, "epsilon");
+  EXPECT_EQ(b[1].first, "dp_clip");
+  EXPECT_EQ(b[2].first, "secagg_survivors");
+  EXPECT_EQ(b[1].second, a[1].second);
+  // The bound moved as Andrew et al.'s update does with the true count of 3, and not with 2 or 4.
+  splitmix64 g{derive_seed(9, 0xD1FF)};
+  g.next();
+  const std::uint64_t count_seed = g.next();
+  for (std::int64_t unclipped : {2, 3, 4}) {
+    adaptive_clipping c{.bound = 1.0, .count_noise = 1.0};
+    c.update(unclipped, double(k), count_seed);
+    if (unclipped == 3)
+      EXPECT_DOUBLE_EQ(b[1].second, c.bound);
+    else
+      EXPECT_NE(b[1].second, c.bound);
+  }
+  // The state a checkpoint keeps: the bound, then the RDP per order; it loads back.
+  const auto saved = secure.transform->save_state();
+  ASSERT_EQ(saved.size(), 1 + rdp_accountant::default_orders().size());
+  EXPECT_EQ(saved[0], b[1].second);
+  EXPECT_NO_THROW(secure.transform->load_state(saved));
+  EXPECT_THROW(secure.transform->load_state(std::vector<double>{0.0}), std::invalid_argument);
+}
+
+TEST(PrivateSecureAggregation, TheServerHoldsOnlyMaskedClippedInputs) {
+  const std::size_t k = 8, dim = 3000;
+  for (const bool adaptive : {false, true}) {
+    const double bound = 0.5;
+    auto m = make_secure_aggregation({.max_clients = k, .dp = {.clip = bound, .noise = 1.0, .expected_clients = k,
+                                                               .population = 80, .adaptive = adaptive}});
+    const auto updates = random_updates(k, dim, bound, 31);
+    const auto r = drive(m, updates, 4, 80);
+    const secagg::config cfg{.dim = dim + (adaptive ? 1 : 0), .clip = bound, .max_clients = k};
+    for (std::size_t c = 0; c < k; ++c) {
+      const auto& u = r.sent[c];
+      EXPECT_TRUE(u.delta.empty());  // nothing in the clear leaves the client
+      ASSERT_EQ(u.words.size(), cfg.dim);
+      std::vector<float> clear = updates[c].delta;
+      const double norm = clip_l2(clear, bound);
+      if (adaptive) clear.push_back(norm <= bound ? float(bound) : 0.0f);
+      const auto encoded = encode(clear, cfg);
+      std::size_t same = 0, high = 0;
+      for (std::size_t j = 0; j < cfg.dim; ++j) {
+        same += u.words[j] == static_cast<std::uint32_t>(encoded[j]);
+        high += u.words[j] >> 31;
+      }
+      EXPECT_LE(same, 2u);
+      EXPECT_NEAR(double(high) / double(cfg.dim), 0.5, 0.05);  // uniform-looking words
+    }
+    // An update in the clear is refused rather than added.
+    const std::vector<std::uint64_t> two{100, 107};
+    m.aggregator->begin({.round = 2, .dim = dim, .population = 80, .participants = two, .seed = 1});
+    EXPECT_THROW(m.aggregator->add(100, 1.0, updates[0].delta), std::logic_error);
+  }
+}
+
+TEST(PrivateSecureAggregation, IsInstalledForSecaggWithDpAndRobustRulesStayRefused) {
+  auto o = small();
+  o.secagg = true;
+  o.secagg_dropout = 0.1;
+  o.dp_clip = 1.0;
+  o.dp_noise = 1.0;
+  simulation sim(o, fashion());
+  const auto report = sim.run_round();
+  EXPECT_GT(metric(report, "epsilon"), 0);
+  EXPECT_EQ(metric(report, "secagg_survivors"), 10);
+  o.dp_clip = o.dp_noise = 0;
+  o.strategy = "median";
+  EXPECT_THROW(simulation(o, fashion()), std::invalid_argument);
+  o.secagg = false;
+  o.secagg_dropout = 0;
+  o.dp_clip = o.dp_noise = 1.0;
+  EXPECT_THROW(simulation(o, fashion()), std::invalid_argument);
+  EXPECT_THROW(make_secure_aggregation({.max_clients = 4, .dp = {.clip = 1, .noise = 0, .expected_clients = 4, .population = 8}}),
+               std::invalid_argument);
 }
 
 TEST(DifferentialPrivacy, ClipsSumsNoisesAndDividesByTheExpectedCount) {

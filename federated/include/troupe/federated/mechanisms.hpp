@@ -88,11 +88,21 @@ struct secagg_options {
   std::size_t degree = 0;     ///< neighbours per client (0: from the round's size)
   bool full_graph = false;    ///< SecAgg (Bonawitz et al.) instead of SecAgg+
   double dropout = 0;         ///< fraction of participants lost after masking (rounded; seeded choice)
+  /// Differential privacy on the secure sum (clip and noise 0: none; otherwise validated as by
+  /// make_differential_privacy). Each client clips its own update to the current bound S and
+  /// masks it unweighted (plus, under adaptive clipping, S when it was not clipped and 0 when
+  /// it was); the server unmasks only the sum, takes the unclipped count from its last
+  /// coordinate, and noises and divides the sum exactly as DP-FedAvg does. The fixed-point
+  /// encoding then clips coordinates to S instead of `clip`: an L2-clipped update has no
+  /// coordinate above S, so nothing more is cut, and K inputs sum below 2^31 (resolution
+  /// quantum of at most K S / 2^30; the sum is off by at most K / 2 quanta).
+  dp_options dp{};
 };
-/// Secure aggregation of the weighted mean: every round, the participants run SecAgg+ through
-/// the server (keys, encrypted shares), each masks its weighted update in the transform on its
-/// worker thread, and the aggregator adds masked integers and unmasks only the sum. Reports
-/// "secagg_survivors". Throws std::invalid_argument for bad options.
+/// Secure aggregation of the weighted mean (or, with `dp`, of DP-FedAvg's noised sum): every
+/// round, the participants run SecAgg+ through the server (keys, encrypted shares), each masks
+/// its update in the transform on its worker thread, and the aggregator adds masked integers
+/// and unmasks only the sum. Reports "secagg_survivors" (after "epsilon" and, when adaptive,
+/// "dp_clip"). Throws std::invalid_argument for bad options.
 mechanism make_secure_aggregation(const secagg_options& options);
 
 // ---- installation ----------------------------------------------------------------------------------
@@ -100,9 +110,11 @@ mechanism make_secure_aggregation(const secagg_options& options);
 /// Installs what `options` asks for (its mechanism fields and a robust `strategy`) into `sim`, in
 /// the order attack, compression, clipping, masking on the client. `mean_weight` is the mean
 /// number of examples per client (secure aggregation normalizes weights by it). Throws
-/// std::invalid_argument for bad values and for combinations that cannot work: a robust rule or
-/// differential privacy with secure aggregation (the server cannot see single updates or add
-/// noise to a sum it computes in the protocol), a robust rule with differential privacy.
+/// std::invalid_argument for bad values and for combinations that cannot work: a robust rule
+/// with secure aggregation (the rule needs every single update, which the server never sees),
+/// a robust rule with differential privacy (the noise is calibrated to the mean's sensitivity).
+/// Differential privacy with secure aggregation clips on the clients and noises the secure sum
+/// (secagg_options::dp).
 void install_mechanisms(simulation& sim, const simulation_options& options, double mean_weight);
 
 }  // namespace troupe::federated
