@@ -16,6 +16,7 @@ namespace {
 bool all_finite(const std::vector<const float*>&, const std::vector<std::int64_t>&, int) { no_cuda(); }
 void optimizer_step(bool, const std::vector<tensor_update>&, int) { no_cuda(); }
 void fill_zero(void*, std::size_t, int) { no_cuda(); }
+std::size_t free_memory(int) { no_cuda(); }
 void gemm(int, bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t, const float*,
           std::int64_t, float, float*, std::int64_t) {
   no_cuda();

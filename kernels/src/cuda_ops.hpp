@@ -62,6 +62,10 @@ void optimizer_step(bool sgd, const std::vector<tensor_update>& tensors, int dev
 /// Sets `bytes` at `p` on `device` to zero.
 void fill_zero(void* p, std::size_t bytes, int device);
 
+/// Free memory on `device` in bytes, as the driver reports it (blocks kept by the caching
+/// allocator count as used).
+std::size_t free_memory(int device);
+
 // ---- layers (f32, row-major, contiguous; all pointers on `device`) ----------------------------
 
 /// C[m, n] = alpha * op(A) * op(B) + beta * C through cuBLAS (a handle per device, made at first use).

@@ -691,6 +691,11 @@ void optimizer::prepare() {
       if (so.percentile_clipping < 100) bad("percentile_clipping runs on host parameters only, not on " + where_.str());
       if (so.percentile_scale > 0 && so.percentile_scale < 100)
         bad("percentile_scale runs on host parameters only, not on " + where_.str());
+      // Checked here, before a step counts: the CUDA step keeps a block's values in shared memory.
+      if (so.block_size > cuda::max_int8_block && so.storage != state_storage::fp32 &&
+          so.storage != state_storage::bf16)
+        bad("state block_size " + std::to_string(so.block_size) + " is above " +
+            std::to_string(cuda::max_int8_block) + ", the largest 8-bit block on " + where_.str());
     }
     if (!first && groups_[g].state.storage != seen_state_[g].storage) resolve = true;
   }
@@ -719,7 +724,9 @@ void optimizer::prepare() {
         choice = state_storage::automatic;
       }
       if (choice == state_storage::automatic) {
-        const std::size_t avail = options_.available_memory ? options_.available_memory : host_available_memory();
+        const std::size_t avail = options_.available_memory ? options_.available_memory
+                                  : where_.is_cpu()          ? host_available_memory()
+                                                             : cuda::free_memory(where_.index);
         const std::size_t small = std::size_t{64} << 20;
         if (fp32_bytes < small || avail == 0 || fp32_bytes <= avail / 4) choice = state_storage::fp32;
         else if (fp32_bytes / 2 <= avail / 4) choice = state_storage::bf16;

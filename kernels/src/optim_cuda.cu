@@ -43,8 +43,11 @@ void check(cudaError_t e, const char* what) {
 }
 
 // The dynamic maps (0: signed, 1: unsigned): values and decision points, from quantize.cpp.
-__constant__ float map_values[2][256];
-__constant__ float map_above[2][256];
+// Global, not __constant__: each thread reads the entry of its own code, and the constant cache
+// serializes a warp's reads of different addresses (up to 32 ways); blockwise_step copies them
+// to shared memory first.
+__device__ float map_values[2][256];
+__device__ float map_above[2][256];
 __constant__ unsigned char map_zero[2];
 
 void use_device(int device) {
@@ -129,26 +132,27 @@ __device__ __forceinline__ std::uint16_t to_bf16(float x, bool stochastic, std::
   return static_cast<std::uint16_t>((sign | mag) >> 16);
 }
 
-/// The 8-bit code of x in a block of scale `scale` (quant::quantize_block_reference's rule).
-__device__ __forceinline__ std::uint8_t quantize(float x, float scale, int map, bool stochastic, std::uint32_t key,
-                                                 std::uint32_t index) {
+/// The 8-bit code of x in a block of scale `scale` (quant::quantize_block_reference's rule), with
+/// the map's values and decision points at `values` and `above`.
+__device__ __forceinline__ std::uint8_t quantize(float x, float scale, int map, const float* values, const float* above,
+                                                 bool stochastic, std::uint32_t key, std::uint32_t index) {
   const float inv = scale > 0 ? 1.0f / scale : 0.0f;
   const float xn = x * inv;
   // The nearest entry: the number of decision points below xn (map_above is sorted).
   int lo = 0, hi = 255;
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
-    if (xn > map_above[map][mid]) lo = mid + 1;
+    if (xn > above[mid]) lo = mid + 1;
     else hi = mid;
   }
   int c = lo;
   if (stochastic) {
-    const float vc = map_values[map][c];
+    const float vc = values[c];
     int a = c, b = c;
     if (xn > vc && c < 255) b = c + 1;
     else if (xn < vc && c > 0) a = c - 1;
     if (a != b) {
-      const float va = map_values[map][a], vb = map_values[map][b];
+      const float va = values[a], vb = values[b];
       const float r = static_cast<float>(random_bits(key, index) >> 8) * 0x1p-24f;
       c = (xn - va) > r * (vb - va) ? b : a;
     }
@@ -160,11 +164,12 @@ __device__ __forceinline__ std::uint8_t quantize(float x, float scale, int map, 
   return static_cast<std::uint8_t>(c);
 }
 
-__device__ __forceinline__ float load(const moment_ref& mo, std::int64_t i, float scale) {
+/// maps: the values of both maps (map_values or its copy in shared memory).
+__device__ __forceinline__ float load(const moment_ref& mo, std::int64_t i, float scale, const float (*maps)[256]) {
   switch (mo.mode) {
     case store_fp32: return static_cast<const float*>(mo.data)[i];
     case store_bf16: return from_bf16(static_cast<const std::uint16_t*>(mo.data)[i]);
-    case store_int8: return map_values[mo.is_signed ? 0 : 1][static_cast<const std::uint8_t*>(mo.data)[i]] * scale;
+    case store_int8: return maps[mo.is_signed ? 0 : 1][static_cast<const std::uint8_t*>(mo.data)[i]] * scale;
     default: return 0.0f;
   }
 }
@@ -180,10 +185,10 @@ __device__ __forceinline__ void store(const moment_ref& mo, std::int64_t i, floa
 /// m_out / v_out / x_out for the caller to quantize).
 template <bool Sgd>
 __device__ __forceinline__ void update(const tensor_update& t, std::int64_t i, float ms, float vs, float xs,
-                                       float& m_out, float& v_out, float& x_out) {
-  float m = load(t.m, i, ms);
-  float v = load(t.v, i, vs);
-  float x = load(t.x, i, xs);
+                                       const float (*maps)[256], float& m_out, float& v_out, float& x_out) {
+  float m = load(t.m, i, ms, maps);
+  float v = load(t.v, i, vs, maps);
+  float x = load(t.x, i, xs, maps);
   if constexpr (Sgd) {
     t.p[i] = sgd_element(t.c, t.p[i], t.g[i], t.m.mode ? &m : nullptr);
   } else {
@@ -289,12 +294,13 @@ __global__ void elementwise_step(const tensor_update* tensors, const unsigned ch
         update4<Sgd>(t, i);
       } else {
         float m, v, x;
-        for (std::int64_t j = i; j < end; ++j) update<Sgd>(t, j, 0, 0, 0, m, v, x);
+        for (std::int64_t j = i; j < end; ++j) update<Sgd>(t, j, 0, 0, 0, map_values, m, v, x);
       }
     }
   } else {
     float m, v, x;
-    for (std::int64_t i = w.begin + threadIdx.x; i < end; i += blockDim.x) update<Sgd>(t, i, 0, 0, 0, m, v, x);
+    for (std::int64_t i = w.begin + threadIdx.x; i < end; i += blockDim.x)
+      update<Sgd>(t, i, 0, 0, 0, map_values, m, v, x);
   }
 }
 
@@ -314,6 +320,12 @@ template <bool Sgd>
 __global__ void blockwise_step(const tensor_update* tensors, const std::int64_t* first, int count) {
   extern __shared__ float values[];  // new values of the 8-bit moments: 3 x block
   __shared__ float scratch[32];
+  __shared__ float maps[2][256], aboves[2][256];
+  for (int c = threadIdx.x; c < 2 * 256; c += blockDim.x) {
+    maps[c / 256][c % 256] = map_values[c / 256][c % 256];
+    aboves[c / 256][c % 256] = map_above[c / 256][c % 256];
+  }
+  __syncthreads();
   const work_item w = item_of(first, count, nullptr, tensors, 0);
   const tensor_update& t = tensors[w.tensor];
   const std::int64_t k = w.begin / t.block;
@@ -322,7 +334,7 @@ __global__ void blockwise_step(const tensor_update* tensors, const std::int64_t*
   for (int q = 0; q < 3; ++q) scale[q] = mos[q]->mode == store_int8 ? mos[q]->scales[k] : 0.0f;
   for (int j = threadIdx.x; j < w.length; j += blockDim.x) {
     float out[3];
-    update<Sgd>(t, w.begin + j, scale[0], scale[1], scale[2], out[0], out[1], out[2]);
+    update<Sgd>(t, w.begin + j, scale[0], scale[1], scale[2], maps, out[0], out[1], out[2]);
     for (int q = 0; q < 3; ++q)
       if (mos[q]->mode == store_int8) {
         values[q * t.block + j] = out[q];
@@ -334,9 +346,10 @@ __global__ void blockwise_step(const tensor_update* tensors, const std::int64_t*
     if (mo.mode != store_int8) continue;
     const float s = block_max(absmax[q], scratch);  // synchronizes: every value is in shared memory
     auto* codes = static_cast<std::uint8_t*>(mo.data);
+    const int map = mo.is_signed ? 0 : 1;
     for (int j = threadIdx.x; j < w.length; j += blockDim.x) {
       const std::int64_t i = w.begin + j;
-      codes[i] = quantize(values[q * t.block + j], s, mo.is_signed ? 0 : 1, t.stochastic, mo.key,
+      codes[i] = quantize(values[q * t.block + j], s, map, maps[map], aboves[map], t.stochastic, mo.key,
                           static_cast<std::uint32_t>(i));
     }
     if (threadIdx.x == 0) mo.scales[k] = s;
@@ -472,6 +485,13 @@ void optimizer_step(bool sgd, const std::vector<tensor_update>& tensors, int dev
 void fill_zero(void* p, std::size_t bytes, int device) {
   check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaMemset(p, 0, bytes), "cudaMemset");
+}
+
+std::size_t free_memory(int device) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  std::size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free;
 }
 
 }  // namespace troupe::kernels::cuda

@@ -185,6 +185,82 @@ TEST(CudaOptimizer, StepsLikeTheCpuForEveryOptimizerAndStorage) {
   }
 }
 
+/// Steps an optimizer over `host` and one over `dev` (the same values) with the same fresh
+/// gradients, and expects the same parameters and state.
+void expect_steps_like_the_cpu(optimizer_kind kind, const hyperparameters& hp, const state_options& so,
+                               std::vector<parameter>& host, std::vector<parameter>& dev, const std::string& what) {
+  optimizer cpu(kind, {{twin::ptrs(host), hp, so}}, {.threads = 1, .seed = 3});
+  optimizer cuda(kind, {{twin::ptrs(dev), hp, so}}, {.seed = 3});
+  ASSERT_EQ(cuda.where(), gpu) << what;
+  std::mt19937 rng(23);
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      host[i].grad = random_tensor(rng, host[i].grad.shape(), step == 1 ? 1e-3f : 1.0f);
+      copy(host[i].grad, dev[i].grad);
+    }
+    ASSERT_TRUE(cpu.step()) << what;
+    ASSERT_TRUE(cuda.step()) << what;
+  }
+  for (std::size_t i = 0; i < host.size(); ++i) {
+    const tensor dv = dev[i].value.to(device::cpu());
+    auto a = host[i].value.data<float>();
+    auto b = dv.data<float>();
+    ASSERT_EQ(a.size(), b.size()) << what;
+    std::int64_t worst = 0;
+    for (std::size_t j = 0; j < a.size(); ++j) worst = std::max(worst, ulps(a[j], b[j]));
+    EXPECT_LE(worst, 4) << what << ", tensor " << i;
+    const std::string t = what + ", tensor " + std::to_string(i);
+    expect_same_moment(cpu.slots()[i].m, cuda.slots()[i].m, t + ", m");
+    expect_same_moment(cpu.slots()[i].v, cuda.slots()[i].v, t + ", v");
+    expect_same_moment(cpu.slots()[i].vmax, cuda.slots()[i].vmax, t + ", vmax");
+  }
+  EXPECT_EQ(cpu.state_bytes(), cuda.state_bytes()) << what;
+}
+
+TEST(CudaOptimizer, StepsUnalignedViewsAndEmptyTensorsLikeTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  // Device parameters that are views into one buffer at offsets of 5, 4104 and 4107 floats (the
+  // 16-byte path must not be taken where it would fault), and an empty tensor between them.
+  const std::vector<std::int64_t> sizes{5, 0, 4099, 3, 9000};
+  std::int64_t total = 0;
+  for (auto n : sizes) total += n;
+  std::mt19937 rng(31);
+  const tensor values = random_tensor(rng, {total});
+  for (const auto& c : optim_cases()) {
+    for (const auto& [sname, so] : storages()) {
+      const std::string what = std::string(c.name) + ", " + sname + ", views";
+      std::vector<parameter> host, dev;
+      const tensor dev_values = values.to(gpu), dev_grads = tensor::zeros({total}, dtype::f32, gpu);
+      std::int64_t at = 0;
+      for (auto n : sizes) {
+        const std::string name = "v" + std::to_string(at) + "_" + std::to_string(n);
+        host.push_back({name, values.slice(at, at + n).clone(), tensor::zeros({n})});
+        dev.push_back({name, dev_values.slice(at, at + n), dev_grads.slice(at, at + n)});
+        at += n;
+      }
+      expect_steps_like_the_cpu(c.kind, c.hp, so, host, dev, what);
+    }
+  }
+}
+
+TEST(CudaOptimizer, StepsTheLargest8BitBlockAndRefusesALargerOne) {
+  SKIP_WITHOUT_CUDA();
+  // AMSGrad with three 8-bit moments in blocks of 4096: 48 KiB of values in shared memory, past
+  // the default limit of a launch.
+  state_options so = stored(state_storage::int8, 0);
+  so.block_size = 4096;
+  twin t(13, {3 * 4096 + 17, 4096});
+  expect_steps_like_the_cpu(optimizer_kind::adamw, {.lr = 3e-3, .weight_decay = 0.05, .amsgrad = true}, so, t.host,
+                            t.dev, "amsgrad, int8 blocks of 4096");
+  so.block_size = 4097;
+  try {
+    optimizer o(optimizer_kind::adam, {{twin::ptrs(t.dev), {}, so}});
+    FAIL() << "8-bit blocks of 4097 were accepted on the device";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("4096"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CudaOptimizer, SkipsAStepWithANonFiniteGradientAndChangesNothing) {
   SKIP_WITHOUT_CUDA();
   for (float poison : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {

@@ -89,7 +89,7 @@ struct optimizer_options {
   /// Threads of a step; 0: all cores when the step's elements are >= 1<<20, else 1.
   int threads = 0;
   std::uint64_t seed = 0;               ///< stochastic rounding
-  std::size_t available_memory = 0;     ///< automatic storage: 0 reads MemAvailable
+  std::size_t available_memory = 0;     ///< automatic storage: 0 reads MemAvailable (device: its free memory)
   std::size_t state_memory_limit = 0;   ///< state allocations beyond it throw std::bad_alloc (0: none)
 };
 
