@@ -494,11 +494,15 @@ void install_mechanisms(simulation& sim, const simulation_options& o, double mea
   if (!o.attack.empty() && !is_data_attack(o.attack)) sim.add_transform(make_update_attack(o.attack, o.seed));
   if (!o.compress.empty()) sim.add_transform(make_compression(o.compress));
   if (dp && !o.secagg) {
+    // FedBuff: each server step is a Gaussian mechanism over the K buffered updates, divided by
+    // K. Who is in a step depends on the clients' speeds, not on a uniform sample, so no
+    // amplification by sampling is claimed: the accountant takes q = K / K = 1.
+    const std::size_t k = sim.buffer_size();
     auto m = make_differential_privacy({.clip = o.dp_clip,
                                         .noise = o.dp_noise,
                                         .delta = o.dp_delta,
-                                        .expected_clients = sim.sample_size(),
-                                        .population = sim.population(),
+                                        .expected_clients = k ? k : sim.sample_size(),
+                                        .population = k ? k : sim.population(),
                                         .adaptive = o.dp_adaptive});
     sim.add_transform(std::move(m.transform));
     sim.set_aggregator(std::move(m.aggregator));

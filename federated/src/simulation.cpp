@@ -17,6 +17,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -47,6 +48,7 @@ constexpr std::uint64_t stream_speed = 4ull << 32;    // + client
 constexpr std::uint64_t stream_fault = 5ull << 32;    // + round, then client
 constexpr std::uint64_t stream_async = 6ull << 32;    // + dispatch: which idle client goes
 constexpr std::uint64_t stream_dispatch = 7ull << 32; // + dispatch: its latency
+constexpr std::uint64_t stream_async_fault = 8ull << 32;  // + dispatch: whether it fails
 
 // ---- the built-in trainers --------------------------------------------------------------
 
@@ -395,12 +397,40 @@ void check_options(const simulation_options& o) {
   if (o.trainer != "mlp" && o.trainer != "noop") fail("unknown trainer '" + o.trainer + "' (use mlp or noop)");
   (void)parse_latency(o.latency);
   if (parse_async(o.async) > 0) {
-    if (o.dropout > 0 || o.deadline > 0 || o.over_select > 0)
-      fail("--async: failures, deadlines and over-selection are synchronous-round features");
+    // Failures (--dropout) are FedBuff's too: a failed client's slot is refilled. A deadline and
+    // over-selection shape a round's cohort, and FedBuff has none.
+    if (o.deadline > 0 || o.over_select > 0)
+      fail("--async: --deadline and --over-select shape a synchronous round's cohort; FedBuff has no rounds to cut "
+           "short (a slow client's update arrives stale and is weighted down instead)");
     if (o.secagg) fail("--async with --secagg: secure aggregation needs a fixed cohort per round");
-    if (o.dp_clip != 0 || o.dp_noise != 0 || o.dp_adaptive) fail("--async with differential privacy is not supported");
-    if (is_robust_rule(o.strategy)) fail("--async with a robust rule is not supported: FedBuff sums weighted updates");
+    if (o.dp_adaptive)
+      fail("--async with --dp-adaptive is not supported: the clipping bound would change while clients that clipped "
+           "to an older, larger bound are still in flight, and the noise would no longer cover their updates");
   }
+}
+
+/// What FedBuff's buffer must hold for the mechanisms `o` installs: a robust rule is applied to
+/// the K buffered updates of each server step, so K must be large enough for it; under
+/// differential privacy the clients of the buffer stay busy until the step, so there must be
+/// an idle client to send out after every arrival.
+void check_async_mechanisms(const simulation_options& o, std::size_t in_flight, std::size_t k) {
+  if (is_robust_rule(o.strategy)) {
+    const auto p = detail::split_spec(o.strategy);
+    auto n = [&](std::size_t i) { return static_cast<std::size_t>(detail::spec_number(p.at(i), o.strategy)); };
+    std::size_t least = 1;
+    if (p[0] == "trimmed-mean") least = 2 * n(1) + 1;
+    if (p[0] == "krum") least = 2 * n(1) + 3;
+    if (p[0] == "multi-krum") least = std::max(2 * n(1) + 3, n(2));
+    if (k < least)
+      throw std::invalid_argument("--async " + o.async + " with --strategy " + o.strategy + ": the rule is applied to the " +
+                                  std::to_string(k) + " buffered updates of each server step and needs at least " +
+                                  std::to_string(least) + "; raise K");
+  }
+  if ((o.dp_clip != 0 || o.dp_noise != 0) && o.clients < in_flight + k - 1)
+    throw std::invalid_argument("--async " + o.async + " with differential privacy needs --clients >= " +
+                                std::to_string(in_flight + k - 1) +
+                                " (clients in flight + K - 1): a client whose update waits in the buffer is not sent out "
+                                "again before the server step");
 }
 
 shared_data load_data(const simulation_options& o) {
@@ -446,7 +476,8 @@ std::string first_difference(const std::string& saved, const std::string& now) {
 }
 
 constexpr char checkpoint_magic[8] = {'T', 'R', 'F', 'E', 'D', 'C', 'K', '\0'};
-constexpr std::uint32_t checkpoint_version = 1;
+// 1: synchronous runs only; 2: FedBuff's state after the clients (empty for synchronous runs).
+constexpr std::uint32_t checkpoint_version = 2;
 
 std::uint32_t crc32_of(const char* data, std::size_t n) {
   uLong crc = crc32(0L, Z_NULL, 0);
@@ -595,18 +626,35 @@ struct simulation::impl {
 
   // FedBuff: the clients in flight, each with the simulated time its update arrives.
   struct in_flight {
-    double arrival = 0;
+    double arrival = 0;         // of its update, or when its failure frees the slot
     std::uint64_t dispatch = 0, client = 0;
     std::int64_t version = 0;   // of the model it trains from
+    bool failed = false;        // the fault model dropped it: it trains nothing, no update comes
     future<client_update> reply;
+    std::optional<client_update> done;  // the reply, once taken before its arrival (checkpoints)
+
+    client_update take() {
+      if (!done) return reply.get();
+      client_update u = std::move(*done);
+      done.reset();
+      return u;
+    }
   };
   std::size_t buffer = 0;       // K; 0: synchronous rounds
   std::int64_t version = 0;     // server updates so far
   std::uint64_t dispatched = 0;
   std::vector<in_flight> flight;
-  std::vector<char> busy;       // per client: in flight
+  std::vector<char> busy;       // per client: in flight (or, when holding, in the buffer)
+  bool started = false;         // the first clients have left
+  /// Differential privacy: a client whose update waits in the buffer is not sent out again
+  /// before the server step, so that a step holds at most one update per client.
+  bool hold = false;
+  /// set_aggregator was called: FedBuff's steps go through that aggregator (robust rules, DP).
+  bool custom_aggregator = false;
 
-  /// Sends an idle client (a seeded uniform choice) to train from the current model.
+  /// Sends an idle client (a seeded uniform choice) to train from the current model. Under the
+  /// fault model it may fail instead: it trains nothing and holds its slot until its update
+  /// would have arrived (the server cannot tell it from a slow client before then).
   void dispatch() {
     const std::uint64_t seq = dispatched++;
     splitmix64 pick{derive_seed(engine.options.seed, stream_async + seq)};
@@ -614,75 +662,117 @@ struct simulation::impl {
     do c = pick.below(clients.size());
     while (busy[c]);
     busy[c] = 1;
+    const std::uint64_t seed = derive_seed(engine.options.seed, stream_dispatch + seq);
+    splitmix64 g{seed};
+    const double arrival = clock + work_seconds(engine, c, g);
+    if (engine.options.dropout > 0) {
+      splitmix64 fault{derive_seed(engine.options.seed, stream_async_fault + seq)};
+      if (fault.uniform01() < engine.options.dropout) {
+        flight.push_back({arrival, seq, c, version, true, {}, {}});
+        return;
+      }
+    }
     auto ctx = std::make_shared<round_context>();
     ctx->engine = &engine;
     ctx->global = global;
     ctx->info.round = static_cast<int>(seq % 0x7FFFFFFF) + 1;  // seeds the client's transforms
     ctx->info.dim = engine.strategy->update_floats(engine.dim);
     ctx->info.population = clients.size();
-    ctx->info.seed = derive_seed(engine.options.seed, stream_dispatch + seq);
-    splitmix64 g{ctx->info.seed};
-    const double arrival = clock + work_seconds(engine, c, g);
+    ctx->info.seed = seed;
     std::shared_ptr<const round_context> shared = ctx;
-    flight.push_back({arrival, seq, c, version, clients[c].ask(&client::train, shared, c)});
+    flight.push_back({arrival, seq, c, version, false, clients[c].ask(&client::train, shared, c), {}});
   }
 
-  /// One FedBuff server update: the next K arrivals, in simulated time.
+  /// One FedBuff server update: the next K arrivals, in simulated time. With the default
+  /// aggregator the step is FedBuff's sum(staleness_weight(s) * delta) / K, accumulated in
+  /// double; an aggregator set by set_aggregator (a robust rule, DP's noised sum) receives the K
+  /// updates, each scaled by its staleness weight, at the K-th arrival.
   round_report async_round(int round) {
     auto& e = engine;
     round_report r;
     const double start = clock;
-    if (busy.empty()) {
+    if (!started) {
       busy.assign(clients.size(), 0);
       for (std::size_t i = 0; i < keep; ++i) dispatch();
+      started = true;
     }
     const std::size_t floats = e.strategy->update_floats(e.dim);
-    std::vector<double> sum(floats, 0.0);
+    const bool through = custom_aggregator;
+    std::vector<double> sum(through ? 0 : floats, 0.0);
+    std::vector<client_update> buffered;
     std::vector<std::uint64_t> who;
     double loss = 0, staleness = 0;
     std::int64_t samples = 0;
-    for (std::size_t k = 0; k < buffer; ++k) {
+    while (who.size() < buffer) {
       auto next = std::min_element(flight.begin(), flight.end(), [](const in_flight& a, const in_flight& b) {
         return a.arrival < b.arrival || (a.arrival == b.arrival && a.dispatch < b.dispatch);
       });
       in_flight f = std::move(*next);
       flight.erase(next);
       clock = f.arrival;
-      client_update u = f.reply.get();
-      busy[f.client] = 0;
+      if (f.failed) {  // its slot goes to another client; the buffer still waits for K updates
+        busy[f.client] = 0;
+        ++r.dropped;
+        dispatch();
+        continue;
+      }
+      client_update u = f.take();
+      if (!hold) busy[f.client] = 0;
       if (!u.words.empty() || u.delta.size() != floats)
         throw std::logic_error("--async: client " + std::to_string(u.client) + " sent an update of another form");
       const std::int64_t s = version - f.version;
       const double w = staleness_weight(s);
-      for (std::size_t i = 0; i < floats; ++i) sum[i] += w * u.delta[i];
       who.push_back(u.client);
       staleness += static_cast<double>(s);
       loss += u.loss * static_cast<double>(u.samples);
       samples += u.samples;
-      e.give_back(std::move(u.delta));
-      if (k + 1 == buffer) {  // the K-th arrival: the server moves before the replacement leaves
-        std::vector<float> aggregate(floats);
-        for (std::size_t i = 0; i < floats; ++i) aggregate[i] = static_cast<float>(sum[i] / static_cast<double>(buffer));
+      if (through) {
+        for (std::size_t i = 0; i < floats; ++i) u.delta[i] = static_cast<float>(w * u.delta[i]);
+        buffered.push_back(std::move(u));
+      } else {
+        for (std::size_t i = 0; i < floats; ++i) sum[i] += w * u.delta[i];
+        e.give_back(std::move(u.delta));
+      }
+      if (who.size() == buffer) {  // the K-th arrival: the server moves before the replacement leaves
         round_info info;
         info.round = round;
         info.dim = floats;
         info.population = clients.size();
         info.participants = who;
         info.seed = derive_seed(e.options.seed, stream_sample + static_cast<std::uint64_t>(round) + (1ull << 31));
+        std::vector<float> aggregate(floats);
+        if (through) {
+          agg->begin(info);
+          for (auto& b : buffered) agg->add(b.client, b.weight, b.delta);
+          aggregate = agg->finish();
+          for (auto& b : buffered) e.give_back(std::move(b.delta));
+          buffered.clear();
+        } else {
+          for (std::size_t i = 0; i < floats; ++i) aggregate[i] = static_cast<float>(sum[i] / static_cast<double>(buffer));
+        }
         auto model = std::make_shared<std::vector<float>>(*global);
         e.strategy->apply(*model, aggregate, info);
         global = std::move(model);
         ++version;
+        if (hold)
+          for (auto c : who) busy[c] = 0;
         for (auto& t : e.transforms) t->end_round(info, r.metrics);
       }
       dispatch();
     }
     r.round = round;
-    r.sampled = r.participants = buffer;
+    r.participants = buffer;
+    r.sampled = buffer + r.dropped;
     r.simulated_seconds = clock - start;
     r.train_loss = samples ? loss / static_cast<double>(samples) : 0.0;
     r.metrics.emplace_back("mean_staleness", staleness / static_cast<double>(buffer));
     return r;
+  }
+
+  /// Takes the replies of every client in flight, so that a checkpoint can hold them.
+  void settle_flight() {
+    for (auto& f : flight)
+      if (!f.failed && !f.done) f.done = f.reply.get();
   }
 
   // Declared last: stopped (its workers joined) before the state the clients read goes.
@@ -747,11 +837,14 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
     impl_->clients.push_back(impl_->system->spawn<client>(e.part.offsets[c], e.part.offsets[c + 1] - e.part.offsets[c],
                                                           derive_seed(o.seed, stream_client + c)));
   install_mechanisms(*this, o, e.data ? static_cast<double>(e.data->train.size()) / static_cast<double>(o.clients) : 1.0);
+  if (impl_->buffer) check_async_mechanisms(o, impl_->keep, impl_->buffer);
+  impl_->hold = impl_->buffer && (o.dp_clip != 0 || o.dp_noise != 0);
 }
 
 simulation::~simulation() {
   if (!impl_) return;
   for (auto& f : impl_->flight) {  // FedBuff's clients in flight finish before the actors stop
+    if (!f.reply.valid()) continue;
     try {
       (void)f.reply.get();
     } catch (...) {
@@ -773,6 +866,7 @@ void simulation::set_strategy(std::unique_ptr<server_strategy> strategy) {
 void simulation::set_aggregator(std::unique_ptr<aggregator> aggregator) {
   if (!aggregator) throw std::invalid_argument("set_aggregator: null aggregator");
   impl_->agg = std::move(aggregator);
+  impl_->custom_aggregator = true;
 }
 
 void simulation::add_transform(std::unique_ptr<update_transform> transform) {
@@ -917,13 +1011,17 @@ int simulation::rounds_done() const noexcept { return impl_->rounds; }
 std::span<const float> simulation::global_model() const noexcept { return *impl_->global; }
 std::size_t simulation::population() const noexcept { return impl_->clients.size(); }
 std::size_t simulation::sample_size() const noexcept { return impl_->sample_size; }
+std::size_t simulation::buffer_size() const noexcept { return impl_->buffer; }
 std::size_t simulation::client_state_bytes() const noexcept { return impl_->engine.state_bytes.load(); }
 double simulation::simulated_seconds() const noexcept { return impl_->clock; }
 
 void simulation::save_checkpoint(const std::string& file) const {
   auto& e = impl_->engine;
-  if (impl_->buffer)
-    throw std::logic_error("checkpoints of asynchronous (FedBuff) runs are not supported: the clients in flight hold state");
+  // A client in flight trains (in wall time) when it is sent out, which advances its generator
+  // and persistent state; its update arrives later on the virtual clock. So the checkpoint waits
+  // for the clients in flight and holds their finished updates: what they will deliver is then
+  // fixed, and their saved state is the one they continue from.
+  impl_->settle_flight();
   if (impl_->rounds == 0) size_client_state(e);
   byte_writer w;
   w.bytes.append(checkpoint_magic, sizeof checkpoint_magic);
@@ -954,6 +1052,27 @@ void simulation::save_checkpoint(const std::string& file) const {
       w.put_array(std::span<const float>(state));
     }
   }
+  // FedBuff: the server version, the dispatch counter (every later draw derives from it) and
+  // the clients in flight. Between server steps the buffer is empty: a step is taken at the
+  // K-th arrival, before run_round returns.
+  w.put<std::int64_t>(impl_->version);
+  w.put<std::uint64_t>(impl_->dispatched);
+  w.put<std::uint64_t>(impl_->flight.size());
+  for (const auto& f : impl_->flight) {
+    w.put<double>(f.arrival);
+    w.put<std::uint64_t>(f.dispatch);
+    w.put<std::uint64_t>(f.client);
+    w.put<std::int64_t>(f.version);
+    w.put<std::uint8_t>(f.failed ? 1 : 0);
+    if (f.failed) continue;
+    const client_update& u = *f.done;
+    w.put<std::uint64_t>(u.client);
+    w.put<double>(u.weight);
+    w.put<std::int64_t>(u.samples);
+    w.put<double>(u.loss);
+    w.put_array(std::span<const float>(u.delta));
+    w.put_array(std::span<const std::uint32_t>(u.words));
+  }
   w.put(crc32_of(w.bytes.data(), w.bytes.size()));
   write_atomically(file, w.bytes);
 }
@@ -976,8 +1095,8 @@ void simulation::load_checkpoint(const std::string& file) {
     throw std::runtime_error("checkpoint " + file + " is corrupted or truncated (CRC-32 mismatch)");
   byte_reader r{bytes, sizeof checkpoint_magic, bytes.size() - sizeof stored_crc, file};
   const auto version = r.get<std::uint32_t>();
-  if (version != checkpoint_version)
-    throw std::runtime_error("checkpoint " + file + " has version " + std::to_string(version) + "; this build reads " +
+  if (version != checkpoint_version && version != 1)
+    throw std::runtime_error("checkpoint " + file + " has version " + std::to_string(version) + "; this build reads 1 to " +
                              std::to_string(checkpoint_version));
   const auto saved = r.get_array<char>();
   const std::string options = fingerprint(e.options);
@@ -1010,9 +1129,61 @@ void simulation::load_checkpoint(const std::string& file) {
     state = r.get_array<float>();
     if (!state.empty() && state.size() != floats) r.truncated();
   }
+  std::int64_t server_version = 0;
+  std::uint64_t dispatched = 0;
+  std::vector<impl::in_flight> flight;
+  if (version >= 2) {
+    auto malformed = [&](const std::string& why) {
+      throw std::runtime_error("checkpoint " + file + " is malformed: " + why);
+    };
+    server_version = r.get<std::int64_t>();
+    dispatched = r.get<std::uint64_t>();
+    const auto n = r.get<std::uint64_t>();
+    const bool started = dispatched > 0;
+    if (!impl_->buffer && (server_version != 0 || dispatched != 0 || n != 0)) malformed("FedBuff state in a synchronous run");
+    if (impl_->buffer && (server_version != rounds || n != (started ? impl_->keep : 0)))
+      malformed("the server version or the clients in flight do not match the rounds");
+    const std::size_t update = e.strategy->update_floats(e.dim);
+    std::vector<char> seen(population, 0);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      impl::in_flight f;
+      f.arrival = r.get<double>();
+      f.dispatch = r.get<std::uint64_t>();
+      f.client = r.get<std::uint64_t>();
+      f.version = r.get<std::int64_t>();
+      const auto failed = r.get<std::uint8_t>();
+      if (!std::isfinite(f.arrival) || f.arrival < clock || f.dispatch >= dispatched || f.client >= population ||
+          seen[f.client] || f.version < 0 || f.version > server_version || failed > 1)
+        malformed("client in flight " + std::to_string(i) + " is inconsistent");
+      seen[f.client] = 1;
+      f.failed = failed != 0;
+      if (!f.failed) {
+        client_update u;
+        u.client = r.get<std::uint64_t>();
+        u.weight = r.get<double>();
+        u.samples = r.get<std::int64_t>();
+        u.loss = r.get<double>();
+        u.delta = r.get_array<float>();
+        u.words = r.get_array<std::uint32_t>();
+        if (u.client != f.client || u.delta.size() != update || !u.words.empty())
+          malformed("the update of client in flight " + std::to_string(i) + " is inconsistent");
+        f.done = std::move(u);
+      }
+      flight.push_back(std::move(f));
+    }
+  }
   if (r.at != r.end) throw std::runtime_error("checkpoint " + file + " has trailing bytes");
 
-  // Everything parsed and checked: now the state changes.
+  // Everything parsed and checked: now the state changes. FedBuff's clients still in flight
+  // finish first, so that their training cannot touch the state restored below.
+  for (auto& f : impl_->flight) {
+    if (!f.reply.valid()) continue;
+    try {
+      e.give_back(std::move(f.reply.get().delta));
+    } catch (...) {  // a failed training is superseded by the checkpoint
+    }
+  }
+  impl_->flight.clear();
   e.strategy->load_state(strategy);
   for (std::size_t t = 0; t < transforms; ++t) e.transforms[t]->load_state(transform_state[t]);
   std::vector<future<std::ptrdiff_t>> replies;
@@ -1025,6 +1196,12 @@ void simulation::load_checkpoint(const std::string& file) {
   impl_->global = std::move(global);
   impl_->rounds = static_cast<int>(rounds);
   impl_->clock = clock;
+  impl_->version = server_version;
+  impl_->dispatched = dispatched;
+  impl_->started = dispatched > 0;
+  impl_->flight = std::move(flight);
+  impl_->busy.assign(impl_->buffer ? population : 0, 0);
+  for (const auto& f : impl_->flight) impl_->busy[f.client] = 1;
 }
 
 double peak_rss_mb() {
@@ -1036,8 +1213,6 @@ double peak_rss_mb() {
 summary run_simulation(const simulation_options& options, const std::function<void(const progress&)>& report) {
   const auto start = clock_type::now();
   if (options.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 0");
-  if (!options.checkpoint.empty() && !options.async.empty())
-    throw std::invalid_argument("--checkpoint with --async is not supported: the clients in flight would have to be saved");
   simulation sim(options);
   summary s;
   std::string file;

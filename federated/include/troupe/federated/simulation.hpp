@@ -51,8 +51,9 @@ struct simulation_options {
   std::string trainer = "mlp";
   std::size_t train_limit = 0;    ///< use only the first N training examples (0: all)
   std::size_t test_limit = 0;     ///< evaluate on the first N test examples (0: all)
-  /// Faults and stragglers (seeded per client and round). A sampled client fails with
-  /// probability `dropout` (its update never arrives). Each client takes simulated time
+  /// Faults and stragglers (seeded per client and round, or per dispatch under FedBuff). A
+  /// sampled client fails with probability `dropout` (its update never arrives; under FedBuff
+  /// its slot goes to another client when its update would have arrived). Each client takes simulated time
   /// speed * examples * epochs * sample_seconds + jitter, where speed is its own log-normal
   /// factor (sigma 0.5) and jitter is exponential with mean 0.1 s; with a `deadline` (simulated
   /// seconds, 0: none) later updates are discarded. `over_select` samples that fraction more
@@ -70,7 +71,10 @@ struct simulation_options {
   /// server applies an update (one "round") every K arrivals, x += server_lr * strategy(sum of
   /// staleness_weight(s) * delta / K) with s = server version now - the client's version, and a
   /// client that finishes is replaced at once. A virtual clock (the latency model above, per
-  /// dispatch) orders the arrivals, so the run is deterministic at any thread count.
+  /// dispatch) orders the arrivals, so the run is deterministic at any thread count. With a
+  /// robust rule or differential privacy the aggregator receives the K staleness-weighted
+  /// updates of each step (see docs/FEDERATED.md); deadlines, over-selection, SCAFFOLD, secure
+  /// aggregation and adaptive clipping are refused.
   std::string async;
   /// Asks outstanding at once; 0: from the update size (about 16 MB of updates, at least
   /// 4 per thread, at most 256).
@@ -170,7 +174,9 @@ public:
 
   /// Replaces the strategy (before the first round).
   void set_strategy(std::unique_ptr<server_strategy> strategy);
-  /// Replaces the aggregator (default: make_weighted_mean()).
+  /// Replaces the aggregator (default: make_weighted_mean()). Under FedBuff it then receives,
+  /// at each server step, the K buffered updates, each scaled by its staleness weight, with
+  /// the clients' own weights; without one the step is FedBuff's sum / K.
   void set_aggregator(std::unique_ptr<aggregator> aggregator);
   /// Appends a client-side transform (before the first round).
   void add_transform(std::unique_ptr<update_transform> transform);
@@ -184,6 +190,8 @@ public:
   std::span<const float> global_model() const noexcept;
   std::size_t population() const noexcept;
   std::size_t sample_size() const noexcept;
+  /// FedBuff's K (updates per server step), or 0 for synchronous rounds.
+  std::size_t buffer_size() const noexcept;
   /// The clients sampled in round `round` (1-based), in ascending order.
   std::vector<std::uint64_t> sample(int round) const;
   /// Of those, the clients whose updates round `round` aggregates (no failure, before the
@@ -198,9 +206,11 @@ public:
   double simulated_seconds() const noexcept;
 
   /// Writes everything the next rounds depend on (round counter, global model, strategy and
-  /// transform state, every client's generator and persistent state) with a version, the
-  /// options that must match and a CRC-32, to `file` atomically: a temporary file beside it,
-  /// fsync, rename. Throws std::runtime_error when it cannot write. Between rounds only.
+  /// transform state, every client's generator and persistent state; under FedBuff the server
+  /// version, the dispatch counter and the clients in flight with their arrival times and
+  /// finished updates, waiting for them first) with a version, the options that must match
+  /// and a CRC-32, to `file` atomically: a temporary file beside it, fsync, rename. Throws
+  /// std::runtime_error when it cannot write. Between rounds only.
   void save_checkpoint(const std::string& file) const;
   /// Continues from `file`. Throws std::runtime_error, changing nothing, for a file that is
   /// unreadable, truncated, corrupted, of another version or saved with other options (the
