@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <unordered_map>
 
 #include "spec.hpp"
@@ -217,6 +218,22 @@ private:
 
 // ---- secure aggregation ----------------------------------------------------------------------------
 
+/// The key stages of a round (advertise, then share), run by the threads that need them: the
+/// first client to finish training starts them inside its masking step, every worker that
+/// reaches masking before they end takes clients from the same counter, and the last client of
+/// a stage hands that stage's messages to the server. So the stages overlap the training of the
+/// round's other clients instead of running before it, and no core waits at a barrier while
+/// another has training to do.
+struct key_exchange {
+  std::mutex m;
+  std::condition_variable changed;
+  int stage = 0;                  // 0: advertise, 1: share, 2: done
+  std::size_t next = 0, ended = 0;  // clients taken and finished in this stage
+  std::vector<secagg::public_keys> keys;
+  std::vector<std::vector<secagg::encrypted_share>> shares;
+  std::exception_ptr error;
+};
+
 /// One round's protocol state. The clients' halves live here for the round only (in a
 /// deployment each would live on its device); the aggregator touches only the server half and
 /// what the messages carry.
@@ -225,8 +242,60 @@ struct secagg_round {
   std::unique_ptr<secagg::graph> graph;
   std::unique_ptr<secagg::server> server;
   std::unordered_map<std::uint64_t, std::size_t> slot;  // client -> index below
+  std::vector<secagg::client_id> ids;
   std::vector<secagg::client> clients;
   std::vector<std::vector<secagg::encrypted_share>> inbox;
+  std::unique_ptr<key_exchange> exchange;
+
+  /// Returns once every participant has advertised and shared and the server has relayed the
+  /// shares (inbox is filled), taking part in the work meanwhile. Thread-safe; rethrows the
+  /// stage's error on every caller.
+  void exchange_keys() {
+    if (!exchange) throw std::logic_error("secagg: a round used before begin()");
+    key_exchange& x = *exchange;
+    std::unique_lock lock(x.m);
+    const std::size_t n = clients.size();
+    while (x.stage < 2) {
+      if (x.error) std::rethrow_exception(x.error);
+      if (x.next == n) {
+        x.changed.wait(lock);
+        continue;
+      }
+      const std::size_t i = x.next++;
+      const int stage = x.stage;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        if (stage == 0)
+          x.keys[i] = clients[i].advertise();
+        else
+          x.shares[i] = clients[i].share_keys(server->keys_for(ids[i]));  // the server is read-only here
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      if (!error && ++x.ended == n) {
+        try {  // the stage's last client; the others wait for the next stage
+          if (stage == 0) {
+            for (const auto& k : x.keys) server->receive_keys(k);
+          } else {
+            for (const auto& sh : x.shares) server->receive_shares(sh);
+            inbox.resize(n);
+            for (std::size_t c = 0; c < n; ++c) inbox[c] = server->shares_for(ids[c]);
+          }
+        } catch (...) {
+          error = std::current_exception();
+        }
+        ++x.stage;
+        x.next = x.ended = 0;
+        x.changed.notify_all();
+      }
+      if (error && !x.error) {
+        x.error = error;
+        x.changed.notify_all();
+      }
+    }
+  }
 };
 
 struct secagg_state {
@@ -239,26 +308,6 @@ struct secagg_state {
   /// (adaptive clipping) or none (fixed clipping).
   std::size_t extra() const { return dp ? (dp->options.adaptive ? 1 : 0) : 1; }
 };
-
-/// Runs f(i) for i in [0, n) on the machine's cores (up to four threads): key setup is per client.
-template <class F>
-void for_each_client(std::size_t n, F&& f) {
-  const std::size_t threads = std::min<std::size_t>(std::max(1u, std::thread::hardware_concurrency()), n < 8 ? 1 : 4);
-  std::vector<std::thread> pool;
-  std::exception_ptr error;
-  std::mutex m;
-  for (std::size_t t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      try {
-        for (std::size_t i = t; i < n; i += threads) f(i);
-      } catch (...) {
-        std::lock_guard lock(m);
-        if (!error) error = std::current_exception();
-      }
-    });
-  for (auto& th : pool) th.join();
-  if (error) std::rethrow_exception(error);
-}
 
 class secagg_mask final : public update_transform {
 public:
@@ -287,6 +336,7 @@ public:
       for (std::size_t i = 0; i < u.delta.size(); ++i) input[i] = static_cast<float>(u.delta[i] * ratio);
       input.back() = static_cast<float>(ratio);
     }
+    r.exchange_keys();
     u.words = r.clients[it->second].mask(r.inbox[it->second], input, std::move(u.words)).values;
     u.delta.clear();
   }
@@ -323,7 +373,7 @@ public:
              .threshold = 0,
              .full_graph = s_->options.full_graph};
     seed_ = round.seed;
-    std::vector<secagg::client_id> ids;
+    auto& ids = r.ids;
     for (std::uint64_t c : round.participants) {
       if (c > 0xFFFFFFFFull) bad("secagg: client ids above 2^32 are not supported");
       r.slot.emplace(c, ids.size());
@@ -332,14 +382,10 @@ public:
     r.graph = std::make_unique<secagg::graph>(ids, r.cfg);
     r.server = std::make_unique<secagg::server>(r.cfg, *r.graph);
     for (auto id : ids) r.clients.emplace_back(id, r.cfg, *r.graph);
-    std::vector<secagg::public_keys> keys(ids.size());
-    for_each_client(ids.size(), [&](std::size_t i) { keys[i] = r.clients[i].advertise(); });
-    for (const auto& k : keys) r.server->receive_keys(k);
-    std::vector<std::vector<secagg::encrypted_share>> shares(ids.size());
-    for_each_client(ids.size(), [&](std::size_t i) { shares[i] = r.clients[i].share_keys(r.server->keys_for(ids[i])); });
-    for (const auto& s : shares) r.server->receive_shares(s);
-    r.inbox.resize(ids.size());
-    for (std::size_t i = 0; i < ids.size(); ++i) r.inbox[i] = r.server->shares_for(ids[i]);
+    // The key stages run later, in the clients' masking steps (secagg_round::exchange_keys).
+    r.exchange = std::make_unique<key_exchange>();
+    r.exchange->keys.resize(ids.size());
+    r.exchange->shares.resize(ids.size());
   }
   void add(std::uint64_t client, double, std::span<const float>) override {
     throw std::logic_error("secagg: client " + std::to_string(client) + " sent an unmasked update");
@@ -349,6 +395,7 @@ public:
   }
   std::vector<float> finish() override {
     auto& r = s_->round;
+    r.exchange_keys();  // done already unless no client masked
     const auto request = r.server->request_unmasking();
     // Clients lost after masking: round(dropout * survivors) of them, drawn with the round's seed;
     // they do not answer the request.
