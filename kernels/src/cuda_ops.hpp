@@ -28,7 +28,7 @@ struct moment_ref {
 
 /// The per-tensor constants of optim.cpp's fused loops (adam_constants and sgd_constants).
 struct update_constants {
-  float beta1 = 0, beta2 = 0, one_minus_beta1 = 0, one_minus_beta2 = 0, eps = 0, step_size = 0, bias2_sqrt = 1,
+  float beta1 = 0, beta2 = 0, one_minus_beta1 = 0, one_minus_beta2 = 0, eps = 0, step_size = 0, inv_bias2_sqrt = 1,
         decay = 1, l2 = 0;
   float lr = 0, momentum = 0, one_minus_dampening = 1, wd = 0;
   float gscale = 1;

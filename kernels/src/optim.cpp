@@ -115,7 +115,9 @@ std::size_t host_available_memory() {
 inline float lerp(float a, float b, float w) { return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w); }
 
 struct adam_constants {
-  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, bias2_sqrt, decay, l2, gscale;
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, step_size;
+  float inv_bias2_sqrt;  // 1 / sqrt(bias_correction2), rounded once: torch divides by its square root
+  float decay, l2, gscale;
 };
 
 /// One fused pass: every element read and written once. The loop-invariant choices are template
@@ -137,7 +139,7 @@ void adam_fused_loop(float* __restrict p, const float* __restrict grad, float* _
       second = std::max(vmax[i], vi);
       vmax[i] = second;
     }
-    const float denom = std::sqrt(second) / c.bias2_sqrt + c.eps;
+    const float denom = std::sqrt(second) * c.inv_bias2_sqrt + c.eps;
     p[i] = param + (-c.step_size) * mi / denom;  // addcdiv: (value * t1) / t2
     m[i] = mi;
     v[i] = vi;
@@ -172,7 +174,7 @@ void adam_reference(std::span<float> p, std::span<const float> grad, std::span<f
   for (std::size_t i = 0; i < n; ++i) {
     float second = v[i];
     if (!vmax.empty()) second = vmax[i] = std::max(vmax[i], v[i]);            // torch.maximum
-    denom[i] = std::sqrt(second) / c.bias2_sqrt + c.eps;                       // .sqrt() / bc2_sqrt + eps
+    denom[i] = std::sqrt(second) * c.inv_bias2_sqrt + c.eps;  // .sqrt() / bc2_sqrt + eps (see docs/OPTIMIZERS.md)
   }
   for (std::size_t i = 0; i < n; ++i) p[i] = p[i] + (-c.step_size) * m[i] / denom[i];  // addcdiv_
 }
@@ -326,7 +328,7 @@ inline float adam_element(float p, float grad, float m, float v, const adam_cons
   if constexpr (L2) g = g + param * c.l2;
   const float mi = c.one_minus_beta1 < 0.5f ? m + c.one_minus_beta1 * (g - m) : g - (g - m) * (1.0f - c.one_minus_beta1);
   const float vi = v * c.beta2 + c.one_minus_beta2 * g * g;
-  const float denom = std::sqrt(vi) / c.bias2_sqrt + c.eps;
+  const float denom = std::sqrt(vi) * c.inv_bias2_sqrt + c.eps;
   m_out = mi;
   v_out = vi;
   return param + (-c.step_size) * mi / denom;
@@ -335,14 +337,14 @@ inline float adam_element(float p, float grad, float m, float v, const adam_cons
 
 /// The adam constants broadcast to 8 lanes.
 struct adam_vectors {
-  __m256 decay, gscale, l2, omb1, one_minus_omb1, beta2, omb2, bias2_sqrt, eps, neg_step;
+  __m256 decay, gscale, l2, omb1, one_minus_omb1, beta2, omb2, inv_bias2_sqrt, eps, neg_step;
   bool low;
 };
 
 __attribute__((target("avx2"))) inline adam_vectors broadcast(const adam_constants& c) {
   return {_mm256_set1_ps(c.decay),        _mm256_set1_ps(c.gscale),     _mm256_set1_ps(c.l2),
           _mm256_set1_ps(c.one_minus_beta1), _mm256_set1_ps(1.0f - c.one_minus_beta1),
-          _mm256_set1_ps(c.beta2),        _mm256_set1_ps(c.one_minus_beta2), _mm256_set1_ps(c.bias2_sqrt),
+          _mm256_set1_ps(c.beta2),        _mm256_set1_ps(c.one_minus_beta2), _mm256_set1_ps(c.inv_bias2_sqrt),
           _mm256_set1_ps(c.eps),          _mm256_set1_ps(-c.step_size), c.one_minus_beta1 < 0.5f};
 }
 
@@ -356,7 +358,7 @@ __attribute__((target("avx2"))) inline __m256 adam_avx2(__m256 p, __m256 grad, _
   const __m256 diff = _mm256_sub_ps(g, m);
   m = k.low ? _mm256_add_ps(m, _mm256_mul_ps(k.omb1, diff)) : _mm256_sub_ps(g, _mm256_mul_ps(diff, k.one_minus_omb1));
   v = _mm256_add_ps(_mm256_mul_ps(v, k.beta2), _mm256_mul_ps(_mm256_mul_ps(k.omb2, g), g));
-  const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), k.bias2_sqrt), k.eps);
+  const __m256 denom = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(v), k.inv_bias2_sqrt), k.eps);
   return _mm256_add_ps(param, _mm256_div_ps(_mm256_mul_ps(k.neg_step, m), denom));
 }
 
@@ -447,7 +449,7 @@ TROUPE_AVX512 inline __m512 adam_avx512(__m512 p, __m512 grad, __m512& m, __m512
   v = _mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(c.beta2)),
                     _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta2), g), g));
   const __m512 denom =
-      _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), _mm512_set1_ps(c.bias2_sqrt)), _mm512_set1_ps(c.eps));
+      _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), _mm512_set1_ps(c.inv_bias2_sqrt)), _mm512_set1_ps(c.eps));
   return _mm512_add_ps(param, _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(-c.step_size), m), denom));
 }
 
@@ -1004,7 +1006,7 @@ bool optimizer::do_step(bool reference) {
                static_cast<float>(1 - hp.beta2),
                static_cast<float>(hp.eps),
                static_cast<float>(lr / bc1),
-               static_cast<float>(std::sqrt(bc2)),
+               static_cast<float>(1 / std::sqrt(bc2)),
                kind_ == optimizer_kind::adamw ? static_cast<float>(1 - lr * hp.weight_decay) : 1.0f,
                kind_ == optimizer_kind::adam ? static_cast<float>(hp.weight_decay) : 0.0f,
                gscale};
@@ -1047,7 +1049,7 @@ bool optimizer::do_step(bool reference) {
         if (mo->mode == mode_int8) u.block = mo->block;
       const auto& a = pl.adam;
       const auto& g = pl.sgd;
-      u.c = {a.beta1, a.beta2, a.one_minus_beta1, a.one_minus_beta2, a.eps, a.step_size, a.bias2_sqrt, a.decay, a.l2,
+      u.c = {a.beta1, a.beta2, a.one_minus_beta1, a.one_minus_beta2, a.eps, a.step_size, a.inv_bias2_sqrt, a.decay, a.l2,
              g.lr,    g.momentum, g.one_minus_dampening, g.wd, kind_ == optimizer_kind::sgd ? g.gscale : a.gscale,
              g.nesterov, pl.first};
       u.stochastic = groups_[s.group].state.stochastic_rounding;

@@ -88,7 +88,7 @@ __device__ __forceinline__ float adam_element(const update_constants& c, float p
     second = *x > vi ? *x : vi;
     *x = second;
   }
-  const float denom = sqrtf(second) / c.bias2_sqrt + c.eps;
+  const float denom = sqrtf(second) * c.inv_bias2_sqrt + c.eps;
   m = mi;
   v = vi;
   return param + (-c.step_size) * mi / denom;
@@ -268,16 +268,18 @@ __device__ __forceinline__ void update4(const tensor_update& t, std::int64_t i) 
     if constexpr (Sgd) ps[l] = sgd_element(t.c, ps[l], gs[l], t.m.mode ? &pm[l] : nullptr);
     else ps[l] = adam_element(t.c, ps[l], gs[l], pm[l], pv[l], t.x.mode ? &px[l] : nullptr);
   }
-  *reinterpret_cast<float4*>(t.p + i) = make_float4(ps[0], ps[1], ps[2], ps[3]);
+  // __stwb: a plain assignment through float4* came out of nvcc 13 as four 4-byte stores here.
+  __stwb(reinterpret_cast<float4*>(t.p + i), make_float4(ps[0], ps[1], ps[2], ps[3]));
   for (int k = 0; k < 3; ++k) {
     const moment_ref& mo = *mos[k];
     const float* o = outs[k];
     if (mo.mode == store_fp32) {
-      *reinterpret_cast<float4*>(static_cast<float*>(mo.data) + i) = make_float4(o[0], o[1], o[2], o[3]);
+      __stwb(reinterpret_cast<float4*>(static_cast<float*>(mo.data) + i), make_float4(o[0], o[1], o[2], o[3]));
     } else if (mo.mode == store_bf16) {
       std::uint32_t h[4];
       for (int l = 0; l < 4; ++l) h[l] = to_bf16(o[l], t.stochastic, mo.key, static_cast<std::uint32_t>(i + l));
-      *reinterpret_cast<uint2*>(static_cast<std::uint16_t*>(mo.data) + i) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+      __stwb(reinterpret_cast<uint2*>(static_cast<std::uint16_t*>(mo.data) + i),
+             make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16)));
     }
   }
 }
