@@ -1235,16 +1235,21 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     progress p;
     p.round = &rr;
     p.rounds = options.rounds;
-    p.rounds_per_s = (r - first + 1) / round_seconds;
     if (r % options.eval_every == 0 || r == options.rounds) {
       p.evaluated = evaluated = true;
       p.eval = sim.evaluate();
       s.final_accuracy = p.eval.accuracy;
       s.final_loss = p.eval.loss;
     }
-    // Saved before the round is reported: what was reported survives a crash.
-    if (!file.empty() && (options.checkpoint_every > 0 ? r % options.checkpoint_every == 0 || r == options.rounds : p.evaluated))
+    // Saved before the round is reported: what was reported survives a crash. A save counts as
+    // round time: under FedBuff it waits for the clients in flight, training that the next
+    // rounds would otherwise have waited for.
+    if (!file.empty() && (options.checkpoint_every > 0 ? r % options.checkpoint_every == 0 || r == options.rounds : p.evaluated)) {
+      const auto t0 = clock_type::now();
       sim.save_checkpoint(file);
+      round_seconds += since(t0);
+    }
+    p.rounds_per_s = (r - first + 1) / round_seconds;
     p.seconds = since(start);
     p.simulated_seconds = sim.simulated_seconds();
     if (report) report(p);

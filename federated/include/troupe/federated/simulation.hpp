@@ -232,7 +232,7 @@ struct progress {
   bool evaluated = false;
   evaluation eval;          ///< when evaluated
   double seconds = 0;       ///< since the start, setup included
-  double rounds_per_s = 0;  ///< rounds per second of round time so far (evaluations excluded)
+  double rounds_per_s = 0;  ///< rounds per second of round time so far (checkpoints included, evaluations excluded)
   double simulated_seconds = 0;  ///< simulation::simulated_seconds() after the round
 };
 
@@ -240,7 +240,7 @@ struct summary {
   int rounds = 0;
   double final_accuracy = 0;
   double final_loss = 0;
-  double rounds_per_s = 0;  ///< rounds per second of round time (evaluations excluded)
+  double rounds_per_s = 0;  ///< rounds per second of round time (checkpoints included, evaluations excluded)
   double seconds = 0;       ///< wall time of the whole run
   double peak_rss_mb = 0;   ///< the process's peak resident memory
   std::uint32_t model_crc32 = 0;  ///< CRC-32 of the final global model's bytes
