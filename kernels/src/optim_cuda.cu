@@ -469,12 +469,15 @@ void optimizer_step(bool sgd, const std::vector<tensor_update>& tensors, int dev
     const auto* first = s.at<std::int64_t>(bf_at);
     const int count = static_cast<int>(blocked.size());
     const std::size_t shared = 3 * static_cast<std::size_t>(largest_block) * sizeof(float);
+    // The limit is always the largest block's, never this launch's size: another thread stepping
+    // on the same device between a smaller setting and this launch would make the launch fail.
+    const int limit = static_cast<int>(3 * max_int8_block * sizeof(float));
     if (sgd) {
-      check(cudaFuncSetAttribute(blockwise_step<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
+      check(cudaFuncSetAttribute(blockwise_step<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit),
             "cudaFuncSetAttribute");
       blockwise_step<true><<<grid, threads_per_block, shared>>>(dt, first, count);
     } else {
-      check(cudaFuncSetAttribute(blockwise_step<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
+      check(cudaFuncSetAttribute(blockwise_step<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit),
             "cudaFuncSetAttribute");
       blockwise_step<false><<<grid, threads_per_block, shared>>>(dt, first, count);
     }

@@ -17,6 +17,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <thread>
 
 #include <troupe/core/device.hpp>
 #include <troupe/kernels/gemm.hpp>
@@ -259,6 +260,25 @@ TEST(CudaOptimizer, StepsTheLargest8BitBlockAndRefusesALargerOne) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("4096"), std::string::npos) << e.what();
   }
+}
+
+TEST(CudaOptimizer, StepsFromTwoThreadsAtOnceLikeTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  // Two optimizers on one device stepped at the same time from two threads, with 8-bit blocks of
+  // different sizes: staging buffers from the shared cache, and the 8-bit kernel's shared memory
+  // limit set by both.
+  std::vector<std::thread> threads;
+  for (std::int64_t block : {256, 4096})
+    threads.emplace_back([block] {
+      state_options so = stored(state_storage::int8, 0);
+      so.block_size = block;
+      for (int round = 0; round < 4; ++round) {
+        twin t(static_cast<std::uint32_t>(block + round), {70'001, 4096});
+        expect_steps_like_the_cpu(optimizer_kind::adamw, {.lr = 1e-2, .weight_decay = 0.01, .amsgrad = true}, so,
+                                  t.host, t.dev, "thread with blocks of " + std::to_string(block));
+      }
+    });
+  for (auto& th : threads) th.join();
 }
 
 TEST(CudaOptimizer, SkipsAStepWithANonFiniteGradientAndChangesNothing) {
