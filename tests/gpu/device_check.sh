@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checks the CUDA paths on a machine with an NVIDIA GPU, in one go (within 8 minutes):
 #   1. configures a build with TROUPE_WITH_CUDA=ON for sm_90 (examples off) and builds only
-#      kernels_test and the troupe CLI;
-#   2. runs the CUDA tests (kernels_test --gtest_filter='Cuda*'): a skipped test is a failure here;
+#      kernels_test, core_test and the troupe CLI;
+#   2. runs the CUDA tests (kernels_test --gtest_filter='Cuda*', and core_test's device memory and
+#      device count tests): a skipped test is a failure here;
 #   3. runs `troupe bench optim --json --device cuda` (50 M parameters in 100 tensors per optimizer
 #      and state storage, against a device-to-device copy) and prints a table.
 # Exits non-zero on any failure, and with 2 and a message when no GPU is present.
@@ -34,19 +35,27 @@ timeout "$limit" cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Rel
   -DCMAKE_CUDA_ARCHITECTURES=90 -DTROUPE_BUILD_EXAMPLES=OFF >"$build.configure.log" 2>&1 ||
   { tail -n 30 "$build.configure.log"; echo "device_check: configure failed" >&2; exit 1; }
 
-echo "== build kernels_test troupe"
+echo "== build kernels_test core_test troupe"
 limit=$(left) || exit 1
-timeout "$limit" cmake --build "$build" --target kernels_test troupe -j "$(nproc)" >"$build.build.log" 2>&1 ||
+timeout "$limit" cmake --build "$build" --target kernels_test core_test troupe -j "$(nproc)" >"$build.build.log" 2>&1 ||
   { grep -E "error|FAILED" "$build.build.log" | head -n 40 || true; echo "device_check: build failed" >&2; exit 1; }
 
-echo "== CUDA tests"
+# Runs one test binary with a filter; a failure, a skip or no test at all ends the check.
 # Here-strings, not `echo | grep -q`: with pipefail, grep -q leaving early can fail the echo.
-limit=$(left) || exit 1
-out=$(timeout "$limit" "$build/bin/kernels_test" --gtest_filter='Cuda*' 2>&1) && rc=0 || rc=$?
-grep -E "^\[ *(RUN|OK|FAILED|SKIPPED|PASSED) *\]|Failure|error" <<<"$out" | head -n 200 || true
-if [ "$rc" -ne 0 ]; then tail -n 20 <<<"$out"; echo "device_check: CUDA tests failed (exit $rc)" >&2; exit 1; fi
-if grep -q "^\[  SKIPPED \]" <<<"$out"; then echo "device_check: CUDA tests were skipped on a GPU machine" >&2; exit 1; fi
-grep -q "^\[  PASSED  \] [1-9]" <<<"$out" || { echo "device_check: no CUDA test ran" >&2; exit 1; }
+run_tests() {
+  local binary=$1 filter=$2 out rc limit
+  limit=$(left) || exit 1
+  out=$(timeout "$limit" "$build/bin/$binary" --gtest_filter="$filter" 2>&1) && rc=0 || rc=$?
+  grep -E "^\[ *(RUN|OK|FAILED|SKIPPED|PASSED) *\]|Failure|error" <<<"$out" | head -n 200 || true
+  if [ "$rc" -ne 0 ]; then tail -n 20 <<<"$out"; echo "device_check: $binary failed (exit $rc)" >&2; exit 1; fi
+  if grep -q "^\[  SKIPPED \]" <<<"$out"; then echo "device_check: $binary skipped tests on a GPU machine" >&2; exit 1; fi
+  grep -q "^\[  PASSED  \] [1-9]" <<<"$out" || { echo "device_check: no test of $binary ran" >&2; exit 1; }
+}
+
+echo "== CUDA tests"
+run_tests kernels_test 'Cuda*'
+# Device.CountsNoCudaDeviceWhenBuiltWithoutCuda skips in a CUDA build by design: not listed.
+run_tests core_test 'Device.ReportsADeviceOnlyWhenBuiltWithCuda:Device.CountsTheSameFromManyThreads:Device.CountsNoDeviceWhenCudaVisibleDevicesIsEmpty:Tensor.DeviceTensorsNeedADevice'
 
 echo "== troupe bench optim --device cuda"
 limit=$(left) || exit 1
