@@ -968,3 +968,79 @@ TEST(FedBuff, RefusesARobustRuleItsBufferCannotFeed) {
   o.deadline = 1;
   EXPECT_THROW(simulation(o, fashion()), std::invalid_argument);
 }
+
+namespace {
+
+/// CRC-32 (IEEE, reflected), bit by bit: the checksum a checkpoint ends with.
+std::uint32_t plain_crc32(const std::string& bytes) {
+  std::uint32_t crc = 0xFFFFFFFFu;
+  for (unsigned char b : bytes) {
+    crc ^= b;
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+/// `body` with its version field (after the 8-byte magic) set to `version` and a fresh CRC-32.
+std::string reversioned(std::string body, std::uint32_t version) {
+  std::memcpy(body.data() + 8, &version, sizeof version);
+  const std::uint32_t crc = plain_crc32(body);
+  body.append(reinterpret_cast<const char*>(&crc), sizeof crc);
+  return body;
+}
+
+}  // namespace
+
+TEST(Checkpoint, ReadsVersionOneFilesOfSynchronousRunsAndRefusesUnknownVersions) {
+  auto o = small("fedavgm", 2);
+  const std::string file = temp_file("v1.ckpt");
+  simulation straight(o, fashion());
+  run_to(straight, 3);
+  {
+    simulation first(o, fashion());
+    run_to(first, 1);
+    first.save_checkpoint(file);
+  }
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_EQ(plain_crc32(bytes.substr(0, bytes.size() - 4)),
+            *reinterpret_cast<const std::uint32_t*>(bytes.data() + bytes.size() - 4));
+  // Version 1 had no FedBuff section: 24 bytes (server version, dispatches, clients in flight,
+  // all zero in a synchronous run) before the CRC.
+  const std::string body = bytes.substr(0, bytes.size() - 4);
+  ASSERT_EQ(body.substr(body.size() - 24), std::string(24, '\0'));
+  auto write = [&](const std::string& content) {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out << content;
+  };
+  write(reversioned(body.substr(0, body.size() - 24), 1));
+  simulation resumed(o, fashion());
+  resumed.load_checkpoint(file);
+  EXPECT_EQ(resumed.rounds_done(), 1);
+  run_to(resumed, 3);
+  EXPECT_EQ(model_of(straight), model_of(resumed));
+
+  write(reversioned(body, 3));
+  simulation other(o, fashion());
+  try {
+    other.load_checkpoint(file);
+    ADD_FAILURE() << "accepted version 3";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("has version 3; this build reads 1 to 2"), std::string::npos) << e.what();
+  }
+  // A version 2 file of a synchronous run that claims clients in flight is malformed.
+  std::string forged = body;
+  forged[forged.size() - 8] = 1;
+  write(reversioned(forged, 2));
+  try {
+    other.load_checkpoint(file);
+    ADD_FAILURE() << "accepted clients in flight in a synchronous run";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("malformed: FedBuff state in a synchronous run"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(other.rounds_done(), 0);
+  std::remove(file.c_str());
+}
