@@ -149,4 +149,35 @@ TEST(Tensor, DeviceTensorsNeedADevice) {
   for (float v : z.data<float>()) EXPECT_EQ(v, 0.0f);
 }
 
+TEST(Tensor, DeviceViewsCopyBothWaysAndFreedDeviceBlocksAreReused) {
+  if (troupe::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here";
+  const device gpu = device::cuda(0);
+  tensor x = tensor::empty({4, 3});
+  for (int i = 0; i < 12; ++i) x.data<float>()[i] = static_cast<float>(i);
+  // Rows [1, 3): a view 12 bytes into its buffer, to the device and back.
+  const tensor back = x.slice(1, 3).to(gpu).to(device::cpu());
+  ASSERT_EQ(back.shape(), (tensor::shape_type{2, 3}));
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(back.data<float>()[i], static_cast<float>(3 + i));
+  // Into a view of a device tensor: only its rows change.
+  tensor whole = tensor::zeros({4, 3}, dtype::f32, gpu);
+  tensor rows = whole.slice(2, 4);
+  troupe::copy(x.slice(0, 2), rows);
+  const tensor w = whole.to(device::cpu());
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(w.data<float>()[i], i < 6 ? 0.0f : static_cast<float>(i - 6)) << i;
+  // A freed block comes back for the next request of its size; after the cache is released,
+  // allocations still work (on the device that was current).
+  const std::byte* freed = nullptr;
+  {
+    const tensor a = tensor::empty({1 << 18}, dtype::f32, gpu);
+    freed = a.bytes();
+  }
+  {
+    const tensor b = tensor::empty({1 << 18}, dtype::f32, gpu);
+    EXPECT_EQ(b.bytes(), freed);
+  }
+  troupe::release_cached_device_memory();
+  const tensor c = tensor::zeros({1 << 18}, dtype::f32, gpu).to(device::cpu());
+  for (float v : c.data<float>()) ASSERT_EQ(v, 0.0f);
+}
+
 }  // namespace
