@@ -59,7 +59,8 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   dp_noise->needs(dp_clip)->check(CLI::PositiveNumber);
   cmd->add_option("--compress", o.compress, "topk:F (with error feedback) or qsgd:L");
   cmd->add_option("--async", o.async,
-                  "fedbuff:K: buffered asynchronous aggregation, a server update every K arrivals (--per-round clients in flight)");
+                  "fedbuff:K: buffered asynchronous aggregation, a server update every K arrivals (--per-round clients in flight; "
+                  "works with --dropout, robust rules, fixed-bound DP and --checkpoint)");
   cmd->add_option("--latency", o.latency, "clients' simulated speed: lognormal:SIGMA or exponential:MEAN (a factor per client)")
       ->capture_default_str();
   cmd->add_option("--attack", o.attack, "malicious clients (fraction P): sign-flip:P, scale:P:X, label-flip:P or backdoor:P:T");
@@ -67,7 +68,8 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                   "save the simulation in this directory after every evaluated round; resume from it when it holds one");
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "with --checkpoint: save every N rounds instead")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--dropout", o.dropout, "probability that a sampled client fails in a round")->capture_default_str();
+  cmd->add_option("--dropout", o.dropout, "probability that a sampled client fails in a round (with --async: per dispatch; its slot is refilled)")
+      ->capture_default_str();
   cmd->add_option("--deadline", o.deadline, "simulated seconds a round waits for updates (0: no deadline)")->capture_default_str();
   cmd->add_option("--over-select", o.over_select, "sample this fraction more clients, keep the first --per-round to finish")
       ->capture_default_str();
