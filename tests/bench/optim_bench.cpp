@@ -103,7 +103,7 @@ void row(const optim_options& o, std::ostream& out, const char* bench, const cha
   if (o.json)
     std::snprintf(buf, sizeof buf,
                   "{\"suite\":\"optim\",\"bench\":\"%s\",\"state\":\"%s\",\"device\":\"%s\",\"metric\":"
-                  "\"seconds_per_step\",\"value\":%.5f,\"bytes_per_param\":%.2f,\"fraction_of_bandwidth\":%.2f}\n",
+                  "\"seconds_per_step\",\"value\":%.7f,\"bytes_per_param\":%.2f,\"fraction_of_bandwidth\":%.2f}\n",
                   bench, state, where.c_str(), seconds, bpp, fraction);
   else
     std::snprintf(buf, sizeof buf, "%-6s %-5s %-7s %9.5f s/step  %6.2f bytes/param  %4.0f%% of %s bandwidth\n", bench,
