@@ -527,7 +527,14 @@ mechanism make_secure_aggregation(const secagg_options& options) {
   if (!(options.dropout >= 0 && options.dropout < 1)) bad("secagg: the dropout fraction must be in [0, 1)");
   auto s = std::make_shared<secagg_state>();
   s->options = options;
-  if (options.dp.clip != 0 || options.dp.noise != 0) s->dp = make_dp_state(options.dp);
+  if (options.dp.clip != 0 || options.dp.noise != 0) {
+    s->dp = make_dp_state(options.dp);
+    // The encoding's coordinates are clipped to S: K inputs of S must fit 32-bit fixed point.
+    const double most = static_cast<double>(std::max<std::size_t>(options.max_clients, 1)) * options.dp.clip;
+    if (most >= 2147483647.0)
+      bad("secagg with dp: clients per round x --dp-clip must stay below 2^31 for the fixed-point sum, got " +
+          std::to_string(most));
+  }
   return {std::make_unique<secagg_mask>(s), std::make_unique<secagg_sum>(s)};
 }
 

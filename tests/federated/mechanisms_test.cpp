@@ -253,6 +253,9 @@ TEST(PrivateSecureAggregation, IsInstalledForSecaggWithDpAndRobustRulesStayRefus
   EXPECT_THROW(simulation(o, fashion()), std::invalid_argument);
   EXPECT_THROW(make_secure_aggregation({.max_clients = 4, .dp = {.clip = 1, .noise = 0, .expected_clients = 4, .population = 8}}),
                std::invalid_argument);
+  EXPECT_THROW(make_secure_aggregation({.max_clients = 4, .dp = {.clip = 1e9, .noise = 1, .expected_clients = 4, .population = 8}}),
+               std::invalid_argument);
+  EXPECT_NO_THROW(make_secure_aggregation({.max_clients = 4, .dp = {.clip = 1e8, .noise = 1, .expected_clients = 4, .population = 8}}));
 }
 
 TEST(SecureAggregation, RunsItsKeyStagesInTheWorkersAndGivesTheSameModelAtAnyThreadCount) {
