@@ -519,14 +519,13 @@ key reconstruct_secret(std::span<const share> shares, std::size_t threshold) {
 
 namespace {
 
-/// out[i] = the fixed-point word of in[i]; true when some input is infinite or NaN. Built for
-/// AVX-512 and AVX2 as well and picked at load time (the baseline build leaves the double-to-
-/// integer conversions scalar); every clone computes the same IEEE operations. It throws nothing
-/// (an exception thrown inside a GCC 12 clone ended in std::terminate).
-#if defined(__x86_64__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-bool encode_words(const float* __restrict in, std::size_t n, double clip, double scale, std::uint32_t* __restrict o) noexcept {
+/// out[i] = the fixed-point word of in[i]; true when some input is infinite or NaN. Compiled
+/// again for AVX-512 and AVX2 below and picked by the CPU's features (the baseline build leaves
+/// the double-to-integer conversions scalar); every version computes the same IEEE operations.
+/// The choice is an explicit test, not an ifunc (target_clones): an ifunc resolver runs before
+/// sanitizer runtimes start, and ThreadSanitizer builds crashed there.
+[[gnu::always_inline]] inline bool encode_words_body(const float* __restrict in, std::size_t n, double clip, double scale,
+                                                     std::uint32_t* __restrict o) noexcept {
   std::uint32_t non_finite = 0;  // an exponent of all ones (an integer test, so that it vectorizes)
   for (std::size_t i = 0; i < n; ++i) {
     non_finite |= (std::bit_cast<std::uint32_t>(in[i]) & 0x7F800000u) == 0x7F800000u;
@@ -534,6 +533,33 @@ bool encode_words(const float* __restrict in, std::size_t n, double clip, double
     o[i] = static_cast<std::uint32_t>(static_cast<std::int32_t>(y + (y < 0 ? -0.5 : 0.5)));  // nearest, halves away from 0
   }
   return non_finite != 0;
+}
+
+bool encode_words_baseline(const float* in, std::size_t n, double clip, double scale, std::uint32_t* o) noexcept {
+  return encode_words_body(in, n, clip, scale, o);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) bool encode_words_avx512(const float* in, std::size_t n, double clip, double scale,
+                                                            std::uint32_t* o) noexcept {
+  return encode_words_body(in, n, clip, scale, o);
+}
+__attribute__((target("avx2"))) bool encode_words_avx2(const float* in, std::size_t n, double clip, double scale,
+                                                       std::uint32_t* o) noexcept {
+  return encode_words_body(in, n, clip, scale, o);
+}
+#endif
+
+bool encode_words(const float* in, std::size_t n, double clip, double scale, std::uint32_t* o) noexcept {
+  using fn = bool (*)(const float*, std::size_t, double, double, std::uint32_t*) noexcept;
+  static const fn chosen = [] () -> fn {
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx512f")) return &encode_words_avx512;
+    if (__builtin_cpu_supports("avx2")) return &encode_words_avx2;
+#endif
+    return &encode_words_baseline;
+  }();
+  return chosen(in, n, clip, scale, o);
 }
 
 /// The fixed-point encoding of `input` into out[0, dim) as mod-2^32 words (what encode() returns).
