@@ -353,6 +353,11 @@ std::string temp_file(const std::string& name) {
 
 std::vector<float> model_of(const simulation& sim) { return {sim.global_model().begin(), sim.global_model().end()}; }
 
+std::string file_bytes(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
 }  // namespace
 
 TEST(Checkpoint, ResumingInAFreshSimulationIsBitIdenticalToNeverStopping) {
@@ -408,11 +413,7 @@ TEST(Checkpoint, RefusesOtherOptionsAndDamagedFilesWithoutChangingAnything) {
     sim.run_round();
     sim.save_checkpoint(file);
   }
-  std::string bytes;
-  {
-    std::ifstream in(file, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
+  const std::string bytes = file_bytes(file);
   ASSERT_GT(bytes.size(), 1000u);
   auto expect_refusal = [&](const simulation_options& options, const std::string& message) {
     simulation sim(options, fashion());
@@ -681,11 +682,7 @@ TEST(FedBuffCheckpoint, RefusesOtherOptionsAndDamagedFilesWithoutChangingAnythin
     run_to(sim, 2);
     sim.save_checkpoint(file);
   }
-  std::string bytes;
-  {
-    std::ifstream in(file, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
+  const std::string bytes = file_bytes(file);
   auto expect_refusal = [&](const simulation_options& options, const std::string& message) {
     simulation sim(options, fashion());
     run_to(sim, 1);  // clients in flight: a refused load keeps them
@@ -1001,11 +998,7 @@ TEST(Checkpoint, ReadsVersionOneFilesOfSynchronousRunsAndRefusesUnknownVersions)
     run_to(first, 1);
     first.save_checkpoint(file);
   }
-  std::string bytes;
-  {
-    std::ifstream in(file, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
+  const std::string bytes = file_bytes(file);
   ASSERT_EQ(plain_crc32(bytes.substr(0, bytes.size() - 4)),
             *reinterpret_cast<const std::uint32_t*>(bytes.data() + bytes.size() - 4));
   // Version 1 had no FedBuff section: 24 bytes (server version, dispatches, clients in flight,
