@@ -23,6 +23,22 @@ namespace {
 
 using namespace troupe::federated;
 
+/// Runs `f`, which must throw E with `words` in its message.
+template <class E, class F>
+void expect_error(F&& f, const std::string& words) {
+  try {
+    f();
+    ADD_FAILURE() << "accepted; expected an error about " << words;
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+  }
+}
+
+void write_file(const std::string& file, const std::string& content) {
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  out << content;
+}
+
 const shared_data& fashion() { return test_data::fashion_subset(); }
 
 simulation_options small(const std::string& strategy, unsigned threads) {
@@ -258,12 +274,7 @@ TEST(Simulation, AMillionIdleClientsCostUnderOneKilobyteEach) {
 
 TEST(Simulation, RefusesBadOptionsWithAClearMessage) {
   auto expect_refused = [](simulation_options o, const std::string& words) {
-    try {
-      simulation sim(o, fashion());
-      ADD_FAILURE() << "accepted; expected an error about " << words;
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-    }
+    expect_error<std::invalid_argument>([&] { simulation sim(o, fashion()); }, words);
   };
   simulation_options o;
   o.clients = 10;
@@ -418,12 +429,7 @@ TEST(Checkpoint, RefusesOtherOptionsAndDamagedFilesWithoutChangingAnything) {
   auto expect_refusal = [&](const simulation_options& options, const std::string& message) {
     simulation sim(options, fashion());
     const auto before = model_of(sim);
-    try {
-      sim.load_checkpoint(file);
-      ADD_FAILURE() << "accepted; expected: " << message;
-    } catch (const std::runtime_error& e) {
-      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-    }
+    expect_error<std::runtime_error>([&] { sim.load_checkpoint(file); }, message);
     EXPECT_EQ(sim.rounds_done(), 0);
     EXPECT_EQ(model_of(sim), before);
   };
@@ -433,10 +439,7 @@ TEST(Checkpoint, RefusesOtherOptionsAndDamagedFilesWithoutChangingAnything) {
   other = o;
   other.partition = "iid";
   expect_refusal(other, "partition=dirichlet:0.5 and this run has partition=iid");
-  auto write = [&](const std::string& content) {
-    std::ofstream out(file, std::ios::binary | std::ios::trunc);
-    out << content;
-  };
+  auto write = [&](const std::string& content) { write_file(file, content); };
   std::string flipped = bytes;
   flipped[flipped.size() / 2] = static_cast<char>(flipped[flipped.size() / 2] ^ 1);
   write(flipped);
@@ -551,12 +554,7 @@ TEST(FedBuff, LearnsFashionMnistOnIidData) {
 TEST(FedBuff, RefusesWhatItCannotDo) {
   auto o = small("fedavg", 1);
   auto refuse = [&](simulation_options bad, const std::string& message) {
-    try {
-      simulation sim(bad, fashion());
-      ADD_FAILURE() << "accepted; expected: " << message;
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-    }
+    expect_error<std::invalid_argument>([&] { simulation sim(bad, fashion()); }, message);
   };
   auto b = o;
   b.async = "fedbuff:0";
@@ -688,12 +686,7 @@ TEST(FedBuffCheckpoint, RefusesOtherOptionsAndDamagedFilesWithoutChangingAnythin
     run_to(sim, 1);  // clients in flight: a refused load keeps them
     const auto before = model_of(sim);
     const double clock = sim.simulated_seconds();
-    try {
-      sim.load_checkpoint(file);
-      ADD_FAILURE() << "accepted; expected: " << message;
-    } catch (const std::runtime_error& e) {
-      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-    }
+    expect_error<std::runtime_error>([&] { sim.load_checkpoint(file); }, message);
     EXPECT_EQ(sim.rounds_done(), 1);
     EXPECT_EQ(model_of(sim), before);
     EXPECT_EQ(sim.simulated_seconds(), clock);
@@ -708,10 +701,7 @@ TEST(FedBuffCheckpoint, RefusesOtherOptionsAndDamagedFilesWithoutChangingAnythin
   other = o;
   other.dropout = 0.1;
   expect_refusal(other, "it was saved with dropout=0.20000000000000001 and this run has dropout=0.10000000000000001");
-  auto write = [&](const std::string& content) {
-    std::ofstream out(file, std::ios::binary | std::ios::trunc);
-    out << content;
-  };
+  auto write = [&](const std::string& content) { write_file(file, content); };
   std::string flipped = bytes;
   flipped[flipped.size() - 40] = static_cast<char>(flipped[flipped.size() - 40] ^ 1);  // in the updates in flight
   write(flipped);
@@ -932,12 +922,7 @@ TEST(FedBuff, DifferentialPrivacyIsAGaussianMechanismPerStepWithoutAmplification
     }
   }
   auto refuse = [&](simulation_options bad, const std::string& message) {
-    try {
-      simulation sim(bad, fashion(), factory);
-      ADD_FAILURE() << "accepted; expected: " << message;
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-    }
+    expect_error<std::invalid_argument>([&] { simulation sim(bad, fashion(), factory); }, message);
   };
   auto bad = o;
   bad.clients = 8;
@@ -950,12 +935,7 @@ TEST(FedBuff, DifferentialPrivacyIsAGaussianMechanismPerStepWithoutAmplification
 TEST(FedBuff, RefusesARobustRuleItsBufferCannotFeed) {
   auto o = small_async("trimmed-mean:2", 1);
   o.async = "fedbuff:4";
-  try {
-    simulation sim(o, fashion());
-    ADD_FAILURE() << "accepted trimmed-mean:2 over 4 updates";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("needs at least 5; raise K"), std::string::npos) << e.what();
-  }
+  expect_error<std::invalid_argument>([&] { simulation sim(o, fashion()); }, "needs at least 5; raise K");
   o.strategy = "krum:1";
   o.async = "fedbuff:5";
   EXPECT_NO_THROW(simulation(o, fashion()));
@@ -1005,10 +985,7 @@ TEST(Checkpoint, ReadsVersionOneFilesOfSynchronousRunsAndRefusesUnknownVersions)
   // all zero in a synchronous run) before the CRC.
   const std::string body = bytes.substr(0, bytes.size() - 4);
   ASSERT_EQ(body.substr(body.size() - 24), std::string(24, '\0'));
-  auto write = [&](const std::string& content) {
-    std::ofstream out(file, std::ios::binary | std::ios::trunc);
-    out << content;
-  };
+  auto write = [&](const std::string& content) { write_file(file, content); };
   write(reversioned(body.substr(0, body.size() - 24), 1));
   simulation resumed(o, fashion());
   resumed.load_checkpoint(file);
@@ -1018,22 +995,12 @@ TEST(Checkpoint, ReadsVersionOneFilesOfSynchronousRunsAndRefusesUnknownVersions)
 
   write(reversioned(body, 3));
   simulation other(o, fashion());
-  try {
-    other.load_checkpoint(file);
-    ADD_FAILURE() << "accepted version 3";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("has version 3; this build reads 1 to 2"), std::string::npos) << e.what();
-  }
+  expect_error<std::runtime_error>([&] { other.load_checkpoint(file); }, "has version 3; this build reads 1 to 2");
   // A version 2 file of a synchronous run that claims clients in flight is malformed.
   std::string forged = body;
   forged[forged.size() - 8] = 1;
   write(reversioned(forged, 2));
-  try {
-    other.load_checkpoint(file);
-    ADD_FAILURE() << "accepted clients in flight in a synchronous run";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("malformed: FedBuff state in a synchronous run"), std::string::npos) << e.what();
-  }
+  expect_error<std::runtime_error>([&] { other.load_checkpoint(file); }, "malformed: FedBuff state in a synchronous run");
   EXPECT_EQ(other.rounds_done(), 0);
   std::remove(file.c_str());
 }
