@@ -547,28 +547,24 @@ void install_mechanisms(simulation& sim, const simulation_options& o, double mea
   if (robust) sim.set_aggregator(make_robust_aggregator(o.strategy));
   if (!o.attack.empty() && !is_data_attack(o.attack)) sim.add_transform(make_update_attack(o.attack, o.seed));
   if (!o.compress.empty()) sim.add_transform(make_compression(o.compress));
+  const dp_options privacy{.clip = o.dp_clip,
+                           .noise = o.dp_noise,
+                           .delta = o.dp_delta,
+                           .expected_clients = sim.sample_size(),
+                           .population = sim.population(),
+                           .adaptive = o.dp_adaptive};
   if (dp && !o.secagg) {
     // FedBuff: each server step is a Gaussian mechanism over the K buffered updates, divided by
     // K. Who is in a step depends on the clients' speeds, not on a uniform sample, so no
     // amplification by sampling is claimed: the accountant takes q = K / K = 1.
-    const std::size_t k = sim.buffer_size();
-    auto m = make_differential_privacy({.clip = o.dp_clip,
-                                        .noise = o.dp_noise,
-                                        .delta = o.dp_delta,
-                                        .expected_clients = k ? k : sim.sample_size(),
-                                        .population = k ? k : sim.population(),
-                                        .adaptive = o.dp_adaptive});
+    auto plain = privacy;
+    if (const std::size_t k = sim.buffer_size()) plain.expected_clients = plain.population = k;
+    auto m = make_differential_privacy(plain);
     sim.add_transform(std::move(m.transform));
     sim.set_aggregator(std::move(m.aggregator));
   }
   if (o.secagg) {
     // With DP the masking transform clips as well, and the server noises the unmasked sum.
-    const dp_options privacy{.clip = o.dp_clip,
-                             .noise = o.dp_noise,
-                             .delta = o.dp_delta,
-                             .expected_clients = sim.sample_size(),
-                             .population = sim.population(),
-                             .adaptive = o.dp_adaptive};
     auto m = make_secure_aggregation({.mean_weight = mean_weight > 0 ? mean_weight : 1.0,
                                       .max_clients = sim.sample_size(),
                                       .dropout = o.secagg_dropout,
