@@ -436,21 +436,40 @@ __attribute__((target("avx2"))) void adam_int8_avx2(float* p, const float* grad,
   vabs = av;
 }
 
+/// The constants of adam_element in AVX-512 registers, made once per call: the step loop then
+/// reads no scalar and broadcasts nothing.
+struct adam_vectors512 {
+  __m512 decay, gscale, l2, omb1, one_minus_omb1, beta2, omb2, inv_bias2_sqrt, eps, neg_step;
+  bool clip, low;
+};
+
+TROUPE_AVX512 inline adam_vectors512 broadcast512(const adam_constants& c) {
+  return {_mm512_set1_ps(c.decay),        _mm512_set1_ps(c.gscale),     _mm512_set1_ps(c.l2),
+          _mm512_set1_ps(c.one_minus_beta1), _mm512_set1_ps(1.0f - c.one_minus_beta1),
+          _mm512_set1_ps(c.beta2),        _mm512_set1_ps(c.one_minus_beta2), _mm512_set1_ps(c.inv_bias2_sqrt),
+          _mm512_set1_ps(c.eps),          _mm512_set1_ps(-c.step_size), c.gscale != 1.0f,
+          c.one_minus_beta1 < 0.5f};
+}
+
 /// adam_element on 16 lanes.
 template <bool L2>
-TROUPE_AVX512 inline __m512 adam_avx512(__m512 p, __m512 grad, __m512& m, __m512& v, const adam_constants& c) {
-  const __m512 param = _mm512_mul_ps(p, _mm512_set1_ps(c.decay));
+TROUPE_AVX512 inline __m512 adam_avx512(__m512 p, __m512 grad, __m512& m, __m512& v, const adam_vectors512& k) {
+  const __m512 param = _mm512_mul_ps(p, k.decay);
   // x * 1 == x for every float: without clipping the gradient is used as it is.
-  __m512 g = c.gscale == 1.0f ? grad : _mm512_mul_ps(grad, _mm512_set1_ps(c.gscale));
-  if constexpr (L2) g = _mm512_add_ps(g, _mm512_mul_ps(param, _mm512_set1_ps(c.l2)));
+  __m512 g = k.clip ? _mm512_mul_ps(grad, k.gscale) : grad;
+  if constexpr (L2) g = _mm512_add_ps(g, _mm512_mul_ps(param, k.l2));
   const __m512 diff = _mm512_sub_ps(g, m);
-  m = c.one_minus_beta1 < 0.5f ? _mm512_add_ps(m, _mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta1), diff))
-                               : _mm512_sub_ps(g, _mm512_mul_ps(diff, _mm512_set1_ps(1.0f - c.one_minus_beta1)));
-  v = _mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(c.beta2)),
-                    _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta2), g), g));
-  const __m512 denom =
-      _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), _mm512_set1_ps(c.inv_bias2_sqrt)), _mm512_set1_ps(c.eps));
-  return _mm512_add_ps(param, _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(-c.step_size), m), denom));
+  m = k.low ? _mm512_add_ps(m, _mm512_mul_ps(k.omb1, diff)) : _mm512_sub_ps(g, _mm512_mul_ps(diff, k.one_minus_omb1));
+  v = _mm512_add_ps(_mm512_mul_ps(v, k.beta2), _mm512_mul_ps(_mm512_mul_ps(k.omb2, g), g));
+  const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), k.inv_bias2_sqrt), k.eps);
+  return _mm512_add_ps(param, _mm512_div_ps(_mm512_mul_ps(k.neg_step, m), denom));
+}
+
+/// The permute that gathers byte 0 of the 16 lanes of each of two code vectors into bytes 0-31.
+TROUPE_AVX512 inline __m512i code_bytes() noexcept {
+  return _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                         124, 120, 116, 112, 108, 104, 100, 96, 92, 88, 84, 80, 76, 72, 68, 64, 60, 56, 52, 48, 44, 40,
+                         36, 32, 28, 24, 20, 16, 12, 8, 4, 0);
 }
 
 /// A block whose new moment values wait in L1 buffers for their codes.
@@ -471,18 +490,22 @@ struct pending_block {
 TROUPE_AVX512 inline void quantize_chunk(const pending_block& q, std::size_t j, const quant::avx512::quantizer& mq,
                                          const quant::avx512::quantizer& vq, const quant::qmap& mmap,
                                          const quant::qmap& vmap) {
-  __mmask16 um, uv;
   const __m512 xm = _mm512_mul_ps(_mm512_loadu_ps(q.mbuf + j), _mm512_set1_ps(q.minv));
   const __m512 xv = _mm512_mul_ps(_mm512_loadu_ps(q.vbuf + j), _mm512_set1_ps(q.vinv));
-  quant::avx512::store_codes(q.mc + j, quant::avx512::quantize<true>(mq, xm, um));
-  quant::avx512::store_codes(q.vc + j, quant::avx512::quantize<false>(vq, xv, uv));
-  if ((um | uv) != 0) [[unlikely]] {
-    for (unsigned m = um; m != 0; m &= m - 1) {
+  __m512 rm, rv;
+  const __m512i cm = quant::avx512::quantize<true>(mq, xm, rm);
+  const __m512i cv = quant::avx512::quantize<false>(vq, xv, rv);
+  // Both moments' codes in one permute: m's in bytes 0-15, v's in bytes 16-31.
+  const __m512i both = _mm512_permutex2var_epi8(cm, code_bytes(), cv);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q.mc + j), _mm512_castsi512_si128(both));
+  _mm256_mask_storeu_epi8(q.vc + j - 16, 0xffff0000u, _mm512_castsi512_si256(both));
+  // One test for both moments (the smaller |r|); a lane either moment is unsure of gets both
+  // codes from the table.
+  const __mmask16 unsure = quant::avx512::unsure(_mm512_range_ps(rm, rv, 0x0a));
+  if (unsure != 0) [[unlikely]] {
+    for (unsigned m = unsure; m != 0; m &= m - 1) {
       const std::size_t i = j + static_cast<std::size_t>(__builtin_ctz(m));
       q.mc[i] = quant::avx512::quantize_exact(mmap, q.mbuf[i] * q.minv, true);
-    }
-    for (unsigned m = uv; m != 0; m &= m - 1) {
-      const std::size_t i = j + static_cast<std::size_t>(__builtin_ctz(m));
       q.vc[i] = quant::avx512::quantize_exact(vmap, q.vbuf[i] * q.vinv, true);
     }
   }
@@ -511,6 +534,7 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_
                                            const adam_constants& c, float* buffers) {
   const quant::avx512::quantizer mq = quant::avx512::load_quantizer(mmap, true);
   const quant::avx512::quantizer vq = quant::avx512::load_quantizer(vmap, true);
+  const adam_vectors512 kc = broadcast512(c);
   const float* mvals = mmap.values();
   const float* vvals = vmap.values();
   pending_block prev;
@@ -530,7 +554,7 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_
     auto update = [&](std::size_t i) TROUPE_AVX512 {
       __m512 mi = _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(mcb + i), mvals, 4), msv);
       __m512 vi = _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(vcb + i), vvals, 4), vsv);
-      _mm512_storeu_ps(pb + i, adam_avx512<L2>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i), mi, vi, c));
+      _mm512_storeu_ps(pb + i, adam_avx512<L2>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i), mi, vi, kc));
       _mm512_storeu_ps(mbuf + i, mi);
       _mm512_storeu_ps(vbuf + i, vi);
       ma = _mm512_range_ps(ma, mi, 0x0b);  // max(|ma|, |mi|), sign cleared

@@ -16,7 +16,9 @@ namespace troupe::kernels::quant {
 namespace {
 
 int cpu_simd_level() noexcept {
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return 2;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi"))
+    return 2;
   return __builtin_cpu_supports("avx2") ? 1 : 0;
 }
 
@@ -143,11 +145,10 @@ void qmap::build_estimate() {
   std::array<int, 9> start{};
   std::array<float, 9> start_at{};
   std::array<bool, 9> tie{};
-  const float margin = 0x1p-12f;
+  const float margin = estimate_margin;
   for (auto* table : {&piece_scale_[0], &piece_scale_[1]}) table->fill(0.0f);
   for (auto* table : {&piece_offset_[0], &piece_offset_[1]}) table->fill(0.5f);
   for (auto* table : {&piece_limit_[0], &piece_limit_[1]}) table->fill(0);
-  piece_margin_.fill(0.0f);
   int base = 1;
   for (int q = 1; q <= decades + 1; ++q) {
     const int d = q - 1;
@@ -170,15 +171,13 @@ void qmap::build_estimate() {
         piece_scale_[kv][q] = static_cast<float>(n / (0.9 * unit));
         piece_offset_[kv][q] = static_cast<float>(base - 0.1 * n / 0.9);
         piece_limit_[kv][q] = base + n - 1;
-        piece_margin_[q] = margin;
       }
     }
     base += n;
   }
   if (base != top + 1) fail("the pieces hold " + std::to_string(base) + " entries");
-  // The zero piece: index 0; with keep_nonzero index 1 for every a > 0.
-  piece_scale_[1][0] = 0x1p124f;
-  piece_offset_[1][0] = 1.0f - 0x1p-24f;
+  // The zero piece: index 0; with keep_nonzero index 1 (estimate() caps it at 0 for a zero).
+  piece_offset_[1][0] = 1.5f;
   piece_limit_[1][0] = 1;
   for (std::uint32_t s = 0; s < 32; ++s) {
     // Exponent est_first_exponent + s: the binade [lo, hi); slot 0 also holds everything smaller.
@@ -334,9 +333,9 @@ TROUPE_AVX512 std::size_t quantize_avx512(const float* x, std::size_t n, float i
   const __m512 vinv = _mm512_set1_ps(inv);
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    __mmask16 unsure;
-    avx512::store_codes(codes + i, avx512::quantize<Signed>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv), unsure));
-    for (unsigned m = unsure; m != 0; m &= m - 1) {
+    __m512 r;
+    avx512::store_codes(codes + i, avx512::quantize<Signed>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv), r));
+    for (unsigned m = avx512::unsure(_mm512_abs_ps(r)); m != 0; m &= m - 1) {
       const std::size_t j = i + static_cast<std::size_t>(__builtin_ctz(m));
       codes[j] = avx512::quantize_exact(map, x[j] * inv, keep);
     }

@@ -75,11 +75,12 @@ public:
   /// magnitude index is min(trunc(t), piece_limit), mirrored around the zero code for negative
   /// x. The piece's first decision point (from the decade below) is its start and its last
   /// entry covers two units of t, hence the limit. t is within a small error of that ideal, so
-  /// the index is exact whenever t is at least piece_margin away from a whole number; otherwise
-  /// `sure` is false and the caller asks the table (about one value in a thousand). With
-  /// keep_nonzero the zero piece maps every nonzero magnitude to index 1 (the fused
-  /// multiply-add rounds a * 2^124 + (1 - 2^-24) up to 1 for the smallest subnormal). The
-  /// construction checks every decision point of both signs and throws if any assumption fails.
+  /// the index is exact whenever t is at least estimate_margin away from a whole number; otherwise
+  /// `sure` is false and the caller asks the table (about one value in two thousand). With
+  /// keep_nonzero the zero piece gives index 1 (t = 1.5) and the index is then capped by a's
+  /// bits as an integer, which are 0 only for a zero (so zeros keep the zero code and every
+  /// nonzero magnitude gets index 1, and no zero is ever unsure). The construction checks every
+  /// decision point of both signs and throws if any assumption fails.
   struct estimated {
     int code;
     bool sure;
@@ -95,8 +96,10 @@ public:
     }
     std::uint32_t ab;
     std::memcpy(&ab, &a, 4);
-    std::uint32_t e = ab >> 23;
-    e = (e < est_first_exponent ? est_first_exponent : e) & 31u;
+    const float ae = a > est_floor ? a : est_floor;  // smaller magnitudes share est_floor's slot
+    std::uint32_t eb;
+    std::memcpy(&eb, &ae, 4);
+    const std::uint32_t e = (eb >> 23) & 31u;
     const std::int32_t pe = exponent_piece_[e];
     std::uint32_t xb;
     std::memcpy(&xb, &x, 4);
@@ -110,7 +113,8 @@ public:
     std::uint32_t k = t >= 0x1p32f ? 0xffffffffu : static_cast<std::uint32_t>(t);
     const std::uint32_t limit = static_cast<std::uint32_t>(piece_limit_[kv][piece]);
     k = k < limit ? k : limit;
-    const bool sure = !(std::fabs(t - std::nearbyint(t)) < piece_margin_[piece]);
+    k = k < ab ? k : ab;  // a zero keeps index 0
+    const bool sure = !(std::fabs(t - std::nearbyint(t)) < estimate_margin);
     int code = static_cast<int>(k);
     if (signed_) {
       code = negative ? zero_code_ - code : zero_code_ + code;
@@ -134,7 +138,6 @@ public:
   const float* piece_scale(bool keep) const noexcept { return piece_scale_[keep ? 1 : 0].data(); }
   const float* piece_offset(bool keep) const noexcept { return piece_offset_[keep ? 1 : 0].data(); }
   const std::int32_t* piece_limit(bool keep) const noexcept { return piece_limit_[keep ? 1 : 0].data(); }
-  const float* piece_margin() const noexcept { return piece_margin_.data(); }
 
   /// The construction evaluated in double (256 values, sorted).
   static std::array<double, 256> construct(bool is_signed);
@@ -144,6 +147,8 @@ public:
   static constexpr int shift = 16;                       // keep 7 mantissa bits
   static constexpr std::uint32_t buckets = ((hi_bits - lo_bits) >> shift) + 1;
   static constexpr std::uint32_t est_first_exponent = 96;  // smaller exponents share its slot
+  static constexpr float est_floor = 0x1p-31f;             // the smallest magnitude of that slot
+  static constexpr float estimate_margin = 0x1p-12f;       // t nearer a whole number: not sure
 
 private:
   explicit qmap(bool is_signed);
@@ -158,13 +163,13 @@ private:
   std::array<float, 32> exponent_threshold_{};
   std::array<std::array<float, 16>, 2> piece_scale_{}, piece_offset_{};
   std::array<std::array<std::int32_t, 16>, 2> piece_limit_{};
-  std::array<float, 16> piece_margin_{};
   std::uint8_t zero_code_ = 0;
   bool signed_ = false;
 };
 
 /// The widest vector instructions that the quantizer and the fused optimizer kernels use: 2
-/// AVX-512 F and DQ, 1 AVX2, 0 none. The CPU's, unless lowered by limit_simd().
+/// AVX-512 F, DQ, BW, VL and VBMI (Ice Lake, Zen 4 and later), 1 AVX2, 0 none. The CPU's, unless
+/// lowered by limit_simd().
 int simd_level() noexcept;
 /// Caps simd_level() at `level` (so that tests run every path); returns the previous cap. Not
 /// for use while a step or a quantizer runs.

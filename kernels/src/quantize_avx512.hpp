@@ -8,8 +8,8 @@
 
 #include "quantize.hpp"
 
-// Everything here needs AVX-512 F and DQ (simd_level() 2).
-#define TROUPE_AVX512 __attribute__((target("avx512f,avx512dq")))
+// Everything here needs AVX-512 F, DQ, BW, VL and VBMI (simd_level() 2).
+#define TROUPE_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vbmi")))
 
 namespace troupe::kernels::quant::avx512 {
 
@@ -22,7 +22,7 @@ TROUPE_AVX512 inline __m512i load_codes(const std::uint8_t* c) noexcept {
 struct quantizer {
   __m512i piece_lo, piece_hi;  // exponent & 31 -> piece (and the tie bit)
   __m512 threshold_lo, threshold_hi;
-  __m512 scale, offset, margin;  // per piece (16 entries, 9 used)
+  __m512 scale, offset;  // per piece (16 entries, 9 used)
   __m512i limit;
   __m512i zero;
 };
@@ -35,22 +35,22 @@ TROUPE_AVX512 inline quantizer load_quantizer(const qmap& map, bool keep) noexce
   q.threshold_hi = _mm512_loadu_ps(map.exponent_threshold() + 16);
   q.scale = _mm512_loadu_ps(map.piece_scale(keep));
   q.offset = _mm512_loadu_ps(map.piece_offset(keep));
-  q.margin = _mm512_loadu_ps(map.piece_margin());
   q.limit = _mm512_loadu_si512(map.piece_limit(keep));
   q.zero = _mm512_set1_epi32(map.zero_code());
   return q;
 }
 
-/// qmap::estimate on 16 lanes (Signed: the map's signedness): codes in 32-bit lanes; `unsure`
-/// gets the lanes whose estimate is not sure (the caller asks the table for those).
+/// qmap::estimate on 16 lanes (Signed: the map's signedness): codes in 32-bit lanes; `r` gets
+/// t minus the nearest whole number, so that the lanes with |r| < estimate_margin are the ones
+/// the estimate is not sure of (unsure() finds them; the caller asks the table for those).
 template <bool Signed>
-TROUPE_AVX512 inline __m512i quantize(const quantizer& q, __m512 x, __mmask16& unsure) noexcept {
+TROUPE_AVX512 inline __m512i quantize(const quantizer& q, __m512 x, __m512& r) noexcept {
   const __m512 one = _mm512_set1_ps(1.0f);
   __m512 a;
   if constexpr (Signed) a = _mm512_range_ps(x, one, 0x0a);  // min(|x|, 1), sign cleared
   else a = _mm512_min_ps(_mm512_max_ps(x, _mm512_setzero_ps()), one);
   const __m512i ab = _mm512_castps_si512(a);
-  const __m512i e = _mm512_max_epu32(_mm512_srli_epi32(ab, 23), _mm512_set1_epi32(qmap::est_first_exponent));
+  const __m512i e = _mm512_srli_epi32(_mm512_castps_si512(_mm512_max_ps(a, _mm512_set1_ps(qmap::est_floor))), 23);
   const __m512i pe = _mm512_permutex2var_epi32(q.piece_lo, e, q.piece_hi);
   const __m512 threshold = _mm512_permutex2var_ps(q.threshold_lo, e, q.threshold_hi);
   __mmask16 next;
@@ -64,12 +64,17 @@ TROUPE_AVX512 inline __m512i quantize(const quantizer& q, __m512 x, __mmask16& u
   }
   const __m512i piece = _mm512_mask_add_epi32(pe, next, pe, _mm512_set1_epi32(1));
   const __m512 t = _mm512_fmadd_ps(a, _mm512_permutexvar_ps(piece, q.scale), _mm512_permutexvar_ps(piece, q.offset));
-  const __m512i k = _mm512_min_epu32(_mm512_cvttps_epu32(t), _mm512_permutexvar_epi32(piece, q.limit));
-  const __m512 r = _mm512_abs_ps(_mm512_reduce_ps(t, 0x08));  // |t - nearest whole t|
-  unsure = _mm512_cmp_ps_mask(r, _mm512_permutexvar_ps(piece, q.margin), _CMP_LT_OQ);
+  __m512i k = _mm512_min_epu32(_mm512_cvttps_epu32(t), _mm512_permutexvar_epi32(piece, q.limit));
+  k = _mm512_min_epu32(k, ab);  // a zero keeps index 0
+  r = _mm512_reduce_ps(t, 0x08);  // t - nearest whole t
   if constexpr (!Signed) return k;
   const __m512i c = _mm512_mask_sub_epi32(_mm512_add_epi32(q.zero, k), negative, q.zero, k);
   return _mm512_max_epi32(c, _mm512_setzero_si512());
+}
+
+/// The lanes whose |r| (from quantize(), sign cleared) is within the margin: not sure.
+TROUPE_AVX512 inline __mmask16 unsure(__m512 abs_r) noexcept {
+  return _mm512_cmp_ps_mask(abs_r, _mm512_set1_ps(qmap::estimate_margin), _CMP_LT_OQ);
 }
 
 /// The exact code of one value (the table, then keep_nonzero's rule): for the lanes quantize()
