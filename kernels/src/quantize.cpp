@@ -179,19 +179,19 @@ void qmap::build_estimate() {
   // The zero piece: index 0; with keep_nonzero index 1 (estimate() caps it at 0 for a zero).
   piece_offset_[1][0] = 1.5f;
   piece_limit_[1][0] = 1;
-  for (std::uint32_t s = 0; s < 32; ++s) {
-    // Exponent est_first_exponent + s: the binade [lo, hi); slot 0 also holds everything smaller.
-    const int p = static_cast<int>(est_first_exponent + s) - 127;
-    const float lo = s == 0 ? 0.0f : std::ldexp(1.0f, p), hi = std::ldexp(1.0f, p + 1);
+  for (std::uint32_t s = 0; s < 16; ++s) {
+    // Slot s: the two binades [lo, hi) from est_floor * 4^s; slot 0 also holds everything smaller.
+    const float lo = s == 0 ? 0.0f : std::ldexp(est_floor, 2 * static_cast<int>(s));
+    const float hi = std::ldexp(est_floor, 2 * static_cast<int>(s) + 2);
     int q = 0;
     while (q < decades + 1 && start_at[q + 1] <= lo) ++q;
     exponent_piece_[s] = q;
     exponent_threshold_[s] = inf;
     if (q < decades + 1 && start_at[q + 1] < hi) {
-      if (q + 1 < decades + 1 && start_at[q + 2] < hi) fail("two pieces start in one binade");
+      if (q + 1 < decades + 1 && start_at[q + 2] < hi) fail("two pieces start in one slot");
       exponent_threshold_[s] = start_at[q + 1];
       exponent_piece_[s] = q | (tie[q + 1] ? 16 : 0);
-      if (tie[q + 1] && down(start_at[q + 1]) < lo) fail("a tie at a binade's start");
+      if (tie[q + 1] && down(start_at[q + 1]) < lo) fail("a tie at a slot's start");
     }
   }
   // The proof: t grows with a inside a piece, so the estimate is exact for every float when, at
@@ -203,7 +203,7 @@ void qmap::build_estimate() {
     const float a = std::min(std::fabs(x), 1.0f);
     std::uint32_t ab;
     std::memcpy(&ab, &a, 4);
-    const std::uint32_t e = std::max(ab >> 23, est_first_exponent) & 31u;
+    const std::uint32_t e = slot(a);
     const std::uint32_t cb = ab + (signed_ && x < 0 ? static_cast<std::uint32_t>(exponent_piece_[e] >> 4) : 0u);
     float ac;
     std::memcpy(&ac, &cb, 4);

@@ -96,10 +96,7 @@ public:
     }
     std::uint32_t ab;
     std::memcpy(&ab, &a, 4);
-    const float ae = a > est_floor ? a : est_floor;  // smaller magnitudes share est_floor's slot
-    std::uint32_t eb;
-    std::memcpy(&eb, &ae, 4);
-    const std::uint32_t e = (eb >> 23) & 31u;
+    const std::uint32_t e = slot(a);
     const std::int32_t pe = exponent_piece_[e];
     std::uint32_t xb;
     std::memcpy(&xb, &x, 4);
@@ -131,7 +128,15 @@ public:
     if (keep && c == zero_code_ && x != 0.0f) c += x > 0.0f ? 1 : (signed_ && c > 0 ? -1 : 0);
     return static_cast<std::uint8_t>(c);
   }
-  /// Tables of estimate(): per exponent & 31 (exponents 96..127) and per piece (16, 9 used);
+  /// The exponent slot of a magnitude: two binades each, 0..15 for [2^-31, 2); smaller ones share
+  /// slot 0 (est_floor's).
+  static std::uint32_t slot(float a) noexcept {
+    const float ae = a > est_floor ? a : est_floor;
+    std::uint32_t eb;
+    std::memcpy(&eb, &ae, 4);
+    return (eb >> 24) & 15u;
+  }
+  /// Tables of estimate(): per exponent slot (16) and per piece (16, 9 used);
   /// scale, offset and limit without (0) and with (1) keep_nonzero.
   const std::int32_t* exponent_piece() const noexcept { return exponent_piece_.data(); }
   const float* exponent_threshold() const noexcept { return exponent_threshold_.data(); }
@@ -146,8 +151,7 @@ public:
   static constexpr std::uint32_t hi_bits = 0x3fffffffu;  // just below 2: larger ones share a bucket
   static constexpr int shift = 16;                       // keep 7 mantissa bits
   static constexpr std::uint32_t buckets = ((hi_bits - lo_bits) >> shift) + 1;
-  static constexpr std::uint32_t est_first_exponent = 96;  // smaller exponents share its slot
-  static constexpr float est_floor = 0x1p-31f;             // the smallest magnitude of that slot
+  static constexpr float est_floor = 0x1p-31f;             // smaller magnitudes share its slot
   static constexpr float estimate_margin = 0x1p-12f;       // t nearer a whole number: not sure
 
 private:
@@ -157,10 +161,10 @@ private:
   std::array<float, 256> above_{};
   std::vector<std::uint8_t> lut_;
   std::vector<std::int32_t> packed_;  // code and decision offset, for vector gathers
-  // estimate(): per exponent & 31 (the piece in bits 0-3, a tie for negative x in bit 4), and
+  // estimate(): per exponent slot (the piece in bits 0-3, a tie for negative x in bit 4), and
   // per piece (without and with keep_nonzero).
-  std::array<std::int32_t, 32> exponent_piece_{};
-  std::array<float, 32> exponent_threshold_{};
+  std::array<std::int32_t, 16> exponent_piece_{};
+  std::array<float, 16> exponent_threshold_{};
   std::array<std::array<float, 16>, 2> piece_scale_{}, piece_offset_{};
   std::array<std::array<std::int32_t, 16>, 2> piece_limit_{};
   std::uint8_t zero_code_ = 0;

@@ -20,8 +20,8 @@ TROUPE_AVX512 inline __m512i load_codes(const std::uint8_t* c) noexcept {
 
 /// A map's registers: the tables of qmap::estimate().
 struct quantizer {
-  __m512i piece_lo, piece_hi;  // exponent & 31 -> piece (and the tie bit)
-  __m512 threshold_lo, threshold_hi;
+  __m512i piece;  // exponent slot -> piece (and the tie bit)
+  __m512 threshold;
   __m512 scale, offset;  // per piece (16 entries, 9 used)
   __m512i limit;
   __m512i zero;
@@ -29,10 +29,8 @@ struct quantizer {
 
 TROUPE_AVX512 inline quantizer load_quantizer(const qmap& map, bool keep) noexcept {
   quantizer q;
-  q.piece_lo = _mm512_loadu_si512(map.exponent_piece());
-  q.piece_hi = _mm512_loadu_si512(map.exponent_piece() + 16);
-  q.threshold_lo = _mm512_loadu_ps(map.exponent_threshold());
-  q.threshold_hi = _mm512_loadu_ps(map.exponent_threshold() + 16);
+  q.piece = _mm512_loadu_si512(map.exponent_piece());
+  q.threshold = _mm512_loadu_ps(map.exponent_threshold());
   q.scale = _mm512_loadu_ps(map.piece_scale(keep));
   q.offset = _mm512_loadu_ps(map.piece_offset(keep));
   q.limit = _mm512_loadu_si512(map.piece_limit(keep));
@@ -50,9 +48,10 @@ TROUPE_AVX512 inline __m512i quantize(const quantizer& q, __m512 x, __m512& r) n
   if constexpr (Signed) a = _mm512_range_ps(x, one, 0x0a);  // min(|x|, 1), sign cleared
   else a = _mm512_min_ps(_mm512_max_ps(x, _mm512_setzero_ps()), one);
   const __m512i ab = _mm512_castps_si512(a);
-  const __m512i e = _mm512_srli_epi32(_mm512_castps_si512(_mm512_max_ps(a, _mm512_set1_ps(qmap::est_floor))), 23);
-  const __m512i pe = _mm512_permutex2var_epi32(q.piece_lo, e, q.piece_hi);
-  const __m512 threshold = _mm512_permutex2var_ps(q.threshold_lo, e, q.threshold_hi);
+  // The slot (qmap::slot): the permutes read only the index's low 4 bits.
+  const __m512i e = _mm512_srli_epi32(_mm512_castps_si512(_mm512_max_ps(a, _mm512_set1_ps(qmap::est_floor))), 24);
+  const __m512i pe = _mm512_permutexvar_epi32(e, q.piece);
+  const __m512 threshold = _mm512_permutexvar_ps(e, q.threshold);
   __mmask16 next;
   __mmask16 negative = 0;
   if constexpr (Signed) {
