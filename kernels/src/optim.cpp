@@ -494,7 +494,7 @@ TROUPE_AVX512 inline void quantize_chunk(const pending_block& q, std::size_t j, 
   const __m512 xv = _mm512_mul_ps(_mm512_loadu_ps(q.vbuf + j), _mm512_set1_ps(q.vinv));
   __m512 rm, rv;
   const __m512i cm = quant::avx512::quantize<true>(mq, xm, rm);
-  const __m512i cv = quant::avx512::quantize<false>(vq, xv, rv);
+  const __m512i cv = quant::avx512::quantize<false, true>(vq, xv, rv);
   // Both moments' codes in one permute: m's in bytes 0-15, v's in bytes 16-31.
   const __m512i both = _mm512_permutex2var_epi8(cm, code_bytes(), cv);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q.mc + j), _mm512_castsi512_si128(both));

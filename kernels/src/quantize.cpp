@@ -141,7 +141,8 @@ void qmap::build_estimate() {
   auto down = [&](float f) { return std::nextafter(f, -inf); };
   auto fail = [](const std::string& why) { throw std::logic_error("quantization estimate: " + why); };
   // Pieces: 0 the zero entry, d + 1 decade d, 8 the entry 1. Piece q > 0 starts at decision
-  // start[q] - 1, at magnitude start_at[q]; a negative x's start is one ulp lower on a tie.
+  // start[q] - 1, at magnitude start_at[q]; on a tie a negative x's start is one ulp lower (that
+  // one magnitude is left to the table: the proof checks that the estimate is not sure of it).
   std::array<int, 9> start{};
   std::array<float, 9> start_at{};
   std::array<bool, 9> tie{};
@@ -176,7 +177,10 @@ void qmap::build_estimate() {
     base += n;
   }
   if (base != top + 1) fail("the pieces hold " + std::to_string(base) + " entries");
-  // The zero piece: index 0; with keep_nonzero index 1 (estimate() caps it at 0 for a zero).
+  // The zero piece: index 0, with t from 0.5 at zero to 1 at the first decision point (so that a
+  // negative x on a tie there is not sure); with keep_nonzero index 1 (estimate() caps it at 0
+  // for a zero).
+  piece_scale_[0][0] = static_cast<float>(0.5 / static_cast<double>(above_[zero]));
   piece_offset_[1][0] = 1.5f;
   piece_limit_[1][0] = 1;
   for (std::uint32_t s = 0; s < 16; ++s) {
@@ -190,10 +194,13 @@ void qmap::build_estimate() {
     if (q < decades + 1 && start_at[q + 1] < hi) {
       if (q + 1 < decades + 1 && start_at[q + 2] < hi) fail("two pieces start in one slot");
       exponent_threshold_[s] = start_at[q + 1];
-      exponent_piece_[s] = q | (tie[q + 1] ? 16 : 0);
-      if (tie[q + 1] && down(start_at[q + 1]) < lo) fail("a tie at a slot's start");
     }
   }
+  // Magnitudes from 1 up to 2 (a scaled moment a little over 1, which the AVX-512 kernels do not
+  // clamp) share the last slot and its piece, the entry 1.
+  if (slot(1.0f) != 15 || slot(std::nextafter(2.0f, 0.0f)) != 15 || exponent_piece_[15] + 1 != decades + 1 ||
+      !(exponent_threshold_[15] <= 1.0f))
+    fail("magnitudes from 1 to 2 are not in the last piece");
   // The proof: t grows with a inside a piece, so the estimate is exact for every float when, at
   // every decision inside a piece, t is below K + margin at the largest magnitude of index j
   // and above K - margin at the smallest of index j + 1 (K = j + 1), both in that piece; when
@@ -201,13 +208,8 @@ void qmap::build_estimate() {
   // least its first index plus the margin. Magnitudes of a negative x are checked through -a.
   auto piece_of = [&](float x) {
     const float a = std::min(std::fabs(x), 1.0f);
-    std::uint32_t ab;
-    std::memcpy(&ab, &a, 4);
     const std::uint32_t e = slot(a);
-    const std::uint32_t cb = ab + (signed_ && x < 0 ? static_cast<std::uint32_t>(exponent_piece_[e] >> 4) : 0u);
-    float ac;
-    std::memcpy(&ac, &cb, 4);
-    return (exponent_piece_[e] & 15) + (ac >= exponent_threshold_[e] ? 1 : 0);
+    return exponent_piece_[e] + (a >= exponent_threshold_[e] ? 1 : 0);
   };
   auto t_of = [&](float a, int q) { return std::fma(a, piece_scale_[0][q], piece_offset_[0][q]); };
   for (int sign = 0; sign < (signed_ ? 2 : 1); ++sign) {
@@ -217,9 +219,17 @@ void qmap::build_estimate() {
       const float hi_mag = sign == 0 ? up(above_[zero + j]) : -above_[zero - j - 1];
       const float lo_mag = down(hi_mag);
       const float x_lo = sign == 0 ? lo_mag : -lo_mag, x_hi = sign == 0 ? hi_mag : -hi_mag;
-      const int q = piece_of(x_hi);
       int q_start = 0;
       while (q_start < decades + 1 && start[q_start + 1] <= j + 1) ++q_start;
+      if (sign == 1 && tie[q_start] && start[q_start] == j + 1) {
+        // A tie at a piece start: the negative x lands in the piece below, at the end of its
+        // last entry's two units, and must not be sure there (the table breaks the tie).
+        const float t = t_of(hi_mag, q_start - 1);
+        if (piece_of(x_hi) != q_start - 1 || !(std::fabs(t - std::nearbyint(t)) < margin))
+          fail("the tie at piece " + std::to_string(q_start) + " is sure");
+        continue;
+      }
+      const int q = piece_of(x_hi);
       if (q != q_start) fail("decision " + std::to_string(j) + " falls in piece " + std::to_string(q));
       if (start[q] == j + 1) {
         if (piece_of(x_lo) != q - 1) fail("piece " + std::to_string(q) + " starts late");

@@ -69,7 +69,8 @@ public:
   /// 0 below the first decision point (the zero entry), d + 1 for decade d of the map, 8 for the
   /// entry 1. Pieces begin exactly at decision points: a's float exponent gives the piece at the
   /// start of its binade and the one piece start inside it (a >= exponent_threshold() means the
-  /// next piece; for a negative x with a tie at that decision point, a is read one ulp higher).
+  /// next piece; a negative x with a tie at that decision point stays in the piece below, where
+  /// t is a whole number, so that the estimate is not sure and the table breaks the tie).
   /// Inside decade d the entries are evenly spaced and the decision points between them lie at
   /// whole numbers of t = a * piece_scale + piece_offset (one fused multiply-add), so the
   /// magnitude index is min(trunc(t), piece_limit), mirrored around the zero code for negative
@@ -97,14 +98,10 @@ public:
     std::uint32_t ab;
     std::memcpy(&ab, &a, 4);
     const std::uint32_t e = slot(a);
-    const std::int32_t pe = exponent_piece_[e];
     std::uint32_t xb;
     std::memcpy(&xb, &x, 4);
     const bool negative = (xb >> 31) != 0;
-    std::uint32_t cb = ab + (signed_ && negative ? static_cast<std::uint32_t>(pe >> 4) : 0u);
-    float ac;
-    std::memcpy(&ac, &cb, 4);
-    const int piece = (pe & 15) + (ac >= exponent_threshold_[e] ? 1 : 0);
+    const int piece = exponent_piece_[e] + (a >= exponent_threshold_[e] ? 1 : 0);
     const int kv = keep ? 1 : 0;
     const float t = std::fma(a, piece_scale_[kv][piece], piece_offset_[kv][piece]);
     std::uint32_t k = t >= 0x1p32f ? 0xffffffffu : static_cast<std::uint32_t>(t);
@@ -161,7 +158,7 @@ private:
   std::array<float, 256> above_{};
   std::vector<std::uint8_t> lut_;
   std::vector<std::int32_t> packed_;  // code and decision offset, for vector gathers
-  // estimate(): per exponent slot (the piece in bits 0-3, a tie for negative x in bit 4), and
+  // estimate(): per exponent slot (the piece at its start, the start of the next one if inside), and
   // per piece (without and with keep_nonzero).
   std::array<std::int32_t, 16> exponent_piece_{};
   std::array<float, 16> exponent_threshold_{};

@@ -20,7 +20,7 @@ TROUPE_AVX512 inline __m512i load_codes(const std::uint8_t* c) noexcept {
 
 /// A map's registers: the tables of qmap::estimate().
 struct quantizer {
-  __m512i piece;  // exponent slot -> piece (and the tie bit)
+  __m512i piece;  // exponent slot -> piece
   __m512 threshold;
   __m512 scale, offset;  // per piece (16 entries, 9 used)
   __m512i limit;
@@ -41,32 +41,29 @@ TROUPE_AVX512 inline quantizer load_quantizer(const qmap& map, bool keep) noexce
 /// qmap::estimate on 16 lanes (Signed: the map's signedness): codes in 32-bit lanes; `r` gets
 /// t minus the nearest whole number, so that the lanes with |r| < estimate_margin are the ones
 /// the estimate is not sure of (unsure() finds them; the caller asks the table for those).
-template <bool Signed>
+/// Scaled: x is a value divided by its block's absmax (|x| < 2, and +0 or more for the unsigned
+/// map, as the second moment is), so that the unsigned map needs no clamp: magnitudes from 1 up
+/// to 2 fall in the last slot, whose piece is the entry 1 (checked by the construction).
+template <bool Signed, bool Scaled = false>
 TROUPE_AVX512 inline __m512i quantize(const quantizer& q, __m512 x, __m512& r) noexcept {
   const __m512 one = _mm512_set1_ps(1.0f);
   __m512 a;
   if constexpr (Signed) a = _mm512_range_ps(x, one, 0x0a);  // min(|x|, 1), sign cleared
+  else if constexpr (Scaled) a = x;
   else a = _mm512_min_ps(_mm512_max_ps(x, _mm512_setzero_ps()), one);
   const __m512i ab = _mm512_castps_si512(a);
   // The slot (qmap::slot): the permutes read only the index's low 4 bits.
   const __m512i e = _mm512_srli_epi32(_mm512_castps_si512(_mm512_max_ps(a, _mm512_set1_ps(qmap::est_floor))), 24);
   const __m512i pe = _mm512_permutexvar_epi32(e, q.piece);
   const __m512 threshold = _mm512_permutexvar_ps(e, q.threshold);
-  __mmask16 next;
-  __mmask16 negative = 0;
-  if constexpr (Signed) {
-    negative = _mm512_movepi32_mask(_mm512_castps_si512(x));
-    const __m512i cb = _mm512_mask_add_epi32(ab, negative, ab, _mm512_srli_epi32(pe, 4));
-    next = _mm512_cmp_ps_mask(_mm512_castsi512_ps(cb), threshold, _CMP_GE_OQ);
-  } else {
-    next = _mm512_cmp_ps_mask(a, threshold, _CMP_GE_OQ);
-  }
+  const __mmask16 next = _mm512_cmp_ps_mask(a, threshold, _CMP_GE_OQ);
   const __m512i piece = _mm512_mask_add_epi32(pe, next, pe, _mm512_set1_epi32(1));
   const __m512 t = _mm512_fmadd_ps(a, _mm512_permutexvar_ps(piece, q.scale), _mm512_permutexvar_ps(piece, q.offset));
   __m512i k = _mm512_min_epu32(_mm512_cvttps_epu32(t), _mm512_permutexvar_epi32(piece, q.limit));
   k = _mm512_min_epu32(k, ab);  // a zero keeps index 0
   r = _mm512_reduce_ps(t, 0x08);  // t - nearest whole t
   if constexpr (!Signed) return k;
+  const __mmask16 negative = _mm512_movepi32_mask(_mm512_castps_si512(x));
   const __m512i c = _mm512_mask_sub_epi32(_mm512_add_epi32(q.zero, k), negative, q.zero, k);
   return _mm512_max_epi32(c, _mm512_setzero_si512());
 }
