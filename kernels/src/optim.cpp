@@ -436,6 +436,9 @@ __attribute__((target("avx2"))) void adam_int8_avx2(float* p, const float* grad,
   vabs = av;
 }
 
+/// How far ahead (in elements) the 8-bit kernel prefetches its streams.
+constexpr std::size_t prefetch_ahead = 512;
+
 /// The constants of adam_element in AVX-512 registers, made once per call: the step loop then
 /// reads no scalar and broadcasts nothing.
 struct adam_vectors512 {
@@ -463,6 +466,52 @@ TROUPE_AVX512 inline __m512 adam_avx512(__m512 p, __m512 grad, __m512& m, __m512
   v = _mm512_add_ps(_mm512_mul_ps(v, k.beta2), _mm512_mul_ps(_mm512_mul_ps(k.omb2, g), g));
   const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), k.inv_bias2_sqrt), k.eps);
   return _mm512_add_ps(param, _mm512_div_ps(_mm512_mul_ps(k.neg_step, m), denom));
+}
+
+/// fp32 or bf16 moments on 16 lanes: loads widen bf16 exactly, stores round as quant::to_bf16.
+TROUPE_AVX512 inline __m512 load_moment512(const float* x) { return _mm512_loadu_ps(x); }
+TROUPE_AVX512 inline void store_moment512(float* x, __m512 v) { _mm512_storeu_ps(x, v); }
+TROUPE_AVX512 inline __m512 load_moment512(const std::uint16_t* h) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+TROUPE_AVX512 inline void store_moment512(std::uint16_t* h, __m512 x) {
+  const __m512i b = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(h), _mm512_cvtepi32_epi16(r));
+}
+inline float moment_value(float x) { return x; }
+inline float moment_value(std::uint16_t h) { return quant::from_bf16(h); }
+inline void set_moment(float& x, float v) { x = v; }
+inline void set_moment(std::uint16_t& h, float v) { h = quant::to_bf16(v); }
+
+/// Adam/AdamW without AMSGrad over fp32 or bf16 (round to nearest even) moments on AVX-512: the
+/// operations of adam_fused_loop, 16 lanes at a time, with software prefetch on every stream
+/// (the step is bound by memory; docs/PERFORMANCE.md).
+template <bool L2, class M>
+TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, M* v, std::size_t n, const adam_constants& c) {
+  const adam_vectors512 k = broadcast512(c);
+  constexpr std::size_t per_line = 64 / sizeof(M);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + i + prefetch_ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(grad + i + prefetch_ahead), _MM_HINT_T0);
+    if (i % per_line == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(m + i + prefetch_ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(v + i + prefetch_ahead), _MM_HINT_T0);
+    }
+    __m512 mi = load_moment512(m + i), vi = load_moment512(v + i);
+    _mm512_storeu_ps(p + i, adam_avx512<L2>(_mm512_loadu_ps(p + i), _mm512_loadu_ps(grad + i), mi, vi, k));
+    store_moment512(m + i, mi);
+    store_moment512(v + i, vi);
+  }
+  for (; i < n; ++i) {
+    float mi, vi;
+    p[i] = adam_element<L2>(p[i], grad[i], moment_value(m[i]), moment_value(v[i]), c, mi, vi);
+    set_moment(m[i], mi);
+    set_moment(v[i], vi);
+  }
 }
 
 /// The permute that gathers byte 0 of the 16 lanes of each of two code vectors into bytes 0-31.
@@ -552,6 +601,15 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_
     const std::size_t full = n & ~std::size_t{15}, prev_full = prev.n & ~std::size_t{15};
     const std::size_t both = std::min(full, prev_full);
     auto update = [&](std::size_t i) TROUPE_AVX512 {
+      // Software prefetch 2 KiB ahead on the parameter and gradient streams (and the codes):
+      // this loop is slow enough per byte that the hardware prefetchers alone leave it waiting
+      // on memory (docs/PERFORMANCE.md). A prefetch past the end of a tensor does not fault.
+      _mm_prefetch(reinterpret_cast<const char*>(pb + i + prefetch_ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(gb + i + prefetch_ahead), _MM_HINT_T0);
+      if ((i & 63) == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(mcb + i + prefetch_ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(vcb + i + prefetch_ahead), _MM_HINT_T0);
+      }
       __m512 mi = _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(mcb + i), mvals, 4), msv);
       __m512 vi = _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(vcb + i), vvals, 4), vsv);
       _mm512_storeu_ps(pb + i, adam_avx512<L2>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i), mi, vi, kc));
@@ -602,7 +660,10 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
   if (s.m.mode == mode_bf16) {
     std::uint16_t* m = s.m.data.data<std::uint16_t>().data();
     std::uint16_t* v = s.v.data.data<std::uint16_t>().data();
-    if (l2) adam_bf16_avx2<true>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
+    if (quant::simd_level() >= 2) {
+      if (l2) adam_stream_avx512<true>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
+      else adam_stream_avx512<false>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
+    } else if (l2) adam_bf16_avx2<true>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
     else adam_bf16_avx2<false>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
     return;
   }
@@ -1122,7 +1183,10 @@ bool optimizer::do_step(bool reference) {
       const float* g = std::as_const(*s.p).grad.data<float>().data();
       auto kernel = [&](std::size_t b, std::size_t n, float* m, float* v, float* x) {
         if (kind_ == optimizer_kind::sgd) sgd_fused(p + b, g + b, m, n, pl.sgd, pl.first);
-        else adam_fused(p + b, g + b, m, v, x, n, pl.adam);
+        else if (!x && quant::simd_level() >= 2) {
+          if (pl.adam.l2 != 0.0f) adam_stream_avx512<true>(p + b, g + b, m, v, n, pl.adam);
+          else adam_stream_avx512<false>(p + b, g + b, m, v, n, pl.adam);
+        } else adam_fused(p + b, g + b, m, v, x, n, pl.adam);
       };
       const bool all_fp32 = s.m.mode <= mode_fp32 && s.v.mode <= mode_fp32 && s.vmax.mode <= mode_fp32;
       if (all_fp32) {

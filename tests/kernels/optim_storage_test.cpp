@@ -84,7 +84,8 @@ std::vector<storage_case> storages() {
   state_options int8_b2048 = int8;
   int8_b2048.block_size = 2048;
   int8_b2048.fp32_params = {"p5000"};
-  return {{"bf16", bf16},          {"bf16 stochastic", bf16_sr},        {"int8", int8},
+  return {{"fp32", {.storage = state_storage::fp32}},
+          {"bf16", bf16},          {"bf16 stochastic", bf16_sr},        {"int8", int8},
           {"int8 m fp32", int8_m32}, {"int8 stochastic", int8_sr},       {"int8 percentiles", int8_pct},
           {"int8 block 100", int8_b100}, {"int8 block 2048, p5000 fp32", int8_b2048}};
 }
