@@ -3,6 +3,7 @@
 // bandwidth measured in the same run on arrays of the same size: a STREAM triad
 // (a = b + s c) and an in-place update (x = x s + y), both on all cores. With --device cuda the
 // parameters and state live on the GPU and the anchor is a device-to-device copy of the same size.
+// The three storages of one optimizer step in turn, and each reports the median of its steps.
 
 #include "optim_bench.hpp"
 
@@ -212,23 +213,33 @@ int run_optim(const optim_options& o, std::ostream& out) {
   };
   for (const auto& b : benches) {
     if (!o.only.empty() && o.only != b.name) continue;
-    for (auto storage : {kernels::state_storage::fp32, kernels::state_storage::bf16, kernels::state_storage::int8}) {
-      kernels::optimizer opt(b.kind, {{ptrs, b.hp, {.storage = storage}}}, {.threads = o.threads});
-      opt.step();  // first touch of the state
-      synchronize(params[0].value);
-      std::vector<double> times;
-      for (int s = 0; s < o.steps; ++s) {
+    // The three storages step in turn (fp32, bf16, int8, fp32, ...), so that a slow spell of a
+    // shared machine falls on all of them and their ratios hold.
+    const kernels::state_storage storages[] = {kernels::state_storage::fp32, kernels::state_storage::bf16,
+                                               kernels::state_storage::int8};
+    std::vector<kernels::optimizer> opts;
+    for (auto storage : storages) {
+      opts.emplace_back(b.kind, std::vector<kernels::param_group>{{ptrs, b.hp, {.storage = storage}}},
+                        kernels::optimizer_options{.threads = o.threads});
+      opts.back().step();  // first touch of the state
+    }
+    synchronize(params[0].value);
+    std::vector<std::vector<double>> times(opts.size());
+    for (int s = 0; s < o.steps; ++s) {
+      for (std::size_t k = 0; k < opts.size(); ++k) {
         const auto t0 = clock_type::now();
-        if (!opt.step()) {
+        if (!opts[k].step()) {
           std::cerr << "troupe bench optim: a step was skipped\n";
           return 1;
         }
         synchronize(params[0].value);  // the device step returns when queued
-        times.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+        times[k].push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
       }
-      const double seconds = median(times);
-      const double bpp = bytes_per_param(opt, total);
-      row(o, out, b.name, kernels::name_of(storage), seconds, bpp, bpp * static_cast<double>(total) / seconds / anchor,
+    }
+    for (std::size_t k = 0; k < opts.size(); ++k) {
+      const double seconds = median(times[k]);
+      const double bpp = bytes_per_param(opts[k], total);
+      row(o, out, b.name, kernels::name_of(storages[k]), seconds, bpp, bpp * static_cast<double>(total) / seconds / anchor,
           where_name);
     }
   }
