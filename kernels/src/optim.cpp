@@ -443,29 +443,45 @@ constexpr std::size_t prefetch_ahead = 512;
 /// reads no scalar and broadcasts nothing.
 struct adam_vectors512 {
   __m512 decay, gscale, l2, omb1, one_minus_omb1, beta2, omb2, inv_bias2_sqrt, eps, neg_step;
-  bool clip, low;
 };
 
 TROUPE_AVX512 inline adam_vectors512 broadcast512(const adam_constants& c) {
   return {_mm512_set1_ps(c.decay),        _mm512_set1_ps(c.gscale),     _mm512_set1_ps(c.l2),
           _mm512_set1_ps(c.one_minus_beta1), _mm512_set1_ps(1.0f - c.one_minus_beta1),
           _mm512_set1_ps(c.beta2),        _mm512_set1_ps(c.one_minus_beta2), _mm512_set1_ps(c.inv_bias2_sqrt),
-          _mm512_set1_ps(c.eps),          _mm512_set1_ps(-c.step_size), c.gscale != 1.0f,
-          c.one_minus_beta1 < 0.5f};
+          _mm512_set1_ps(c.eps),          _mm512_set1_ps(-c.step_size)};
 }
 
 /// adam_element on 16 lanes.
-template <bool L2>
+/// Clip: the gradient is scaled (gscale != 1); Low: 1 - beta1 < 0.5 (see adam_element).
+template <bool L2, bool Clip, bool Low>
 TROUPE_AVX512 inline __m512 adam_avx512(__m512 p, __m512 grad, __m512& m, __m512& v, const adam_vectors512& k) {
   const __m512 param = _mm512_mul_ps(p, k.decay);
   // x * 1 == x for every float: without clipping the gradient is used as it is.
-  __m512 g = k.clip ? _mm512_mul_ps(grad, k.gscale) : grad;
+  __m512 g = Clip ? _mm512_mul_ps(grad, k.gscale) : grad;
   if constexpr (L2) g = _mm512_add_ps(g, _mm512_mul_ps(param, k.l2));
   const __m512 diff = _mm512_sub_ps(g, m);
-  m = k.low ? _mm512_add_ps(m, _mm512_mul_ps(k.omb1, diff)) : _mm512_sub_ps(g, _mm512_mul_ps(diff, k.one_minus_omb1));
+  m = Low ? _mm512_add_ps(m, _mm512_mul_ps(k.omb1, diff)) : _mm512_sub_ps(g, _mm512_mul_ps(diff, k.one_minus_omb1));
   v = _mm512_add_ps(_mm512_mul_ps(v, k.beta2), _mm512_mul_ps(_mm512_mul_ps(k.omb2, g), g));
   const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), k.inv_bias2_sqrt), k.eps);
   return _mm512_add_ps(param, _mm512_div_ps(_mm512_mul_ps(k.neg_step, m), denom));
+}
+
+/// Calls f(l2, clip, low) with the three loop-invariant choices of an Adam step (L2 decay,
+/// gradient clipping, which form of the first-moment update) as std::bool_constant values, so
+/// that a kernel can take them as template arguments and its loop tests none of them.
+template <class F>
+void with_choices(const adam_constants& c, F&& f) {
+  auto low = [&](auto l2, auto clip) {
+    if (c.one_minus_beta1 < 0.5f) f(l2, clip, std::true_type{});
+    else f(l2, clip, std::false_type{});
+  };
+  auto clip = [&](auto l2) {
+    if (c.gscale != 1.0f) low(l2, std::true_type{});
+    else low(l2, std::false_type{});
+  };
+  if (c.l2 != 0.0f) clip(std::true_type{});
+  else clip(std::false_type{});
 }
 
 /// fp32 or bf16 moments on 16 lanes: loads widen bf16 exactly, stores round as quant::to_bf16.
@@ -489,7 +505,7 @@ inline void set_moment(std::uint16_t& h, float v) { h = quant::to_bf16(v); }
 /// Adam/AdamW without AMSGrad over fp32 or bf16 (round to nearest even) moments on AVX-512: the
 /// operations of adam_fused_loop, 16 lanes at a time, with software prefetch on every stream
 /// (the step is bound by memory; docs/PERFORMANCE.md).
-template <bool L2, class M>
+template <bool L2, bool Clip, bool Low, class M>
 TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, M* v, std::size_t n, const adam_constants& c) {
   const adam_vectors512 k = broadcast512(c);
   constexpr std::size_t per_line = 64 / sizeof(M);
@@ -502,7 +518,7 @@ TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, M* v, s
       _mm_prefetch(reinterpret_cast<const char*>(v + i + prefetch_ahead), _MM_HINT_T0);
     }
     __m512 mi = load_moment512(m + i), vi = load_moment512(v + i);
-    _mm512_storeu_ps(p + i, adam_avx512<L2>(_mm512_loadu_ps(p + i), _mm512_loadu_ps(grad + i), mi, vi, k));
+    _mm512_storeu_ps(p + i, adam_avx512<L2, Clip, Low>(_mm512_loadu_ps(p + i), _mm512_loadu_ps(grad + i), mi, vi, k));
     store_moment512(m + i, mi);
     store_moment512(v + i, vi);
   }
@@ -576,7 +592,7 @@ inline void quantize_tail(const pending_block& q, std::size_t from, const quant:
 /// known, with the arithmetic quantizer. The codes of each block are written while the next
 /// block is updated (two buffers), so that the update's divisions and square root, which keep
 /// the divider busy, overlap with the quantizer's integer and permute work.
-template <bool L2>
+template <bool L2, bool Clip, bool Low>
 TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_t* mc, std::uint8_t* vc, float* msc,
                                            float* vsc, const quant::qmap& mmap, const quant::qmap& vmap,
                                            std::size_t begin, std::size_t end, std::size_t block,
@@ -612,7 +628,8 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_
       }
       __m512 mi = _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(mcb + i), mvals, 4), msv);
       __m512 vi = _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(vcb + i), vvals, 4), vsv);
-      _mm512_storeu_ps(pb + i, adam_avx512<L2>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i), mi, vi, kc));
+      _mm512_storeu_ps(pb + i,
+                       adam_avx512<L2, Clip, Low>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i), mi, vi, kc));
       _mm512_storeu_ps(mbuf + i, mi);
       _mm512_storeu_ps(vbuf + i, vi);
       ma = _mm512_range_ps(ma, mi, 0x0b);  // max(|ma|, |mi|), sign cleared
@@ -661,8 +678,9 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     std::uint16_t* m = s.m.data.data<std::uint16_t>().data();
     std::uint16_t* v = s.v.data.data<std::uint16_t>().data();
     if (quant::simd_level() >= 2) {
-      if (l2) adam_stream_avx512<true>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
-      else adam_stream_avx512<false>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
+      with_choices(c, [&](auto l2c, auto clip, auto low) {
+        adam_stream_avx512<l2c, clip, low>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
+      });
     } else if (l2) adam_bf16_avx2<true>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
     else adam_bf16_avx2<false>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
     return;
@@ -683,8 +701,9 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
   float* vsc = s.v.scales.data<float>().data();
   const auto mo = block_opts(s.m, rm), vo = block_opts(s.v, rv);
   if (quant::simd_level() >= 2 && mmap.is_signed() && !vmap.is_signed()) {
-    if (l2) adam_int8_blocks_avx512<true>(p, g, mc, vc, msc, vsc, mmap, vmap, begin, end, block, c, bm.data());
-    else adam_int8_blocks_avx512<false>(p, g, mc, vc, msc, vsc, mmap, vmap, begin, end, block, c, bm.data());
+    with_choices(c, [&](auto l2c, auto clip, auto low) {
+      adam_int8_blocks_avx512<l2c, clip, low>(p, g, mc, vc, msc, vsc, mmap, vmap, begin, end, block, c, bm.data());
+    });
     return;
   }
   for (std::size_t b = begin; b < end; b += block) {
@@ -1184,8 +1203,9 @@ bool optimizer::do_step(bool reference) {
       auto kernel = [&](std::size_t b, std::size_t n, float* m, float* v, float* x) {
         if (kind_ == optimizer_kind::sgd) sgd_fused(p + b, g + b, m, n, pl.sgd, pl.first);
         else if (!x && quant::simd_level() >= 2) {
-          if (pl.adam.l2 != 0.0f) adam_stream_avx512<true>(p + b, g + b, m, v, n, pl.adam);
-          else adam_stream_avx512<false>(p + b, g + b, m, v, n, pl.adam);
+          with_choices(pl.adam, [&](auto l2c, auto clip, auto low) {
+            adam_stream_avx512<l2c, clip, low>(p + b, g + b, m, v, n, pl.adam);
+          });
         } else adam_fused(p + b, g + b, m, v, x, n, pl.adam);
       };
       const bool all_fp32 = s.m.mode <= mode_fp32 && s.v.mode <= mode_fp32 && s.vmax.mode <= mode_fp32;

@@ -149,7 +149,7 @@ public:
   static constexpr int shift = 16;                       // keep 7 mantissa bits
   static constexpr std::uint32_t buckets = ((hi_bits - lo_bits) >> shift) + 1;
   static constexpr float est_floor = 0x1p-31f;             // smaller magnitudes share its slot
-  static constexpr float estimate_margin = 0x1p-12f;       // t nearer a whole number: not sure
+  static constexpr float estimate_margin = 0x1p-14f;       // t nearer a whole number: not sure
 
 private:
   explicit qmap(bool is_signed);
