@@ -530,6 +530,51 @@ TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, M* v, s
   }
 }
 
+/// sgd_fused_loop on AVX-512 over fp32 or bf16 (round to nearest) momentum buffers (none when
+/// buf is null), with adam_stream_avx512's prefetch.
+template <bool Wd, class M>
+TROUPE_AVX512 void sgd_stream_avx512(float* p, const float* grad, M* buf, std::size_t n, const sgd_constants& c,
+                                     bool first) {
+  const __m512 gscale = _mm512_set1_ps(c.gscale), wd = _mm512_set1_ps(c.wd), momentum = _mm512_set1_ps(c.momentum);
+  const __m512 omd = _mm512_set1_ps(c.one_minus_dampening), neg_lr = _mm512_set1_ps(-c.lr);
+  const bool clip = c.gscale != 1.0f, nesterov = c.nesterov;  // x * 1 == x: no clipping, no multiply
+  constexpr std::size_t per_line = 64 / sizeof(M);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + i + prefetch_ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(grad + i + prefetch_ahead), _MM_HINT_T0);
+    if (buf && i % per_line == 0) _mm_prefetch(reinterpret_cast<const char*>(buf + i + prefetch_ahead), _MM_HINT_T0);
+    const __m512 pi = _mm512_loadu_ps(p + i);
+    __m512 g = _mm512_loadu_ps(grad + i);
+    if (clip) g = _mm512_mul_ps(g, gscale);
+    if constexpr (Wd) g = _mm512_add_ps(g, _mm512_mul_ps(pi, wd));
+    if (buf) {
+      const __m512 b =
+          first ? g : _mm512_add_ps(_mm512_mul_ps(load_moment512(buf + i), momentum), _mm512_mul_ps(g, omd));
+      store_moment512(buf + i, b);
+      g = nesterov ? _mm512_add_ps(g, _mm512_mul_ps(b, momentum)) : b;
+    }
+    _mm512_storeu_ps(p + i, _mm512_add_ps(pi, _mm512_mul_ps(g, neg_lr)));
+  }
+  for (; i < n; ++i) {
+    float g = grad[i] * c.gscale;
+    if constexpr (Wd) g = g + p[i] * c.wd;
+    if (buf) {
+      const float b = first ? g : moment_value(buf[i]) * c.momentum + g * c.one_minus_dampening;
+      set_moment(buf[i], b);
+      g = c.nesterov ? g + b * c.momentum : b;
+    }
+    p[i] = p[i] + g * (-c.lr);
+  }
+}
+
+/// SGD over fp32 or bf16 momentum on the widest path the CPU has.
+template <class M>
+void sgd_stream(float* p, const float* grad, M* buf, std::size_t n, const sgd_constants& c, bool first) {
+  if (c.wd != 0.0f) sgd_stream_avx512<true>(p, grad, buf, n, c, first);
+  else sgd_stream_avx512<false>(p, grad, buf, n, c, first);
+}
+
 /// The permute that gathers byte 0 of the 16 lanes of each of two code vectors into bytes 0-31.
 TROUPE_AVX512 inline __m512i code_bytes() noexcept {
   return _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
@@ -1201,8 +1246,10 @@ bool optimizer::do_step(bool reference) {
       float* p = s.p->value.data<float>().data();
       const float* g = std::as_const(*s.p).grad.data<float>().data();
       auto kernel = [&](std::size_t b, std::size_t n, float* m, float* v, float* x) {
-        if (kind_ == optimizer_kind::sgd) sgd_fused(p + b, g + b, m, n, pl.sgd, pl.first);
-        else if (!x && quant::simd_level() >= 2) {
+        if (kind_ == optimizer_kind::sgd) {
+          if (quant::simd_level() >= 2) sgd_stream(p + b, g + b, m, n, pl.sgd, pl.first);
+          else sgd_fused(p + b, g + b, m, n, pl.sgd, pl.first);
+        } else if (!x && quant::simd_level() >= 2) {
           with_choices(pl.adam, [&](auto l2c, auto clip, auto low) {
             adam_stream_avx512<l2c, clip, low>(p + b, g + b, m, v, n, pl.adam);
           });
@@ -1212,6 +1259,12 @@ bool optimizer::do_step(bool reference) {
       if (all_fp32) {
         auto at = [&](moment& mo) { return mo.mode == mode_fp32 ? mo.data.data<float>().data() + jobs[j].begin : nullptr; };
         kernel(jobs[j].begin, jobs[j].end - jobs[j].begin, at(s.m), at(s.v), at(s.vmax));
+        return;
+      }
+      if (kind_ == optimizer_kind::sgd && s.m.mode == mode_bf16 && !groups_[s.group].state.stochastic_rounding &&
+          quant::simd_level() >= 2) {
+        std::uint16_t* buf = s.m.data.data<std::uint16_t>().data() + jobs[j].begin;
+        sgd_stream(p + jobs[j].begin, g + jobs[j].begin, buf, jobs[j].end - jobs[j].begin, pl.sgd, pl.first);
         return;
       }
       if (kind_ != optimizer_kind::sgd && fused_compressed(kind_, s, groups_[s.group].state)) {
