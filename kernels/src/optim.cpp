@@ -704,6 +704,91 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_
   quantize_tail(prev, prev_full, mmap, vmap);
 }
 
+/// SGD with an 8-bit momentum buffer over the blocks of [begin, end) on AVX-512: the structure of
+/// adam_int8_blocks_avx512 with one moment (decode by gather, update, absmax, codes of the block
+/// before written while this one is updated). The same operations as the portable path
+/// (sgd_fused_loop between dequantize_block and quantize_block), so the same bits.
+template <bool Wd>
+TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t* mc, float* msc,
+                                          const quant::qmap& map, std::size_t begin, std::size_t end,
+                                          std::size_t block, const sgd_constants& c, bool first, float* buffers) {
+  const quant::avx512::quantizer q = quant::avx512::load_quantizer(map, true);
+  const __m512 gscale = _mm512_set1_ps(c.gscale), wd = _mm512_set1_ps(c.wd), momentum = _mm512_set1_ps(c.momentum);
+  const __m512 omd = _mm512_set1_ps(c.one_minus_dampening), neg_lr = _mm512_set1_ps(-c.lr);
+  const bool clip = c.gscale != 1.0f, nesterov = c.nesterov;
+  struct {
+    std::uint8_t* codes = nullptr;
+    const float* values = nullptr;
+    std::size_t n = 0;
+    float inv = 0;
+  } prev;
+  auto quantize = [&](std::size_t j) TROUPE_AVX512 {
+    __m512 r;
+    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(prev.values + j), _mm512_set1_ps(prev.inv));
+    quant::avx512::store_codes(prev.codes + j, quant::avx512::quantize<true>(q, x, r));
+    for (unsigned u = quant::avx512::unsure(_mm512_abs_ps(r)); u != 0; u &= u - 1) {
+      const std::size_t i = j + static_cast<std::size_t>(__builtin_ctz(u));
+      prev.codes[i] = quant::avx512::quantize_exact(map, prev.values[i] * prev.inv, true);
+    }
+  };
+  auto quantize_rest = [&](std::size_t from) {
+    for (std::size_t i = from; i < prev.n; ++i)
+      prev.codes[i] = quant::avx512::quantize_exact(map, prev.values[i] * prev.inv, true);
+  };
+  int side = 0;
+  for (std::size_t b = begin; b < end; b += block, side ^= 1) {
+    const std::size_t n = std::min(block, end - b), k = b / block;
+    float* buf = buffers + block * static_cast<std::size_t>(side);
+    float* pb = p + b;
+    const float* gb = g + b;
+    const std::uint8_t* cb = mc + b;
+    const __m512 scale = _mm512_set1_ps(msc[k]);
+    __m512 amax = _mm512_setzero_ps();
+    const std::size_t full = n & ~std::size_t{15}, prev_full = prev.n & ~std::size_t{15};
+    auto update = [&](std::size_t i) TROUPE_AVX512 {
+      _mm_prefetch(reinterpret_cast<const char*>(pb + i + prefetch_ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(gb + i + prefetch_ahead), _MM_HINT_T0);
+      if ((i & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(cb + i + prefetch_ahead), _MM_HINT_T0);
+      const __m512 pi = _mm512_loadu_ps(pb + i);
+      __m512 gi = _mm512_loadu_ps(gb + i);
+      if (clip) gi = _mm512_mul_ps(gi, gscale);
+      if constexpr (Wd) gi = _mm512_add_ps(gi, _mm512_mul_ps(pi, wd));
+      const __m512 bi =
+          first ? gi
+                : _mm512_add_ps(
+                      _mm512_mul_ps(_mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(cb + i), map.values(), 4), scale),
+                                    momentum),
+                      _mm512_mul_ps(gi, omd));
+      gi = nesterov ? _mm512_add_ps(gi, _mm512_mul_ps(bi, momentum)) : bi;
+      _mm512_storeu_ps(pb + i, _mm512_add_ps(pi, _mm512_mul_ps(gi, neg_lr)));
+      _mm512_storeu_ps(buf + i, bi);
+      amax = _mm512_range_ps(amax, bi, 0x0b);  // max(|amax|, |bi|), sign cleared
+    };
+    std::size_t i = 0;
+    for (const std::size_t both = std::min(full, prev_full); i < both; i += 16) {
+      update(i);
+      quantize(i);
+    }
+    for (std::size_t j = i; j < full; j += 16) update(j);
+    for (std::size_t j = i; j < prev_full; j += 16) quantize(j);
+    quantize_rest(prev_full);
+    float am = _mm512_reduce_max_ps(amax);
+    for (std::size_t j = full; j < n; ++j) {
+      float gj = gb[j] * c.gscale;
+      if constexpr (Wd) gj = gj + pb[j] * c.wd;
+      const float bj = first ? gj : map.value(cb[j]) * msc[k] * c.momentum + gj * c.one_minus_dampening;
+      gj = nesterov ? gj + bj * c.momentum : bj;
+      pb[j] = pb[j] + gj * (-c.lr);
+      buf[j] = bj;
+      am = std::max(am, std::fabs(bj));
+    }
+    msc[k] = am;
+    prev = {mc + b, buf, n, am > 0 ? 1.0f / am : 0.0f};
+  }
+  for (std::size_t j = 0; j < (prev.n & ~std::size_t{15}); j += 16) quantize(j);
+  quantize_rest(prev.n & ~std::size_t{15});
+}
+
 /// Whether a slot's step can use the fused compressed kernels: Adam or AdamW with m and v in the
 /// same compressed storage, no AMSGrad, round to nearest, 8-bit scaled by the absmax.
 bool fused_compressed(optimizer_kind kind, const optimizer::slot& s, const state_options& so) {
@@ -1265,6 +1350,21 @@ bool optimizer::do_step(bool reference) {
           quant::simd_level() >= 2) {
         std::uint16_t* buf = s.m.data.data<std::uint16_t>().data() + jobs[j].begin;
         sgd_stream(p + jobs[j].begin, g + jobs[j].begin, buf, jobs[j].end - jobs[j].begin, pl.sgd, pl.first);
+        return;
+      }
+      const state_options& so = groups_[s.group].state;
+      if (kind_ == optimizer_kind::sgd && s.m.mode == mode_int8 && s.m.is_signed && !so.stochastic_rounding &&
+          (so.percentile_scale <= 0 || so.percentile_scale >= 100) && quant::simd_level() >= 2) {
+        thread_local std::vector<float> buffers;
+        const std::size_t block = static_cast<std::size_t>(s.m.block);
+        if (buffers.size() < 2 * block) buffers.resize(2 * block);
+        std::uint8_t* mc = s.m.data.data<std::uint8_t>().data();
+        float* msc = s.m.scales.data<float>().data();
+        const auto& map = map_of(s.m);
+        if (pl.sgd.wd != 0.0f)
+          sgd_int8_blocks_avx512<true>(p, g, mc, msc, map, jobs[j].begin, jobs[j].end, block, pl.sgd, pl.first, buffers.data());
+        else
+          sgd_int8_blocks_avx512<false>(p, g, mc, msc, map, jobs[j].begin, jobs[j].end, block, pl.sgd, pl.first, buffers.data());
         return;
       }
       if (kind_ != optimizer_kind::sgd && fused_compressed(kind_, s, groups_[s.group].state)) {

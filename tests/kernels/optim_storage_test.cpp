@@ -439,36 +439,42 @@ TEST(OptimizerStorage, FusedCompressedAdamEqualsTheReferenceStateToTheBit) {
 }
 
 TEST(OptimizerStorage, TheFused8BitStepEqualsTheReferenceForBlocksOfAnySize) {
-  // The AVX-512 kernel writes one block's codes while it updates the next, 16 values at a time:
-  // blocks shorter than a vector, not a multiple of 16, and a last block shorter than the others
-  // must all give the reference's parameters and state, on every vector path.
+  // The AVX-512 kernels (AdamW's two moments, SGD's one) write one block's codes while they
+  // update the next, 16 values at a time: blocks shorter than a vector, not a multiple of 16, and
+  // a last block shorter than the others must all give the reference's parameters and state, on
+  // every vector path.
   struct restore {
     int cap;
     ~restore() { troupe::kernels::quant::limit_simd(cap); }
   } guard{troupe::kernels::quant::limit_simd(2)};
+  const std::pair<optimizer_kind, hyperparameters> kinds[] = {
+      {optimizer_kind::adamw, {.lr = 1e-2, .weight_decay = 0.01}},
+      {optimizer_kind::sgd, {.lr = 1e-2, .weight_decay = 0.01, .momentum = 0.9, .nesterov = true}}};
   for (int level = troupe::kernels::quant::simd_level(); level >= 0; --level) {
     troupe::kernels::quant::limit_simd(level);
-    for (std::int64_t block : {1, 5, 16, 17, 40, 64, 100}) {
-      state_options so{.storage = state_storage::int8, .block_size = block, .min_8bit_elements = 0};
-      model a(31, {3001, 2}), b(31, {3001, 2});
-      const hyperparameters hp{.lr = 1e-2, .weight_decay = 0.01};
-      optimizer fast(optimizer_kind::adamw, {{a.ptrs(), hp, so}}, {.threads = 2, .seed = 1});
-      optimizer ref(optimizer_kind::adamw, {{b.ptrs(), hp, so}}, {.threads = 1, .seed = 1});
-      std::mt19937 ga(3), gb(3);
-      for (int step = 0; step < 3; ++step) {
-        a.fresh_grads(ga);
-        b.fresh_grads(gb);
-        ASSERT_TRUE(fast.step());
-        ASSERT_TRUE(ref.reference_step());
+    for (const auto& [kind, hp] : kinds) {
+      for (std::int64_t block : {1, 5, 16, 17, 40, 64, 100}) {
+        state_options so{.storage = state_storage::int8, .block_size = block, .min_8bit_elements = 0};
+        model a(31, {3001, 2}), b(31, {3001, 2});
+        optimizer fast(kind, {{a.ptrs(), hp, so}}, {.threads = 2, .seed = 1});
+        optimizer ref(kind, {{b.ptrs(), hp, so}}, {.threads = 1, .seed = 1});
+        std::mt19937 ga(3), gb(3);
+        for (int step = 0; step < 3; ++step) {
+          a.fresh_grads(ga);
+          b.fresh_grads(gb);
+          ASSERT_TRUE(fast.step());
+          ASSERT_TRUE(ref.reference_step());
+        }
+        const std::string what = std::string(kind == optimizer_kind::sgd ? "sgd" : "adamw") + ", block " +
+                                 std::to_string(block) + ", vector level " + std::to_string(level);
+        EXPECT_TRUE(a.same_values(b)) << what;
+        const auto pa = temp_path("blocks_a"), pb = temp_path("blocks_b");
+        fast.save(pa);
+        ref.save(pb);
+        EXPECT_EQ(file_bytes(pa), file_bytes(pb)) << what;
+        std::filesystem::remove(pa);
+        std::filesystem::remove(pb);
       }
-      const std::string what = "block " + std::to_string(block) + ", vector level " + std::to_string(level);
-      EXPECT_TRUE(a.same_values(b)) << what;
-      const auto pa = temp_path("blocks_a"), pb = temp_path("blocks_b");
-      fast.save(pa);
-      ref.save(pb);
-      EXPECT_EQ(file_bytes(pa), file_bytes(pb)) << what;
-      std::filesystem::remove(pa);
-      std::filesystem::remove(pb);
     }
   }
 }
