@@ -6,8 +6,9 @@
 // that no multiply-add is contracted: every operation is the same IEEE operation in the same
 // order as on the CPU (sqrtf and division are correctly rounded by default), so fp32 results are
 // expected to agree to the bit; the tests allow a few ulp. 8-bit codes use the same map, the
-// same block absmax, the exact nearest-entry decision (ties: the lower code) and the same
-// "a nonzero value keeps its sign" rule.
+// same block absmax, the exact nearest-entry decision (ties: the lower code; by qmap::estimate's
+// arithmetic, with a search for the values it is not sure of) and the same "a nonzero value keeps
+// its sign" rule.
 //
 // A step is two launches (plus the non-finite check before them):
 // - elementwise_step: tensors without 8-bit moments, split into chunks of 4096 elements, a
@@ -50,6 +51,17 @@ __device__ float map_values[2][256];
 __device__ float map_above[2][256];
 __constant__ unsigned char map_zero[2];
 
+// qmap::estimate's tables with keep_nonzero (the rule every 8-bit moment here uses), per map:
+// the code comes from a few table reads and one multiply-add instead of an 8-step search, and
+// the rare values it is not sure of take the search.
+struct estimate_tables {
+  int piece[16];        // per exponent slot
+  float threshold[16];  // per exponent slot
+  float scale[16], offset[16];
+  int limit[16];  // per piece
+};
+__device__ estimate_tables map_estimate[2];
+
 void use_device(int device) {
   check(cudaSetDevice(device), "cudaSetDevice");
   static std::mutex mutex;
@@ -69,6 +81,16 @@ void use_device(int device) {
   check(cudaMemcpyToSymbol(map_values, values, sizeof values), "cudaMemcpyToSymbol");
   check(cudaMemcpyToSymbol(map_above, above, sizeof above), "cudaMemcpyToSymbol");
   check(cudaMemcpyToSymbol(map_zero, zero, sizeof zero), "cudaMemcpyToSymbol");
+  estimate_tables estimate[2];
+  for (int s = 0; s < 2; ++s) {
+    const auto& map = quant::qmap::dynamic(s == 0);
+    std::memcpy(estimate[s].piece, map.exponent_piece(), sizeof estimate[s].piece);
+    std::memcpy(estimate[s].threshold, map.exponent_threshold(), sizeof estimate[s].threshold);
+    std::memcpy(estimate[s].scale, map.piece_scale(true), sizeof estimate[s].scale);
+    std::memcpy(estimate[s].offset, map.piece_offset(true), sizeof estimate[s].offset);
+    std::memcpy(estimate[s].limit, map.piece_limit(true), sizeof estimate[s].limit);
+  }
+  check(cudaMemcpyToSymbol(map_estimate, estimate, sizeof estimate), "cudaMemcpyToSymbol");
   if (uploaded.size() <= static_cast<std::size_t>(device)) uploaded.resize(device + 1, 0);
   uploaded[device] = 1;
 }
@@ -132,12 +154,39 @@ __device__ __forceinline__ std::uint16_t to_bf16(float x, bool stochastic, std::
   return static_cast<std::uint16_t>((sign | mag) >> 16);
 }
 
+/// qmap::estimate with keep_nonzero (the same operations): the code of xn, or -1 when the
+/// estimate is not sure.
+__device__ __forceinline__ int estimate(float xn, bool is_signed, int zero, const estimate_tables& e) {
+  float a = is_signed ? fabsf(xn) : (xn > 0.0f ? xn : 0.0f);
+  a = a < 1.0f ? a : 1.0f;
+  const std::uint32_t ab = __float_as_uint(a);
+  const float ae = a > quant::qmap::est_floor ? a : quant::qmap::est_floor;
+  const std::uint32_t slot = (__float_as_uint(ae) >> 24) & 15u;
+  const int piece = e.piece[slot] + (a >= e.threshold[slot] ? 1 : 0);
+  const float t = fmaf(a, e.scale[piece], e.offset[piece]);
+  if (fabsf(t - rintf(t)) < quant::qmap::estimate_margin) return -1;
+  std::uint32_t k = t >= 0x1p32f ? 0xffffffffu : __float2uint_rz(t);
+  k = min(k, static_cast<std::uint32_t>(e.limit[piece]));
+  k = min(k, ab);  // a zero keeps index 0
+  int code = static_cast<int>(k);
+  if (is_signed) {
+    code = (__float_as_uint(xn) >> 31) != 0 ? zero - code : zero + code;
+    code = code < 0 ? 0 : code;
+  }
+  return code;
+}
+
 /// The 8-bit code of x in a block of scale `scale` (quant::quantize_block_reference's rule), with
-/// the map's values and decision points at `values` and `above`.
+/// the map's values and decision points at `values` and `above` and its estimate tables at `e`.
 __device__ __forceinline__ std::uint8_t quantize(float x, float scale, int map, const float* values, const float* above,
-                                                 bool stochastic, std::uint32_t key, std::uint32_t index) {
+                                                 const estimate_tables& e, bool stochastic, std::uint32_t key,
+                                                 std::uint32_t index) {
   const float inv = scale > 0 ? 1.0f / scale : 0.0f;
   const float xn = x * inv;
+  if (!stochastic) {
+    const int c = estimate(xn, map == 0, map_zero[map], e);
+    if (c >= 0) return static_cast<std::uint8_t>(c);
+  }
   // The nearest entry: the number of decision points below xn (map_above is sorted).
   int lo = 0, hi = 255;
   while (lo < hi) {
@@ -323,10 +372,14 @@ __global__ void blockwise_step(const tensor_update* tensors, const std::int64_t*
   extern __shared__ float values[];  // new values of the 8-bit moments: 3 x block
   __shared__ float scratch[32];
   __shared__ float maps[2][256], aboves[2][256];
+  __shared__ estimate_tables estimates[2];
   for (int c = threadIdx.x; c < 2 * 256; c += blockDim.x) {
     maps[c / 256][c % 256] = map_values[c / 256][c % 256];
     aboves[c / 256][c % 256] = map_above[c / 256][c % 256];
   }
+  static_assert(sizeof(estimate_tables) % sizeof(int) == 0);
+  for (int w = threadIdx.x; w < static_cast<int>(sizeof estimates / sizeof(int)); w += blockDim.x)
+    reinterpret_cast<int*>(estimates)[w] = reinterpret_cast<const int*>(map_estimate)[w];
   __syncthreads();
   const work_item w = item_of(first, count, nullptr, tensors, 0);
   const tensor_update& t = tensors[w.tensor];
@@ -351,7 +404,7 @@ __global__ void blockwise_step(const tensor_update* tensors, const std::int64_t*
     const int map = mo.is_signed ? 0 : 1;
     for (int j = threadIdx.x; j < w.length; j += blockDim.x) {
       const std::int64_t i = w.begin + j;
-      codes[i] = quantize(values[q * t.block + j], s, map, maps[map], aboves[map], t.stochastic, mo.key,
+      codes[i] = quantize(values[q * t.block + j], s, map, maps[map], aboves[map], estimates[map], t.stochastic, mo.key,
                           static_cast<std::uint32_t>(i));
     }
     if (threadIdx.x == 0) mo.scales[k] = s;
