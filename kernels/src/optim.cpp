@@ -593,21 +593,24 @@ struct pending_block {
 };
 
 /// Codes of elements [j, j + 16) of a pending block: the arithmetic quantizer, then the table for
-/// the lanes it is not sure of. (GCC 12 takes the intrinsics' own undefined-value placeholders
-/// for uninitialized variables here once they are inlined.)
+/// the lanes it is not sure of. Always inlined: as a call it would spill the kernel's vector
+/// registers (all caller-saved) on every chunk, a 1.5x slower step. (GCC 12 takes the
+/// intrinsics' own undefined-value placeholders for uninitialized variables here once they are
+/// inlined.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
-TROUPE_AVX512 inline void quantize_chunk(const pending_block& q, std::size_t j, const quant::avx512::quantizer& mq,
-                                         const quant::avx512::quantizer& vq, const quant::qmap& mmap,
-                                         const quant::qmap& vmap) {
+TROUPE_AVX512 inline __attribute__((always_inline)) void quantize_chunk(
+    const pending_block& q, std::size_t j, const quant::avx512::quantizer& mq, const quant::avx512::quantizer& vq,
+    const quant::qmap& mmap, const quant::qmap& vmap) {
   const __m512 xm = _mm512_mul_ps(_mm512_loadu_ps(q.mbuf + j), _mm512_set1_ps(q.minv));
   const __m512 xv = _mm512_mul_ps(_mm512_loadu_ps(q.vbuf + j), _mm512_set1_ps(q.vinv));
   __m512 rm, rv;
-  const __m512i cm = quant::avx512::quantize<true>(mq, xm, rm);
-  const __m512i cv = quant::avx512::quantize<false, true>(vq, xv, rv);
-  // Both moments' codes in one permute: m's in bytes 0-15, v's in bytes 16-31.
-  const __m512i both = _mm512_permutex2var_epi8(cm, code_bytes(), cv);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q.mc + j), _mm512_castsi512_si128(both));
+  const __m512i km = quant::avx512::quantize<true>(mq, xm, rm);
+  const __m512i kv = quant::avx512::quantize<false, true>(vq, xv, rv);
+  // Both moments' indexes in one permute: m's in bytes 0-15, v's (their codes) in bytes 16-31.
+  const __m512i both = _mm512_permutex2var_epi8(km, code_bytes(), kv);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q.mc + j),
+                   quant::avx512::signed_codes(mq, _mm512_castsi512_si128(both), quant::avx512::negative(xm)));
   _mm256_mask_storeu_epi8(q.vc + j - 16, 0xffff0000u, _mm512_castsi512_si256(both));
   // One test for both moments (the smaller |r|); a lane either moment is unsure of gets both
   // codes from the table.
@@ -631,67 +634,102 @@ inline void quantize_tail(const pending_block& q, std::size_t from, const quant:
   }
 }
 
-/// The 8-bit blocks of [begin, end) on AVX-512. Per block: the moments' codes become values by
-/// 16-lane gathers from the 1 KiB value tables, the update writes the parameters and the new
-/// moments to an L1 buffer while keeping the block's absmax; the codes follow once the absmax is
-/// known, with the arithmetic quantizer. The codes of each block are written while the next
-/// block is updated (two buffers), so that the update's divisions and square root, which keep
-/// the divider busy, overlap with the quantizer's integer and permute work.
+/// The 8-bit moments of one block as values (map value of the code times the block's scale) in
+/// an L1 buffer: m at buf, v at buf + block. decode_chunk does 16 elements by gathers from the
+/// 1 KiB value tables, decode_tail the elements from `from` on one at a time.
+struct block_decoder {
+  const std::uint8_t* mc;
+  const std::uint8_t* vc;
+  const float* mvals;
+  const float* vvals;
+  const float* msc;
+  const float* vsc;
+  std::size_t block;
+};
+
+TROUPE_AVX512 inline void decode_chunk(const block_decoder& d, std::size_t b, std::size_t i, __m512 ms, __m512 vs,
+                                       float* buf) {
+  if ((i & 63) == 0) {
+    _mm_prefetch(reinterpret_cast<const char*>(d.mc + b + i + prefetch_ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(d.vc + b + i + prefetch_ahead), _MM_HINT_T0);
+  }
+  _mm512_storeu_ps(buf + i, _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(d.mc + b + i), d.mvals, 4), ms));
+  _mm512_storeu_ps(buf + d.block + i,
+                   _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(d.vc + b + i), d.vvals, 4), vs));
+}
+
+inline void decode_tail(const block_decoder& d, std::size_t b, std::size_t from, std::size_t n, float* buf) {
+  const std::size_t k = b / d.block;
+  for (std::size_t i = from; i < n; ++i) {
+    buf[i] = d.mvals[d.mc[b + i]] * d.msc[k];
+    buf[d.block + i] = d.vvals[d.vc[b + i]] * d.vsc[k];
+  }
+}
+
+/// The 8-bit blocks of [begin, end) on AVX-512, in three stages that overlap: while block k is
+/// updated, block k + 1 is decoded and block k - 1 gets its codes. Three L1 buffers of 2 * block
+/// floats rotate between the stages: the decoded moments of the next block (gathers), the moments
+/// of this block (read and overwritten by the update, which writes the parameters and keeps the
+/// absmax), and the new moments of the block before (the arithmetic quantizer, once the absmax is
+/// known). Decoding a block ahead keeps the gathers' latency out of the update's dependency chain
+/// and the quantizer's integer and permute work runs beside the update's division and square root
+/// (docs/PERFORMANCE.md).
 template <bool L2, bool Clip, bool Low>
 TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_t* mc, std::uint8_t* vc, float* msc,
                                            float* vsc, const quant::qmap& mmap, const quant::qmap& vmap,
                                            std::size_t begin, std::size_t end, std::size_t block,
                                            const adam_constants& c, float* buffers) {
+  if (begin >= end) return;
   const quant::avx512::quantizer mq = quant::avx512::load_quantizer(mmap, true);
   const quant::avx512::quantizer vq = quant::avx512::load_quantizer(vmap, true);
   const adam_vectors512 kc = broadcast512(c);
-  const float* mvals = mmap.values();
-  const float* vvals = vmap.values();
+  const block_decoder dec{mc, vc, mmap.values(), vmap.values(), msc, vsc, block};
+  auto buffer = [&](std::size_t index) { return buffers + 2 * block * (index % 3); };
+  auto full_of = [](std::size_t n) { return n & ~std::size_t{15}; };
+  {
+    const std::size_t n = std::min(block, end - begin), k = begin / block;
+    const __m512 ms = _mm512_set1_ps(msc[k]), vs = _mm512_set1_ps(vsc[k]);
+    for (std::size_t i = 0; i < full_of(n); i += 16) decode_chunk(dec, begin, i, ms, vs, buffer(0));
+    decode_tail(dec, begin, full_of(n), n, buffer(0));
+  }
   pending_block prev;
-  int side = 0;
-  for (std::size_t b = begin; b < end; b += block, side ^= 1) {
+  std::size_t index = 0;
+  for (std::size_t b = begin; b < end; b += block, ++index) {
     const std::size_t n = std::min(block, end - b), k = b / block;
-    float* mbuf = buffers + 2 * block * static_cast<std::size_t>(side);
+    float* mbuf = buffer(index);
     float* vbuf = mbuf + block;
+    float* next = buffer(index + 1);
+    const std::size_t nb = b + block, nn = nb < end ? std::min(block, end - nb) : 0;
+    const __m512 nms = _mm512_set1_ps(nn != 0 ? msc[nb / block] : 0.0f);
+    const __m512 nvs = _mm512_set1_ps(nn != 0 ? vsc[nb / block] : 0.0f);
     float* pb = p + b;
     const float* gb = g + b;
-    const std::uint8_t* mcb = mc + b;
-    const std::uint8_t* vcb = vc + b;
-    const __m512 msv = _mm512_set1_ps(msc[k]), vsv = _mm512_set1_ps(vsc[k]);
     __m512 ma = _mm512_setzero_ps(), va = _mm512_setzero_ps();
-    const std::size_t full = n & ~std::size_t{15}, prev_full = prev.n & ~std::size_t{15};
-    const std::size_t both = std::min(full, prev_full);
-    auto update = [&](std::size_t i) TROUPE_AVX512 {
-      // Software prefetch 2 KiB ahead on the parameter and gradient streams (and the codes):
-      // this loop is slow enough per byte that the hardware prefetchers alone leave it waiting
-      // on memory (docs/PERFORMANCE.md). A prefetch past the end of a tensor does not fault.
-      _mm_prefetch(reinterpret_cast<const char*>(pb + i + prefetch_ahead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(gb + i + prefetch_ahead), _MM_HINT_T0);
-      if ((i & 63) == 0) {
-        _mm_prefetch(reinterpret_cast<const char*>(mcb + i + prefetch_ahead), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(vcb + i + prefetch_ahead), _MM_HINT_T0);
+    const std::size_t full = full_of(n), prev_full = full_of(prev.n), next_full = full_of(nn);
+    const std::size_t top = std::max({full, prev_full, next_full});
+    for (std::size_t i = 0; i < top; i += 16) {
+      if (i < next_full) decode_chunk(dec, nb, i, nms, nvs, next);
+      if (i < full) {
+        // Software prefetch 2 KiB ahead on the parameter and gradient streams: this loop is slow
+        // enough per byte that the hardware prefetchers alone leave it waiting on memory
+        // (docs/PERFORMANCE.md). A prefetch past the end of a tensor does not fault.
+        _mm_prefetch(reinterpret_cast<const char*>(pb + i + prefetch_ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(gb + i + prefetch_ahead), _MM_HINT_T0);
+        __m512 mi = _mm512_loadu_ps(mbuf + i), vi = _mm512_loadu_ps(vbuf + i);
+        _mm512_storeu_ps(pb + i,
+                         adam_avx512<L2, Clip, Low>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i), mi, vi, kc));
+        _mm512_storeu_ps(mbuf + i, mi);
+        _mm512_storeu_ps(vbuf + i, vi);
+        ma = _mm512_range_ps(ma, mi, 0x0b);  // max(|ma|, |mi|), sign cleared
+        va = _mm512_range_ps(va, vi, 0x0b);
       }
-      __m512 mi = _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(mcb + i), mvals, 4), msv);
-      __m512 vi = _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(vcb + i), vvals, 4), vsv);
-      _mm512_storeu_ps(pb + i,
-                       adam_avx512<L2, Clip, Low>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i), mi, vi, kc));
-      _mm512_storeu_ps(mbuf + i, mi);
-      _mm512_storeu_ps(vbuf + i, vi);
-      ma = _mm512_range_ps(ma, mi, 0x0b);  // max(|ma|, |mi|), sign cleared
-      va = _mm512_range_ps(va, vi, 0x0b);
-    };
-    std::size_t i = 0;
-    for (; i < both; i += 16) {
-      update(i);
-      quantize_chunk(prev, i, mq, vq, mmap, vmap);
+      if (i < prev_full) quantize_chunk(prev, i, mq, vq, mmap, vmap);
     }
-    for (std::size_t j = i; j < full; j += 16) update(j);
-    for (std::size_t j = i; j < prev_full; j += 16) quantize_chunk(prev, j, mq, vq, mmap, vmap);
+    decode_tail(dec, nb, next_full, nn, next);
     quantize_tail(prev, prev_full, mmap, vmap);
     float am = _mm512_reduce_max_ps(ma), av = _mm512_reduce_max_ps(va);
-    const float ms = msc[k], vs = vsc[k];
     for (std::size_t j = full; j < n; ++j) {
-      pb[j] = adam_element<L2>(pb[j], gb[j], mmap.value(mcb[j]) * ms, vmap.value(vcb[j]) * vs, c, mbuf[j], vbuf[j]);
+      pb[j] = adam_element<L2>(pb[j], gb[j], mbuf[j], vbuf[j], c, mbuf[j], vbuf[j]);
       am = std::max(am, std::fabs(mbuf[j]));
       av = std::max(av, std::fabs(vbuf[j]));
     }
@@ -699,7 +737,7 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_
     vsc[k] = av;
     prev = {mc + b, vc + b, mbuf, vbuf, n, am > 0 ? 1.0f / am : 0.0f, av > 0 ? 1.0f / av : 0.0f};
   }
-  const std::size_t prev_full = prev.n & ~std::size_t{15};
+  const std::size_t prev_full = full_of(prev.n);
   for (std::size_t j = 0; j < prev_full; j += 16) quantize_chunk(prev, j, mq, vq, mmap, vmap);
   quantize_tail(prev, prev_full, mmap, vmap);
 }
@@ -725,7 +763,7 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
   auto quantize = [&](std::size_t j) TROUPE_AVX512 {
     __m512 r;
     const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(prev.values + j), _mm512_set1_ps(prev.inv));
-    quant::avx512::store_codes(prev.codes + j, quant::avx512::quantize<true>(q, x, r));
+    quant::avx512::store_codes<true>(prev.codes + j, q, quant::avx512::quantize<true>(q, x, r), x);
     for (unsigned u = quant::avx512::unsure(_mm512_abs_ps(r)); u != 0; u &= u - 1) {
       const std::size_t i = j + static_cast<std::size_t>(__builtin_ctz(u));
       prev.codes[i] = quant::avx512::quantize_exact(map, prev.values[i] * prev.inv, true);
@@ -816,11 +854,11 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     return;
   }
   const std::size_t block = static_cast<std::size_t>(s.m.block);
-  // One block of each moment; the AVX-512 kernel uses bm for two of each (it quantizes one block
-  // while it updates the next).
+  // One block of each moment; the AVX-512 kernel uses bm for three of each (it decodes the next
+  // block and quantizes the one before while it updates one).
   thread_local std::vector<float> bm, bv;
-  if (bm.size() < 4 * block) {
-    bm.resize(4 * block);
+  if (bm.size() < 6 * block) {
+    bm.resize(6 * block);
     bv.resize(block);
   }
   const auto& mmap = map_of(s.m);

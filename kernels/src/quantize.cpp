@@ -344,7 +344,8 @@ TROUPE_AVX512 std::size_t quantize_avx512(const float* x, std::size_t n, float i
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m512 r;
-    avx512::store_codes(codes + i, avx512::quantize<Signed>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv), r));
+    const __m512 xs = _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv);
+    avx512::store_codes<Signed>(codes + i, q, avx512::quantize<Signed>(q, xs, r), xs);
     for (unsigned m = avx512::unsure(_mm512_abs_ps(r)); m != 0; m &= m - 1) {
       const std::size_t j = i + static_cast<std::size_t>(__builtin_ctz(m));
       codes[j] = avx512::quantize_exact(map, x[j] * inv, keep);

@@ -24,7 +24,7 @@ struct quantizer {
   __m512 threshold;
   __m512 scale, offset;  // per piece (16 entries, 9 used)
   __m512i limit;
-  __m512i zero;
+  __m128i zero;  // the zero code in every byte
 };
 
 TROUPE_AVX512 inline quantizer load_quantizer(const qmap& map, bool keep) noexcept {
@@ -34,16 +34,17 @@ TROUPE_AVX512 inline quantizer load_quantizer(const qmap& map, bool keep) noexce
   q.scale = _mm512_loadu_ps(map.piece_scale(keep));
   q.offset = _mm512_loadu_ps(map.piece_offset(keep));
   q.limit = _mm512_loadu_si512(map.piece_limit(keep));
-  q.zero = _mm512_set1_epi32(map.zero_code());
+  q.zero = _mm_set1_epi8(static_cast<char>(map.zero_code()));
   return q;
 }
 
-/// qmap::estimate on 16 lanes (Signed: the map's signedness): codes in 32-bit lanes; `r` gets
-/// t minus the nearest whole number, so that the lanes with |r| < estimate_margin are the ones
-/// the estimate is not sure of (unsure() finds them; the caller asks the table for those).
-/// Scaled: x is a value divided by its block's absmax (|x| < 2, and +0 or more for the unsigned
-/// map, as the second moment is), so that the unsigned map needs no clamp: magnitudes from 1 up
-/// to 2 fall in the last slot, whose piece is the entry 1 (checked by the construction).
+/// qmap::estimate on 16 lanes (Signed: the map's signedness): the magnitude's index k in 32-bit
+/// lanes, which is the code for the unsigned map; signed_codes() makes the signed map's codes of
+/// it. `r` gets t minus the nearest whole number, so that the lanes with |r| < estimate_margin
+/// are the ones the estimate is not sure of (unsure() finds them; the caller asks the table for
+/// those). Scaled: x is a value divided by its block's absmax (|x| < 2, and +0 or more for the
+/// unsigned map, as the second moment is), so that the unsigned map needs no clamp: magnitudes
+/// from 1 up to 2 fall in the last slot, whose piece is the entry 1 (checked by the construction).
 template <bool Signed, bool Scaled = false>
 TROUPE_AVX512 inline __m512i quantize(const quantizer& q, __m512 x, __m512& r) noexcept {
   const __m512 one = _mm512_set1_ps(1.0f);
@@ -59,13 +60,19 @@ TROUPE_AVX512 inline __m512i quantize(const quantizer& q, __m512 x, __m512& r) n
   const __mmask16 next = _mm512_cmp_ps_mask(a, threshold, _CMP_GE_OQ);
   const __m512i piece = _mm512_mask_add_epi32(pe, next, pe, _mm512_set1_epi32(1));
   const __m512 t = _mm512_fmadd_ps(a, _mm512_permutexvar_ps(piece, q.scale), _mm512_permutexvar_ps(piece, q.offset));
-  __m512i k = _mm512_min_epu32(_mm512_cvttps_epu32(t), _mm512_permutexvar_epi32(piece, q.limit));
-  k = _mm512_min_epu32(k, ab);  // a zero keeps index 0
+  const __m512i k = _mm512_min_epu32(_mm512_cvttps_epu32(t), _mm512_permutexvar_epi32(piece, q.limit));
   r = _mm512_reduce_ps(t, 0x08);  // t - nearest whole t
-  if constexpr (!Signed) return k;
-  const __mmask16 negative = _mm512_movepi32_mask(_mm512_castps_si512(x));
-  const __m512i c = _mm512_mask_sub_epi32(_mm512_add_epi32(q.zero, k), negative, q.zero, k);
-  return _mm512_max_epi32(c, _mm512_setzero_si512());
+  return _mm512_min_epu32(k, ab);  // a zero keeps index 0
+}
+
+/// The lanes whose sign bit is set.
+TROUPE_AVX512 inline __mmask16 negative(__m512 x) noexcept { return _mm512_movepi32_mask(_mm512_castps_si512(x)); }
+
+/// The signed map's 16 codes from the magnitude indexes k (bytes) and the signs: the zero code
+/// plus k, or minus k for the negative lanes, saturated at code 0 (the index 128 of the entry 1
+/// has no negative twin).
+TROUPE_AVX512 inline __m128i signed_codes(const quantizer& q, __m128i k, __mmask16 negative) noexcept {
+  return _mm_mask_subs_epu8(_mm_adds_epu8(q.zero, k), negative, q.zero, k);
 }
 
 /// The lanes whose |r| (from quantize(), sign cleared) is within the margin: not sure.
@@ -81,9 +88,12 @@ inline std::uint8_t quantize_exact(const qmap& map, float x, bool keep) noexcept
   return static_cast<std::uint8_t>(c);
 }
 
-/// Writes 16 codes (0..255 in 32-bit lanes) as bytes.
-TROUPE_AVX512 inline void store_codes(std::uint8_t* out, __m512i c) noexcept {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(c));
+/// Writes the 16 codes of the values x as bytes, from their indexes k of quantize<Signed>().
+template <bool Signed>
+TROUPE_AVX512 inline void store_codes(std::uint8_t* out, const quantizer& q, __m512i k, __m512 x) noexcept {
+  __m128i c = _mm512_cvtepi32_epi8(k);
+  if constexpr (Signed) c = signed_codes(q, c, negative(x));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), c);
 }
 
 }  // namespace troupe::kernels::quant::avx512

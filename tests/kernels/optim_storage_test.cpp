@@ -439,8 +439,8 @@ TEST(OptimizerStorage, FusedCompressedAdamEqualsTheReferenceStateToTheBit) {
 }
 
 TEST(OptimizerStorage, TheFused8BitStepEqualsTheReferenceForBlocksOfAnySize) {
-  // The AVX-512 kernels (AdamW's two moments, SGD's one) write one block's codes while they
-  // update the next, 16 values at a time: blocks shorter than a vector, not a multiple of 16, and
+  // The AVX-512 kernels write one block's codes while they update the next (AdamW's also decode
+  // the block after), 16 values at a time: blocks shorter than a vector, not a multiple of 16, and
   // a last block shorter than the others must all give the reference's parameters and state, on
   // every vector path.
   struct restore {
