@@ -7,6 +7,8 @@
 
 #include <troupe/kernels/optim.hpp>
 
+#include "quantize.hpp"
+
 namespace {
 
 using namespace troupe;
@@ -117,6 +119,46 @@ TEST(Optimizer, ANonFiniteGradientSkipsTheStepAndChangesNothing) {
   EXPECT_EQ(std::memcmp(snapshot.bytes(), f.params[2].value.bytes(), snapshot.nbytes()), 0);
   f.fresh_grads(g);
   EXPECT_TRUE(opt.step());
+}
+
+TEST(Optimizer, EveryVectorPathFindsANonFiniteGradientAnywhere) {
+  // The finiteness check reads 64 (AVX-512) or 32 (AVX2) values per iteration, then the rest one
+  // at a time, in pieces of 65536: a bad value in any of those places skips the step, and the
+  // largest finite values, subnormals and negative zeros do not.
+  struct restore {
+    int cap;
+    ~restore() { troupe::kernels::quant::limit_simd(cap); }
+  } guard{troupe::kernels::quant::limit_simd(2)};
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int level = troupe::kernels::quant::simd_level(); level >= 0; --level) {
+    troupe::kernels::quant::limit_simd(level);
+    for (std::int64_t size : {7, 200, 65536 + 100}) {
+      fixture f(9, {size});
+      std::mt19937 g(4);
+      f.fresh_grads(g);
+      optimizer opt(optimizer_kind::sgd, {{f.ptrs(), {.lr = 1e-3}}});
+      float* grad = f.params[0].grad.data<float>().data();
+      const std::string what = "level " + std::to_string(level) + ", size " + std::to_string(size);
+      for (float fine : {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+                         std::numeric_limits<float>::denorm_min(), -0.0f}) {
+        for (std::int64_t at : {std::int64_t{0}, size / 2, size - 1}) {
+          const float keep = grad[at];
+          grad[at] = fine;
+          EXPECT_TRUE(opt.step()) << what << ", " << fine << " at " << at;
+          grad[at] = keep;
+        }
+      }
+      for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(), inf, -inf}) {
+        for (std::int64_t at : {0, 15, 16, 31, 32, 63, 64, 191, 192, 199, 65535, 65536, 65635}) {
+          if (at >= size) continue;
+          const float keep = grad[at];
+          grad[at] = bad;
+          EXPECT_FALSE(opt.step()) << what << ", " << bad << " at " << at;
+          grad[at] = keep;
+        }
+      }
+    }
+  }
 }
 
 TEST(Optimizer, CountsItsStateBytesAndZeroesGradients) {
