@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda_ops.hpp"
+#include "dynamic_library.hpp"
 
 namespace troupe::kernels {
 namespace {
@@ -34,10 +35,10 @@ using sgemm_fn = decltype(&cblas_sgemm);
 
 sgemm_fn openblas_sgemm() {
   static const sgemm_fn fn = [] {
-    void* lib = dlopen(TROUPE_OPENBLAS_LIBRARY, RTLD_NOW | RTLD_LOCAL);
-    if (!lib)
-      throw std::runtime_error(std::string("cannot load OpenBLAS (") + TROUPE_OPENBLAS_LIBRARY +
-                               "): install Debian's libopenblas-dev (cmake/install-deps.sh does)");
+    void* lib = detail::open_library("OpenBLAS", "TROUPE_OPENBLAS_LIBRARY", TROUPE_OPENBLAS_LIBRARY,
+                                     {"libopenblas.so.0", "libopenblas.so"},
+                                     "install Debian's libopenblas-dev (cmake/install-deps.sh does), or set "
+                                     "TROUPE_OPENBLAS_LIBRARY to the library's path");
     auto* f = reinterpret_cast<sgemm_fn>(dlsym(lib, "cblas_sgemm"));
     if (!f) throw std::runtime_error("OpenBLAS has no cblas_sgemm");
     // One BLAS thread: OpenBLAS's threads make the small products of a training step slower

@@ -6,7 +6,8 @@
 // a sequence, and nvcc may contract multiply-adds; column sums accumulate in float in row order
 // exactly as the CPU loops do. The tests compare with the CPU layers at abs 1e-5 + rel 1e-4.
 //
-// cuBLAS is loaded at the first GPU product (dlopen of the library CMake found), not linked:
+// cuBLAS is loaded at the first GPU product (dynamic_library.hpp: $TROUPE_CUBLAS_LIBRARY, the
+// library CMake found, or libcublas.so.<major> on the loader's path), not linked:
 // linking it makes every troupe process map and relocate its 500 MB of code, about 215 MB of
 // resident memory before main() runs, whether or not it ever uses a GPU.
 
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "cuda_ops.hpp"
+#include "dynamic_library.hpp"
 
 namespace troupe::kernels::cuda {
 namespace {
@@ -44,12 +46,15 @@ struct cublas_api {
 
 const cublas_api& cublas() {
   static const cublas_api api = [] {
-    void* lib = dlopen(TROUPE_CUBLAS_LIBRARY, RTLD_NOW | RTLD_LOCAL);
-    if (!lib) throw std::runtime_error(std::string("cannot load cuBLAS from " TROUPE_CUBLAS_LIBRARY ": ") + dlerror());
+    const std::string versioned = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+    void* lib = detail::open_library("cuBLAS", "TROUPE_CUBLAS_LIBRARY", TROUPE_CUBLAS_LIBRARY,
+                                     {versioned.c_str(), "libcublas.so"},
+                                     "set TROUPE_CUBLAS_LIBRARY to libcublas.so." + std::to_string(CUBLAS_VER_MAJOR) +
+                                         " of a CUDA " + std::to_string(CUBLAS_VER_MAJOR) + " installation");
     cublas_api a;
     a.create = reinterpret_cast<decltype(a.create)>(dlsym(lib, "cublasCreate_v2"));
     a.sgemm = reinterpret_cast<decltype(a.sgemm)>(dlsym(lib, "cublasSgemm_v2"));
-    if (!a.create || !a.sgemm) throw std::runtime_error("cuBLAS at " TROUPE_CUBLAS_LIBRARY " lacks cublasCreate_v2 or cublasSgemm_v2");
+    if (!a.create || !a.sgemm) throw std::runtime_error("the cuBLAS loaded lacks cublasCreate_v2 or cublasSgemm_v2");
     return a;
   }();
   return api;

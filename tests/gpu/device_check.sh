@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
 # Checks the CUDA paths on a machine with an NVIDIA GPU, in one go (within 8 minutes):
 #   1. configures a build with TROUPE_WITH_CUDA=ON for sm_90 (examples off) and builds only
-#      kernels_test, core_test and the troupe CLI;
+#      kernels_test, core_test and the troupe CLI, or, with --bundle, unpacks those programs as
+#      tests/gpu/pack.sh built them on another machine (for a GPU machine without troupe's build
+#      dependencies; its own cuBLAS is found and used);
 #   2. runs the CUDA tests (kernels_test --gtest_filter='Cuda*', and core_test's device memory and
 #      device count tests): a skipped test is a failure here;
 #   3. runs `troupe bench optim --json --device cuda` (50 M parameters in 100 tensors per optimizer
 #      and state storage, against a device-to-device copy) and prints a table.
 # Exits non-zero on any failure, and with 2 and a message when no GPU is present.
 #
-# Usage: tests/gpu/device_check.sh [build-dir]   (default: build-gpu; BENCH_STEPS=7 to change steps)
+# Usage: tests/gpu/device_check.sh [build-dir]        (default: build-gpu)
+#        tests/gpu/device_check.sh --bundle FILE      (FILE from tests/gpu/pack.sh)
+# BENCH_STEPS=7 sets the benchmark's steps; TROUPE_CUBLAS_LIBRARY names the cuBLAS to use.
 set -euo pipefail
 
-cd "$(dirname "$0")/../.."
+bundle=
+if [ "${1:-}" = --bundle ]; then
+  bundle=${2:?device_check: --bundle needs the file tests/gpu/pack.sh wrote}
+  [ -f "$bundle" ] || { echo "device_check: no bundle at $bundle" >&2; exit 1; }
+  bundle=$(realpath "$bundle")
+fi
 build=${1:-build-gpu}
+cd "$(dirname "$0")/../.."
 steps=${BENCH_STEPS:-7}
 deadline=$((SECONDS + 480))
 # The seconds left for the next step; fails (the caller exits) when fewer than 10 are left.
@@ -24,28 +34,66 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! gpus=$(nvidia-smi -L 2>/dev/null
 fi
 echo "== GPUs"
 echo "$gpus"
-command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || { echo "device_check: nvcc not found" >&2; exit 1; }
-command -v nvcc >/dev/null 2>&1 || export PATH=/usr/local/cuda/bin:$PATH
+if [ -n "$bundle" ]; then
+  echo "== unpack $bundle"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  tar -xzf "$bundle" -C "$work"
+  bindir=$work/bundle/bin
+  cat "$work/bundle/MANIFEST"
+  need_glibc=$(sed -n 's/^glibc //p' "$work/bundle/MANIFEST")
+  have_glibc=$(ldd --version | head -n 1 | grep -o '[0-9][0-9.]*$')
+  if [ "$(printf '%s\n%s\n' "$need_glibc" "$have_glibc" | sort -V | head -n 1)" != "$need_glibc" ]; then
+    echo "device_check: the bundle needs glibc $need_glibc, this machine has $have_glibc" >&2
+    exit 1
+  fi
+  export LD_LIBRARY_PATH=$work/bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export TROUPE_OPENBLAS_LIBRARY=$work/bundle/lib/libopenblas.so.0
+  if [ -z "${TROUPE_CUBLAS_LIBRARY:-}" ]; then
+    major=$(sed -n 's/^cuda \([0-9]*\).*/\1/p' "$work/bundle/MANIFEST")
+    TROUPE_CUBLAS_LIBRARY=$(ldconfig -p 2>/dev/null | awk -v n="libcublas.so.$major" '$1 == n {print $NF; exit}')
+    if [ -z "$TROUPE_CUBLAS_LIBRARY" ]; then
+      roots=(/usr/local /usr/lib /usr/lib64 /opt)
+      sites=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
+      # shellcheck disable=SC2206
+      roots+=($sites)
+      TROUPE_CUBLAS_LIBRARY=$(timeout 60 find "${roots[@]}" -name "libcublas.so.$major*" \( -type f -o -type l \) \
+        2>/dev/null | head -n 1 || true)
+    fi
+    [ -n "$TROUPE_CUBLAS_LIBRARY" ] || { echo "device_check: no libcublas.so.$major on this machine (set TROUPE_CUBLAS_LIBRARY)" >&2; exit 1; }
+    export TROUPE_CUBLAS_LIBRARY
+  fi
+  # cuBLAS loads cuBLASLt from its own folder.
+  export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname "$TROUPE_CUBLAS_LIBRARY")
+  echo "cuBLAS: $TROUPE_CUBLAS_LIBRARY"
+else
+  command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || { echo "device_check: nvcc not found" >&2; exit 1; }
+  command -v nvcc >/dev/null 2>&1 || export PATH=/usr/local/cuda/bin:$PATH
 
-echo "== configure ($build)"
-generator=()
-command -v ninja >/dev/null 2>&1 && [ ! -f "$build/CMakeCache.txt" ] && generator=(-G Ninja)
-limit=$(left) || exit 1
-timeout "$limit" cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTROUPE_WITH_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DTROUPE_BUILD_EXAMPLES=OFF >"$build.configure.log" 2>&1 ||
-  { tail -n 30 "$build.configure.log"; echo "device_check: configure failed" >&2; exit 1; }
+  echo "== configure ($build)"
+  mkdir -p "$build"
+  generator=()
+  command -v ninja >/dev/null 2>&1 && [ ! -f "$build/CMakeCache.txt" ] && generator=(-G Ninja)
+  limit=$(left) || exit 1
+  timeout "$limit" cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTROUPE_WITH_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DTROUPE_BUILD_EXAMPLES=OFF >"$build/configure.log" 2>&1 ||
+    { tail -n 30 "$build/configure.log"
+      echo "device_check: configure failed (without troupe's build dependencies here, build with tests/gpu/pack.sh elsewhere and pass --bundle)" >&2
+      exit 1; }
 
-echo "== build kernels_test core_test troupe"
-limit=$(left) || exit 1
-timeout "$limit" cmake --build "$build" --target kernels_test core_test troupe -j "$(nproc)" >"$build.build.log" 2>&1 ||
-  { grep -E "error|FAILED" "$build.build.log" | head -n 40 || true; echo "device_check: build failed" >&2; exit 1; }
+  echo "== build kernels_test core_test troupe"
+  limit=$(left) || exit 1
+  timeout "$limit" cmake --build "$build" --target kernels_test core_test troupe -j "$(nproc)" >"$build/build.log" 2>&1 ||
+    { grep -E "error|FAILED" "$build/build.log" | head -n 40 || true; echo "device_check: build failed" >&2; exit 1; }
+  bindir=$build/bin
+fi
 
 # Runs one test binary with a filter; a failure, a skip or no test at all ends the check.
 # Here-strings, not `echo | grep -q`: with pipefail, grep -q leaving early can fail the echo.
 run_tests() {
   local binary=$1 filter=$2 out rc limit
   limit=$(left) || exit 1
-  out=$(timeout "$limit" "$build/bin/$binary" --gtest_filter="$filter" 2>&1) && rc=0 || rc=$?
+  out=$(timeout "$limit" "$bindir/$binary" --gtest_filter="$filter" 2>&1) && rc=0 || rc=$?
   grep -E "^\[ *(RUN|OK|FAILED|SKIPPED|PASSED) *\]|Failure|error" <<<"$out" | head -n 200 || true
   if [ "$rc" -ne 0 ]; then tail -n 20 <<<"$out"; echo "device_check: $binary failed (exit $rc)" >&2; exit 1; fi
   if grep -q "^\[  SKIPPED \]" <<<"$out"; then echo "device_check: $binary skipped tests on a GPU machine" >&2; exit 1; fi
@@ -59,7 +107,7 @@ run_tests core_test 'Device.ReportsADeviceOnlyWhenBuiltWithCuda:Device.CountsThe
 
 echo "== troupe bench optim --device cuda"
 limit=$(left) || exit 1
-json=$(timeout "$limit" "$build/bin/troupe" bench optim --json --device cuda --steps "$steps") ||
+json=$(timeout "$limit" "$bindir/troupe" bench optim --json --device cuda --steps "$steps") ||
   { echo "device_check: the optimizer benchmark failed" >&2; exit 1; }
 python3 -c '
 import json, sys

@@ -2,11 +2,14 @@
 
 #include <cmath>
 #include <functional>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
 #include <troupe/kernels/gemm.hpp>
 #include <troupe/kernels/layers.hpp>
+
+#include "dynamic_library.hpp"
 
 namespace {
 
@@ -94,6 +97,36 @@ tensor away_from_zero(tensor x) {
   for (float& v : x.data<float>())
     if (std::abs(v) < 0.1f) v = v < 0 ? -0.1f - v : 0.1f + v;
   return x;
+}
+
+TEST(Gemm, LibrariesLoadFromTheVariableTheBuildPathOrTheirName) {
+  // How OpenBLAS and cuBLAS are found (a build moved to another machine must find them there),
+  // shown with zlib, which every troupe process has loaded already.
+  using troupe::kernels::detail::open_library;
+  const char* var = "TROUPE_TEST_LIBRARY";
+  unsetenv(var);
+  EXPECT_NE(open_library("zlib", var, "/nonexistent/libz.so.1", {"libnonexistent.so", "libz.so.1"}, ""), nullptr);
+  try {
+    open_library("zlib", var, "/nonexistent/libz.so.1", {"libnonexistent.so"}, "install zlib");
+    ADD_FAILURE() << "loaded a library that does not exist";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("/nonexistent/libz.so.1"), std::string::npos) << what;
+    EXPECT_NE(what.find("libnonexistent.so"), std::string::npos) << what;
+    EXPECT_NE(what.find("install zlib"), std::string::npos) << what;
+  }
+  // A set variable wins over the build's path, and one that does not load is an error, not a
+  // quiet fallback.
+  setenv(var, "/nonexistent/chosen.so", 1);
+  try {
+    open_library("zlib", var, "libz.so.1", {"libz.so.1"}, "");
+    ADD_FAILURE() << "fell back past the variable";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("TROUPE_TEST_LIBRARY=/nonexistent/chosen.so"), std::string::npos) << e.what();
+  }
+  setenv(var, "libz.so.1", 1);
+  EXPECT_NE(open_library("zlib", var, "/nonexistent/libz.so.1", {}, ""), nullptr);
+  unsetenv(var);
 }
 
 TEST(Layers, GradientsMatchFiniteDifferences) {
