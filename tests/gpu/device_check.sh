@@ -64,7 +64,8 @@ if [ -n "$bundle" ]; then
     export TROUPE_CUBLAS_LIBRARY
   fi
   # cuBLAS loads cuBLASLt from its own folder.
-  export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname "$TROUPE_CUBLAS_LIBRARY")
+  cublas_dir=$(dirname "$TROUPE_CUBLAS_LIBRARY")
+  export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$cublas_dir
   echo "cuBLAS: $TROUPE_CUBLAS_LIBRARY"
 else
   command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || { echo "device_check: nvcc not found" >&2; exit 1; }

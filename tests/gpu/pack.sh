@@ -56,7 +56,10 @@ for b in "${binaries[@]}"; do copy_needed "$build/bin/$b"; done
 # Its path is the compile definition TROUPE_OPENBLAS_LIBRARY (kernels/CMakeLists.txt).
 openblas=$(grep -rhoE 'TROUPE_OPENBLAS_LIBRARY=[^ ]+' "$build/build.ninja" "$build/kernels" 2>/dev/null | head -n 1 |
   sed 's/^TROUPE_OPENBLAS_LIBRARY=//; s/[\\"]//g' || true)
-[ -n "$openblas" ] && [ -e "$openblas" ] || { echo "pack: cannot find the OpenBLAS this build uses" >&2; exit 1; }
+if [ -z "$openblas" ] || [ ! -e "$openblas" ]; then
+  echo "pack: cannot find the OpenBLAS this build uses" >&2
+  exit 1
+fi
 cp -L "$openblas" "$stage/bundle/lib/libopenblas.so.0"
 copy_needed "$openblas"
 
@@ -69,5 +72,5 @@ cuda=$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
   echo "arch sm_90"
 } >"$stage/bundle/MANIFEST"
 tar -czf "$out" -C "$stage" bundle
-echo "pack: $out ($(du -h "$out" | cut -f1)): $(ls "$stage/bundle/lib" | tr '\n' ' ')"
+echo "pack: $out ($(du -h "$out" | cut -f1)): $(cd "$stage/bundle/lib" && echo *)"
 cat "$stage/bundle/MANIFEST"
