@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "troupe/core/tensor.hpp"
+
 #include "cuda_ops.hpp"
 #include "dynamic_library.hpp"
 
@@ -79,18 +81,32 @@ unsigned blocks_for(std::int64_t n) {
 
 void launched(const char* what) { check(cudaGetLastError(), what); }
 
+/// A size that cuBLAS takes as int, or a clear error instead of a truncated one.
+int as_int(std::int64_t v, const char* what) {
+  if (v < 0 || v > 0x7fffffff) throw std::invalid_argument(std::string(what) + " " + std::to_string(v) + " exceeds cuBLAS's int range");
+  return static_cast<int>(v);
+}
+
+/// One thread block per row: the grid's x dimension holds at most 2^31 - 1.
+unsigned row_blocks(std::int64_t rows, const char* what) {
+  if (rows > 0x7fffffff) throw std::invalid_argument(std::string(what) + ": " + std::to_string(rows) + " rows exceed one launch");
+  return static_cast<unsigned>(rows);
+}
+
 __global__ void bias_rows_kernel(float* y, const float* bias, std::int64_t n, std::int64_t cols) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     y[i] += bias[i % cols];
 }
 
+// One thread per column (grid-stride), rows added in order as the CPU loop does.
 __global__ void column_sums_kernel(const float* dy, float* grad, std::int64_t rows, std::int64_t cols) {
-  const std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (j >= cols) return;
-  float acc = grad[j];
-  for (std::int64_t i = 0; i < rows; ++i) acc += dy[i * cols + j];
-  grad[j] = acc;
+  for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j < cols;
+       j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float acc = grad[j];
+    for (std::int64_t i = 0; i < rows; ++i) acc += dy[i * cols + j];
+    grad[j] = acc;
+  }
 }
 
 __device__ __forceinline__ float gelu(float x) { return static_cast<float>(0.5 * x * (1.0 + erf(x / sqrt(2.0)))); }
@@ -184,15 +200,16 @@ __global__ void layer_norm_backward_input_kernel(const float* dy, const float* x
 
 __global__ void layer_norm_backward_weight_kernel(const float* dy, const float* xhat, float* gg, float* bg,
                                                   std::int64_t rows, std::int64_t cols) {
-  const std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (j >= cols) return;
-  float g = gg[j], b = bg[j];
-  for (std::int64_t i = 0; i < rows; ++i) {
-    g += dy[i * cols + j] * xhat[i * cols + j];
-    b += dy[i * cols + j];
+  for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j < cols;
+       j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float g = gg[j], b = bg[j];
+    for (std::int64_t i = 0; i < rows; ++i) {
+      g += dy[i * cols + j] * xhat[i * cols + j];
+      b += dy[i * cols + j];
+    }
+    gg[j] = g;
+    bg[j] = b;
   }
-  gg[j] = g;
-  bg[j] = b;
 }
 
 // One thread block per row; a bad label records the smallest bad row in *bad_row.
@@ -228,8 +245,8 @@ void gemm(int device, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int
   check(cudaSetDevice(device), "cudaSetDevice");
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   check(cublas().sgemm(handle(device), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                    static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
-                    static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
+                       as_int(n, "gemm: n"), as_int(m, "gemm: m"), as_int(k, "gemm: k"), &alpha, b,
+                       as_int(ldb, "gemm: ldb"), a, as_int(lda, "gemm: lda"), &beta, c, as_int(ldc, "gemm: ldc")),
         "cublasSgemm");
 }
 
@@ -279,7 +296,7 @@ void layer_norm_forward(int device, const float* x, const float* gamma, const fl
                         float* xhat, float* rstd, std::int64_t rows, std::int64_t cols) {
   if (rows == 0) return;
   check(cudaSetDevice(device), "cudaSetDevice");
-  layer_norm_forward_kernel<<<static_cast<unsigned>(rows), threads>>>(x, gamma, beta, eps, y, xhat, rstd, cols);
+  layer_norm_forward_kernel<<<row_blocks(rows, "layer norm"), threads>>>(x, gamma, beta, eps, y, xhat, rstd, cols);
   launched("layer_norm_forward_kernel");
 }
 
@@ -287,7 +304,7 @@ void layer_norm_backward_input(int device, const float* dy, const float* xhat, c
                                float* dx, std::int64_t rows, std::int64_t cols) {
   if (rows == 0) return;
   check(cudaSetDevice(device), "cudaSetDevice");
-  layer_norm_backward_input_kernel<<<static_cast<unsigned>(rows), threads>>>(dy, xhat, rstd, gamma, dx, cols);
+  layer_norm_backward_input_kernel<<<row_blocks(rows, "layer norm"), threads>>>(dy, xhat, rstd, gamma, dx, cols);
   launched("layer_norm_backward_input_kernel");
 }
 
@@ -302,23 +319,19 @@ double softmax_cross_entropy(int device, const float* logits, const std::int64_t
                              std::int64_t n, std::int64_t c) {
   if (n == 0) return std::nan("");  // 0 / 0, as the CPU loop gives
   check(cudaSetDevice(device), "cudaSetDevice");
-  double* losses = nullptr;
-  unsigned long long* bad = nullptr;
-  check(cudaMalloc(&losses, n * sizeof(double) + sizeof(unsigned long long)), "cudaMalloc");
-  bad = reinterpret_cast<unsigned long long*>(losses + n);
+  // From the caching allocator (it frees cached blocks and retries when the device is full).
+  const unsigned grid = row_blocks(n, "softmax cross-entropy");
+  tensor scratch = tensor::empty({static_cast<std::int64_t>(n * sizeof(double) + sizeof(unsigned long long))}, dtype::u8,
+                                 troupe::device::cuda(device));
+  auto* losses = reinterpret_cast<double*>(scratch.bytes());
+  auto* bad = reinterpret_cast<unsigned long long*>(losses + n);
   std::vector<double> host(n);
   unsigned long long bad_row = ~0ull;
-  try {
-    check(cudaMemcpy(bad, &bad_row, sizeof bad_row, cudaMemcpyHostToDevice), "cudaMemcpy");
-    softmax_ce_kernel<<<static_cast<unsigned>(n), threads>>>(logits, labels, dlogits, losses, bad, n, c);
-    launched("softmax_ce_kernel");
-    check(cudaMemcpy(host.data(), losses, n * sizeof(double), cudaMemcpyDeviceToHost), "cudaMemcpy");
-    check(cudaMemcpy(&bad_row, bad, sizeof bad_row, cudaMemcpyDeviceToHost), "cudaMemcpy");
-  } catch (...) {
-    cudaFree(losses);
-    throw;
-  }
-  cudaFree(losses);
+  check(cudaMemcpy(bad, &bad_row, sizeof bad_row, cudaMemcpyHostToDevice), "cudaMemcpy");
+  softmax_ce_kernel<<<grid, threads>>>(logits, labels, dlogits, losses, bad, n, c);
+  launched("softmax_ce_kernel");
+  check(cudaMemcpy(host.data(), losses, n * sizeof(double), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  check(cudaMemcpy(&bad_row, bad, sizeof bad_row, cudaMemcpyDeviceToHost), "cudaMemcpy");
   if (bad_row != ~0ull) {
     std::int64_t label = 0;
     check(cudaMemcpy(&label, labels + bad_row, sizeof label, cudaMemcpyDeviceToHost), "cudaMemcpy");

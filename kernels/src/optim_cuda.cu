@@ -107,7 +107,7 @@ __device__ __forceinline__ float adam_element(const update_constants& c, float p
   const float vi = v * c.beta2 + c.one_minus_beta2 * g * g;
   float second = vi;
   if (x) {
-    second = *x > vi ? *x : vi;
+    second = *x < vi ? vi : *x;  // std::max(vmax, vi), as the CPU (the same operand on a NaN)
     *x = second;
   }
   const float denom = sqrtf(second) * c.inv_bias2_sqrt + c.eps;
@@ -506,6 +506,18 @@ void optimizer_step(bool sgd, const std::vector<tensor_update>& tensors, int dev
   const auto p_at = s.add(plain), v_at = s.add(vector_ok), pf_at = s.add(plain_first), b_at = s.add(blocked),
              bf_at = s.add(blocked_first);
   s.upload(device);
+  // The limit of dynamic shared memory is always the largest block's, never this launch's size:
+  // another thread stepping on the same device between a smaller setting and this launch would
+  // make the launch fail. Set before either launch, so that a failure here changes nothing.
+  const int shared_limit = static_cast<int>(3 * max_int8_block * sizeof(float));
+  if (blocked_first.back() > 0) {
+    if (sgd)
+      check(cudaFuncSetAttribute(blockwise_step<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_limit),
+            "cudaFuncSetAttribute");
+    else
+      check(cudaFuncSetAttribute(blockwise_step<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_limit),
+            "cudaFuncSetAttribute");
+  }
   if (plain_first.back() > 0) {
     const auto grid = grid_of(plain_first);
     const auto* dt = s.at<const tensor_update>(p_at);
@@ -522,18 +534,8 @@ void optimizer_step(bool sgd, const std::vector<tensor_update>& tensors, int dev
     const auto* first = s.at<std::int64_t>(bf_at);
     const int count = static_cast<int>(blocked.size());
     const std::size_t shared = 3 * static_cast<std::size_t>(largest_block) * sizeof(float);
-    // The limit is always the largest block's, never this launch's size: another thread stepping
-    // on the same device between a smaller setting and this launch would make the launch fail.
-    const int limit = static_cast<int>(3 * max_int8_block * sizeof(float));
-    if (sgd) {
-      check(cudaFuncSetAttribute(blockwise_step<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit),
-            "cudaFuncSetAttribute");
-      blockwise_step<true><<<grid, threads_per_block, shared>>>(dt, first, count);
-    } else {
-      check(cudaFuncSetAttribute(blockwise_step<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit),
-            "cudaFuncSetAttribute");
-      blockwise_step<false><<<grid, threads_per_block, shared>>>(dt, first, count);
-    }
+    if (sgd) blockwise_step<true><<<grid, threads_per_block, shared>>>(dt, first, count);
+    else blockwise_step<false><<<grid, threads_per_block, shared>>>(dt, first, count);
     check(cudaGetLastError(), "blockwise_step launch");
   }
   // The staging buffer goes back to the cache when this returns; the kernels reading it are
