@@ -273,9 +273,11 @@ void store_moment(optimizer::moment& mo, std::size_t b, std::size_t n, const flo
   switch (mo.mode) {
     case mode_bf16: {
       std::uint16_t* h = mo.data.data<std::uint16_t>().data() + b;
-      if (r.stochastic)
+      if (r.stochastic && reference)
         for (std::size_t i = 0; i < n; ++i)
           h[i] = quant::to_bf16_stochastic(x[i], quant::random_bits(r.key, static_cast<std::uint32_t>(b + i)));
+      else if (r.stochastic)
+        quant::to_bf16_stochastic(x, n, r.key, static_cast<std::uint32_t>(b), h);
       else
         for (std::size_t i = 0; i < n; ++i) h[i] = quant::to_bf16(x[i]);
       return;
@@ -1242,6 +1244,45 @@ bool all_finite(const float* x, std::size_t n) {
 
 }  // namespace
 
+namespace {
+
+/// The sum of x[i]^2 in double, in 16 partial sums (element i goes to sum i % 16) added in
+/// order at the end: the same bits on every vector path (AVX-512 keeps the 16 sums in two
+/// registers), and no chain of dependent additions to wait on.
+double sum_of_squares_scalar(const float* x, std::size_t n, double* sums) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    sums[i % 16] += v * v;
+  }
+  double total = 0;
+  for (int k = 0; k < 16; ++k) total += sums[k];
+  return total;
+}
+
+TROUPE_AVX512 double sum_of_squares_avx512(const float* x, std::size_t n) {
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __m512d a = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+    const __m512d b = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    lo = _mm512_add_pd(lo, _mm512_mul_pd(a, a));
+    hi = _mm512_add_pd(hi, _mm512_mul_pd(b, b));
+  }
+  alignas(64) double sums[16];
+  _mm512_store_pd(sums, lo);
+  _mm512_store_pd(sums + 8, hi);
+  return sum_of_squares_scalar(x + i, n - i, sums);
+}
+
+double sum_of_squares(const float* x, std::size_t n) {
+  if (quant::simd_level() >= 2) return sum_of_squares_avx512(x, n);
+  double sums[16] = {};
+  return sum_of_squares_scalar(x, n, sums);
+}
+
+}  // namespace
+
 bool optimizer::grads_finite() const {
   if (!where_.is_cpu()) {
     std::vector<const float*> grads;
@@ -1304,8 +1345,8 @@ bool optimizer::do_step(bool reference) {
     if (grp.state.percentile_clipping < 100) {
       // bitsandbytes' percentile clipping over the last 100 squared norms (this one included);
       // unlike bitsandbytes, the history holds only the norms seen so far (no zeros at the start).
-      double sq = 0;
-      for (float g : std::as_const(*s.p).grad.data<float>()) sq += static_cast<double>(g) * g;
+      const auto grad = std::as_const(*s.p).grad.data<float>();
+      const double sq = sum_of_squares(grad.data(), grad.size());
       if (s.gnorms.size() == 100) s.gnorms.erase(s.gnorms.begin());
       s.gnorms.push_back(static_cast<float>(sq));
       std::vector<float> sorted = s.gnorms;

@@ -208,6 +208,10 @@ inline std::uint16_t to_bf16_stochastic(float x, std::uint32_t bits) noexcept {
   mag = (up >> 16) >= 0x7f80u ? mag : up;
   return static_cast<std::uint16_t>((sign | mag) >> 16);
 }
+/// n values by stochastic rounding, value i with random_bits(key, first + i) (16 lanes at a time
+/// with AVX-512, the same bits).
+void to_bf16_stochastic(const float* x, std::size_t n, std::uint32_t key, std::uint32_t first,
+                        std::uint16_t* out) noexcept;
 inline float from_bf16(std::uint16_t h) noexcept {
   const std::uint32_t b = static_cast<std::uint32_t>(h) << 16;
   float x;

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -264,22 +265,45 @@ TEST(Blockwise, ZerosStayExactlyZeroAndTinyValuesKeepTheirSign) {
 }
 
 TEST(Blockwise, FastBlocksEqualTheReferenceWithEveryOption) {
-  auto x = random_values(4096, 9, 3.0f);
-  x[17] = 40.0f;  // an outlier for the percentile scale
+  // Every vector path (AVX-512 with stochastic rounding too) against the linear search, on random
+  // values and on the hard ones: map entries themselves (no draw), their neighbours and the
+  // midpoints between entries, zeros of both signs, subnormals, and values beyond the scale.
+  struct restore {
+    int cap;
+    ~restore() { limit_simd(cap); }
+  } guard{limit_simd(2)};
   for (bool s : {true, false}) {
+    const auto& map = qmap::dynamic(s);
+    auto x = random_values(4096, 9, 3.0f);
+    x[17] = 40.0f;  // an outlier for the percentile scale
+    for (int c = 0; c < 256; ++c) {
+      const float v = map.value(static_cast<std::uint8_t>(c)) * 3.0f;
+      x.push_back(v);
+      x.push_back(std::nextafter(v, 10.0f));
+      x.push_back(std::nextafter(v, -10.0f));
+      if (c < 255) x.push_back((map.value(static_cast<std::uint8_t>(c)) + map.value(static_cast<std::uint8_t>(c + 1))) * 1.5f);
+    }
+    for (float v : {0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::denorm_min(),
+                    1e-30f, -1e-30f, 2.9f, -2.9f, 3.0f, -3.0f})
+      x.push_back(v);
     if (!s)
       for (auto& v : x) v = std::fabs(v);
-    const auto& map = qmap::dynamic(s);
-    for (int variant = 0; variant < 4; ++variant) {
-      block_options o;
-      o.stochastic = variant & 1;
-      o.keep_nonzero = variant & 2;
-      o.percentile = variant == 3 ? 99.0 : 0.0;
-      const float scale = block_scale(x.data(), 256, o.percentile);
-      std::vector<std::uint8_t> a(256), b(256);
-      quantize_block(x.data(), 256, scale, map, o, 1234, 0, a.data());
-      quantize_block_reference(x.data(), 256, scale, map, o, 1234, 0, b.data());
-      EXPECT_EQ(a, b) << "signed " << s << " variant " << variant;
+    for (int level = simd_level(); level >= 0; --level) {
+      limit_simd(level);
+      for (int variant = 0; variant < 6; ++variant) {
+        block_options o;
+        o.stochastic = variant & 1;
+        o.keep_nonzero = variant & 2;
+        o.percentile = variant >= 4 ? 99.0 : 0.0;
+        for (std::size_t b = 0; b < x.size(); b += 256) {
+          const std::size_t n = std::min<std::size_t>(256, x.size() - b);
+          const float scale = b == 0 || variant >= 4 ? block_scale(x.data() + b, n, o.percentile) : 3.0f;
+          std::vector<std::uint8_t> fast(n), ref(n);
+          quantize_block(x.data() + b, n, scale, map, o, 1234, static_cast<std::uint32_t>(b), fast.data());
+          quantize_block_reference(x.data() + b, n, scale, map, o, 1234, static_cast<std::uint32_t>(b), ref.data());
+          ASSERT_EQ(fast, ref) << "signed " << s << " variant " << variant << " level " << level << " block at " << b;
+        }
+      }
     }
   }
 }
@@ -291,6 +315,30 @@ TEST(Blockwise, PercentileScaleIgnoresAnOutlier) {
   const float p = block_scale(x.data(), x.size(), 99.0);
   EXPECT_LT(p, 5.0f);
   EXPECT_GT(p, 1.0f);
+}
+
+TEST(Blockwise, PercentileScaleIsTheRankedMagnitude) {
+  // The scale by percentile p of n values is the ceil(p / 100 * n)-th smallest |x| (the absmax
+  // when that is 0), whichever way it is found: sizes, percentiles and ties that take the
+  // selection of the few largest, the absmax shortcut and the full selection.
+  std::mt19937 rng(8);
+  for (std::size_t n : {1u, 2u, 17u, 256u, 2048u, 5000u}) {
+    for (double p : {10.0, 50.0, 90.0, 99.0, 99.5, 99.9, 99.99}) {
+      for (int ties = 0; ties < 2; ++ties) {
+        std::vector<float> x(n);
+        std::uniform_int_distribution<int> small(-3, 3);
+        std::normal_distribution<float> normal(0, 1);
+        for (auto& v : x) v = ties ? static_cast<float>(small(rng)) : normal(rng);
+        std::vector<float> sorted(n);
+        for (std::size_t i = 0; i < n; ++i) sorted[i] = std::fabs(x[i]);
+        std::sort(sorted.begin(), sorted.end());
+        const auto rank = static_cast<std::size_t>(std::ceil(p / 100.0 * static_cast<double>(n)));
+        const float want = sorted[std::min(n - 1, rank == 0 ? 0 : rank - 1)];
+        EXPECT_EQ(block_scale(x.data(), n, p), want > 0 ? want : sorted.back())
+            << "n " << n << ", percentile " << p << ", ties " << ties;
+      }
+    }
+  }
 }
 
 TEST(Blockwise, StochasticRoundingIsUnbiasedAndDeterministic) {
@@ -313,6 +361,30 @@ TEST(Blockwise, StochasticRoundingIsUnbiasedAndDeterministic) {
   // Another key draws other bits.
   quantize_block(xs.data(), xs.size(), 1.0f, map, o, random_key(1, 2, 3, 4), 0, again.data());
   EXPECT_NE(codes, again);
+}
+
+TEST(Bf16, StochasticRoundingOfManyValuesEqualsOneAtATime) {
+  // The array form (16 lanes with AVX-512) against the scalar rule, at every vector level, on
+  // random values and on the edges: the largest finite values (never rounded up into infinity),
+  // infinities, NaN, zeros of both signs and subnormals.
+  struct restore {
+    int cap;
+    ~restore() { limit_simd(cap); }
+  } guard{limit_simd(2)};
+  auto x = random_values(1000, 3, 5.0f);
+  for (float v : {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN(), 0.0f, -0.0f, std::numeric_limits<float>::denorm_min(),
+                  -std::numeric_limits<float>::min()})
+    x.insert(x.begin() + 5, 20, v);
+  for (int level = simd_level(); level >= 0; --level) {
+    limit_simd(level);
+    std::vector<std::uint16_t> many(x.size());
+    to_bf16_stochastic(x.data(), x.size(), 77, 1000, many.data());
+    for (std::size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(many[i], to_bf16_stochastic(x[i], random_bits(77, 1000 + static_cast<std::uint32_t>(i))))
+          << "value " << x[i] << " at " << i << ", level " << level;
+  }
 }
 
 TEST(Bf16, RoundsToNearestEvenAndStochasticallyWithoutBias) {
