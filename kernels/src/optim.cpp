@@ -10,6 +10,7 @@
 #include <new>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -507,9 +508,14 @@ inline void set_moment(std::uint16_t& h, float v) { h = quant::to_bf16(v); }
 /// Adam/AdamW without AMSGrad over fp32 or bf16 (round to nearest even) moments on AVX-512: the
 /// operations of adam_fused_loop, 16 lanes at a time, with software prefetch on every stream
 /// (the step is bound by memory; docs/PERFORMANCE.md).
-template <bool L2, bool Clip, bool Low, class M>
-TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, M* v, std::size_t n, const adam_constants& c) {
+/// Stochastic: bf16 moments rounded stochastically, element i with the bits of (mkey or vkey,
+/// first + i), first being the index of p[0] in its tensor.
+template <bool L2, bool Clip, bool Low, class M, bool Stochastic = false>
+TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, M* v, std::size_t n, const adam_constants& c,
+                                      std::uint32_t mkey = 0, std::uint32_t vkey = 0, std::uint32_t first = 0) {
+  static_assert(!Stochastic || std::is_same_v<M, std::uint16_t>);
   const adam_vectors512 k = broadcast512(c);
+  const __m512i mk = _mm512_set1_epi32(static_cast<int>(mkey)), vk = _mm512_set1_epi32(static_cast<int>(vkey));
   constexpr std::size_t per_line = 64 / sizeof(M);
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -521,14 +527,26 @@ TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, M* v, s
     }
     __m512 mi = load_moment512(m + i), vi = load_moment512(v + i);
     _mm512_storeu_ps(p + i, adam_avx512<L2, Clip, Low>(_mm512_loadu_ps(p + i), _mm512_loadu_ps(grad + i), mi, vi, k));
-    store_moment512(m + i, mi);
-    store_moment512(v + i, vi);
+    if constexpr (Stochastic) {
+      const std::uint32_t at = first + static_cast<std::uint32_t>(i);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(m + i), quant::avx512::bf16_stochastic(mi, quant::avx512::random_bits(mk, at)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + i), quant::avx512::bf16_stochastic(vi, quant::avx512::random_bits(vk, at)));
+    } else {
+      store_moment512(m + i, mi);
+      store_moment512(v + i, vi);
+    }
   }
   for (; i < n; ++i) {
     float mi, vi;
     p[i] = adam_element<L2>(p[i], grad[i], moment_value(m[i]), moment_value(v[i]), c, mi, vi);
-    set_moment(m[i], mi);
-    set_moment(v[i], vi);
+    if constexpr (Stochastic) {
+      const std::uint32_t at = first + static_cast<std::uint32_t>(i);
+      m[i] = quant::to_bf16_stochastic(mi, quant::random_bits(mkey, at));
+      v[i] = quant::to_bf16_stochastic(vi, quant::random_bits(vkey, at));
+    } else {
+      set_moment(m[i], mi);
+      set_moment(v[i], vi);
+    }
   }
 }
 
@@ -592,7 +610,26 @@ struct pending_block {
   const float* vbuf = nullptr;
   std::size_t n = 0;
   float minv = 0, vinv = 0;  // as quant::quantize_block: 1 / scale, 0 for a zero scale
+  float mscale = 0, vscale = 0;
+  std::uint32_t first = 0;  // the block's first element in its tensor (stochastic rounding)
 };
+
+/// What stochastic rounding needs in the 8-bit kernel: the quantizers without keep_nonzero, the
+/// maps' values and the moments' keys (quant::quantize_block's draws).
+struct stochastic_state {
+  quant::avx512::quantizer mq, vq;
+  const float* mvals;
+  const float* vvals;
+  __m512i mkey, vkey;
+  std::uint32_t mkey_scalar, vkey_scalar;
+};
+
+TROUPE_AVX512 inline stochastic_state load_stochastic(const quant::qmap& mmap, const quant::qmap& vmap,
+                                                      std::uint32_t mkey, std::uint32_t vkey) {
+  return {quant::avx512::load_quantizer(mmap, false), quant::avx512::load_quantizer(vmap, false), mmap.values(),
+          vmap.values(), _mm512_set1_epi32(static_cast<int>(mkey)), _mm512_set1_epi32(static_cast<int>(vkey)),
+          mkey, vkey};
+}
 
 /// Codes of elements [j, j + 16) of a pending block: the arithmetic quantizer, then the table for
 /// the lanes it is not sure of. Always inlined: as a call it would spill the kernel's vector
@@ -601,11 +638,22 @@ struct pending_block {
 /// inlined.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+template <bool Stochastic>
 TROUPE_AVX512 inline __attribute__((always_inline)) void quantize_chunk(
     const pending_block& q, std::size_t j, const quant::avx512::quantizer& mq, const quant::avx512::quantizer& vq,
-    const quant::qmap& mmap, const quant::qmap& vmap) {
+    const quant::qmap& mmap, const quant::qmap& vmap, const stochastic_state& sr) {
   const __m512 xm = _mm512_mul_ps(_mm512_loadu_ps(q.mbuf + j), _mm512_set1_ps(q.minv));
   const __m512 xv = _mm512_mul_ps(_mm512_loadu_ps(q.vbuf + j), _mm512_set1_ps(q.vinv));
+  if constexpr (Stochastic) {
+    // Codes by draws; no lane needs the table (quant::avx512::stochastic_codes).
+    const std::uint32_t at = q.first + static_cast<std::uint32_t>(j);
+    const __m512i cm = quant::avx512::stochastic_codes<true>(sr.mq, sr.mvals, xm, sr.mkey, at, true);
+    const __m512i cv = quant::avx512::stochastic_codes<false>(sr.vq, sr.vvals, xv, sr.vkey, at, true);
+    const __m512i both = _mm512_permutex2var_epi8(cm, code_bytes(), cv);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q.mc + j), _mm512_castsi512_si128(both));
+    _mm256_mask_storeu_epi8(q.vc + j - 16, 0xffff0000u, _mm512_castsi512_si256(both));
+    return;
+  }
   __m512 rm, rv;
   const __m512i km = quant::avx512::quantize<true>(mq, xm, rm);
   const __m512i kv = quant::avx512::quantize<false, true>(vq, xv, rv);
@@ -628,8 +676,18 @@ TROUPE_AVX512 inline __attribute__((always_inline)) void quantize_chunk(
 #pragma GCC diagnostic pop
 
 /// The elements of a pending block that do not fill a vector.
-inline void quantize_tail(const pending_block& q, std::size_t from, const quant::qmap& mmap,
-                          const quant::qmap& vmap) {
+template <bool Stochastic>
+inline void quantize_tail(const pending_block& q, std::size_t from, const quant::qmap& mmap, const quant::qmap& vmap,
+                          const stochastic_state& sr) {
+  if constexpr (Stochastic) {
+    if (from >= q.n) return;
+    quant::block_options o;
+    o.stochastic = true;
+    const std::uint32_t at = q.first + static_cast<std::uint32_t>(from);
+    quant::quantize_block(q.mbuf + from, q.n - from, q.mscale, mmap, o, sr.mkey_scalar, at, q.mc + from);
+    quant::quantize_block(q.vbuf + from, q.n - from, q.vscale, vmap, o, sr.vkey_scalar, at, q.vc + from);
+    return;
+  }
   for (std::size_t i = from; i < q.n; ++i) {
     q.mc[i] = quant::avx512::quantize_exact(mmap, q.mbuf[i] * q.minv, true);
     q.vc[i] = quant::avx512::quantize_exact(vmap, q.vbuf[i] * q.vinv, true);
@@ -676,14 +734,18 @@ inline void decode_tail(const block_decoder& d, std::size_t b, std::size_t from,
 /// known). Decoding a block ahead keeps the gathers' latency out of the update's dependency chain
 /// and the quantizer's integer and permute work runs beside the update's division and square root
 /// (docs/PERFORMANCE.md).
-template <bool L2, bool Clip, bool Low>
+/// Stochastic: codes by stochastic rounding with the keys mkey and vkey (quant::quantize_block's
+/// draws).
+template <bool L2, bool Clip, bool Low, bool Stochastic>
 TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_t* mc, std::uint8_t* vc, float* msc,
                                            float* vsc, const quant::qmap& mmap, const quant::qmap& vmap,
                                            std::size_t begin, std::size_t end, std::size_t block,
-                                           const adam_constants& c, float* buffers) {
+                                           const adam_constants& c, float* buffers, std::uint32_t mkey,
+                                           std::uint32_t vkey) {
   if (begin >= end) return;
   const quant::avx512::quantizer mq = quant::avx512::load_quantizer(mmap, true);
   const quant::avx512::quantizer vq = quant::avx512::load_quantizer(vmap, true);
+  const stochastic_state sr = load_stochastic(mmap, vmap, mkey, vkey);
   const adam_vectors512 kc = broadcast512(c);
   const block_decoder dec{mc, vc, mmap.values(), vmap.values(), msc, vsc, block};
   auto buffer = [&](std::size_t index) { return buffers + 2 * block * (index % 3); };
@@ -725,10 +787,10 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_
         ma = _mm512_range_ps(ma, mi, 0x0b);  // max(|ma|, |mi|), sign cleared
         va = _mm512_range_ps(va, vi, 0x0b);
       }
-      if (i < prev_full) quantize_chunk(prev, i, mq, vq, mmap, vmap);
+      if (i < prev_full) quantize_chunk<Stochastic>(prev, i, mq, vq, mmap, vmap, sr);
     }
     decode_tail(dec, nb, next_full, nn, next);
-    quantize_tail(prev, prev_full, mmap, vmap);
+    quantize_tail<Stochastic>(prev, prev_full, mmap, vmap, sr);
     float am = _mm512_reduce_max_ps(ma), av = _mm512_reduce_max_ps(va);
     for (std::size_t j = full; j < n; ++j) {
       pb[j] = adam_element<L2>(pb[j], gb[j], mbuf[j], vbuf[j], c, mbuf[j], vbuf[j]);
@@ -737,11 +799,12 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_
     }
     msc[k] = am;
     vsc[k] = av;
-    prev = {mc + b, vc + b, mbuf, vbuf, n, am > 0 ? 1.0f / am : 0.0f, av > 0 ? 1.0f / av : 0.0f};
+    prev = {mc + b, vc + b, mbuf, vbuf, n, am > 0 ? 1.0f / am : 0.0f, av > 0 ? 1.0f / av : 0.0f, am, av,
+            static_cast<std::uint32_t>(b)};
   }
   const std::size_t prev_full = full_of(prev.n);
-  for (std::size_t j = 0; j < prev_full; j += 16) quantize_chunk(prev, j, mq, vq, mmap, vmap);
-  quantize_tail(prev, prev_full, mmap, vmap);
+  for (std::size_t j = 0; j < prev_full; j += 16) quantize_chunk<Stochastic>(prev, j, mq, vq, mmap, vmap, sr);
+  quantize_tail<Stochastic>(prev, prev_full, mmap, vmap, sr);
 }
 
 /// SGD with an 8-bit momentum buffer over the blocks of [begin, end) on AVX-512: the structure of
@@ -832,8 +895,9 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
 /// Whether a slot's step can use the fused compressed kernels: Adam or AdamW with m and v in the
 /// same compressed storage, no AMSGrad, round to nearest, 8-bit scaled by the absmax.
 bool fused_compressed(optimizer_kind kind, const optimizer::slot& s, const state_options& so) {
-  if (quant::simd_level() < 1 || kind == optimizer_kind::sgd || s.vmax.mode != mode_none || so.stochastic_rounding) return false;
+  if (quant::simd_level() < 1 || kind == optimizer_kind::sgd || s.vmax.mode != mode_none) return false;
   if (s.m.mode != s.v.mode || s.m.block != s.v.block) return false;
+  if (so.stochastic_rounding && quant::simd_level() < 2) return false;  // the AVX-512 kernels only
   if (s.m.mode == mode_bf16) return true;
   return s.m.mode == mode_int8 && (so.percentile_scale <= 0 || so.percentile_scale >= 100);
 }
@@ -849,7 +913,11 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     std::uint16_t* v = s.v.data.data<std::uint16_t>().data();
     if (quant::simd_level() >= 2) {
       with_choices(c, [&](auto l2c, auto clip, auto low) {
-        adam_stream_avx512<l2c, clip, low>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
+        if (rm.stochastic)
+          adam_stream_avx512<l2c, clip, low, std::uint16_t, true>(p + begin, g + begin, m + begin, v + begin,
+                                                                  end - begin, c, rm.key, rv.key,
+                                                                  static_cast<std::uint32_t>(begin));
+        else adam_stream_avx512<l2c, clip, low>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
       });
     } else if (l2) adam_bf16_avx2<true>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
     else adam_bf16_avx2<false>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
@@ -872,7 +940,12 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
   const auto mo = block_opts(s.m, rm), vo = block_opts(s.v, rv);
   if (quant::simd_level() >= 2 && mmap.is_signed() && !vmap.is_signed()) {
     with_choices(c, [&](auto l2c, auto clip, auto low) {
-      adam_int8_blocks_avx512<l2c, clip, low>(p, g, mc, vc, msc, vsc, mmap, vmap, begin, end, block, c, bm.data());
+      if (rm.stochastic)
+        adam_int8_blocks_avx512<l2c, clip, low, true>(p, g, mc, vc, msc, vsc, mmap, vmap, begin, end, block, c,
+                                                       bm.data(), rm.key, rv.key);
+      else
+        adam_int8_blocks_avx512<l2c, clip, low, false>(p, g, mc, vc, msc, vsc, mmap, vmap, begin, end, block, c,
+                                                        bm.data(), 0, 0);
     });
     return;
   }

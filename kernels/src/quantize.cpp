@@ -354,57 +354,18 @@ TROUPE_AVX512 std::size_t quantize_avx512(const float* x, std::size_t n, float i
   return i;
 }
 
-/// random_bits() on 16 lanes: the bits of (key, first + lane).
-TROUPE_AVX512 inline __m512i random_bits16(__m512i key, std::uint32_t first) noexcept {
-  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i index = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(first)), lanes);
-  __m512i h = _mm512_xor_si512(_mm512_mullo_epi32(index, _mm512_set1_epi32(static_cast<int>(0x9e3779b1u))), key);
-  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-  h = _mm512_mullo_epi32(h, _mm512_set1_epi32(0x7feb352d));
-  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 15));
-  h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
-  return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-}
-
-/// Stochastic rounding on 16 lanes, finish()'s rule: the arithmetic quantizer without
-/// keep_nonzero gives a code c next to xn (the nearest or, on the rare lanes it is not sure of, the
-/// one across the decision point: either way xn lies between c and the neighbour on xn's side, so
-/// the pair of entries and the draw are the reference's); then the draw between the pair, then
-/// keep_nonzero.
+/// Stochastic rounding on 16 lanes (avx512::stochastic_codes), then bytes.
 template <bool Signed>
 TROUPE_AVX512 std::size_t quantize_stochastic_avx512(const float* x, std::size_t n, float inv, const qmap& map,
                                                      bool keep, std::uint32_t key, std::uint32_t first,
                                                      std::uint8_t* codes) noexcept {
   const avx512::quantizer q = avx512::load_quantizer(map, false);
-  const __m512 vinv = _mm512_set1_ps(inv), zero_f = _mm512_setzero_ps(), unit = _mm512_set1_ps(0x1p-24f);
-  const __m512i zero = _mm512_set1_epi32(map.zero_code()), one = _mm512_set1_epi32(1), top = _mm512_set1_epi32(255);
+  const __m512 vinv = _mm512_set1_ps(inv);
   const __m512i vkey = _mm512_set1_epi32(static_cast<int>(key));
-  const float* values = map.values();
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 xn = _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv);
-    __m512 r;
-    __m512i c = avx512::quantize<Signed>(q, xn, r);
-    if constexpr (Signed) {
-      c = _mm512_mask_sub_epi32(_mm512_add_epi32(zero, c), avx512::negative(xn), zero, c);
-      c = _mm512_max_epi32(c, _mm512_setzero_si512());
-    }
-    const __m512 vc = _mm512_i32gather_ps(c, values, 4);
-    const __mmask16 up = _mm512_cmp_ps_mask(xn, vc, _CMP_GT_OQ) & _mm512_cmplt_epi32_mask(c, top);
-    const __mmask16 down = _mm512_cmp_ps_mask(xn, vc, _CMP_LT_OQ) & _mm512_cmpgt_epi32_mask(c, _mm512_setzero_si512());
-    const __m512i other = _mm512_mask_sub_epi32(_mm512_mask_add_epi32(c, up, c, one), down, c, one);
-    const __m512 vo = _mm512_mask_i32gather_ps(vc, up | down, other, values, 4);
-    const __m512 a = _mm512_mask_blend_ps(down, vc, vo), b = _mm512_mask_blend_ps(up, vc, vo);
-    const __m512i lo = _mm512_mask_blend_epi32(down, c, other), hi = _mm512_mask_blend_epi32(up, c, other);
-    const __m512 draw = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(random_bits16(vkey, first + static_cast<std::uint32_t>(i)), 8)), unit);
-    const __mmask16 take_hi = _mm512_cmp_ps_mask(_mm512_sub_ps(xn, a), _mm512_mul_ps(draw, _mm512_sub_ps(b, a)), _CMP_GT_OQ);
-    c = _mm512_mask_blend_epi32((up | down) & take_hi, _mm512_mask_blend_epi32(up | down, c, lo), hi);
-    if (keep) {
-      const __mmask16 at_zero = _mm512_cmpeq_epi32_mask(c, zero) & _mm512_cmp_ps_mask(xn, zero_f, _CMP_NEQ_UQ);
-      const __mmask16 pos = at_zero & _mm512_cmp_ps_mask(xn, zero_f, _CMP_GT_OQ);
-      const __mmask16 neg = at_zero & _mm512_cmp_ps_mask(xn, zero_f, _CMP_LT_OQ) & _mm512_cmpgt_epi32_mask(c, _mm512_setzero_si512());
-      c = _mm512_mask_sub_epi32(_mm512_mask_add_epi32(c, pos, c, one), neg, c, one);
-    }
+    const __m512i c = avx512::stochastic_codes<Signed>(q, map.values(), xn, vkey, first + static_cast<std::uint32_t>(i), keep);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(c));
   }
   return i;
@@ -414,20 +375,10 @@ TROUPE_AVX512 std::size_t quantize_stochastic_avx512(const float* x, std::size_t
 TROUPE_AVX512 std::size_t bf16_stochastic_avx512(const float* x, std::size_t n, std::uint32_t key, std::uint32_t first,
                                                  std::uint16_t* out) noexcept {
   const __m512i vkey = _mm512_set1_epi32(static_cast<int>(key));
-  const __m512i sign_bit = _mm512_set1_epi32(static_cast<int>(0x80000000u)), low16 = _mm512_set1_epi32(0xffff);
-  const __m512i inf_top = _mm512_set1_epi32(0x7f7f);
   std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512i b = _mm512_loadu_si512(x + i);
-    const __m512i sign = _mm512_and_si512(b, sign_bit);
-    const __m512i mag = _mm512_andnot_si512(sign_bit, b);
-    const __m512i bits = random_bits16(vkey, first + static_cast<std::uint32_t>(i));
-    const __m512i up = _mm512_add_epi32(mag, _mm512_and_si512(bits, low16));
-    // Never round a finite value up into infinity (nor change an infinity or a NaN).
-    const __m512i kept = _mm512_mask_blend_epi32(_mm512_cmpgt_epu32_mask(_mm512_srli_epi32(up, 16), inf_top), up, mag);
+  for (; i + 16 <= n; i += 16)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
-                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_or_si512(sign, kept), 16)));
-  }
+                        avx512::bf16_stochastic(_mm512_loadu_ps(x + i), avx512::random_bits(vkey, first + static_cast<std::uint32_t>(i))));
   return i;
 }
 

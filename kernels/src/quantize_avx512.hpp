@@ -75,6 +75,65 @@ TROUPE_AVX512 inline __m128i signed_codes(const quantizer& q, __m128i k, __mmask
   return _mm_mask_subs_epu8(_mm_adds_epu8(q.zero, k), negative, q.zero, k);
 }
 
+/// random_bits() on 16 lanes: the bits of (key, first + lane).
+TROUPE_AVX512 inline __m512i random_bits(__m512i key, std::uint32_t first) noexcept {
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i index = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(first)), lanes);
+  __m512i h = _mm512_xor_si512(_mm512_mullo_epi32(index, _mm512_set1_epi32(static_cast<int>(0x9e3779b1u))), key);
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  h = _mm512_mullo_epi32(h, _mm512_set1_epi32(0x7feb352d));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 15));
+  h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
+  return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+}
+
+/// quant::to_bf16_stochastic on 16 lanes with their random bits.
+TROUPE_AVX512 inline __m256i bf16_stochastic(__m512 x, __m512i bits) noexcept {
+  const __m512i sign_bit = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  const __m512i b = _mm512_castps_si512(x);
+  const __m512i sign = _mm512_and_si512(b, sign_bit);
+  const __m512i mag = _mm512_andnot_si512(sign_bit, b);
+  const __m512i up = _mm512_add_epi32(mag, _mm512_and_si512(bits, _mm512_set1_epi32(0xffff)));
+  // Never round a finite value up into infinity (nor change an infinity or a NaN).
+  const __mmask16 over = _mm512_cmpgt_epu32_mask(_mm512_srli_epi32(up, 16), _mm512_set1_epi32(0x7f7f));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_or_si512(sign, _mm512_mask_blend_epi32(over, up, mag)), 16));
+}
+
+/// Stochastic rounding of 16 normalized values xn (quant::quantize_block's rule): the arithmetic
+/// quantizer `q` (loaded without keep_nonzero) gives a code next to xn (the nearest or, on the
+/// rare lanes it is not sure of, the one across the decision point: either way xn lies between
+/// it and the neighbour on xn's side, so the pair of entries and the draw are the reference's);
+/// then the draw between the pair with the bits of (key, first + lane), then keep_nonzero.
+/// Codes in 32-bit lanes.
+template <bool Signed>
+TROUPE_AVX512 inline __m512i stochastic_codes(const quantizer& q, const float* values, __m512 xn, __m512i key,
+                                              std::uint32_t first, bool keep) noexcept {
+  const __m512i zero = _mm512_set1_epi32(_mm_extract_epi8(q.zero, 0)), one = _mm512_set1_epi32(1);
+  const __m512i none = _mm512_setzero_si512();
+  const __m512 zero_f = _mm512_setzero_ps();
+  __m512 r;
+  __m512i c = quantize<Signed>(q, xn, r);
+  if constexpr (Signed) c = _mm512_max_epi32(_mm512_mask_sub_epi32(_mm512_add_epi32(zero, c), negative(xn), zero, c), none);
+  const __m512 vc = _mm512_i32gather_ps(c, values, 4);
+  const __mmask16 up = _mm512_cmp_ps_mask(xn, vc, _CMP_GT_OQ) & _mm512_cmplt_epi32_mask(c, _mm512_set1_epi32(255));
+  const __mmask16 down = _mm512_cmp_ps_mask(xn, vc, _CMP_LT_OQ) & _mm512_cmpgt_epi32_mask(c, none);
+  const __m512i other = _mm512_mask_sub_epi32(_mm512_mask_add_epi32(c, up, c, one), down, c, one);
+  const __m512 vo = _mm512_mask_i32gather_ps(vc, up | down, other, values, 4);
+  const __m512 a = _mm512_mask_blend_ps(down, vc, vo), b = _mm512_mask_blend_ps(up, vc, vo);
+  const __m512i lo = _mm512_mask_blend_epi32(down, c, other), hi = _mm512_mask_blend_epi32(up, c, other);
+  const __m512 draw = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(random_bits(key, first), 8)), _mm512_set1_ps(0x1p-24f));
+  const __mmask16 take_hi =
+      _mm512_cmp_ps_mask(_mm512_sub_ps(xn, a), _mm512_mul_ps(draw, _mm512_sub_ps(b, a)), _CMP_GT_OQ);
+  c = _mm512_mask_blend_epi32((up | down) & take_hi, _mm512_mask_blend_epi32(up | down, c, lo), hi);
+  if (keep) {
+    const __mmask16 at_zero = _mm512_cmpeq_epi32_mask(c, zero) & _mm512_cmp_ps_mask(xn, zero_f, _CMP_NEQ_UQ);
+    const __mmask16 pos = at_zero & _mm512_cmp_ps_mask(xn, zero_f, _CMP_GT_OQ);
+    const __mmask16 neg = at_zero & _mm512_cmp_ps_mask(xn, zero_f, _CMP_LT_OQ) & _mm512_cmpgt_epi32_mask(c, none);
+    c = _mm512_mask_sub_epi32(_mm512_mask_add_epi32(c, pos, c, one), neg, c, one);
+  }
+  return c;
+}
+
 /// The lanes whose |r| (from quantize(), sign cleared) is within the margin: not sure.
 TROUPE_AVX512 inline __mmask16 unsure(__m512 abs_r) noexcept {
   return _mm512_cmp_ps_mask(abs_r, _mm512_set1_ps(qmap::estimate_margin), _CMP_LT_OQ);

@@ -441,17 +441,19 @@ TEST(OptimizerStorage, FusedCompressedAdamEqualsTheReferenceStateToTheBit) {
   // The bf16 and 8-bit Adam kernels that convert moments in registers, against the reference
   // step: parameters and the saved state (codes, scales, bf16 words) must be identical. Sizes
   // leave partial vectors and partial blocks; beta1 < 0.5 takes the other lerp form; percentile
-  // clipping scales the gradient.
+  // clipping scales the gradient; stochastic rounding draws.
   const std::vector<std::int64_t> sizes{1, 7, 1000, 70'003};
   std::vector<config> cases = configs();
   cases.push_back({"adam low beta1", optimizer_kind::adam, {.lr = 1e-2, .beta1 = 0.3, .weight_decay = 0.1}});
   for (const auto& c : cases) {
     if (c.kind == optimizer_kind::sgd) continue;
     for (auto storage : {state_storage::bf16, state_storage::int8}) {
-      for (double clip : {100.0, 80.0}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        const double clip = variant == 1 ? 80.0 : 100.0;
         state_options so{.storage = storage, .block_size = storage == state_storage::int8 ? 256 : 2048,
                          .min_8bit_elements = 0};
         so.percentile_clipping = clip;
+        so.stochastic_rounding = variant == 2;
         model a(21, sizes), b(21, sizes);
         optimizer fast(c.kind, {{a.ptrs(), c.hp, so}}, {.threads = 2, .seed = 1});
         optimizer ref(c.kind, {{b.ptrs(), c.hp, so}}, {.threads = 1, .seed = 1});
@@ -462,7 +464,8 @@ TEST(OptimizerStorage, FusedCompressedAdamEqualsTheReferenceStateToTheBit) {
           ASSERT_TRUE(fast.step());
           ASSERT_TRUE(ref.reference_step());
         }
-        const std::string what = std::string(c.name) + ", " + name_of(storage) + ", clip " + std::to_string(clip);
+        const std::string what = std::string(c.name) + ", " + name_of(storage) + ", clip " + std::to_string(clip) +
+                                 (so.stochastic_rounding ? ", stochastic" : "");
         EXPECT_TRUE(a.same_values(b)) << what;
         const auto pa = temp_path("fused_a"), pb = temp_path("fused_b");
         fast.save(pa);
