@@ -323,15 +323,21 @@ std::vector<float> decode(const optimizer::moment& mo, std::size_t n) {
 // give the same bits; elements that do not fill a vector go through the scalar element below.
 
 /// One element of adam_fused_loop: returns the new parameter, sets the new moments.
+/// With vmax (AMSGrad): *vmax is the maximum so far, read and replaced.
 template <bool L2>
 inline float adam_element(float p, float grad, float m, float v, const adam_constants& c, float& m_out,
-                          float& v_out) {
+                          float& v_out, float* vmax = nullptr) {
   const float param = p * c.decay;
   float g = grad * c.gscale;
   if constexpr (L2) g = g + param * c.l2;
   const float mi = c.one_minus_beta1 < 0.5f ? m + c.one_minus_beta1 * (g - m) : g - (g - m) * (1.0f - c.one_minus_beta1);
   const float vi = v * c.beta2 + c.one_minus_beta2 * g * g;
-  const float denom = std::sqrt(vi) * c.inv_bias2_sqrt + c.eps;
+  float second = vi;
+  if (vmax) {
+    second = std::max(*vmax, vi);
+    *vmax = second;
+  }
+  const float denom = std::sqrt(second) * c.inv_bias2_sqrt + c.eps;
   m_out = mi;
   v_out = vi;
   return param + (-c.step_size) * mi / denom;
@@ -457,8 +463,10 @@ TROUPE_AVX512 inline adam_vectors512 broadcast512(const adam_constants& c) {
 
 /// adam_element on 16 lanes.
 /// Clip: the gradient is scaled (gscale != 1); Low: 1 - beta1 < 0.5 (see adam_element).
-template <bool L2, bool Clip, bool Low>
-TROUPE_AVX512 inline __m512 adam_avx512(__m512 p, __m512 grad, __m512& m, __m512& v, const adam_vectors512& k) {
+/// Ams: x is AMSGrad's maximum so far, replaced by max(x, v) (std::max's operand order).
+template <bool L2, bool Clip, bool Low, bool Ams = false>
+TROUPE_AVX512 inline __m512 adam_avx512(__m512 p, __m512 grad, __m512& m, __m512& v, const adam_vectors512& k,
+                                        __m512* x = nullptr) {
   const __m512 param = _mm512_mul_ps(p, k.decay);
   // x * 1 == x for every float: without clipping the gradient is used as it is.
   __m512 g = Clip ? _mm512_mul_ps(grad, k.gscale) : grad;
@@ -466,7 +474,12 @@ TROUPE_AVX512 inline __m512 adam_avx512(__m512 p, __m512 grad, __m512& m, __m512
   const __m512 diff = _mm512_sub_ps(g, m);
   m = Low ? _mm512_add_ps(m, _mm512_mul_ps(k.omb1, diff)) : _mm512_sub_ps(g, _mm512_mul_ps(diff, k.one_minus_omb1));
   v = _mm512_add_ps(_mm512_mul_ps(v, k.beta2), _mm512_mul_ps(_mm512_mul_ps(k.omb2, g), g));
-  const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), k.inv_bias2_sqrt), k.eps);
+  __m512 second = v;
+  if constexpr (Ams) {
+    second = _mm512_max_ps(v, *x);  // v > x ? v : x, which is std::max(x, v)
+    *x = second;
+  }
+  const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(second), k.inv_bias2_sqrt), k.eps);
   return _mm512_add_ps(param, _mm512_div_ps(_mm512_mul_ps(k.neg_step, m), denom));
 }
 
@@ -505,17 +518,38 @@ inline float moment_value(std::uint16_t h) { return quant::from_bf16(h); }
 inline void set_moment(float& x, float v) { x = v; }
 inline void set_moment(std::uint16_t& h, float v) { h = quant::to_bf16(v); }
 
-/// Adam/AdamW without AMSGrad over fp32 or bf16 (round to nearest even) moments on AVX-512: the
-/// operations of adam_fused_loop, 16 lanes at a time, with software prefetch on every stream
-/// (the step is bound by memory; docs/PERFORMANCE.md).
-/// Stochastic: bf16 moments rounded stochastically, element i with the bits of (mkey or vkey,
-/// first + i), first being the index of p[0] in its tensor.
-template <bool L2, bool Clip, bool Low, class M, bool Stochastic = false>
-TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, M* v, std::size_t n, const adam_constants& c,
-                                      std::uint32_t mkey = 0, std::uint32_t vkey = 0, std::uint32_t first = 0) {
+/// Where a stochastically rounded bf16 moment draws its bits: element i of the call with
+/// (key, first + i), first being the index of p[0] in its tensor.
+struct draw_keys {
+  std::uint32_t m = 0, v = 0, x = 0, first = 0;
+};
+
+/// Stores 16 moment values: fp32, or bf16 rounded to nearest even or (Stochastic) by the draws
+/// of (key, at + lane).
+template <bool Stochastic, class M>
+TROUPE_AVX512 inline void store_moment512(M* out, __m512 x, __m512i key, std::uint32_t at) {
+  if constexpr (Stochastic)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), quant::avx512::bf16_stochastic(x, quant::avx512::random_bits(key, at)));
+  else
+    store_moment512(out, x);
+}
+template <bool Stochastic, class M>
+inline void set_moment(M& out, float x, std::uint32_t key, std::uint32_t at) {
+  if constexpr (Stochastic) out = quant::to_bf16_stochastic(x, quant::random_bits(key, at));
+  else set_moment(out, x);
+}
+
+/// Adam/AdamW over fp32 or bf16 moments on AVX-512: the operations of adam_fused_loop, 16 lanes
+/// at a time, with software prefetch on every stream (the step is bound by memory;
+/// docs/PERFORMANCE.md). Ams: AMSGrad, with its maximum in x (same storage as m and v).
+/// Stochastic: bf16 moments rounded by the draws of `keys`; else to nearest even.
+template <bool L2, bool Clip, bool Low, class M, bool Ams = false, bool Stochastic = false>
+TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, M* v, M* x, std::size_t n,
+                                      const adam_constants& c, const draw_keys& keys = {}) {
   static_assert(!Stochastic || std::is_same_v<M, std::uint16_t>);
   const adam_vectors512 k = broadcast512(c);
-  const __m512i mk = _mm512_set1_epi32(static_cast<int>(mkey)), vk = _mm512_set1_epi32(static_cast<int>(vkey));
+  const __m512i mk = _mm512_set1_epi32(static_cast<int>(keys.m)), vk = _mm512_set1_epi32(static_cast<int>(keys.v));
+  const __m512i xk = _mm512_set1_epi32(static_cast<int>(keys.x));
   constexpr std::size_t per_line = 64 / sizeof(M);
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -524,29 +558,24 @@ TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, M* v, s
     if (i % per_line == 0) {
       _mm_prefetch(reinterpret_cast<const char*>(m + i + prefetch_ahead), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(v + i + prefetch_ahead), _MM_HINT_T0);
+      if constexpr (Ams) _mm_prefetch(reinterpret_cast<const char*>(x + i + prefetch_ahead), _MM_HINT_T0);
     }
+    const std::uint32_t at = keys.first + static_cast<std::uint32_t>(i);
     __m512 mi = load_moment512(m + i), vi = load_moment512(v + i);
-    _mm512_storeu_ps(p + i, adam_avx512<L2, Clip, Low>(_mm512_loadu_ps(p + i), _mm512_loadu_ps(grad + i), mi, vi, k));
-    if constexpr (Stochastic) {
-      const std::uint32_t at = first + static_cast<std::uint32_t>(i);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(m + i), quant::avx512::bf16_stochastic(mi, quant::avx512::random_bits(mk, at)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + i), quant::avx512::bf16_stochastic(vi, quant::avx512::random_bits(vk, at)));
-    } else {
-      store_moment512(m + i, mi);
-      store_moment512(v + i, vi);
-    }
+    __m512 xi = Ams ? load_moment512(x + i) : mi;
+    _mm512_storeu_ps(p + i, adam_avx512<L2, Clip, Low, Ams>(_mm512_loadu_ps(p + i), _mm512_loadu_ps(grad + i), mi,
+                                                             vi, k, &xi));
+    store_moment512<Stochastic>(m + i, mi, mk, at);
+    store_moment512<Stochastic>(v + i, vi, vk, at);
+    if constexpr (Ams) store_moment512<Stochastic>(x + i, xi, xk, at);
   }
   for (; i < n; ++i) {
-    float mi, vi;
-    p[i] = adam_element<L2>(p[i], grad[i], moment_value(m[i]), moment_value(v[i]), c, mi, vi);
-    if constexpr (Stochastic) {
-      const std::uint32_t at = first + static_cast<std::uint32_t>(i);
-      m[i] = quant::to_bf16_stochastic(mi, quant::random_bits(mkey, at));
-      v[i] = quant::to_bf16_stochastic(vi, quant::random_bits(vkey, at));
-    } else {
-      set_moment(m[i], mi);
-      set_moment(v[i], vi);
-    }
+    const std::uint32_t at = keys.first + static_cast<std::uint32_t>(i);
+    float mi, vi, xi = Ams ? moment_value(x[i]) : 0.0f;
+    p[i] = adam_element<L2>(p[i], grad[i], moment_value(m[i]), moment_value(v[i]), c, mi, vi, Ams ? &xi : nullptr);
+    set_moment<Stochastic>(m[i], mi, keys.m, at);
+    set_moment<Stochastic>(v[i], vi, keys.v, at);
+    if constexpr (Ams) set_moment<Stochastic>(x[i], xi, keys.x, at);
   }
 }
 
@@ -895,16 +924,18 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
 /// Whether a slot's step can use the fused compressed kernels: Adam or AdamW with m and v in the
 /// same compressed storage, no AMSGrad, round to nearest, 8-bit scaled by the absmax.
 bool fused_compressed(optimizer_kind kind, const optimizer::slot& s, const state_options& so) {
-  if (quant::simd_level() < 1 || kind == optimizer_kind::sgd || s.vmax.mode != mode_none) return false;
+  if (quant::simd_level() < 1 || kind == optimizer_kind::sgd) return false;
   if (s.m.mode != s.v.mode || s.m.block != s.v.block) return false;
-  if (so.stochastic_rounding && quant::simd_level() < 2) return false;  // the AVX-512 kernels only
+  // Stochastic rounding and AMSGrad (bf16 only): the AVX-512 kernels only.
+  if ((so.stochastic_rounding || s.vmax.mode != mode_none) && quant::simd_level() < 2) return false;
+  if (s.vmax.mode != mode_none && (s.m.mode != mode_bf16 || s.vmax.mode != mode_bf16)) return false;
   if (s.m.mode == mode_bf16) return true;
   return s.m.mode == mode_int8 && (so.percentile_scale <= 0 || so.percentile_scale >= 100);
 }
 
 /// The fused step over elements [begin, end) of a slot (begin on a block boundary for 8-bit).
 void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, const adam_constants& c,
-                     const rounding& rm, const rounding& rv) {
+                     const rounding& rm, const rounding& rv, const rounding& rx) {
   float* p = s.p->value.data<float>().data();
   const float* g = std::as_const(*s.p).grad.data<float>().data();
   const bool l2 = c.l2 != 0.0f;
@@ -912,13 +943,18 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     std::uint16_t* m = s.m.data.data<std::uint16_t>().data();
     std::uint16_t* v = s.v.data.data<std::uint16_t>().data();
     if (quant::simd_level() >= 2) {
-      with_choices(c, [&](auto l2c, auto clip, auto low) {
-        if (rm.stochastic)
-          adam_stream_avx512<l2c, clip, low, std::uint16_t, true>(p + begin, g + begin, m + begin, v + begin,
-                                                                  end - begin, c, rm.key, rv.key,
-                                                                  static_cast<std::uint32_t>(begin));
-        else adam_stream_avx512<l2c, clip, low>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
-      });
+      std::uint16_t* x = s.vmax.mode == mode_bf16 ? s.vmax.data.data<std::uint16_t>().data() + begin : nullptr;
+      const draw_keys keys{rm.key, rv.key, rx.key, static_cast<std::uint32_t>(begin)};
+      auto stream = [&](auto ams, auto stochastic) {
+        with_choices(c, [&](auto l2c, auto clip, auto low) {
+          adam_stream_avx512<l2c, clip, low, std::uint16_t, ams, stochastic>(p + begin, g + begin, m + begin,
+                                                                              v + begin, x, end - begin, c, keys);
+        });
+      };
+      if (x && rm.stochastic) stream(std::true_type{}, std::true_type{});
+      else if (x) stream(std::true_type{}, std::false_type{});
+      else if (rm.stochastic) stream(std::false_type{}, std::true_type{});
+      else stream(std::false_type{}, std::false_type{});
     } else if (l2) adam_bf16_avx2<true>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
     else adam_bf16_avx2<false>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
     return;
@@ -1536,9 +1572,10 @@ bool optimizer::do_step(bool reference) {
         if (kind_ == optimizer_kind::sgd) {
           if (quant::simd_level() >= 2) sgd_stream(p + b, g + b, m, n, pl.sgd, pl.first);
           else sgd_fused(p + b, g + b, m, n, pl.sgd, pl.first);
-        } else if (!x && quant::simd_level() >= 2) {
+        } else if (quant::simd_level() >= 2) {
           with_choices(pl.adam, [&](auto l2c, auto clip, auto low) {
-            adam_stream_avx512<l2c, clip, low>(p + b, g + b, m, v, n, pl.adam);
+            if (x) adam_stream_avx512<l2c, clip, low, float, true>(p + b, g + b, m, v, x, n, pl.adam);
+            else adam_stream_avx512<l2c, clip, low, float>(p + b, g + b, m, v, nullptr, n, pl.adam);
           });
         } else adam_fused(p + b, g + b, m, v, x, n, pl.adam);
       };
@@ -1570,7 +1607,7 @@ bool optimizer::do_step(bool reference) {
         return;
       }
       if (kind_ != optimizer_kind::sgd && fused_compressed(kind_, s, groups_[s.group].state)) {
-        adam_compressed(s, jobs[j].begin, jobs[j].end, pl.adam, pl.rm, pl.rv);
+        adam_compressed(s, jobs[j].begin, jobs[j].end, pl.adam, pl.rm, pl.rv, pl.rx);
         return;
       }
       // Other compressed moments: one block at a time through buffers that stay in L1.
