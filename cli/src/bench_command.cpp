@@ -53,6 +53,9 @@ void add_bench_command(CLI::App& app, int& rc) {
   optim->add_option("--steps", optim_opts->steps, "timed steps per row (median)")->capture_default_str();
   optim->add_option("--threads", optim_opts->threads, "threads per step (default: all cores)");
   optim->add_option("--only", optim_opts->only, "sgd, adam or adamw");
+  optim->add_flag("--options", optim_opts->options,
+                  "also each optimizer's state options (stochastic rounding, AMSGrad, percentiles, block 2048, "
+                  "first moment fp32): rows with an \"options\" field");
   optim->add_option("--device", optim_opts->device, "cpu, cuda or cuda:N: where parameters and state live")
       ->capture_default_str();
   optim->callback([optim_opts, quick, &rc] {

@@ -98,19 +98,47 @@ double bytes_per_param(const kernels::optimizer& opt, std::int64_t params) {
   return 4 + 4 + 8 + 2.0 * static_cast<double>(mem.total()) / static_cast<double>(params);
 }
 
+/// One result line; `options` (the state options beyond the storage, --options rows) is left out
+/// when empty, so that the default rows keep their form.
 void row(const optim_options& o, std::ostream& out, const char* bench, const char* state, double seconds,
-         double bpp, double fraction, const std::string& where) {
-  char buf[320];
-  if (o.json)
+         double bpp, double fraction, const std::string& where, const std::string& options = "") {
+  char buf[400];
+  if (o.json) {
+    const std::string extra = options.empty() ? "" : ",\"options\":\"" + options + "\"";
     std::snprintf(buf, sizeof buf,
-                  "{\"suite\":\"optim\",\"bench\":\"%s\",\"state\":\"%s\",\"device\":\"%s\",\"metric\":"
+                  "{\"suite\":\"optim\",\"bench\":\"%s\",\"state\":\"%s\"%s,\"device\":\"%s\",\"metric\":"
                   "\"seconds_per_step\",\"value\":%.7f,\"bytes_per_param\":%.2f,\"fraction_of_bandwidth\":%.2f}\n",
-                  bench, state, where.c_str(), seconds, bpp, fraction);
-  else
-    std::snprintf(buf, sizeof buf, "%-6s %-5s %-7s %9.5f s/step  %6.2f bytes/param  %4.0f%% of %s bandwidth\n", bench,
-                  state, where.c_str(), seconds, bpp, 100 * fraction, where == "cpu" ? "in-place" : "copy");
+                  bench, state, extra.c_str(), where.c_str(), seconds, bpp, fraction);
+  } else {
+    std::snprintf(buf, sizeof buf, "%-6s %-5s %-22s %-7s %9.5f s/step  %6.2f bytes/param  %4.0f%% of %s bandwidth\n",
+                  bench, state, options.c_str(), where.c_str(), seconds, bpp, 100 * fraction,
+                  where == "cpu" ? "in-place" : "copy");
+  }
   out << buf;
   out.flush();
+}
+
+/// The state options that --options measures for an optimizer, besides plain storages.
+struct variant {
+  const char* options;
+  kernels::state_storage storage;
+  kernels::state_options state;
+  bool amsgrad = false;
+};
+
+std::vector<variant> variants(bool sgd) {
+  using kernels::state_storage;
+  std::vector<variant> v;
+  v.push_back({"stochastic", state_storage::bf16, {.storage = state_storage::bf16, .stochastic_rounding = true}});
+  v.push_back({"stochastic", state_storage::int8, {.storage = state_storage::int8, .stochastic_rounding = true}});
+  v.push_back({"percentile_scale=99.9", state_storage::int8, {.storage = state_storage::int8, .percentile_scale = 99.9}});
+  v.push_back({"percentile_clipping=95", state_storage::int8, {.storage = state_storage::int8, .percentile_clipping = 95}});
+  v.push_back({"block=2048", state_storage::int8, {.storage = state_storage::int8, .block_size = 2048}});
+  if (sgd) return v;
+  v.push_back({"first_moment_fp32", state_storage::int8, {.storage = state_storage::int8, .first_moment_fp32 = true}});
+  for (auto storage : {state_storage::fp32, state_storage::bf16, state_storage::int8})
+    v.push_back({"amsgrad", storage, {.storage = storage}, true});
+  return v;
 }
 
 }  // namespace
@@ -241,6 +269,36 @@ int run_optim(const optim_options& o, std::ostream& out) {
       const double bpp = bytes_per_param(opts[k], total);
       row(o, out, b.name, kernels::name_of(storages[k]), seconds, bpp, bpp * static_cast<double>(total) / seconds / anchor,
           where_name);
+    }
+    if (!o.options) continue;
+    // The other state options, stepped in turn like the storages above.
+    const auto vs = variants(b.kind == kernels::optimizer_kind::sgd);
+    opts.clear();
+    for (const auto& v : vs) {
+      kernels::hyperparameters hp = b.hp;
+      hp.amsgrad = v.amsgrad;
+      opts.emplace_back(b.kind, std::vector<kernels::param_group>{{ptrs, hp, v.state}},
+                        kernels::optimizer_options{.threads = o.threads});
+      opts.back().step();
+    }
+    synchronize(params[0].value);
+    times.assign(opts.size(), {});
+    for (int s = 0; s < o.steps; ++s) {
+      for (std::size_t k = 0; k < opts.size(); ++k) {
+        const auto t0 = clock_type::now();
+        if (!opts[k].step()) {
+          std::cerr << "troupe bench optim: a step was skipped\n";
+          return 1;
+        }
+        synchronize(params[0].value);
+        times[k].push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+      }
+    }
+    for (std::size_t k = 0; k < opts.size(); ++k) {
+      const double seconds = median(times[k]);
+      const double bpp = bytes_per_param(opts[k], total);
+      row(o, out, b.name, kernels::name_of(vs[k].storage), seconds, bpp,
+          bpp * static_cast<double>(total) / seconds / anchor, where_name, vs[k].options);
     }
   }
   for (const auto& p : params)

@@ -16,12 +16,15 @@ struct optim_options {
   int threads = 0;                   ///< 0: the optimizer's default (all cores at this size)
   std::string only;                  ///< sgd, adam or adamw
   std::string device = "cpu";        ///< cpu, cuda or cuda:N (parameters and state live there)
+  bool options = false;              ///< also the state options (stochastic rounding, AMSGrad, ...)
 };
 
 /// Prints {"suite":"optim","bench":...,"state":...,"device":"cpu","metric":"seconds_per_step",
 /// "value":...,"bytes_per_param":...,"fraction_of_bandwidth":...} lines (or a table), after
 /// the triad and in-place bandwidth lines (on a CUDA device: after a device-to-device copy
-/// bandwidth line, against which the fraction is taken). Returns a process exit code.
+/// bandwidth line, against which the fraction is taken). With `options`, each optimizer's rows
+/// are followed by rows of its state options, which carry an "options" field (for example
+/// "stochastic", "amsgrad", "percentile_scale=99.9"). Returns a process exit code.
 int run_optim(const optim_options& opts, std::ostream& out);
 
 }  // namespace troupe::bench
