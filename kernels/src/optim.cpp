@@ -1392,7 +1392,8 @@ double sum_of_squares(const float* x, std::size_t n) {
 
 }  // namespace
 
-bool optimizer::grads_finite() const {
+bool optimizer::grads_finite(std::vector<double>& sums) const {
+  sums.assign(slots_.size(), 0.0);
   if (!where_.is_cpu()) {
     std::vector<const float*> grads;
     std::vector<std::int64_t> sizes;
@@ -1402,22 +1403,30 @@ bool optimizer::grads_finite() const {
     }
     return cuda::all_finite(grads, sizes, where_.index);
   }
-  // Pieces of at most 1<<16 elements, checked in parallel for large steps.
+  // Pieces of at most 1<<16 elements, checked in parallel for large steps. A slot's sum of squares
+  // is the sum of its pieces' in piece order (sum_of_squares within a piece), so that it is the
+  // same for any thread count; the piece is still in cache from the check when it is summed.
   struct piece {
     const float* g;
-    std::size_t n;
+    std::size_t n, slot;
+    bool sum;
   };
   std::vector<piece> pieces;
   std::size_t total = 0;
-  for (const auto& s : slots_) {
-    const auto g = s.p->grad.data<float>();
-    for (std::size_t b = 0; b < g.size(); b += 1u << 16) pieces.push_back({g.data() + b, std::min<std::size_t>(1u << 16, g.size() - b)});
+  for (std::size_t k = 0; k < slots_.size(); ++k) {
+    const auto g = std::as_const(*slots_[k].p).grad.data<float>();
+    const bool sum = groups_[slots_[k].group].state.percentile_clipping < 100;
+    for (std::size_t b = 0; b < g.size(); b += 1u << 16)
+      pieces.push_back({g.data() + b, std::min<std::size_t>(1u << 16, g.size() - b), k, sum});
     total += g.size();
   }
+  std::vector<double> piece_sums(pieces.size(), 0.0);
   std::atomic<bool> finite{true};
   run_jobs(pieces.size(), thread_count(total), [&](std::size_t j) {
     if (!all_finite(pieces[j].g, pieces[j].n)) finite.store(false, std::memory_order_relaxed);
+    else if (pieces[j].sum) piece_sums[j] = sum_of_squares(pieces[j].g, pieces[j].n);
   });
+  for (std::size_t j = 0; j < pieces.size(); ++j) sums[pieces[j].slot] += piece_sums[j];
   return finite.load();
 }
 
@@ -1429,7 +1438,8 @@ bool optimizer::do_step(bool reference) {
     bad("reference_step runs on host parameters only (these are on " + where_.str() +
         "): compare with an optimizer over host copies");
   prepare();
-  if (!grads_finite()) {
+  std::vector<double> squares;  // per slot, for percentile clipping
+  if (!grads_finite(squares)) {
     ++skipped_;
     return false;
   }
@@ -1454,8 +1464,7 @@ bool optimizer::do_step(bool reference) {
     if (grp.state.percentile_clipping < 100) {
       // bitsandbytes' percentile clipping over the last 100 squared norms (this one included);
       // unlike bitsandbytes, the history holds only the norms seen so far (no zeros at the start).
-      const auto grad = std::as_const(*s.p).grad.data<float>();
-      const double sq = sum_of_squares(grad.data(), grad.size());
+      const double sq = squares[k];
       if (s.gnorms.size() == 100) s.gnorms.erase(s.gnorms.begin());
       s.gnorms.push_back(static_cast<float>(sq));
       std::vector<float> sorted = s.gnorms;

@@ -172,7 +172,9 @@ public:
   const std::vector<slot>& slots() const noexcept { return slots_; }
 
 private:
-  bool grads_finite() const;
+  /// True when every gradient is finite; also fills sums[k] with slot k's sum of squared
+  /// gradients for the slots whose group clips by percentile (one pass over the gradients).
+  bool grads_finite(std::vector<double>& sums) const;
   bool do_step(bool reference);
   void prepare();
   void allocate(slot& s);
