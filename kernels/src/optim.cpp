@@ -923,14 +923,27 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
 
 /// Whether a slot's step can use the fused compressed kernels: Adam or AdamW with m and v in the
 /// same compressed storage, no AMSGrad, round to nearest, 8-bit scaled by the absmax.
-bool fused_compressed(optimizer_kind kind, const optimizer::slot& s, const state_options& so) {
+/// Whether scaling blocks of up to `block` values by percentile p of |x| is scaling by their
+/// absmax: quant::block_scale takes the ceil(p / 100 * n)-th smallest |x| of n values, the
+/// largest when that rank is n, for every n from 1 (a last, short block) up to `block`. Then
+/// the fused kernels, which keep the absmax while they update, serve that percentile too (99.9
+/// with blocks of up to 1000).
+bool scale_is_absmax(double p, std::int64_t block) {
+  if (p <= 0 || p >= 100) return true;
+  for (std::int64_t n = 1; n <= block; ++n)
+    if (static_cast<std::size_t>(std::ceil(p / 100.0 * static_cast<double>(n))) < static_cast<std::size_t>(n)) return false;
+  return true;
+}
+
+/// absmax_scale: scale_is_absmax for this slot's group (computed once per step).
+bool fused_compressed(optimizer_kind kind, const optimizer::slot& s, const state_options& so, bool absmax_scale) {
   if (quant::simd_level() < 1 || kind == optimizer_kind::sgd) return false;
   if (s.m.mode != s.v.mode || s.m.block != s.v.block) return false;
   // Stochastic rounding and AMSGrad (bf16 only): the AVX-512 kernels only.
   if ((so.stochastic_rounding || s.vmax.mode != mode_none) && quant::simd_level() < 2) return false;
   if (s.vmax.mode != mode_none && (s.m.mode != mode_bf16 || s.vmax.mode != mode_bf16)) return false;
   if (s.m.mode == mode_bf16) return true;
-  return s.m.mode == mode_int8 && (so.percentile_scale <= 0 || so.percentile_scale >= 100);
+  return s.m.mode == mode_int8 && absmax_scale;
 }
 
 /// The fused step over elements [begin, end) of a slot (begin on a block boundary for 8-bit).
@@ -1447,6 +1460,7 @@ bool optimizer::do_step(bool reference) {
 
   // Per tensor constants, and the gradient scale of percentile clipping.
   struct plan {
+    bool absmax_scale;  // the percentile scale is the absmax for this slot's blocks
     adam_constants adam;
     sgd_constants sgd;
     bool first;
@@ -1475,6 +1489,7 @@ bool optimizer::do_step(bool reference) {
       if (current > clip) gscale = static_cast<float>(clip / current);
     }
     auto& pl = plans[k];
+    pl.absmax_scale = scale_is_absmax(grp.state.percentile_scale, s.m.mode == mode_int8 ? s.m.block : s.v.block);
     pl.sgd = {static_cast<float>(lr), static_cast<float>(hp.momentum), static_cast<float>(1 - hp.dampening),
               static_cast<float>(hp.weight_decay), gscale, hp.nesterov};
     pl.first = !s.momentum_started;
@@ -1602,7 +1617,7 @@ bool optimizer::do_step(bool reference) {
       }
       const state_options& so = groups_[s.group].state;
       if (kind_ == optimizer_kind::sgd && s.m.mode == mode_int8 && s.m.is_signed && !so.stochastic_rounding &&
-          (so.percentile_scale <= 0 || so.percentile_scale >= 100) && quant::simd_level() >= 2) {
+          pl.absmax_scale && quant::simd_level() >= 2) {
         thread_local std::vector<float> buffers;
         const std::size_t block = static_cast<std::size_t>(s.m.block);
         if (buffers.size() < 2 * block) buffers.resize(2 * block);
@@ -1615,7 +1630,7 @@ bool optimizer::do_step(bool reference) {
           sgd_int8_blocks_avx512<false>(p, g, mc, msc, map, jobs[j].begin, jobs[j].end, block, pl.sgd, pl.first, buffers.data());
         return;
       }
-      if (kind_ != optimizer_kind::sgd && fused_compressed(kind_, s, groups_[s.group].state)) {
+      if (kind_ != optimizer_kind::sgd && fused_compressed(kind_, s, groups_[s.group].state, pl.absmax_scale)) {
         adam_compressed(s, jobs[j].begin, jobs[j].end, pl.adam, pl.rm, pl.rv, pl.rx);
         return;
       }

@@ -79,6 +79,8 @@ std::vector<storage_case> storages() {
   state_options int8_pct = int8;
   int8_pct.percentile_scale = 99.0;
   int8_pct.percentile_clipping = 90;
+  state_options int8_p999 = int8;  // the absmax for blocks of up to 1000: the fused kernels
+  int8_p999.percentile_scale = 99.9;
   state_options int8_b100 = int8;
   int8_b100.block_size = 100;
   state_options int8_b2048 = int8;
@@ -87,6 +89,7 @@ std::vector<storage_case> storages() {
   return {{"fp32", {.storage = state_storage::fp32}},
           {"bf16", bf16},          {"bf16 stochastic", bf16_sr},        {"int8", int8},
           {"int8 m fp32", int8_m32}, {"int8 stochastic", int8_sr},       {"int8 percentiles", int8_pct},
+          {"int8 percentile 99.9", int8_p999},
           {"int8 block 100", int8_b100}, {"int8 block 2048, p5000 fp32", int8_b2048}};
 }
 
