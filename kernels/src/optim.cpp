@@ -839,12 +839,16 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_
 /// SGD with an 8-bit momentum buffer over the blocks of [begin, end) on AVX-512: the structure of
 /// adam_int8_blocks_avx512 with one moment (decode by gather, update, absmax, codes of the block
 /// before written while this one is updated). The same operations as the portable path
-/// (sgd_fused_loop between dequantize_block and quantize_block), so the same bits.
-template <bool Wd>
+/// (sgd_fused_loop between dequantize_block and quantize_block), so the same bits. Stochastic:
+/// codes by stochastic rounding with `key` (quant::quantize_block's draws).
+template <bool Wd, bool Stochastic>
 TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t* mc, float* msc,
                                           const quant::qmap& map, std::size_t begin, std::size_t end,
-                                          std::size_t block, const sgd_constants& c, bool first, float* buffers) {
+                                          std::size_t block, const sgd_constants& c, bool first, float* buffers,
+                                          std::uint32_t key) {
   const quant::avx512::quantizer q = quant::avx512::load_quantizer(map, true);
+  const quant::avx512::quantizer q_nearest = quant::avx512::load_quantizer(map, false);
+  const __m512i vkey = _mm512_set1_epi32(static_cast<int>(key));
   const __m512 gscale = _mm512_set1_ps(c.gscale), wd = _mm512_set1_ps(c.wd), momentum = _mm512_set1_ps(c.momentum);
   const __m512 omd = _mm512_set1_ps(c.one_minus_dampening), neg_lr = _mm512_set1_ps(-c.lr);
   const bool clip = c.gscale != 1.0f, nesterov = c.nesterov;
@@ -852,11 +856,18 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
     std::uint8_t* codes = nullptr;
     const float* values = nullptr;
     std::size_t n = 0;
-    float inv = 0;
+    float inv = 0, scale = 0;
+    std::uint32_t first = 0;  // the block's first element in its tensor
   } prev;
   auto quantize = [&](std::size_t j) TROUPE_AVX512 {
     __m512 r;
     const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(prev.values + j), _mm512_set1_ps(prev.inv));
+    if constexpr (Stochastic) {
+      const __m512i codes = quant::avx512::stochastic_codes<true>(q_nearest, map.values(), x, vkey,
+                                                                  prev.first + static_cast<std::uint32_t>(j), true);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(prev.codes + j), _mm512_cvtepi32_epi8(codes));
+      return;
+    }
     quant::avx512::store_codes<true>(prev.codes + j, q, quant::avx512::quantize<true>(q, x, r), x);
     for (unsigned u = quant::avx512::unsure(_mm512_abs_ps(r)); u != 0; u &= u - 1) {
       const std::size_t i = j + static_cast<std::size_t>(__builtin_ctz(u));
@@ -864,6 +875,14 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
     }
   };
   auto quantize_rest = [&](std::size_t from) {
+    if constexpr (Stochastic) {
+      if (from >= prev.n) return;
+      quant::block_options o;
+      o.stochastic = true;
+      quant::quantize_block(prev.values + from, prev.n - from, prev.scale, map, o, key,
+                            prev.first + static_cast<std::uint32_t>(from), prev.codes + from);
+      return;
+    }
     for (std::size_t i = from; i < prev.n; ++i)
       prev.codes[i] = quant::avx512::quantize_exact(map, prev.values[i] * prev.inv, true);
   };
@@ -915,7 +934,7 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
       am = std::max(am, std::fabs(bj));
     }
     msc[k] = am;
-    prev = {mc + b, buf, n, am > 0 ? 1.0f / am : 0.0f};
+    prev = {mc + b, buf, n, am > 0 ? 1.0f / am : 0.0f, am, static_cast<std::uint32_t>(b)};
   }
   for (std::size_t j = 0; j < (prev.n & ~std::size_t{15}); j += 16) quantize(j);
   quantize_rest(prev.n & ~std::size_t{15});
@@ -1616,18 +1635,24 @@ bool optimizer::do_step(bool reference) {
         return;
       }
       const state_options& so = groups_[s.group].state;
-      if (kind_ == optimizer_kind::sgd && s.m.mode == mode_int8 && s.m.is_signed && !so.stochastic_rounding &&
-          pl.absmax_scale && quant::simd_level() >= 2) {
+      if (kind_ == optimizer_kind::sgd && s.m.mode == mode_int8 && s.m.is_signed && pl.absmax_scale &&
+          quant::simd_level() >= 2) {
         thread_local std::vector<float> buffers;
         const std::size_t block = static_cast<std::size_t>(s.m.block);
         if (buffers.size() < 2 * block) buffers.resize(2 * block);
         std::uint8_t* mc = s.m.data.data<std::uint8_t>().data();
         float* msc = s.m.scales.data<float>().data();
         const auto& map = map_of(s.m);
-        if (pl.sgd.wd != 0.0f)
-          sgd_int8_blocks_avx512<true>(p, g, mc, msc, map, jobs[j].begin, jobs[j].end, block, pl.sgd, pl.first, buffers.data());
-        else
-          sgd_int8_blocks_avx512<false>(p, g, mc, msc, map, jobs[j].begin, jobs[j].end, block, pl.sgd, pl.first, buffers.data());
+        auto run = [&](auto wd, auto stochastic) {
+          sgd_int8_blocks_avx512<wd, stochastic>(p, g, mc, msc, map, jobs[j].begin, jobs[j].end, block, pl.sgd,
+                                                 pl.first, buffers.data(), pl.rm.key);
+        };
+        const bool wd = pl.sgd.wd != 0.0f;
+        if (so.stochastic_rounding) {
+          if (wd) run(std::true_type{}, std::true_type{});
+          else run(std::false_type{}, std::true_type{});
+        } else if (wd) run(std::true_type{}, std::false_type{});
+        else run(std::false_type{}, std::false_type{});
         return;
       }
       if (kind_ != optimizer_kind::sgd && fused_compressed(kind_, s, groups_[s.group].state, pl.absmax_scale)) {
