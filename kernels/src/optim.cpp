@@ -631,56 +631,68 @@ TROUPE_AVX512 inline __m512i code_bytes() noexcept {
                          36, 32, 28, 24, 20, 16, 12, 8, 4, 0);
 }
 
-/// A block whose new moment values wait in L1 buffers for their codes.
-struct pending_block {
-  std::uint8_t* mc = nullptr;
-  std::uint8_t* vc = nullptr;
-  const float* mbuf = nullptr;
-  const float* vbuf = nullptr;
-  std::size_t n = 0;
-  float minv = 0, vinv = 0;  // as quant::quantize_block: 1 / scale, 0 for a zero scale
-  float mscale = 0, vscale = 0;
-  std::uint32_t first = 0;  // the block's first element in its tensor (stochastic rounding)
+/// The 8-bit moments of the AVX-512 Adam kernel, indexed 0 (m, the signed map), 1 (v) and, with
+/// AMSGrad, 2 (its maximum; the unsigned map like v): codes, block scales and map values.
+struct int8_moments {
+  std::uint8_t* codes[3] = {};
+  float* scales[3] = {};
+  const float* values[3] = {};
 };
 
-/// What stochastic rounding needs in the 8-bit kernel: the quantizers without keep_nonzero, the
-/// maps' values and the moments' keys (quant::quantize_block's draws).
+/// A block whose new moment values wait in L1 buffers for their codes.
+struct pending_block {
+  std::uint8_t* codes[3] = {};
+  const float* buf[3] = {};
+  std::size_t n = 0;
+  float inv[3] = {}, scale[3] = {};  // inv as quant::quantize_block: 1 / scale, 0 for a zero scale
+  std::uint32_t first = 0;           // the block's first element in its tensor (stochastic rounding)
+};
+
+/// What stochastic rounding needs in the 8-bit kernel: the quantizers without keep_nonzero and
+/// the moments' keys (quant::quantize_block's draws).
 struct stochastic_state {
   quant::avx512::quantizer mq, vq;
-  const float* mvals;
-  const float* vvals;
-  __m512i mkey, vkey;
-  std::uint32_t mkey_scalar, vkey_scalar;
+  __m512i key[3];
+  std::uint32_t key_scalar[3];
 };
 
 TROUPE_AVX512 inline stochastic_state load_stochastic(const quant::qmap& mmap, const quant::qmap& vmap,
-                                                      std::uint32_t mkey, std::uint32_t vkey) {
-  return {quant::avx512::load_quantizer(mmap, false), quant::avx512::load_quantizer(vmap, false), mmap.values(),
-          vmap.values(), _mm512_set1_epi32(static_cast<int>(mkey)), _mm512_set1_epi32(static_cast<int>(vkey)),
-          mkey, vkey};
+                                                      const std::uint32_t (&keys)[3]) {
+  stochastic_state sr{quant::avx512::load_quantizer(mmap, false), quant::avx512::load_quantizer(vmap, false), {}, {}};
+  for (int k = 0; k < 3; ++k) {
+    sr.key[k] = _mm512_set1_epi32(static_cast<int>(keys[k]));
+    sr.key_scalar[k] = keys[k];
+  }
+  return sr;
 }
 
 /// Codes of elements [j, j + 16) of a pending block: the arithmetic quantizer, then the table for
-/// the lanes it is not sure of. Always inlined: as a call it would spill the kernel's vector
-/// registers (all caller-saved) on every chunk, a 1.5x slower step. (GCC 12 takes the
-/// intrinsics' own undefined-value placeholders for uninitialized variables here once they are
-/// inlined.)
+/// the lanes it is not sure of (Stochastic: draws, no table). Ams: AMSGrad's maximum too.
+/// Always inlined: as a call it would spill the kernel's vector registers (all caller-saved) on
+/// every chunk, a 1.5x slower step. (GCC 12 takes the intrinsics' own undefined-value
+/// placeholders for uninitialized variables here once they are inlined.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
-template <bool Stochastic>
+template <bool Stochastic, bool Ams>
 TROUPE_AVX512 inline __attribute__((always_inline)) void quantize_chunk(
     const pending_block& q, std::size_t j, const quant::avx512::quantizer& mq, const quant::avx512::quantizer& vq,
     const quant::qmap& mmap, const quant::qmap& vmap, const stochastic_state& sr) {
-  const __m512 xm = _mm512_mul_ps(_mm512_loadu_ps(q.mbuf + j), _mm512_set1_ps(q.minv));
-  const __m512 xv = _mm512_mul_ps(_mm512_loadu_ps(q.vbuf + j), _mm512_set1_ps(q.vinv));
+  const __m512 xm = _mm512_mul_ps(_mm512_loadu_ps(q.buf[0] + j), _mm512_set1_ps(q.inv[0]));
+  const __m512 xv = _mm512_mul_ps(_mm512_loadu_ps(q.buf[1] + j), _mm512_set1_ps(q.inv[1]));
+  __m512 xx = xv;
+  if constexpr (Ams) xx = _mm512_mul_ps(_mm512_loadu_ps(q.buf[2] + j), _mm512_set1_ps(q.inv[2]));
   if constexpr (Stochastic) {
     // Codes by draws; no lane needs the table (quant::avx512::stochastic_codes).
     const std::uint32_t at = q.first + static_cast<std::uint32_t>(j);
-    const __m512i cm = quant::avx512::stochastic_codes<true>(sr.mq, sr.mvals, xm, sr.mkey, at, true);
-    const __m512i cv = quant::avx512::stochastic_codes<false>(sr.vq, sr.vvals, xv, sr.vkey, at, true);
+    const __m512i cm = quant::avx512::stochastic_codes<true>(sr.mq, mmap.values(), xm, sr.key[0], at, true);
+    const __m512i cv = quant::avx512::stochastic_codes<false>(sr.vq, vmap.values(), xv, sr.key[1], at, true);
     const __m512i both = _mm512_permutex2var_epi8(cm, code_bytes(), cv);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q.mc + j), _mm512_castsi512_si128(both));
-    _mm256_mask_storeu_epi8(q.vc + j - 16, 0xffff0000u, _mm512_castsi512_si256(both));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[0] + j), _mm512_castsi512_si128(both));
+    _mm256_mask_storeu_epi8(q.codes[1] + j - 16, 0xffff0000u, _mm512_castsi512_si256(both));
+    if constexpr (Ams) {
+      const __m512i cx = quant::avx512::stochastic_codes<false>(sr.vq, vmap.values(), xx, sr.key[2], at, true);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[2] + j), _mm512_cvtepi32_epi8(cx));
+    }
     return;
   }
   __m512 rm, rv;
@@ -688,102 +700,100 @@ TROUPE_AVX512 inline __attribute__((always_inline)) void quantize_chunk(
   const __m512i kv = quant::avx512::quantize<false, true>(vq, xv, rv);
   // Both moments' indexes in one permute: m's in bytes 0-15, v's (their codes) in bytes 16-31.
   const __m512i both = _mm512_permutex2var_epi8(km, code_bytes(), kv);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q.mc + j),
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[0] + j),
                    quant::avx512::signed_codes(mq, _mm512_castsi512_si128(both), quant::avx512::negative(xm)));
-  _mm256_mask_storeu_epi8(q.vc + j - 16, 0xffff0000u, _mm512_castsi512_si256(both));
-  // One test for both moments (the smaller |r|); a lane either moment is unsure of gets both
-  // codes from the table.
-  const __mmask16 unsure = quant::avx512::unsure(_mm512_range_ps(rm, rv, 0x0a));
+  _mm256_mask_storeu_epi8(q.codes[1] + j - 16, 0xffff0000u, _mm512_castsi512_si256(both));
+  // One test for all moments (the smallest |r|); a lane any moment is unsure of gets every code
+  // from the table.
+  __m512 r = _mm512_range_ps(rm, rv, 0x0a);
+  if constexpr (Ams) {
+    __m512 rx;
+    quant::avx512::store_codes<false>(q.codes[2] + j, vq, quant::avx512::quantize<false, true>(vq, xx, rx), xx);
+    r = _mm512_range_ps(r, rx, 0x0a);
+  }
+  const __mmask16 unsure = quant::avx512::unsure(r);
   if (unsure != 0) [[unlikely]] {
     for (unsigned m = unsure; m != 0; m &= m - 1) {
       const std::size_t i = j + static_cast<std::size_t>(__builtin_ctz(m));
-      q.mc[i] = quant::avx512::quantize_exact(mmap, q.mbuf[i] * q.minv, true);
-      q.vc[i] = quant::avx512::quantize_exact(vmap, q.vbuf[i] * q.vinv, true);
+      q.codes[0][i] = quant::avx512::quantize_exact(mmap, q.buf[0][i] * q.inv[0], true);
+      q.codes[1][i] = quant::avx512::quantize_exact(vmap, q.buf[1][i] * q.inv[1], true);
+      if constexpr (Ams) q.codes[2][i] = quant::avx512::quantize_exact(vmap, q.buf[2][i] * q.inv[2], true);
     }
   }
 }
 #pragma GCC diagnostic pop
 
 /// The elements of a pending block that do not fill a vector.
-template <bool Stochastic>
+template <bool Stochastic, bool Ams>
 inline void quantize_tail(const pending_block& q, std::size_t from, const quant::qmap& mmap, const quant::qmap& vmap,
                           const stochastic_state& sr) {
-  if constexpr (Stochastic) {
-    if (from >= q.n) return;
-    quant::block_options o;
-    o.stochastic = true;
-    const std::uint32_t at = q.first + static_cast<std::uint32_t>(from);
-    quant::quantize_block(q.mbuf + from, q.n - from, q.mscale, mmap, o, sr.mkey_scalar, at, q.mc + from);
-    quant::quantize_block(q.vbuf + from, q.n - from, q.vscale, vmap, o, sr.vkey_scalar, at, q.vc + from);
-    return;
-  }
-  for (std::size_t i = from; i < q.n; ++i) {
-    q.mc[i] = quant::avx512::quantize_exact(mmap, q.mbuf[i] * q.minv, true);
-    q.vc[i] = quant::avx512::quantize_exact(vmap, q.vbuf[i] * q.vinv, true);
+  if (from >= q.n) return;
+  for (int k = 0; k < (Ams ? 3 : 2); ++k) {
+    const quant::qmap& map = k == 0 ? mmap : vmap;
+    if constexpr (Stochastic) {
+      quant::block_options o;
+      o.stochastic = true;
+      quant::quantize_block(q.buf[k] + from, q.n - from, q.scale[k], map, o, sr.key_scalar[k],
+                            q.first + static_cast<std::uint32_t>(from), q.codes[k] + from);
+    } else {
+      for (std::size_t i = from; i < q.n; ++i) q.codes[k][i] = quant::avx512::quantize_exact(map, q.buf[k][i] * q.inv[k], true);
+    }
   }
 }
 
 /// The 8-bit moments of one block as values (map value of the code times the block's scale) in
-/// an L1 buffer: m at buf, v at buf + block. decode_chunk does 16 elements by gathers from the
+/// an L1 buffer, moment k at buf + k * block: decode_chunk does 16 elements by gathers from the
 /// 1 KiB value tables, decode_tail the elements from `from` on one at a time.
-struct block_decoder {
-  const std::uint8_t* mc;
-  const std::uint8_t* vc;
-  const float* mvals;
-  const float* vvals;
-  const float* msc;
-  const float* vsc;
-  std::size_t block;
-};
-
-TROUPE_AVX512 inline void decode_chunk(const block_decoder& d, std::size_t b, std::size_t i, __m512 ms, __m512 vs,
-                                       float* buf) {
-  if ((i & 63) == 0) {
-    _mm_prefetch(reinterpret_cast<const char*>(d.mc + b + i + prefetch_ahead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(d.vc + b + i + prefetch_ahead), _MM_HINT_T0);
+template <bool Ams>
+TROUPE_AVX512 inline void decode_chunk(const int8_moments& d, std::size_t block, std::size_t b, std::size_t i,
+                                       const __m512 (&scales)[3], float* buf) {
+  for (int k = 0; k < (Ams ? 3 : 2); ++k) {
+    const std::uint8_t* c = d.codes[k] + b + i;
+    if ((i & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(c + prefetch_ahead), _MM_HINT_T0);
+    _mm512_storeu_ps(buf + k * block + i,
+                     _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(c), d.values[k], 4), scales[k]));
   }
-  _mm512_storeu_ps(buf + i, _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(d.mc + b + i), d.mvals, 4), ms));
-  _mm512_storeu_ps(buf + d.block + i,
-                   _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(d.vc + b + i), d.vvals, 4), vs));
 }
 
-inline void decode_tail(const block_decoder& d, std::size_t b, std::size_t from, std::size_t n, float* buf) {
-  const std::size_t k = b / d.block;
-  for (std::size_t i = from; i < n; ++i) {
-    buf[i] = d.mvals[d.mc[b + i]] * d.msc[k];
-    buf[d.block + i] = d.vvals[d.vc[b + i]] * d.vsc[k];
-  }
+template <bool Ams>
+inline void decode_tail(const int8_moments& d, std::size_t block, std::size_t b, std::size_t from, std::size_t n,
+                        float* buf) {
+  for (int k = 0; k < (Ams ? 3 : 2); ++k)
+    for (std::size_t i = from; i < n; ++i) buf[k * block + i] = d.values[k][d.codes[k][b + i]] * d.scales[k][b / block];
 }
 
 /// The 8-bit blocks of [begin, end) on AVX-512, in three stages that overlap: while block k is
-/// updated, block k + 1 is decoded and block k - 1 gets its codes. Three L1 buffers of 2 * block
-/// floats rotate between the stages: the decoded moments of the next block (gathers), the moments
-/// of this block (read and overwritten by the update, which writes the parameters and keeps the
-/// absmax), and the new moments of the block before (the arithmetic quantizer, once the absmax is
-/// known). Decoding a block ahead keeps the gathers' latency out of the update's dependency chain
-/// and the quantizer's integer and permute work runs beside the update's division and square root
-/// (docs/PERFORMANCE.md).
-/// Stochastic: codes by stochastic rounding with the keys mkey and vkey (quant::quantize_block's
-/// draws).
-template <bool L2, bool Clip, bool Low, bool Stochastic>
-TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_t* mc, std::uint8_t* vc, float* msc,
-                                           float* vsc, const quant::qmap& mmap, const quant::qmap& vmap,
-                                           std::size_t begin, std::size_t end, std::size_t block,
-                                           const adam_constants& c, float* buffers, std::uint32_t mkey,
-                                           std::uint32_t vkey) {
+/// updated, block k + 1 is decoded and block k - 1 gets its codes. Three L1 buffers of the
+/// moments of a block rotate between the stages: the decoded moments of the next block
+/// (gathers), the moments of this block (read and overwritten by the update, which writes the
+/// parameters and keeps the absmax), and the new moments of the block before (the arithmetic
+/// quantizer, once the absmax is known). Decoding a block ahead keeps the gathers' latency out of
+/// the update's dependency chain and the quantizer's integer and permute work runs beside the
+/// update's division and square root (docs/PERFORMANCE.md).
+/// Stochastic: codes by stochastic rounding with `keys` (quant::quantize_block's draws).
+/// Ams: AMSGrad, its maximum as a third 8-bit moment. `buffers` holds 9 * block floats.
+template <bool L2, bool Clip, bool Low, bool Stochastic, bool Ams>
+TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_moments& mo, const quant::qmap& mmap,
+                                           const quant::qmap& vmap, std::size_t begin, std::size_t end,
+                                           std::size_t block, const adam_constants& c, float* buffers,
+                                           const std::uint32_t (&keys)[3]) {
   if (begin >= end) return;
+  constexpr int count = Ams ? 3 : 2;
   const quant::avx512::quantizer mq = quant::avx512::load_quantizer(mmap, true);
   const quant::avx512::quantizer vq = quant::avx512::load_quantizer(vmap, true);
-  const stochastic_state sr = load_stochastic(mmap, vmap, mkey, vkey);
+  const stochastic_state sr = load_stochastic(mmap, vmap, keys);
   const adam_vectors512 kc = broadcast512(c);
-  const block_decoder dec{mc, vc, mmap.values(), vmap.values(), msc, vsc, block};
-  auto buffer = [&](std::size_t index) { return buffers + 2 * block * (index % 3); };
+  auto buffer = [&](std::size_t index) { return buffers + count * block * (index % 3); };
   auto full_of = [](std::size_t n) { return n & ~std::size_t{15}; };
+  auto scales_of = [&](std::size_t b, __m512 (&out)[3]) TROUPE_AVX512 {
+    for (int k = 0; k < 3; ++k) out[k] = _mm512_set1_ps(k < count && b < end ? mo.scales[k][b / block] : 0.0f);
+  };
   {
-    const std::size_t n = std::min(block, end - begin), k = begin / block;
-    const __m512 ms = _mm512_set1_ps(msc[k]), vs = _mm512_set1_ps(vsc[k]);
-    for (std::size_t i = 0; i < full_of(n); i += 16) decode_chunk(dec, begin, i, ms, vs, buffer(0));
-    decode_tail(dec, begin, full_of(n), n, buffer(0));
+    const std::size_t n = std::min(block, end - begin);
+    __m512 scales[3];
+    scales_of(begin, scales);
+    for (std::size_t i = 0; i < full_of(n); i += 16) decode_chunk<Ams>(mo, block, begin, i, scales, buffer(0));
+    decode_tail<Ams>(mo, block, begin, full_of(n), n, buffer(0));
   }
   pending_block prev;
   std::size_t index = 0;
@@ -791,17 +801,18 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_
     const std::size_t n = std::min(block, end - b), k = b / block;
     float* mbuf = buffer(index);
     float* vbuf = mbuf + block;
+    float* xbuf = vbuf + block;  // AMSGrad only
     float* next = buffer(index + 1);
     const std::size_t nb = b + block, nn = nb < end ? std::min(block, end - nb) : 0;
-    const __m512 nms = _mm512_set1_ps(nn != 0 ? msc[nb / block] : 0.0f);
-    const __m512 nvs = _mm512_set1_ps(nn != 0 ? vsc[nb / block] : 0.0f);
+    __m512 next_scales[3];
+    scales_of(nb, next_scales);
     float* pb = p + b;
     const float* gb = g + b;
-    __m512 ma = _mm512_setzero_ps(), va = _mm512_setzero_ps();
+    __m512 ma = _mm512_setzero_ps(), va = _mm512_setzero_ps(), xa = _mm512_setzero_ps();
     const std::size_t full = full_of(n), prev_full = full_of(prev.n), next_full = full_of(nn);
     const std::size_t top = std::max({full, prev_full, next_full});
     for (std::size_t i = 0; i < top; i += 16) {
-      if (i < next_full) decode_chunk(dec, nb, i, nms, nvs, next);
+      if (i < next_full) decode_chunk<Ams>(mo, block, nb, i, next_scales, next);
       if (i < full) {
         // Software prefetch 2 KiB ahead on the parameter and gradient streams: this loop is slow
         // enough per byte that the hardware prefetchers alone leave it waiting on memory
@@ -809,31 +820,44 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, std::uint8_
         _mm_prefetch(reinterpret_cast<const char*>(pb + i + prefetch_ahead), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(gb + i + prefetch_ahead), _MM_HINT_T0);
         __m512 mi = _mm512_loadu_ps(mbuf + i), vi = _mm512_loadu_ps(vbuf + i);
-        _mm512_storeu_ps(pb + i,
-                         adam_avx512<L2, Clip, Low>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i), mi, vi, kc));
+        __m512 xi = Ams ? _mm512_loadu_ps(xbuf + i) : mi;
+        _mm512_storeu_ps(pb + i, adam_avx512<L2, Clip, Low, Ams>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i),
+                                                                  mi, vi, kc, &xi));
         _mm512_storeu_ps(mbuf + i, mi);
         _mm512_storeu_ps(vbuf + i, vi);
         ma = _mm512_range_ps(ma, mi, 0x0b);  // max(|ma|, |mi|), sign cleared
         va = _mm512_range_ps(va, vi, 0x0b);
+        if constexpr (Ams) {
+          _mm512_storeu_ps(xbuf + i, xi);
+          xa = _mm512_range_ps(xa, xi, 0x0b);
+        }
       }
-      if (i < prev_full) quantize_chunk<Stochastic>(prev, i, mq, vq, mmap, vmap, sr);
+      if (i < prev_full) quantize_chunk<Stochastic, Ams>(prev, i, mq, vq, mmap, vmap, sr);
     }
-    decode_tail(dec, nb, next_full, nn, next);
-    quantize_tail<Stochastic>(prev, prev_full, mmap, vmap, sr);
-    float am = _mm512_reduce_max_ps(ma), av = _mm512_reduce_max_ps(va);
+    decode_tail<Ams>(mo, block, nb, next_full, nn, next);
+    quantize_tail<Stochastic, Ams>(prev, prev_full, mmap, vmap, sr);
+    float am = _mm512_reduce_max_ps(ma), av = _mm512_reduce_max_ps(va), ax = _mm512_reduce_max_ps(xa);
     for (std::size_t j = full; j < n; ++j) {
-      pb[j] = adam_element<L2>(pb[j], gb[j], mbuf[j], vbuf[j], c, mbuf[j], vbuf[j]);
+      pb[j] = adam_element<L2>(pb[j], gb[j], mbuf[j], vbuf[j], c, mbuf[j], vbuf[j], Ams ? xbuf + j : nullptr);
       am = std::max(am, std::fabs(mbuf[j]));
       av = std::max(av, std::fabs(vbuf[j]));
+      if constexpr (Ams) ax = std::max(ax, std::fabs(xbuf[j]));
     }
-    msc[k] = am;
-    vsc[k] = av;
-    prev = {mc + b, vc + b, mbuf, vbuf, n, am > 0 ? 1.0f / am : 0.0f, av > 0 ? 1.0f / av : 0.0f, am, av,
-            static_cast<std::uint32_t>(b)};
+    const float absmax[3] = {am, av, ax};
+    prev = {};
+    prev.n = n;
+    prev.first = static_cast<std::uint32_t>(b);
+    for (int m = 0; m < count; ++m) {
+      mo.scales[m][k] = absmax[m];
+      prev.codes[m] = mo.codes[m] + b;
+      prev.buf[m] = mbuf + m * block;
+      prev.scale[m] = absmax[m];
+      prev.inv[m] = absmax[m] > 0 ? 1.0f / absmax[m] : 0.0f;
+    }
   }
   const std::size_t prev_full = full_of(prev.n);
-  for (std::size_t j = 0; j < prev_full; j += 16) quantize_chunk<Stochastic>(prev, j, mq, vq, mmap, vmap, sr);
-  quantize_tail<Stochastic>(prev, prev_full, mmap, vmap, sr);
+  for (std::size_t j = 0; j < prev_full; j += 16) quantize_chunk<Stochastic, Ams>(prev, j, mq, vq, mmap, vmap, sr);
+  quantize_tail<Stochastic, Ams>(prev, prev_full, mmap, vmap, sr);
 }
 
 /// SGD with an 8-bit momentum buffer over the blocks of [begin, end) on AVX-512: the structure of
@@ -958,9 +982,10 @@ bool scale_is_absmax(double p, std::int64_t block) {
 bool fused_compressed(optimizer_kind kind, const optimizer::slot& s, const state_options& so, bool absmax_scale) {
   if (quant::simd_level() < 1 || kind == optimizer_kind::sgd) return false;
   if (s.m.mode != s.v.mode || s.m.block != s.v.block) return false;
-  // Stochastic rounding and AMSGrad (bf16 only): the AVX-512 kernels only.
+  // Stochastic rounding and AMSGrad (its maximum in the storage of the moments): the AVX-512
+  // kernels only.
   if ((so.stochastic_rounding || s.vmax.mode != mode_none) && quant::simd_level() < 2) return false;
-  if (s.vmax.mode != mode_none && (s.m.mode != mode_bf16 || s.vmax.mode != mode_bf16)) return false;
+  if (s.vmax.mode != mode_none && (s.vmax.mode != s.m.mode || s.vmax.block != s.m.block)) return false;
   if (s.m.mode == mode_bf16) return true;
   return s.m.mode == mode_int8 && absmax_scale;
 }
@@ -992,11 +1017,11 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     return;
   }
   const std::size_t block = static_cast<std::size_t>(s.m.block);
-  // One block of each moment; the AVX-512 kernel uses bm for three of each (it decodes the next
-  // block and quantizes the one before while it updates one).
+  // One block of each moment; the AVX-512 kernel uses bm for three blocks of up to three moments
+  // (it decodes the next block and quantizes the one before while it updates one).
   thread_local std::vector<float> bm, bv;
-  if (bm.size() < 6 * block) {
-    bm.resize(6 * block);
+  if (bm.size() < 9 * block) {
+    bm.resize(9 * block);
     bv.resize(block);
   }
   const auto& mmap = map_of(s.m);
@@ -1007,14 +1032,30 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
   float* vsc = s.v.scales.data<float>().data();
   const auto mo = block_opts(s.m, rm), vo = block_opts(s.v, rv);
   if (quant::simd_level() >= 2 && mmap.is_signed() && !vmap.is_signed()) {
-    with_choices(c, [&](auto l2c, auto clip, auto low) {
-      if (rm.stochastic)
-        adam_int8_blocks_avx512<l2c, clip, low, true>(p, g, mc, vc, msc, vsc, mmap, vmap, begin, end, block, c,
-                                                       bm.data(), rm.key, rv.key);
-      else
-        adam_int8_blocks_avx512<l2c, clip, low, false>(p, g, mc, vc, msc, vsc, mmap, vmap, begin, end, block, c,
-                                                        bm.data(), 0, 0);
-    });
+    int8_moments moments;
+    moments.codes[0] = mc;
+    moments.codes[1] = vc;
+    moments.scales[0] = msc;
+    moments.scales[1] = vsc;
+    moments.values[0] = mmap.values();
+    moments.values[1] = moments.values[2] = vmap.values();
+    const bool ams = s.vmax.mode == mode_int8;
+    if (ams) {
+      moments.codes[2] = s.vmax.data.data<std::uint8_t>().data();
+      moments.scales[2] = s.vmax.scales.data<float>().data();
+    }
+    const std::uint32_t keys[3] = {rm.key, rv.key, rx.key};
+    auto run = [&](auto stochastic, auto amsgrad) {
+      with_choices(c, [&](auto l2c, auto clip, auto low) {
+        adam_int8_blocks_avx512<l2c, clip, low, stochastic, amsgrad>(p, g, moments, mmap, vmap, begin, end, block, c,
+                                                                       bm.data(), keys);
+      });
+    };
+    if (rm.stochastic) {
+      if (ams) run(std::true_type{}, std::true_type{});
+      else run(std::true_type{}, std::false_type{});
+    } else if (ams) run(std::false_type{}, std::true_type{});
+    else run(std::false_type{}, std::false_type{});
     return;
   }
   for (std::size_t b = begin; b < end; b += block) {

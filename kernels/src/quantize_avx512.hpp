@@ -104,9 +104,12 @@ TROUPE_AVX512 inline __m256i bf16_stochastic(__m512 x, __m512i bits) noexcept {
 /// rare lanes it is not sure of, the one across the decision point: either way xn lies between
 /// it and the neighbour on xn's side, so the pair of entries and the draw are the reference's);
 /// then the draw between the pair with the bits of (key, first + lane), then keep_nonzero.
-/// Codes in 32-bit lanes.
+/// Codes in 32-bit lanes. Always inlined (a call would spill the caller's vector registers);
+/// GCC 12 takes the intrinsics' undefined-value placeholders for uninitialized variables here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
 template <bool Signed>
-TROUPE_AVX512 inline __m512i stochastic_codes(const quantizer& q, const float* values, __m512 xn, __m512i key,
+TROUPE_AVX512 inline __attribute__((always_inline)) __m512i stochastic_codes(const quantizer& q, const float* values, __m512 xn, __m512i key,
                                               std::uint32_t first, bool keep) noexcept {
   const __m512i zero = _mm512_set1_epi32(_mm_extract_epi8(q.zero, 0)), one = _mm512_set1_epi32(1);
   const __m512i none = _mm512_setzero_si512();
@@ -133,6 +136,7 @@ TROUPE_AVX512 inline __m512i stochastic_codes(const quantizer& q, const float* v
   }
   return c;
 }
+#pragma GCC diagnostic pop
 
 /// The lanes whose |r| (from quantize(), sign cleared) is within the margin: not sure.
 TROUPE_AVX512 inline __mmask16 unsure(__m512 abs_r) noexcept {
