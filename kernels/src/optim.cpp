@@ -579,11 +579,14 @@ TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, M* v, M
   }
 }
 
-/// sgd_fused_loop on AVX-512 over fp32 or bf16 (round to nearest) momentum buffers (none when
-/// buf is null), with adam_stream_avx512's prefetch.
-template <bool Wd, class M>
+/// sgd_fused_loop on AVX-512 over fp32 or bf16 momentum buffers (none when buf is null), with
+/// adam_stream_avx512's prefetch. bf16 rounds to nearest even, or (Stochastic) by the draws of
+/// (key, at + i), at being the index of p[0] in its tensor.
+template <bool Wd, class M, bool Stochastic = false>
 TROUPE_AVX512 void sgd_stream_avx512(float* p, const float* grad, M* buf, std::size_t n, const sgd_constants& c,
-                                     bool first) {
+                                     bool first, std::uint32_t key = 0, std::uint32_t at = 0) {
+  static_assert(!Stochastic || std::is_same_v<M, std::uint16_t>);
+  const __m512i vkey = _mm512_set1_epi32(static_cast<int>(key));
   const __m512 gscale = _mm512_set1_ps(c.gscale), wd = _mm512_set1_ps(c.wd), momentum = _mm512_set1_ps(c.momentum);
   const __m512 omd = _mm512_set1_ps(c.one_minus_dampening), neg_lr = _mm512_set1_ps(-c.lr);
   const bool clip = c.gscale != 1.0f, nesterov = c.nesterov;  // x * 1 == x: no clipping, no multiply
@@ -600,7 +603,7 @@ TROUPE_AVX512 void sgd_stream_avx512(float* p, const float* grad, M* buf, std::s
     if (buf) {
       const __m512 b =
           first ? g : _mm512_add_ps(_mm512_mul_ps(load_moment512(buf + i), momentum), _mm512_mul_ps(g, omd));
-      store_moment512(buf + i, b);
+      store_moment512<Stochastic>(buf + i, b, vkey, at + static_cast<std::uint32_t>(i));
       g = nesterov ? _mm512_add_ps(g, _mm512_mul_ps(b, momentum)) : b;
     }
     _mm512_storeu_ps(p + i, _mm512_add_ps(pi, _mm512_mul_ps(g, neg_lr)));
@@ -610,7 +613,7 @@ TROUPE_AVX512 void sgd_stream_avx512(float* p, const float* grad, M* buf, std::s
     if constexpr (Wd) g = g + p[i] * c.wd;
     if (buf) {
       const float b = first ? g : moment_value(buf[i]) * c.momentum + g * c.one_minus_dampening;
-      set_moment(buf[i], b);
+      set_moment<Stochastic>(buf[i], b, key, at + static_cast<std::uint32_t>(i));
       g = c.nesterov ? g + b * c.momentum : b;
     }
     p[i] = p[i] + g * (-c.lr);
@@ -622,6 +625,12 @@ template <class M>
 void sgd_stream(float* p, const float* grad, M* buf, std::size_t n, const sgd_constants& c, bool first) {
   if (c.wd != 0.0f) sgd_stream_avx512<true>(p, grad, buf, n, c, first);
   else sgd_stream_avx512<false>(p, grad, buf, n, c, first);
+}
+/// The same with bf16 momentum rounded by the draws of (key, at + i).
+void sgd_stream_stochastic(float* p, const float* grad, std::uint16_t* buf, std::size_t n, const sgd_constants& c,
+                           bool first, std::uint32_t key, std::uint32_t at) {
+  if (c.wd != 0.0f) sgd_stream_avx512<true, std::uint16_t, true>(p, grad, buf, n, c, first, key, at);
+  else sgd_stream_avx512<false, std::uint16_t, true>(p, grad, buf, n, c, first, key, at);
 }
 
 /// The permute that gathers byte 0 of the 16 lanes of each of two code vectors into bytes 0-31.
@@ -1669,10 +1678,13 @@ bool optimizer::do_step(bool reference) {
         kernel(jobs[j].begin, jobs[j].end - jobs[j].begin, at(s.m), at(s.v), at(s.vmax));
         return;
       }
-      if (kind_ == optimizer_kind::sgd && s.m.mode == mode_bf16 && !groups_[s.group].state.stochastic_rounding &&
-          quant::simd_level() >= 2) {
+      if (kind_ == optimizer_kind::sgd && s.m.mode == mode_bf16 && quant::simd_level() >= 2) {
         std::uint16_t* buf = s.m.data.data<std::uint16_t>().data() + jobs[j].begin;
-        sgd_stream(p + jobs[j].begin, g + jobs[j].begin, buf, jobs[j].end - jobs[j].begin, pl.sgd, pl.first);
+        const std::size_t n = jobs[j].end - jobs[j].begin;
+        if (groups_[s.group].state.stochastic_rounding)
+          sgd_stream_stochastic(p + jobs[j].begin, g + jobs[j].begin, buf, n, pl.sgd, pl.first, pl.rm.key,
+                                static_cast<std::uint32_t>(jobs[j].begin));
+        else sgd_stream(p + jobs[j].begin, g + jobs[j].begin, buf, n, pl.sgd, pl.first);
         return;
       }
       const state_options& so = groups_[s.group].state;
