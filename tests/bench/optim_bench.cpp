@@ -241,13 +241,19 @@ int run_optim(const optim_options& o, std::ostream& out) {
   };
   for (const auto& b : benches) {
     if (!o.only.empty() && o.only != b.name) continue;
-    // The three storages step in turn (fp32, bf16, int8, fp32, ...), so that a slow spell of a
-    // shared machine falls on all of them and their ratios hold.
-    const kernels::state_storage storages[] = {kernels::state_storage::fp32, kernels::state_storage::bf16,
-                                               kernels::state_storage::int8};
+    // The three storages (then, with --options, the state options) step in turn (fp32, bf16,
+    // int8, fp32, ...), so that a slow spell of a shared machine falls on all of them and their
+    // ratios hold.
+    std::vector<variant> vs;
+    for (auto storage : {kernels::state_storage::fp32, kernels::state_storage::bf16, kernels::state_storage::int8})
+      vs.push_back({"", storage, {.storage = storage}});
+    if (o.options)
+      for (const auto& v : variants(b.kind == kernels::optimizer_kind::sgd)) vs.push_back(v);
     std::vector<kernels::optimizer> opts;
-    for (auto storage : storages) {
-      opts.emplace_back(b.kind, std::vector<kernels::param_group>{{ptrs, b.hp, {.storage = storage}}},
+    for (const auto& v : vs) {
+      kernels::hyperparameters hp = b.hp;
+      hp.amsgrad = v.amsgrad;
+      opts.emplace_back(b.kind, std::vector<kernels::param_group>{{ptrs, hp, v.state}},
                         kernels::optimizer_options{.threads = o.threads});
       opts.back().step();  // first touch of the state
     }
@@ -261,36 +267,6 @@ int run_optim(const optim_options& o, std::ostream& out) {
           return 1;
         }
         synchronize(params[0].value);  // the device step returns when queued
-        times[k].push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
-      }
-    }
-    for (std::size_t k = 0; k < opts.size(); ++k) {
-      const double seconds = median(times[k]);
-      const double bpp = bytes_per_param(opts[k], total);
-      row(o, out, b.name, kernels::name_of(storages[k]), seconds, bpp, bpp * static_cast<double>(total) / seconds / anchor,
-          where_name);
-    }
-    if (!o.options) continue;
-    // The other state options, stepped in turn like the storages above.
-    const auto vs = variants(b.kind == kernels::optimizer_kind::sgd);
-    opts.clear();
-    for (const auto& v : vs) {
-      kernels::hyperparameters hp = b.hp;
-      hp.amsgrad = v.amsgrad;
-      opts.emplace_back(b.kind, std::vector<kernels::param_group>{{ptrs, hp, v.state}},
-                        kernels::optimizer_options{.threads = o.threads});
-      opts.back().step();
-    }
-    synchronize(params[0].value);
-    times.assign(opts.size(), {});
-    for (int s = 0; s < o.steps; ++s) {
-      for (std::size_t k = 0; k < opts.size(); ++k) {
-        const auto t0 = clock_type::now();
-        if (!opts[k].step()) {
-          std::cerr << "troupe bench optim: a step was skipped\n";
-          return 1;
-        }
-        synchronize(params[0].value);
         times[k].push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
       }
     }
