@@ -541,22 +541,24 @@ inline void set_moment(M& out, float x, std::uint32_t key, std::uint32_t at) {
 
 /// Adam/AdamW over fp32 or bf16 moments on AVX-512: the operations of adam_fused_loop, 16 lanes
 /// at a time, with software prefetch on every stream (the step is bound by memory;
-/// docs/PERFORMANCE.md). Ams: AMSGrad, with its maximum in x (same storage as m and v).
+/// docs/PERFORMANCE.md). The first moment in M, the second (and AMSGrad's maximum) in V: the
+/// same type, or fp32 and bf16 (first_moment_fp32). Ams: AMSGrad, with its maximum in x.
 /// Stochastic: bf16 moments rounded by the draws of `keys`; else to nearest even.
-template <bool L2, bool Clip, bool Low, class M, bool Ams = false, bool Stochastic = false>
-TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, M* v, M* x, std::size_t n,
+template <bool L2, bool Clip, bool Low, class M, bool Ams = false, bool Stochastic = false, class V = M>
+TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, V* v, std::type_identity_t<V>* x, std::size_t n,
                                       const adam_constants& c, const draw_keys& keys = {}) {
-  static_assert(!Stochastic || std::is_same_v<M, std::uint16_t>);
+  static_assert(!Stochastic || std::is_same_v<V, std::uint16_t>);
+  constexpr bool m_stochastic = Stochastic && std::is_same_v<M, std::uint16_t>;
   const adam_vectors512 k = broadcast512(c);
   const __m512i mk = _mm512_set1_epi32(static_cast<int>(keys.m)), vk = _mm512_set1_epi32(static_cast<int>(keys.v));
   const __m512i xk = _mm512_set1_epi32(static_cast<int>(keys.x));
-  constexpr std::size_t per_line = 64 / sizeof(M);
+  constexpr std::size_t m_line = 64 / sizeof(M), v_line = 64 / sizeof(V);  // elements per cache line
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     _mm_prefetch(reinterpret_cast<const char*>(p + i + prefetch_ahead), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(grad + i + prefetch_ahead), _MM_HINT_T0);
-    if (i % per_line == 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(m + i + prefetch_ahead), _MM_HINT_T0);
+    if (i % m_line == 0) _mm_prefetch(reinterpret_cast<const char*>(m + i + prefetch_ahead), _MM_HINT_T0);
+    if (i % v_line == 0) {
       _mm_prefetch(reinterpret_cast<const char*>(v + i + prefetch_ahead), _MM_HINT_T0);
       if constexpr (Ams) _mm_prefetch(reinterpret_cast<const char*>(x + i + prefetch_ahead), _MM_HINT_T0);
     }
@@ -565,7 +567,7 @@ TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, M* v, M
     __m512 xi = Ams ? load_moment512(x + i) : mi;
     _mm512_storeu_ps(p + i, adam_avx512<L2, Clip, Low, Ams>(_mm512_loadu_ps(p + i), _mm512_loadu_ps(grad + i), mi,
                                                              vi, k, &xi));
-    store_moment512<Stochastic>(m + i, mi, mk, at);
+    store_moment512<m_stochastic>(m + i, mi, mk, at);
     store_moment512<Stochastic>(v + i, vi, vk, at);
     if constexpr (Ams) store_moment512<Stochastic>(x + i, xi, xk, at);
   }
@@ -573,7 +575,7 @@ TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, M* v, M
     const std::uint32_t at = keys.first + static_cast<std::uint32_t>(i);
     float mi, vi, xi = Ams ? moment_value(x[i]) : 0.0f;
     p[i] = adam_element<L2>(p[i], grad[i], moment_value(m[i]), moment_value(v[i]), c, mi, vi, Ams ? &xi : nullptr);
-    set_moment<Stochastic>(m[i], mi, keys.m, at);
+    set_moment<m_stochastic>(m[i], mi, keys.m, at);
     set_moment<Stochastic>(v[i], vi, keys.v, at);
     if constexpr (Ams) set_moment<Stochastic>(x[i], xi, keys.x, at);
   }
@@ -640,12 +642,17 @@ TROUPE_AVX512 inline __m512i code_bytes() noexcept {
                          36, 32, 28, 24, 20, 16, 12, 8, 4, 0);
 }
 
-/// The 8-bit moments of the AVX-512 Adam kernel, indexed 0 (m, the signed map), 1 (v) and, with
-/// AMSGrad, 2 (its maximum; the unsigned map like v): codes, block scales and map values.
+/// The moments of the AVX-512 Adam kernel, indexed 0 (m, the signed map), 1 (v) and, with
+/// AMSGrad, 2 (its maximum; the unsigned map like v): codes, block scales and map values. With
+/// first_moment_fp32, m is fp32 values instead (`m_fp32`, indexed like the parameters) and its
+/// codes, scale and values are unused. `percentile`: scale each block by this percentile of |x|
+/// (quant::block_scale) where that is not its absmax, else 0.
 struct int8_moments {
   std::uint8_t* codes[3] = {};
   float* scales[3] = {};
   const float* values[3] = {};
+  float* m_fp32 = nullptr;
+  double percentile = 0;
 };
 
 /// A block whose new moment values wait in L1 buffers for their codes.
@@ -675,46 +682,65 @@ TROUPE_AVX512 inline stochastic_state load_stochastic(const quant::qmap& mmap, c
   return sr;
 }
 
+/// Which 8-bit moments a kernel instance has: m (unless kept in fp32), v, and AMSGrad's maximum.
+template <bool MFp32, bool Ams>
+struct moment_set {
+  static constexpr int first = MFp32 ? 1 : 0;  // the first 8-bit moment
+  static constexpr int end = Ams ? 3 : 2;
+  static constexpr int count = Ams ? 3 : 2;    // moment buffers per block (m's unused with MFp32)
+};
+
 /// Codes of elements [j, j + 16) of a pending block: the arithmetic quantizer, then the table for
-/// the lanes it is not sure of (Stochastic: draws, no table). Ams: AMSGrad's maximum too.
+/// the lanes it is not sure of (Stochastic: draws, no table). Ams: AMSGrad's maximum too; MFp32:
+/// no first moment.
 /// Always inlined: as a call it would spill the kernel's vector registers (all caller-saved) on
 /// every chunk, a 1.5x slower step. (GCC 12 takes the intrinsics' own undefined-value
 /// placeholders for uninitialized variables here once they are inlined.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
-template <bool Stochastic, bool Ams>
+template <bool Stochastic, bool Ams, bool MFp32>
 TROUPE_AVX512 inline __attribute__((always_inline)) void quantize_chunk(
     const pending_block& q, std::size_t j, const quant::avx512::quantizer& mq, const quant::avx512::quantizer& vq,
     const quant::qmap& mmap, const quant::qmap& vmap, const stochastic_state& sr) {
-  const __m512 xm = _mm512_mul_ps(_mm512_loadu_ps(q.buf[0] + j), _mm512_set1_ps(q.inv[0]));
+  const __m512 xm = MFp32 ? _mm512_setzero_ps() : _mm512_mul_ps(_mm512_loadu_ps(q.buf[0] + j), _mm512_set1_ps(q.inv[0]));
   const __m512 xv = _mm512_mul_ps(_mm512_loadu_ps(q.buf[1] + j), _mm512_set1_ps(q.inv[1]));
   __m512 xx = xv;
   if constexpr (Ams) xx = _mm512_mul_ps(_mm512_loadu_ps(q.buf[2] + j), _mm512_set1_ps(q.inv[2]));
   if constexpr (Stochastic) {
     // Codes by draws; no lane needs the table (quant::avx512::stochastic_codes).
     const std::uint32_t at = q.first + static_cast<std::uint32_t>(j);
-    const __m512i cm = quant::avx512::stochastic_codes<true>(sr.mq, mmap.values(), xm, sr.key[0], at, true);
     const __m512i cv = quant::avx512::stochastic_codes<false>(sr.vq, vmap.values(), xv, sr.key[1], at, true);
-    const __m512i both = _mm512_permutex2var_epi8(cm, code_bytes(), cv);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[0] + j), _mm512_castsi512_si128(both));
-    _mm256_mask_storeu_epi8(q.codes[1] + j - 16, 0xffff0000u, _mm512_castsi512_si256(both));
+    if constexpr (MFp32) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[1] + j), _mm512_cvtepi32_epi8(cv));
+    } else {
+      const __m512i cm = quant::avx512::stochastic_codes<true>(sr.mq, mmap.values(), xm, sr.key[0], at, true);
+      const __m512i both = _mm512_permutex2var_epi8(cm, code_bytes(), cv);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[0] + j), _mm512_castsi512_si128(both));
+      _mm256_mask_storeu_epi8(q.codes[1] + j - 16, 0xffff0000u, _mm512_castsi512_si256(both));
+    }
     if constexpr (Ams) {
       const __m512i cx = quant::avx512::stochastic_codes<false>(sr.vq, vmap.values(), xx, sr.key[2], at, true);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[2] + j), _mm512_cvtepi32_epi8(cx));
     }
     return;
   }
-  __m512 rm, rv;
-  const __m512i km = quant::avx512::quantize<true>(mq, xm, rm);
+  __m512 rv, r;
   const __m512i kv = quant::avx512::quantize<false, true>(vq, xv, rv);
-  // Both moments' indexes in one permute: m's in bytes 0-15, v's (their codes) in bytes 16-31.
-  const __m512i both = _mm512_permutex2var_epi8(km, code_bytes(), kv);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[0] + j),
-                   quant::avx512::signed_codes(mq, _mm512_castsi512_si128(both), quant::avx512::negative(xm)));
-  _mm256_mask_storeu_epi8(q.codes[1] + j - 16, 0xffff0000u, _mm512_castsi512_si256(both));
-  // One test for all moments (the smallest |r|); a lane any moment is unsure of gets every code
-  // from the table.
-  __m512 r = _mm512_range_ps(rm, rv, 0x0a);
+  if constexpr (MFp32) {
+    quant::avx512::store_codes<false>(q.codes[1] + j, vq, kv, xv);
+    r = _mm512_abs_ps(rv);
+  } else {
+    __m512 rm;
+    const __m512i km = quant::avx512::quantize<true>(mq, xm, rm);
+    // Both moments' indexes in one permute: m's in bytes 0-15, v's (their codes) in bytes 16-31.
+    const __m512i both = _mm512_permutex2var_epi8(km, code_bytes(), kv);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[0] + j),
+                     quant::avx512::signed_codes(mq, _mm512_castsi512_si128(both), quant::avx512::negative(xm)));
+    _mm256_mask_storeu_epi8(q.codes[1] + j - 16, 0xffff0000u, _mm512_castsi512_si256(both));
+    // One test for all moments (the smallest |r|); a lane any moment is unsure of gets every code
+    // from the table.
+    r = _mm512_range_ps(rm, rv, 0x0a);
+  }
   if constexpr (Ams) {
     __m512 rx;
     quant::avx512::store_codes<false>(q.codes[2] + j, vq, quant::avx512::quantize<false, true>(vq, xx, rx), xx);
@@ -724,20 +750,19 @@ TROUPE_AVX512 inline __attribute__((always_inline)) void quantize_chunk(
   if (unsure != 0) [[unlikely]] {
     for (unsigned m = unsure; m != 0; m &= m - 1) {
       const std::size_t i = j + static_cast<std::size_t>(__builtin_ctz(m));
-      q.codes[0][i] = quant::avx512::quantize_exact(mmap, q.buf[0][i] * q.inv[0], true);
-      q.codes[1][i] = quant::avx512::quantize_exact(vmap, q.buf[1][i] * q.inv[1], true);
-      if constexpr (Ams) q.codes[2][i] = quant::avx512::quantize_exact(vmap, q.buf[2][i] * q.inv[2], true);
+      for (int k = moment_set<MFp32, Ams>::first; k < moment_set<MFp32, Ams>::end; ++k)
+        q.codes[k][i] = quant::avx512::quantize_exact(k == 0 ? mmap : vmap, q.buf[k][i] * q.inv[k], true);
     }
   }
 }
 #pragma GCC diagnostic pop
 
 /// The elements of a pending block that do not fill a vector.
-template <bool Stochastic, bool Ams>
+template <bool Stochastic, bool Ams, bool MFp32>
 inline void quantize_tail(const pending_block& q, std::size_t from, const quant::qmap& mmap, const quant::qmap& vmap,
                           const stochastic_state& sr) {
   if (from >= q.n) return;
-  for (int k = 0; k < (Ams ? 3 : 2); ++k) {
+  for (int k = moment_set<MFp32, Ams>::first; k < moment_set<MFp32, Ams>::end; ++k) {
     const quant::qmap& map = k == 0 ? mmap : vmap;
     if constexpr (Stochastic) {
       quant::block_options o;
@@ -753,10 +778,10 @@ inline void quantize_tail(const pending_block& q, std::size_t from, const quant:
 /// The 8-bit moments of one block as values (map value of the code times the block's scale) in
 /// an L1 buffer, moment k at buf + k * block: decode_chunk does 16 elements by gathers from the
 /// 1 KiB value tables, decode_tail the elements from `from` on one at a time.
-template <bool Ams>
+template <bool Ams, bool MFp32>
 TROUPE_AVX512 inline void decode_chunk(const int8_moments& d, std::size_t block, std::size_t b, std::size_t i,
                                        const __m512 (&scales)[3], float* buf) {
-  for (int k = 0; k < (Ams ? 3 : 2); ++k) {
+  for (int k = moment_set<MFp32, Ams>::first; k < moment_set<MFp32, Ams>::end; ++k) {
     const std::uint8_t* c = d.codes[k] + b + i;
     if ((i & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(c + prefetch_ahead), _MM_HINT_T0);
     _mm512_storeu_ps(buf + k * block + i,
@@ -764,10 +789,10 @@ TROUPE_AVX512 inline void decode_chunk(const int8_moments& d, std::size_t block,
   }
 }
 
-template <bool Ams>
+template <bool Ams, bool MFp32>
 inline void decode_tail(const int8_moments& d, std::size_t block, std::size_t b, std::size_t from, std::size_t n,
                         float* buf) {
-  for (int k = 0; k < (Ams ? 3 : 2); ++k)
+  for (int k = moment_set<MFp32, Ams>::first; k < moment_set<MFp32, Ams>::end; ++k)
     for (std::size_t i = from; i < n; ++i) buf[k * block + i] = d.values[k][d.codes[k][b + i]] * d.scales[k][b / block];
 }
 
@@ -776,39 +801,43 @@ inline void decode_tail(const int8_moments& d, std::size_t block, std::size_t b,
 /// moments of a block rotate between the stages: the decoded moments of the next block
 /// (gathers), the moments of this block (read and overwritten by the update, which writes the
 /// parameters and keeps the absmax), and the new moments of the block before (the arithmetic
-/// quantizer, once the absmax is known). Decoding a block ahead keeps the gathers' latency out of
-/// the update's dependency chain and the quantizer's integer and permute work runs beside the
-/// update's division and square root (docs/PERFORMANCE.md).
+/// quantizer, once the block's scale is known). Decoding a block ahead keeps the gathers' latency
+/// out of the update's dependency chain and the quantizer's integer and permute work runs beside
+/// the update's division and square root (docs/PERFORMANCE.md).
 /// Stochastic: codes by stochastic rounding with `keys` (quant::quantize_block's draws).
-/// Ams: AMSGrad, its maximum as a third 8-bit moment. `buffers` holds 9 * block floats.
-template <bool L2, bool Clip, bool Low, bool Stochastic, bool Ams>
+/// Ams: AMSGrad, its maximum as a third 8-bit moment. MFp32: the first moment in fp32
+/// (mo.m_fp32), read and written in place as a stream. A block's scale is its absmax, or
+/// mo.percentile's selection from the updated values in L1. `buffers` holds 9 * block floats.
+template <bool L2, bool Clip, bool Low, bool Stochastic, bool Ams, bool MFp32>
 TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_moments& mo, const quant::qmap& mmap,
                                            const quant::qmap& vmap, std::size_t begin, std::size_t end,
                                            std::size_t block, const adam_constants& c, float* buffers,
                                            const std::uint32_t (&keys)[3]) {
   if (begin >= end) return;
-  constexpr int count = Ams ? 3 : 2;
+  using set = moment_set<MFp32, Ams>;
   const quant::avx512::quantizer mq = quant::avx512::load_quantizer(mmap, true);
   const quant::avx512::quantizer vq = quant::avx512::load_quantizer(vmap, true);
   const stochastic_state sr = load_stochastic(mmap, vmap, keys);
   const adam_vectors512 kc = broadcast512(c);
-  auto buffer = [&](std::size_t index) { return buffers + count * block * (index % 3); };
+  auto buffer = [&](std::size_t index) { return buffers + set::count * block * (index % 3); };
   auto full_of = [](std::size_t n) { return n & ~std::size_t{15}; };
   auto scales_of = [&](std::size_t b, __m512 (&out)[3]) TROUPE_AVX512 {
-    for (int k = 0; k < 3; ++k) out[k] = _mm512_set1_ps(k < count && b < end ? mo.scales[k][b / block] : 0.0f);
+    for (int k = 0; k < 3; ++k)
+      out[k] = _mm512_set1_ps(k >= set::first && k < set::end && b < end ? mo.scales[k][b / block] : 0.0f);
   };
   {
     const std::size_t n = std::min(block, end - begin);
     __m512 scales[3];
     scales_of(begin, scales);
-    for (std::size_t i = 0; i < full_of(n); i += 16) decode_chunk<Ams>(mo, block, begin, i, scales, buffer(0));
-    decode_tail<Ams>(mo, block, begin, full_of(n), n, buffer(0));
+    for (std::size_t i = 0; i < full_of(n); i += 16) decode_chunk<Ams, MFp32>(mo, block, begin, i, scales, buffer(0));
+    decode_tail<Ams, MFp32>(mo, block, begin, full_of(n), n, buffer(0));
   }
   pending_block prev;
   std::size_t index = 0;
   for (std::size_t b = begin; b < end; b += block, ++index) {
     const std::size_t n = std::min(block, end - b), k = b / block;
     float* mbuf = buffer(index);
+    float* mrow = MFp32 ? mo.m_fp32 + b : mbuf;  // where this block's first moment is updated
     float* vbuf = mbuf + block;
     float* xbuf = vbuf + block;  // AMSGrad only
     float* next = buffer(index + 1);
@@ -821,34 +850,35 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_
     const std::size_t full = full_of(n), prev_full = full_of(prev.n), next_full = full_of(nn);
     const std::size_t top = std::max({full, prev_full, next_full});
     for (std::size_t i = 0; i < top; i += 16) {
-      if (i < next_full) decode_chunk<Ams>(mo, block, nb, i, next_scales, next);
+      if (i < next_full) decode_chunk<Ams, MFp32>(mo, block, nb, i, next_scales, next);
       if (i < full) {
         // Software prefetch 2 KiB ahead on the parameter and gradient streams: this loop is slow
         // enough per byte that the hardware prefetchers alone leave it waiting on memory
         // (docs/PERFORMANCE.md). A prefetch past the end of a tensor does not fault.
         _mm_prefetch(reinterpret_cast<const char*>(pb + i + prefetch_ahead), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(gb + i + prefetch_ahead), _MM_HINT_T0);
-        __m512 mi = _mm512_loadu_ps(mbuf + i), vi = _mm512_loadu_ps(vbuf + i);
+        if constexpr (MFp32) _mm_prefetch(reinterpret_cast<const char*>(mrow + i + prefetch_ahead), _MM_HINT_T0);
+        __m512 mi = _mm512_loadu_ps(mrow + i), vi = _mm512_loadu_ps(vbuf + i);
         __m512 xi = Ams ? _mm512_loadu_ps(xbuf + i) : mi;
         _mm512_storeu_ps(pb + i, adam_avx512<L2, Clip, Low, Ams>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i),
                                                                   mi, vi, kc, &xi));
-        _mm512_storeu_ps(mbuf + i, mi);
+        _mm512_storeu_ps(mrow + i, mi);
         _mm512_storeu_ps(vbuf + i, vi);
-        ma = _mm512_range_ps(ma, mi, 0x0b);  // max(|ma|, |mi|), sign cleared
+        if constexpr (!MFp32) ma = _mm512_range_ps(ma, mi, 0x0b);  // max(|ma|, |mi|), sign cleared
         va = _mm512_range_ps(va, vi, 0x0b);
         if constexpr (Ams) {
           _mm512_storeu_ps(xbuf + i, xi);
           xa = _mm512_range_ps(xa, xi, 0x0b);
         }
       }
-      if (i < prev_full) quantize_chunk<Stochastic, Ams>(prev, i, mq, vq, mmap, vmap, sr);
+      if (i < prev_full) quantize_chunk<Stochastic, Ams, MFp32>(prev, i, mq, vq, mmap, vmap, sr);
     }
-    decode_tail<Ams>(mo, block, nb, next_full, nn, next);
-    quantize_tail<Stochastic, Ams>(prev, prev_full, mmap, vmap, sr);
+    decode_tail<Ams, MFp32>(mo, block, nb, next_full, nn, next);
+    quantize_tail<Stochastic, Ams, MFp32>(prev, prev_full, mmap, vmap, sr);
     float am = _mm512_reduce_max_ps(ma), av = _mm512_reduce_max_ps(va), ax = _mm512_reduce_max_ps(xa);
     for (std::size_t j = full; j < n; ++j) {
-      pb[j] = adam_element<L2>(pb[j], gb[j], mbuf[j], vbuf[j], c, mbuf[j], vbuf[j], Ams ? xbuf + j : nullptr);
-      am = std::max(am, std::fabs(mbuf[j]));
+      pb[j] = adam_element<L2>(pb[j], gb[j], mrow[j], vbuf[j], c, mrow[j], vbuf[j], Ams ? xbuf + j : nullptr);
+      am = std::max(am, std::fabs(mrow[j]));
       av = std::max(av, std::fabs(vbuf[j]));
       if constexpr (Ams) ax = std::max(ax, std::fabs(xbuf[j]));
     }
@@ -856,31 +886,32 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_
     prev = {};
     prev.n = n;
     prev.first = static_cast<std::uint32_t>(b);
-    for (int m = 0; m < count; ++m) {
-      mo.scales[m][k] = absmax[m];
+    for (int m = set::first; m < set::end; ++m) {
+      const float scale = mo.percentile > 0 ? quant::block_scale(mbuf + m * block, n, mo.percentile) : absmax[m];
+      mo.scales[m][k] = scale;
       prev.codes[m] = mo.codes[m] + b;
       prev.buf[m] = mbuf + m * block;
-      prev.scale[m] = absmax[m];
-      prev.inv[m] = absmax[m] > 0 ? 1.0f / absmax[m] : 0.0f;
+      prev.scale[m] = scale;
+      prev.inv[m] = scale > 0 ? 1.0f / scale : 0.0f;
     }
   }
   const std::size_t prev_full = full_of(prev.n);
-  for (std::size_t j = 0; j < prev_full; j += 16) quantize_chunk<Stochastic, Ams>(prev, j, mq, vq, mmap, vmap, sr);
-  quantize_tail<Stochastic, Ams>(prev, prev_full, mmap, vmap, sr);
+  for (std::size_t j = 0; j < prev_full; j += 16) quantize_chunk<Stochastic, Ams, MFp32>(prev, j, mq, vq, mmap, vmap, sr);
+  quantize_tail<Stochastic, Ams, MFp32>(prev, prev_full, mmap, vmap, sr);
 }
 
 /// SGD with an 8-bit momentum buffer over the blocks of [begin, end) on AVX-512: the structure of
 /// adam_int8_blocks_avx512 with one moment (decode by gather, update, absmax, codes of the block
 /// before written while this one is updated). The same operations as the portable path
 /// (sgd_fused_loop between dequantize_block and quantize_block), so the same bits. Stochastic:
-/// codes by stochastic rounding with `key` (quant::quantize_block's draws).
+/// codes by stochastic rounding with `key` (quant::quantize_block's draws). A block's scale is
+/// its absmax, or (percentile > 0) that percentile's selection from the new values in L1.
 template <bool Wd, bool Stochastic>
 TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t* mc, float* msc,
                                           const quant::qmap& map, std::size_t begin, std::size_t end,
                                           std::size_t block, const sgd_constants& c, bool first, float* buffers,
-                                          std::uint32_t key) {
-  const quant::avx512::quantizer q = quant::avx512::load_quantizer(map, true);
-  const quant::avx512::quantizer q_nearest = quant::avx512::load_quantizer(map, false);
+                                          std::uint32_t key, double percentile) {
+  const quant::avx512::quantizer q = quant::avx512::load_quantizer(map, !Stochastic);
   const __m512i vkey = _mm512_set1_epi32(static_cast<int>(key));
   const __m512 gscale = _mm512_set1_ps(c.gscale), wd = _mm512_set1_ps(c.wd), momentum = _mm512_set1_ps(c.momentum);
   const __m512 omd = _mm512_set1_ps(c.one_minus_dampening), neg_lr = _mm512_set1_ps(-c.lr);
@@ -896,7 +927,7 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
     __m512 r;
     const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(prev.values + j), _mm512_set1_ps(prev.inv));
     if constexpr (Stochastic) {
-      const __m512i codes = quant::avx512::stochastic_codes<true>(q_nearest, map.values(), x, vkey,
+      const __m512i codes = quant::avx512::stochastic_codes<true>(q, map.values(), x, vkey,
                                                                   prev.first + static_cast<std::uint32_t>(j), true);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(prev.codes + j), _mm512_cvtepi32_epi8(codes));
       return;
@@ -966,15 +997,14 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
       buf[j] = bj;
       am = std::max(am, std::fabs(bj));
     }
-    msc[k] = am;
-    prev = {mc + b, buf, n, am > 0 ? 1.0f / am : 0.0f, am, static_cast<std::uint32_t>(b)};
+    const float s = percentile > 0 ? quant::block_scale(buf, n, percentile) : am;
+    msc[k] = s;
+    prev = {mc + b, buf, n, s > 0 ? 1.0f / s : 0.0f, s, static_cast<std::uint32_t>(b)};
   }
   for (std::size_t j = 0; j < (prev.n & ~std::size_t{15}); j += 16) quantize(j);
   quantize_rest(prev.n & ~std::size_t{15});
 }
 
-/// Whether a slot's step can use the fused compressed kernels: Adam or AdamW with m and v in the
-/// same compressed storage, no AMSGrad, round to nearest, 8-bit scaled by the absmax.
 /// Whether scaling blocks of up to `block` values by percentile p of |x| is scaling by their
 /// absmax: quant::block_scale takes the ceil(p / 100 * n)-th smallest |x| of n values, the
 /// largest when that rank is n, for every n from 1 (a last, short block) up to `block`. Then
@@ -987,45 +1017,54 @@ bool scale_is_absmax(double p, std::int64_t block) {
   return true;
 }
 
-/// absmax_scale: scale_is_absmax for this slot's group (computed once per step).
+/// absmax_scale: scale_is_absmax for this slot's group (computed once per step). The AVX-512
+/// kernels take every option of bf16 and 8-bit state (the first moment like v or fp32);
+/// AVX2 has bf16 and 8-bit moments rounded to nearest, 8-bit scaled by the absmax, no AMSGrad.
 bool fused_compressed(optimizer_kind kind, const optimizer::slot& s, const state_options& so, bool absmax_scale) {
   if (quant::simd_level() < 1 || kind == optimizer_kind::sgd) return false;
-  if (s.m.mode != s.v.mode || s.m.block != s.v.block) return false;
-  // Stochastic rounding and AMSGrad (its maximum in the storage of the moments): the AVX-512
-  // kernels only.
-  if ((so.stochastic_rounding || s.vmax.mode != mode_none) && quant::simd_level() < 2) return false;
-  if (s.vmax.mode != mode_none && (s.vmax.mode != s.m.mode || s.vmax.block != s.m.block)) return false;
-  if (s.m.mode == mode_bf16) return true;
-  return s.m.mode == mode_int8 && absmax_scale;
+  const auto &m = s.m, &v = s.v, &x = s.vmax;
+  if (x.mode != mode_none && (x.mode != v.mode || x.block != v.block)) return false;
+  const bool same = m.mode == v.mode && m.block == v.block;
+  if (quant::simd_level() >= 2) return (same || m.mode == mode_fp32) && (v.mode == mode_bf16 || v.mode == mode_int8);
+  if (so.stochastic_rounding || x.mode != mode_none || !same) return false;
+  return v.mode == mode_bf16 || (v.mode == mode_int8 && absmax_scale);
 }
 
 /// The fused step over elements [begin, end) of a slot (begin on a block boundary for 8-bit).
+/// absmax_scale: the 8-bit blocks' percentile scale is their absmax (scale_is_absmax).
 void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, const adam_constants& c,
-                     const rounding& rm, const rounding& rv, const rounding& rx) {
+                     const rounding& rm, const rounding& rv, const rounding& rx, bool absmax_scale) {
   float* p = s.p->value.data<float>().data();
   const float* g = std::as_const(*s.p).grad.data<float>().data();
   const bool l2 = c.l2 != 0.0f;
-  if (s.m.mode == mode_bf16) {
-    std::uint16_t* m = s.m.data.data<std::uint16_t>().data();
+  if (s.v.mode == mode_bf16) {
     std::uint16_t* v = s.v.data.data<std::uint16_t>().data();
     if (quant::simd_level() >= 2) {
       std::uint16_t* x = s.vmax.mode == mode_bf16 ? s.vmax.data.data<std::uint16_t>().data() + begin : nullptr;
       const draw_keys keys{rm.key, rv.key, rx.key, static_cast<std::uint32_t>(begin)};
-      auto stream = [&](auto ams, auto stochastic) {
+      auto stream = [&](auto* m, auto ams, auto stochastic) {
         with_choices(c, [&](auto l2c, auto clip, auto low) {
-          adam_stream_avx512<l2c, clip, low, std::uint16_t, ams, stochastic>(p + begin, g + begin, m + begin,
-                                                                              v + begin, x, end - begin, c, keys);
+          adam_stream_avx512<l2c, clip, low, std::remove_pointer_t<decltype(m)>, ams, stochastic, std::uint16_t>(
+              p + begin, g + begin, m + begin, v + begin, x, end - begin, c, keys);
         });
       };
-      if (x && rm.stochastic) stream(std::true_type{}, std::true_type{});
-      else if (x) stream(std::true_type{}, std::false_type{});
-      else if (rm.stochastic) stream(std::false_type{}, std::true_type{});
-      else stream(std::false_type{}, std::false_type{});
-    } else if (l2) adam_bf16_avx2<true>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
+      auto with_options = [&](auto* m) {
+        if (x && rv.stochastic) stream(m, std::true_type{}, std::true_type{});
+        else if (x) stream(m, std::true_type{}, std::false_type{});
+        else if (rv.stochastic) stream(m, std::false_type{}, std::true_type{});
+        else stream(m, std::false_type{}, std::false_type{});
+      };
+      // The first moment bf16 like v, or fp32 (first_moment_fp32).
+      if (s.m.mode == mode_fp32) with_options(s.m.data.data<float>().data());
+      else with_options(s.m.data.data<std::uint16_t>().data());
+      return;
+    }
+    std::uint16_t* m = s.m.data.data<std::uint16_t>().data();
+    if (l2) adam_bf16_avx2<true>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
     else adam_bf16_avx2<false>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
     return;
   }
-  const std::size_t block = static_cast<std::size_t>(s.m.block);
+  const std::size_t block = static_cast<std::size_t>(s.v.block);
   // One block of each moment; the AVX-512 kernel uses bm for three blocks of up to three moments
   // (it decodes the next block and quantizes the one before while it updates one).
   thread_local std::vector<float> bm, bv;
@@ -1033,40 +1072,52 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     bm.resize(9 * block);
     bv.resize(block);
   }
-  const auto& mmap = map_of(s.m);
+  const auto& mmap = quant::qmap::dynamic(true);
   const auto& vmap = map_of(s.v);
-  std::uint8_t* mc = s.m.data.data<std::uint8_t>().data();
   std::uint8_t* vc = s.v.data.data<std::uint8_t>().data();
-  float* msc = s.m.scales.data<float>().data();
   float* vsc = s.v.scales.data<float>().data();
-  const auto mo = block_opts(s.m, rm), vo = block_opts(s.v, rv);
-  if (quant::simd_level() >= 2 && mmap.is_signed() && !vmap.is_signed()) {
+  if (quant::simd_level() >= 2) {
     int8_moments moments;
-    moments.codes[0] = mc;
+    const bool m_fp32 = s.m.mode == mode_fp32;
+    if (m_fp32) {
+      moments.m_fp32 = s.m.data.data<float>().data();
+    } else {
+      moments.codes[0] = s.m.data.data<std::uint8_t>().data();
+      moments.scales[0] = s.m.scales.data<float>().data();
+    }
     moments.codes[1] = vc;
-    moments.scales[0] = msc;
     moments.scales[1] = vsc;
     moments.values[0] = mmap.values();
     moments.values[1] = moments.values[2] = vmap.values();
+    moments.percentile = absmax_scale ? 0.0 : rv.percentile;
     const bool ams = s.vmax.mode == mode_int8;
     if (ams) {
       moments.codes[2] = s.vmax.data.data<std::uint8_t>().data();
       moments.scales[2] = s.vmax.scales.data<float>().data();
     }
     const std::uint32_t keys[3] = {rm.key, rv.key, rx.key};
-    auto run = [&](auto stochastic, auto amsgrad) {
+    auto run = [&](auto stochastic, auto amsgrad, auto first_fp32) {
       with_choices(c, [&](auto l2c, auto clip, auto low) {
-        adam_int8_blocks_avx512<l2c, clip, low, stochastic, amsgrad>(p, g, moments, mmap, vmap, begin, end, block, c,
-                                                                       bm.data(), keys);
+        adam_int8_blocks_avx512<l2c, clip, low, stochastic, amsgrad, first_fp32>(p, g, moments, mmap, vmap, begin, end,
+                                                                                   block, c, bm.data(), keys);
       });
     };
-    if (rm.stochastic) {
-      if (ams) run(std::true_type{}, std::true_type{});
-      else run(std::true_type{}, std::false_type{});
-    } else if (ams) run(std::false_type{}, std::true_type{});
-    else run(std::false_type{}, std::false_type{});
+    auto with_fp32 = [&](auto stochastic, auto amsgrad) {
+      if (m_fp32) run(stochastic, amsgrad, std::true_type{});
+      else run(stochastic, amsgrad, std::false_type{});
+    };
+    auto with_ams = [&](auto stochastic) {
+      if (ams) with_fp32(stochastic, std::true_type{});
+      else with_fp32(stochastic, std::false_type{});
+    };
+    if (rm.stochastic) with_ams(std::true_type{});
+    else with_ams(std::false_type{});
     return;
   }
+  // AVX2: both moments 8-bit, scaled by their absmax, rounded to nearest.
+  std::uint8_t* mc = s.m.data.data<std::uint8_t>().data();
+  float* msc = s.m.scales.data<float>().data();
+  const auto mo = block_opts(s.m, rm), vo = block_opts(s.v, rv);
   for (std::size_t b = begin; b < end; b += block) {
     const std::size_t n = std::min(block, end - b), k = b / block;
     float mabs, vabs;
@@ -1688,8 +1739,7 @@ bool optimizer::do_step(bool reference) {
         return;
       }
       const state_options& so = groups_[s.group].state;
-      if (kind_ == optimizer_kind::sgd && s.m.mode == mode_int8 && s.m.is_signed && pl.absmax_scale &&
-          quant::simd_level() >= 2) {
+      if (kind_ == optimizer_kind::sgd && s.m.mode == mode_int8 && s.m.is_signed && quant::simd_level() >= 2) {
         thread_local std::vector<float> buffers;
         const std::size_t block = static_cast<std::size_t>(s.m.block);
         if (buffers.size() < 2 * block) buffers.resize(2 * block);
@@ -1698,7 +1748,8 @@ bool optimizer::do_step(bool reference) {
         const auto& map = map_of(s.m);
         auto run = [&](auto wd, auto stochastic) {
           sgd_int8_blocks_avx512<wd, stochastic>(p, g, mc, msc, map, jobs[j].begin, jobs[j].end, block, pl.sgd,
-                                                 pl.first, buffers.data(), pl.rm.key);
+                                                 pl.first, buffers.data(), pl.rm.key,
+                                                 pl.absmax_scale ? 0.0 : pl.rm.percentile);
         };
         const bool wd = pl.sgd.wd != 0.0f;
         if (so.stochastic_rounding) {
@@ -1709,7 +1760,7 @@ bool optimizer::do_step(bool reference) {
         return;
       }
       if (kind_ != optimizer_kind::sgd && fused_compressed(kind_, s, groups_[s.group].state, pl.absmax_scale)) {
-        adam_compressed(s, jobs[j].begin, jobs[j].end, pl.adam, pl.rm, pl.rv, pl.rx);
+        adam_compressed(s, jobs[j].begin, jobs[j].end, pl.adam, pl.rm, pl.rv, pl.rx, pl.absmax_scale);
         return;
       }
       // Other compressed moments: one block at a time through buffers that stay in L1.

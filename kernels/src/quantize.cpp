@@ -406,40 +406,100 @@ __attribute__((target("avx2"))) float absmax_avx2(const float* x, std::size_t n,
   return r;
 }
 
+/// The m largest magnitudes seen so far (m <= 16), largest first: a value enters only when it
+/// beats the smallest of them.
+struct largest_magnitudes {
+  float top[16];
+  std::size_t m, filled = 0;
+  void offer(float v) noexcept {
+    if (filled == m && !(v > top[m - 1])) return;
+    std::size_t j = filled < m ? filled++ : m - 1;
+    for (; j > 0 && top[j - 1] < v; --j) top[j] = top[j - 1];
+    top[j] = v;
+  }
+};
+
+// GCC 12 takes the reductions' own undefined-value placeholders for uninitialized variables.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+/// The m-th largest |x| (counting equal values, m <= M) of n finite values in one pass without
+/// branches on the data: each of the 16 lanes keeps the M largest magnitudes of its values,
+/// sorted, in M registers (an insertion is 2M - 1 min/max), and the m largest of all are among
+/// them; then m times the largest head of the lanes is taken off its lane. `absmax` gets the first.
+template <int M>
+TROUPE_AVX512 float mth_largest_avx512(const float* x, std::size_t n, std::size_t m, float& absmax) noexcept {
+  const __m512 none = _mm512_set1_ps(-1.0f);  // below every magnitude
+  __m512 t[M];
+  for (auto& r : t) r = none;
+  auto insert = [&](__m512 a) TROUPE_AVX512 {
+    for (int k = M - 1; k > 0; --k) t[k] = _mm512_max_ps(t[k], _mm512_min_ps(t[k - 1], a));
+    t[0] = _mm512_max_ps(t[0], a);
+  };
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) insert(_mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  if (i < n) {
+    const auto lanes = static_cast<__mmask16>((1u << (n - i)) - 1);
+    insert(_mm512_mask_mov_ps(none, lanes, _mm512_abs_ps(_mm512_maskz_loadu_ps(lanes, x + i))));
+  }
+  for (std::size_t taken = 1;; ++taken) {
+    const float v = _mm512_reduce_max_ps(t[0]);
+    if (taken == 1) absmax = v;
+    if (taken == m) return v;
+    const __mmask16 at = _mm512_cmp_ps_mask(t[0], _mm512_set1_ps(v), _CMP_EQ_OQ);
+    const auto lane = static_cast<__mmask16>(at & (~at + 1));  // one lane holding v
+    for (int k = 0; k + 1 < M; ++k) t[k] = _mm512_mask_mov_ps(t[k], lane, t[k + 1]);
+    t[M - 1] = _mm512_mask_mov_ps(t[M - 1], lane, none);
+  }
+}
+
+/// The largest |x| of x[0, n - n % 32) on AVX-512 (two accumulators); `done` gets n - n % 32.
+TROUPE_AVX512 float absmax_avx512(const float* x, std::size_t n, std::size_t& done) noexcept {
+  __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a = _mm512_max_ps(a, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+    b = _mm512_max_ps(b, _mm512_abs_ps(_mm512_loadu_ps(x + i + 16)));
+  }
+  done = i;
+  return _mm512_reduce_max_ps(_mm512_max_ps(a, b));
+}
+#pragma GCC diagnostic pop
+
 }  // namespace
 
 float block_scale(const float* x, std::size_t n, double percentile) {
-  float absmax = 0;
-  std::size_t i = 0;
-  if (simd_level() >= 1) absmax = absmax_avx2(x, n, i);
-  for (; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i]));
-  if (percentile <= 0 || percentile >= 100 || n == 0) return absmax;
-  const auto rank = static_cast<std::size_t>(std::ceil(percentile / 100.0 * static_cast<double>(n)));
-  const std::size_t k = std::min(n - 1, rank == 0 ? 0 : rank - 1);
   // The (k+1)-th smallest |x| is the m-th largest. High percentiles leave m small (99.9 of a block
-  // of 256: m = 1, the absmax; of 2048: m = 3): one pass keeps the m largest, sorted, in a few
-  // registers' worth of memory, and looks at a value only when it beats the smallest of them.
-  const std::size_t m = n - k;
-  float selected;
+  // of 256: m = 1, the absmax; of 2048: m = 3): one pass keeps the m largest.
+  std::size_t m = 1;
+  if (percentile > 0 && percentile < 100 && n > 0) {
+    const auto rank = static_cast<std::size_t>(std::ceil(percentile / 100.0 * static_cast<double>(n)));
+    m = n - std::min(n - 1, rank == 0 ? 0 : rank - 1);
+  }
+  float absmax = 0, selected;
+  if (m > 1 && m <= 16 && simd_level() >= 2) {
+    // Per lane in registers (mth_largest_avx512), which finds the absmax too.
+    selected = m <= 4 ? mth_largest_avx512<4>(x, n, m, absmax)
+               : m <= 8 ? mth_largest_avx512<8>(x, n, m, absmax)
+                        : mth_largest_avx512<16>(x, n, m, absmax);
+    return selected > 0 ? selected : absmax;
+  }
+  std::size_t i = 0;
+  if (simd_level() >= 2) absmax = absmax_avx512(x, n, i);
+  else if (simd_level() >= 1) absmax = absmax_avx2(x, n, i);
+  for (; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i]));
   if (m == 1) {
     selected = absmax;
   } else if (m <= 16) {
-    float top[16];
-    std::size_t filled = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const float v = std::fabs(x[i]);
-      if (filled == m && !(v > top[m - 1])) continue;
-      std::size_t j = filled < m ? filled++ : m - 1;
-      for (; j > 0 && top[j - 1] < v; --j) top[j] = top[j - 1];
-      top[j] = v;
-    }
-    selected = top[m - 1];
+    largest_magnitudes t;
+    t.m = m;
+    for (std::size_t i = 0; i < n; ++i) t.offer(std::fabs(x[i]));
+    selected = t.top[m - 1];
   } else {
     thread_local std::vector<float> a;
     a.resize(n);
     for (std::size_t i = 0; i < n; ++i) a[i] = std::fabs(x[i]);
-    std::nth_element(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(k), a.end());
-    selected = a[k];
+    std::nth_element(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(n - m), a.end());
+    selected = a[n - m];
   }
   return selected > 0 ? selected : absmax;
 }

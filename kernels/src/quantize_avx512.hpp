@@ -42,15 +42,14 @@ TROUPE_AVX512 inline quantizer load_quantizer(const qmap& map, bool keep) noexce
 /// lanes, which is the code for the unsigned map; signed_codes() makes the signed map's codes of
 /// it. `r` gets t minus the nearest whole number, so that the lanes with |r| < estimate_margin
 /// are the ones the estimate is not sure of (unsure() finds them; the caller asks the table for
-/// those). Scaled: x is a value divided by its block's absmax (|x| < 2, and +0 or more for the
-/// unsigned map, as the second moment is), so that the unsigned map needs no clamp: magnitudes
-/// from 1 up to 2 fall in the last slot, whose piece is the entry 1 (checked by the construction).
-template <bool Signed, bool Scaled = false>
+/// those). Nonnegative: x is +0 or more (a second moment over its block scale), so that the
+/// unsigned map clamps only above, at 1 (a percentile scale leaves values beyond it).
+template <bool Signed, bool Nonnegative = false>
 TROUPE_AVX512 inline __m512i quantize(const quantizer& q, __m512 x, __m512& r) noexcept {
   const __m512 one = _mm512_set1_ps(1.0f);
   __m512 a;
   if constexpr (Signed) a = _mm512_range_ps(x, one, 0x0a);  // min(|x|, 1), sign cleared
-  else if constexpr (Scaled) a = x;
+  else if constexpr (Nonnegative) a = _mm512_min_ps(x, one);
   else a = _mm512_min_ps(_mm512_max_ps(x, _mm512_setzero_ps()), one);
   const __m512i ab = _mm512_castps_si512(a);
   // The slot (qmap::slot): the permutes read only the index's low 4 bits.

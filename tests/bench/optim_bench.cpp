@@ -131,11 +131,14 @@ std::vector<variant> variants(bool sgd) {
   std::vector<variant> v;
   v.push_back({"stochastic", state_storage::bf16, {.storage = state_storage::bf16, .stochastic_rounding = true}});
   v.push_back({"stochastic", state_storage::int8, {.storage = state_storage::int8, .stochastic_rounding = true}});
+  // 99.9 is the absmax at blocks of 256; 99 is a selection of the 3 largest per block.
   v.push_back({"percentile_scale=99.9", state_storage::int8, {.storage = state_storage::int8, .percentile_scale = 99.9}});
+  v.push_back({"percentile_scale=99", state_storage::int8, {.storage = state_storage::int8, .percentile_scale = 99}});
   v.push_back({"percentile_clipping=95", state_storage::int8, {.storage = state_storage::int8, .percentile_clipping = 95}});
   v.push_back({"block=2048", state_storage::int8, {.storage = state_storage::int8, .block_size = 2048}});
   if (sgd) return v;
-  v.push_back({"first_moment_fp32", state_storage::int8, {.storage = state_storage::int8, .first_moment_fp32 = true}});
+  for (auto storage : {state_storage::bf16, state_storage::int8})
+    v.push_back({"first_moment_fp32", storage, {.storage = storage, .first_moment_fp32 = true}});
   for (auto storage : {state_storage::fp32, state_storage::bf16, state_storage::int8})
     v.push_back({"amsgrad", storage, {.storage = storage}, true});
   return v;

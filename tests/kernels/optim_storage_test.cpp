@@ -71,6 +71,8 @@ std::vector<storage_case> storages() {
   state_options bf16{.storage = state_storage::bf16};
   state_options bf16_sr = bf16;
   bf16_sr.stochastic_rounding = true;
+  state_options bf16_m32_sr = bf16_sr;
+  bf16_m32_sr.first_moment_fp32 = true;
   state_options int8{.storage = state_storage::int8, .min_8bit_elements = 1000};
   state_options int8_m32 = int8;
   int8_m32.first_moment_fp32 = true;
@@ -87,7 +89,8 @@ std::vector<storage_case> storages() {
   int8_b2048.block_size = 2048;
   int8_b2048.fp32_params = {"p5000"};
   return {{"fp32", {.storage = state_storage::fp32}},
-          {"bf16", bf16},          {"bf16 stochastic", bf16_sr},        {"int8", int8},
+          {"bf16", bf16},          {"bf16 stochastic", bf16_sr},        {"bf16 m fp32 stochastic", bf16_m32_sr},
+          {"int8", int8},
           {"int8 m fp32", int8_m32}, {"int8 stochastic", int8_sr},       {"int8 percentiles", int8_pct},
           {"int8 percentile 99.9", int8_p999},
           {"int8 block 100", int8_b100}, {"int8 block 2048, p5000 fp32", int8_b2048}};
@@ -451,12 +454,16 @@ TEST(OptimizerStorage, FusedCompressedAdamEqualsTheReferenceStateToTheBit) {
   for (const auto& c : cases) {
     if (c.kind == optimizer_kind::sgd) continue;
     for (auto storage : {state_storage::bf16, state_storage::int8}) {
-      for (int variant = 0; variant < 3; ++variant) {
-        const double clip = variant == 1 ? 80.0 : 100.0;
+      // Variants: plain, percentile clipping, stochastic rounding, the first moment in fp32, a
+      // percentile scale that is not the absmax (8-bit), all of those together.
+      for (int variant = 0; variant < 6; ++variant) {
+        const double clip = variant == 1 || variant == 5 ? 80.0 : 100.0;
         state_options so{.storage = storage, .block_size = storage == state_storage::int8 ? 256 : 2048,
                          .min_8bit_elements = 0};
         so.percentile_clipping = clip;
-        so.stochastic_rounding = variant == 2;
+        so.stochastic_rounding = variant == 2 || variant == 5;
+        so.first_moment_fp32 = variant == 3 || variant == 5;
+        if (variant >= 4) so.percentile_scale = 99.0;
         model a(21, sizes), b(21, sizes);
         optimizer fast(c.kind, {{a.ptrs(), c.hp, so}}, {.threads = 2, .seed = 1});
         optimizer ref(c.kind, {{b.ptrs(), c.hp, so}}, {.threads = 1, .seed = 1});
@@ -467,8 +474,7 @@ TEST(OptimizerStorage, FusedCompressedAdamEqualsTheReferenceStateToTheBit) {
           ASSERT_TRUE(fast.step());
           ASSERT_TRUE(ref.reference_step());
         }
-        const std::string what = std::string(c.name) + ", " + name_of(storage) + ", clip " + std::to_string(clip) +
-                                 (so.stochastic_rounding ? ", stochastic" : "");
+        const std::string what = std::string(c.name) + ", " + name_of(storage) + ", variant " + std::to_string(variant);
         EXPECT_TRUE(a.same_values(b)) << what;
         const auto pa = temp_path("fused_a"), pb = temp_path("fused_b");
         fast.save(pa);

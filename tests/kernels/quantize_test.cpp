@@ -324,11 +324,16 @@ TEST(Blockwise, PercentileScaleIsTheRankedMagnitude) {
   std::mt19937 rng(8);
   for (std::size_t n : {1u, 2u, 17u, 256u, 2048u, 5000u}) {
     for (double p : {10.0, 50.0, 90.0, 99.0, 99.5, 99.9, 99.99}) {
-      for (int ties = 0; ties < 2; ++ties) {
+      // ties 2: magnitudes that grow along the block, so that every vector has lanes that enter
+      // the few largest kept.
+      for (int ties = 0; ties < 3; ++ties) {
         std::vector<float> x(n);
         std::uniform_int_distribution<int> small(-3, 3);
         std::normal_distribution<float> normal(0, 1);
-        for (auto& v : x) v = ties ? static_cast<float>(small(rng)) : normal(rng);
+        for (std::size_t i = 0; i < n; ++i)
+          x[i] = ties == 2 ? static_cast<float>(i) * (i % 3 ? 1.0f : -1.0f)
+                 : ties ? static_cast<float>(small(rng))
+                        : normal(rng);
         std::vector<float> sorted(n);
         for (std::size_t i = 0; i < n; ++i) sorted[i] = std::fabs(x[i]);
         std::sort(sorted.begin(), sorted.end());
