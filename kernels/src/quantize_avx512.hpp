@@ -122,11 +122,11 @@ TROUPE_AVX512 inline __attribute__((always_inline)) __m512i stochastic_codes(con
   const __m512i other = _mm512_mask_sub_epi32(_mm512_mask_add_epi32(c, up, c, one), down, c, one);
   const __m512 vo = _mm512_mask_i32gather_ps(vc, up | down, other, values, 4);
   const __m512 a = _mm512_mask_blend_ps(down, vc, vo), b = _mm512_mask_blend_ps(up, vc, vo);
-  const __m512i lo = _mm512_mask_blend_epi32(down, c, other), hi = _mm512_mask_blend_epi32(up, c, other);
   const __m512 draw = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(random_bits(key, first), 8)), _mm512_set1_ps(0x1p-24f));
   const __mmask16 take_hi =
       _mm512_cmp_ps_mask(_mm512_sub_ps(xn, a), _mm512_mul_ps(draw, _mm512_sub_ps(b, a)), _CMP_GT_OQ);
-  c = _mm512_mask_blend_epi32((up | down) & take_hi, _mm512_mask_blend_epi32(up | down, c, lo), hi);
+  // The other code where the draw picks it: hi (other) for an up lane, lo (other) for a down one.
+  c = _mm512_mask_mov_epi32(c, (up & take_hi) | (down & ~take_hi), other);
   if (keep) {
     const __mmask16 at_zero = _mm512_cmpeq_epi32_mask(c, zero) & _mm512_cmp_ps_mask(xn, zero_f, _CMP_NEQ_UQ);
     const __mmask16 pos = at_zero & _mm512_cmp_ps_mask(xn, zero_f, _CMP_GT_OQ);
