@@ -709,17 +709,17 @@ TROUPE_AVX512 inline __attribute__((always_inline)) void quantize_chunk(
   if constexpr (Stochastic) {
     // Codes by draws; no lane needs the table (quant::avx512::stochastic_codes).
     const std::uint32_t at = q.first + static_cast<std::uint32_t>(j);
-    const __m512i cv = quant::avx512::stochastic_codes<false>(sr.vq, vmap.values(), xv, sr.key[1], at, true);
+    const __m512i cv = quant::avx512::stochastic_codes<false>(sr.vq, vmap, xv, sr.key[1], at, true);
     if constexpr (MFp32) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[1] + j), _mm512_cvtepi32_epi8(cv));
     } else {
-      const __m512i cm = quant::avx512::stochastic_codes<true>(sr.mq, mmap.values(), xm, sr.key[0], at, true);
+      const __m512i cm = quant::avx512::stochastic_codes<true>(sr.mq, mmap, xm, sr.key[0], at, true);
       const __m512i both = _mm512_permutex2var_epi8(cm, code_bytes(), cv);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[0] + j), _mm512_castsi512_si128(both));
       _mm256_mask_storeu_epi8(q.codes[1] + j - 16, 0xffff0000u, _mm512_castsi512_si256(both));
     }
     if constexpr (Ams) {
-      const __m512i cx = quant::avx512::stochastic_codes<false>(sr.vq, vmap.values(), xx, sr.key[2], at, true);
+      const __m512i cx = quant::avx512::stochastic_codes<false>(sr.vq, vmap, xx, sr.key[2], at, true);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[2] + j), _mm512_cvtepi32_epi8(cx));
     }
     return;
@@ -927,7 +927,7 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
     __m512 r;
     const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(prev.values + j), _mm512_set1_ps(prev.inv));
     if constexpr (Stochastic) {
-      const __m512i codes = quant::avx512::stochastic_codes<true>(q, map.values(), x, vkey,
+      const __m512i codes = quant::avx512::stochastic_codes<true>(q, map, x, vkey,
                                                                   prev.first + static_cast<std::uint32_t>(j), true);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(prev.codes + j), _mm512_cvtepi32_epi8(codes));
       return;

@@ -78,6 +78,16 @@ qmap::qmap(bool is_signed) : signed_(is_signed) {
     values_[c] = static_cast<float>(exact[c]);
     if (values_[c] == 0.0f) zero_code_ = static_cast<std::uint8_t>(c);
   }
+  // The entries rise strictly (the nearest-entry search and the pairs rely on it).
+  for (int c = 0; c < 256; ++c) {
+    if (c < 255 && !(values_[c] < values_[c + 1]))
+      throw std::logic_error("quantization map: entries " + std::to_string(c) + " and " + std::to_string(c + 1) +
+                             " do not rise");
+    std::uint32_t lo, hi;
+    std::memcpy(&lo, &values_[c], 4);
+    std::memcpy(&hi, &values_[c < 255 ? c + 1 : c], 4);
+    pairs_[c] = lo | (std::uint64_t{hi} << 32);
+  }
   // The decision point between c and c + 1 is their midpoint (exact in double); x > midpoint
   // <=> x > (the largest float not above it).
   for (int c = 0; c < 255; ++c) {
@@ -365,7 +375,7 @@ TROUPE_AVX512 std::size_t quantize_stochastic_avx512(const float* x, std::size_t
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 xn = _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv);
-    const __m512i c = avx512::stochastic_codes<Signed>(q, map.values(), xn, vkey, first + static_cast<std::uint32_t>(i), keep);
+    const __m512i c = avx512::stochastic_codes<Signed>(q, map, xn, vkey, first + static_cast<std::uint32_t>(i), keep);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(c));
   }
   return i;

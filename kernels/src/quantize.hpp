@@ -51,6 +51,9 @@ public:
 
   float value(std::uint8_t code) const noexcept { return values_[code]; }
   const float* values() const noexcept { return values_.data(); }
+  /// Entry c and entry c + 1 (entry 255 twice for c = 255) as one 64-bit word, c's in the low
+  /// half: the two entries around a value in one 64-bit gather (stochastic rounding).
+  const std::uint64_t* pairs() const noexcept { return pairs_.data(); }
   /// above(c): the largest float that still quantizes to c or lower (+inf for 255).
   float above(std::uint8_t code) const noexcept { return above_[code]; }
   const float* aboves() const noexcept { return above_.data(); }
@@ -156,6 +159,7 @@ private:
   void build_estimate();
   std::array<float, 256> values_{};
   std::array<float, 256> above_{};
+  std::array<std::uint64_t, 256> pairs_{};
   std::vector<std::uint8_t> lut_;
   std::vector<std::int32_t> packed_;  // code and decision offset, for vector gathers
   // estimate(): per exponent slot (the piece at its start, the start of the next one if inside), and

@@ -98,35 +98,58 @@ TROUPE_AVX512 inline __m256i bf16_stochastic(__m512 x, __m512i bits) noexcept {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_or_si512(sign, _mm512_mask_blend_epi32(over, up, mag)), 16));
 }
 
-/// Stochastic rounding of 16 normalized values xn (quant::quantize_block's rule): the arithmetic
-/// quantizer `q` (loaded without keep_nonzero) gives a code next to xn (the nearest or, on the
-/// rare lanes it is not sure of, the one across the decision point: either way xn lies between
-/// it and the neighbour on xn's side, so the pair of entries and the draw are the reference's);
-/// then the draw between the pair with the bits of (key, first + lane), then keep_nonzero.
-/// Codes in 32-bit lanes. Always inlined (a call would spill the caller's vector registers);
-/// GCC 12 takes the intrinsics' undefined-value placeholders for uninitialized variables here.
+/// Stochastic rounding of 16 normalized values xn (quant::quantize_block's rule): the draw
+/// between the two entries around xn with the bits of (key, first + lane), then keep_nonzero.
+/// The arithmetic quantizer `q` (loaded without keep_nonzero) gives a code next to xn (the
+/// nearest or, on the rare lanes it is not sure of, the one across the decision point) and, from
+/// t, which side of its entry xn lies on (inside a decade entry k sits at t = k + 1/2); that
+/// guesses the lower entry of the pair, whose two values come in one 64-bit gather (map.pairs()).
+/// The guess is off by at most one code (the last entry of a decade, a lane not sure): the lanes
+/// outside their pair move one code and gather again. Values beyond the map's ends are clamped
+/// into it, where they equal an end entry. Codes in 32-bit lanes. Always inlined (a call would
+/// spill the caller's vector registers); GCC 12 takes the intrinsics' undefined-value
+/// placeholders for uninitialized variables here.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 template <bool Signed>
-TROUPE_AVX512 inline __attribute__((always_inline)) __m512i stochastic_codes(const quantizer& q, const float* values, __m512 xn, __m512i key,
-                                              std::uint32_t first, bool keep) noexcept {
+TROUPE_AVX512 inline __attribute__((always_inline)) __m512i stochastic_codes(const quantizer& q, const qmap& map,
+                                                                             __m512 xn, __m512i key, std::uint32_t first,
+                                                                             bool keep) noexcept {
   const __m512i zero = _mm512_set1_epi32(_mm_extract_epi8(q.zero, 0)), one = _mm512_set1_epi32(1);
   const __m512i none = _mm512_setzero_si512();
   const __m512 zero_f = _mm512_setzero_ps();
   __m512 r;
   __m512i c = quantize<Signed>(q, xn, r);
-  if constexpr (Signed) c = _mm512_max_epi32(_mm512_mask_sub_epi32(_mm512_add_epi32(zero, c), negative(xn), zero, c), none);
-  const __m512 vc = _mm512_i32gather_ps(c, values, 4);
-  const __mmask16 up = _mm512_cmp_ps_mask(xn, vc, _CMP_GT_OQ) & _mm512_cmplt_epi32_mask(c, _mm512_set1_epi32(255));
-  const __mmask16 down = _mm512_cmp_ps_mask(xn, vc, _CMP_LT_OQ) & _mm512_cmpgt_epi32_mask(c, none);
-  const __m512i other = _mm512_mask_sub_epi32(_mm512_mask_add_epi32(c, up, c, one), down, c, one);
-  const __m512 vo = _mm512_mask_i32gather_ps(vc, up | down, other, values, 4);
-  const __m512 a = _mm512_mask_blend_ps(down, vc, vo), b = _mm512_mask_blend_ps(up, vc, vo);
+  // Above its entry in code order: the magnitude above its entry (r < 0: t past k + 1/2), mirrored
+  // for the negative half of the signed map.
+  __mmask16 above = _mm512_cmp_ps_mask(r, zero_f, _CMP_LT_OQ);
+  if constexpr (Signed) {
+    const __mmask16 neg = negative(xn);
+    c = _mm512_max_epi32(_mm512_mask_sub_epi32(_mm512_add_epi32(zero, c), neg, zero, c), none);
+    above ^= neg;
+  }
+  __m512i lo = _mm512_mask_sub_epi32(c, static_cast<__mmask16>(~above), c, one);
+  lo = _mm512_min_epi32(_mm512_max_epi32(lo, none), _mm512_set1_epi32(254));
+  const float* values = map.values();
+  const __m512 x = _mm512_min_ps(_mm512_max_ps(xn, _mm512_set1_ps(values[0])), _mm512_set1_ps(values[255]));
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, one);
+  __m512 a, b;
+  for (;;) {
+    const __m512 p0 = _mm512_castpd_ps(_mm512_i32gather_pd(_mm512_castsi512_si256(lo), map.pairs(), 8));
+    const __m512 p1 = _mm512_castpd_ps(_mm512_i32gather_pd(_mm512_extracti64x4_epi64(lo, 1), map.pairs(), 8));
+    a = _mm512_permutex2var_ps(p0, even, p1);
+    b = _mm512_permutex2var_ps(p0, odd, p1);
+    const __mmask16 low = _mm512_cmp_ps_mask(x, a, _CMP_LT_OQ), high = _mm512_cmp_ps_mask(x, b, _CMP_GT_OQ);
+    if ((low | high) == 0) [[likely]] break;
+    lo = _mm512_mask_add_epi32(_mm512_mask_sub_epi32(lo, low, lo, one), high, lo, one);
+  }
+  // The reference's draw: (x - a) > u (b - a) takes the upper entry; x equal to the upper entry is
+  // that entry (u (b - a) may round up to b - a).
   const __m512 draw = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(random_bits(key, first), 8)), _mm512_set1_ps(0x1p-24f));
-  const __mmask16 take_hi =
-      _mm512_cmp_ps_mask(_mm512_sub_ps(xn, a), _mm512_mul_ps(draw, _mm512_sub_ps(b, a)), _CMP_GT_OQ);
-  // The other code where the draw picks it: hi (other) for an up lane, lo (other) for a down one.
-  c = _mm512_mask_mov_epi32(c, (up & take_hi) | (down & ~take_hi), other);
+  const __mmask16 take_hi = _mm512_cmp_ps_mask(_mm512_sub_ps(x, a), _mm512_mul_ps(draw, _mm512_sub_ps(b, a)), _CMP_GT_OQ) |
+                            _mm512_cmp_ps_mask(x, b, _CMP_EQ_OQ);
+  c = _mm512_mask_add_epi32(lo, take_hi, lo, one);
   if (keep) {
     const __mmask16 at_zero = _mm512_cmpeq_epi32_mask(c, zero) & _mm512_cmp_ps_mask(xn, zero_f, _CMP_NEQ_UQ);
     const __mmask16 pos = at_zero & _mm512_cmp_ps_mask(xn, zero_f, _CMP_GT_OQ);
