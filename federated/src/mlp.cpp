@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -148,199 +149,128 @@ double flat_mlp::step_reference(float* w, const float* x, const std::uint8_t* la
   return loss;
 }
 
-// ---- the AVX-512 path ---------------------------------------------------------------------
+// ---- the fast path: AVX2 with FMA, or AVX-512 -------------------------------------------
 
 namespace {
 
-#define TROUPE_AVX512 __attribute__((target("avx512f")))
+using forward_fn = void (*)(const float*, int, const float*, const float*, float*, int, bool);
+using backward_fn = void (*)(const float*, int, const float*, int, float*, float*, float*, float, float,
+                             const float*, const float*, const float*, const float*);
+
+/// One instruction set's row kernels: forward[n - 1] for n rows (n <= forward_tile), backward[n -
+/// 1] for n <= fast_max_rows.
+struct row_kernels {
+  int forward_tile;
+  const forward_fn* forward;
+  const backward_fn* backward;
+};
+
 // GCC 12 warns about the undefined source register inside _mm512_maskz_loadu_ps's own header
 // (a false positive: maskz zeroes the masked lanes). The loops over the R rows must unroll
 // completely, or the accumulators live on the stack: `#pragma GCC unroll` on each.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-/// z [R, out] = a [R, in] W^T + b (ReLU when asked), two weight rows at a time.
-template <int R>
-TROUPE_AVX512 void forward_rows(const float* a, int in, const float* w, const float* b, float* z,
-                                int out, bool relu) {
-  const int full = in / 16 * 16;
-  const __mmask16 tail = static_cast<__mmask16>((1u << (in - full)) - 1);
-  int j = 0;
-  for (; j + 2 <= out; j += 2) {
-    const float* w0 = w + static_cast<std::size_t>(j) * in;
-    const float* w1 = w0 + in;
-    __m512 s0[R], s1[R];
-    #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
-    for (int k = 0; k < full; k += 16) {
-      const __m512 v0 = _mm512_loadu_ps(w0 + k), v1 = _mm512_loadu_ps(w1 + k);
-      #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        const __m512 x = _mm512_loadu_ps(a + static_cast<std::size_t>(r) * in + k);
-        s0[r] = _mm512_fmadd_ps(x, v0, s0[r]);
-        s1[r] = _mm512_fmadd_ps(x, v1, s1[r]);
-      }
-    }
-    if (tail) {
-      const __m512 v0 = _mm512_maskz_loadu_ps(tail, w0 + full), v1 = _mm512_maskz_loadu_ps(tail, w1 + full);
-      #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        const __m512 x = _mm512_maskz_loadu_ps(tail, a + static_cast<std::size_t>(r) * in + full);
-        s0[r] = _mm512_fmadd_ps(x, v0, s0[r]);
-        s1[r] = _mm512_fmadd_ps(x, v1, s1[r]);
-      }
-    }
-    #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      float* zr = z + static_cast<std::size_t>(r) * out + j;
-      const float v0 = _mm512_reduce_add_ps(s0[r]) + b[j], v1 = _mm512_reduce_add_ps(s1[r]) + b[j + 1];
-      zr[0] = relu && v0 < 0 ? 0.0f : v0;
-      zr[1] = relu && v1 < 0 ? 0.0f : v1;
-    }
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+/// 8 lanes; 6 rows per forward tile (12 accumulators and 3 operands in the 16 registers).
+struct V {
+  using reg = __m256;
+  using mask = __m256i;
+  static constexpr int width = 8, forward_tile = 6;
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg set1(float f) { return _mm256_set1_ps(f); }
+  static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, reg x) { _mm256_storeu_ps(p, x); }
+  static reg load_part(mask m, const float* p) { return _mm256_maskload_ps(p, m); }
+  static void store_part(float* p, mask m, reg x) { _mm256_maskstore_ps(p, m, x); }
+  static mask first(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static reg fnmadd(reg a, reg b, reg c) { return _mm256_fnmadd_ps(a, b, c); }
+  static float sum(reg x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
   }
-  for (; j < out; ++j) {
-    const float* w0 = w + static_cast<std::size_t>(j) * in;
-    __m512 s0[R];
-    #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) s0[r] = _mm512_setzero_ps();
-    for (int k = 0; k < full; k += 16) {
-      const __m512 v0 = _mm512_loadu_ps(w0 + k);
-      #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r)
-        s0[r] = _mm512_fmadd_ps(_mm512_loadu_ps(a + static_cast<std::size_t>(r) * in + k), v0, s0[r]);
-    }
-    if (tail) {
-      const __m512 v0 = _mm512_maskz_loadu_ps(tail, w0 + full);
-      #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r)
-        s0[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, a + static_cast<std::size_t>(r) * in + full), v0, s0[r]);
-    }
-    #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const float v0 = _mm512_reduce_add_ps(s0[r]) + b[j];
-      z[static_cast<std::size_t>(r) * out + j] = relu && v0 < 0 ? 0.0f : v0;
-    }
-  }
-}
+};
+#include "mlp_rows.inc"
+}  // namespace avx2
+#pragma GCC pop_options
 
-/// For one layer and R <= 16 rows: the input gradient da [R, in] += dz W (with the weights as
-/// they were; da may be null), then W, b -= lr * (dz^T a + extras), row by row in one pass.
-template <int R>
-TROUPE_AVX512 void backward_rows(const float* a, int in, const float* dz, int out, float* w, float* b,
-                                 float* da, float lr, float mu, const float* cw, const float* cb,
-                                 const float* kw, const float* kb) {
-  const int full = in / 16 * 16;
-  const __mmask16 tail = static_cast<__mmask16>((1u << (in - full)) - 1);
-  const __m512 vlr = _mm512_set1_ps(lr), vmu = _mm512_set1_ps(mu);
-  for (int j = 0; j < out; ++j) {
-    __m512 d[R];
-    float gb = 0;
-    #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const float v = dz[static_cast<std::size_t>(r) * out + j];
-      d[r] = _mm512_set1_ps(v);
-      gb += v;
-    }
-    if (cb) gb += mu * (b[j] - cb[j]);
-    if (kb) gb += kb[j];
-    b[j] -= lr * gb;
-    float* wj = w + static_cast<std::size_t>(j) * in;
-    const std::size_t row = static_cast<std::size_t>(j) * in;
-    // Four vectors at a time: four independent chains of R FMAs (one chain would wait on
-    // the FMA latency); each lane still sums its rows in order 0..R-1, as the reference does.
-    int k = 0;
-    for (; k + 64 <= in; k += 64) {
-      __m512 v[4], g[4];
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) v[c] = _mm512_loadu_ps(wj + k + 16 * c);
-      if (da) {
-#pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-          float* p = da + static_cast<std::size_t>(r) * in + k;
-#pragma GCC unroll 4
-          for (int c = 0; c < 4; ++c)
-            _mm512_storeu_ps(p + 16 * c, _mm512_fmadd_ps(d[r], v[c], _mm512_loadu_ps(p + 16 * c)));
-        }
-      }
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) g[c] = _mm512_mul_ps(d[0], _mm512_loadu_ps(a + k + 16 * c));
-#pragma GCC unroll 16
-      for (int r = 1; r < R; ++r) {
-        const float* ar = a + static_cast<std::size_t>(r) * in + k;
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) g[c] = _mm512_fmadd_ps(d[r], _mm512_loadu_ps(ar + 16 * c), g[c]);
-      }
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        if (cw) g[c] = _mm512_fmadd_ps(vmu, _mm512_sub_ps(v[c], _mm512_loadu_ps(cw + row + k + 16 * c)), g[c]);
-        if (kw) g[c] = _mm512_add_ps(g[c], _mm512_loadu_ps(kw + row + k + 16 * c));
-        _mm512_storeu_ps(wj + k + 16 * c, _mm512_fnmadd_ps(vlr, g[c], v[c]));
-      }
-    }
-    for (; k < in; k += 16) {
-      const __mmask16 m = k < full ? static_cast<__mmask16>(0xFFFF) : tail;
-      const __m512 v = _mm512_maskz_loadu_ps(m, wj + k);
-      if (da)
-#pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-          float* p = da + static_cast<std::size_t>(r) * in + k;
-          _mm512_mask_storeu_ps(p, m, _mm512_fmadd_ps(d[r], v, _mm512_maskz_loadu_ps(m, p)));
-        }
-      __m512 g = _mm512_mul_ps(d[0], _mm512_maskz_loadu_ps(m, a + k));
-#pragma GCC unroll 16
-      for (int r = 1; r < R; ++r)
-        g = _mm512_fmadd_ps(d[r], _mm512_maskz_loadu_ps(m, a + static_cast<std::size_t>(r) * in + k), g);
-      if (cw) g = _mm512_fmadd_ps(vmu, _mm512_sub_ps(v, _mm512_maskz_loadu_ps(m, cw + row + k)), g);
-      if (kw) g = _mm512_add_ps(g, _mm512_maskz_loadu_ps(m, kw + row + k));
-      _mm512_mask_storeu_ps(wj + k, m, _mm512_fnmadd_ps(vlr, g, v));
-    }
-  }
-}
-
-using forward_fn = void (*)(const float*, int, const float*, const float*, float*, int, bool);
-using backward_fn = void (*)(const float*, int, const float*, int, float*, float*, float*, float, float,
-                             const float*, const float*, const float*, const float*);
-
-template <int... I>
-constexpr std::array<forward_fn, sizeof...(I)> forward_table(std::integer_sequence<int, I...>) {
-  return {&forward_rows<I + 1>...};
-}
-template <int... I>
-constexpr std::array<backward_fn, sizeof...(I)> backward_table(std::integer_sequence<int, I...>) {
-  return {&backward_rows<I + 1>...};
-}
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+namespace avx512 {
+/// 16 lanes; 12 rows per forward tile (of the 32 registers).
+struct V {
+  using reg = __m512;
+  using mask = __mmask16;
+  static constexpr int width = 16, forward_tile = 12;
+  static reg zero() { return _mm512_setzero_ps(); }
+  static reg set1(float f) { return _mm512_set1_ps(f); }
+  static reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, reg x) { _mm512_storeu_ps(p, x); }
+  static reg load_part(mask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+  static void store_part(float* p, mask m, reg x) { _mm512_mask_storeu_ps(p, m, x); }
+  static mask first(int n) { return static_cast<mask>((1u << n) - 1); }
+  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static reg fnmadd(reg a, reg b, reg c) { return _mm512_fnmadd_ps(a, b, c); }
+  static float sum(reg x) { return _mm512_reduce_add_ps(x); }
+};
+#include "mlp_rows.inc"
+}  // namespace avx512
+#pragma GCC pop_options
 
 #pragma GCC diagnostic pop
 
-constexpr int forward_tile = 12;
-constexpr auto forward_kernels = forward_table(std::make_integer_sequence<int, forward_tile>{});
-constexpr auto backward_kernels = backward_table(std::make_integer_sequence<int, flat_mlp::fast_max_rows>{});
+int cpu_simd_level() noexcept {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return 2;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
+}
 
-/// Any number of rows, in tiles of forward_tile.
-void forward_layer_fast(const float* a, int rows, int in, const float* w, const float* b, float* z, int out,
-                        bool relu) {
-  for (int r0 = 0; r0 < rows; r0 += forward_tile) {
-    const int n = std::min(forward_tile, rows - r0);
-    forward_kernels[n - 1](a + static_cast<std::size_t>(r0) * in, in, w, b, z + static_cast<std::size_t>(r0) * out,
-                           out, relu);
+std::atomic<int> simd_cap{2};
+
+/// The kernels for the level in use; null without AVX2.
+const row_kernels* fast_kernels() noexcept {
+  switch (flat_mlp::simd_level()) {
+    case 2: return &avx512::kernels;
+    case 1: return &avx2::kernels;
+    default: return nullptr;
   }
 }
 
-bool cpu_has_avx512() noexcept {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return yes;
+/// Any number of rows, in tiles of the kernels' forward_tile.
+void forward_layer_fast(const row_kernels& k, const float* a, int rows, int in, const float* w, const float* b,
+                        float* z, int out, bool relu) {
+  for (int r0 = 0; r0 < rows; r0 += k.forward_tile) {
+    const int n = std::min(k.forward_tile, rows - r0);
+    k.forward[n - 1](a + static_cast<std::size_t>(r0) * in, in, w, b, z + static_cast<std::size_t>(r0) * out, out,
+                     relu);
+  }
 }
 
 }  // namespace
 
-bool flat_mlp::fast_available() noexcept { return cpu_has_avx512(); }
+int flat_mlp::simd_level() noexcept {
+  static const int cpu = cpu_simd_level();
+  return std::min(cpu, simd_cap.load(std::memory_order_relaxed));
+}
+
+int flat_mlp::limit_simd(int level) noexcept { return simd_cap.exchange(level); }
+
+bool flat_mlp::fast_available() noexcept { return simd_level() >= 1; }
 
 double flat_mlp::step_fast(float* w, const float* x, const std::uint8_t* labels, int rows, float lr,
                            const gradient_extras& extras) {
-  if (!fast_available()) throw std::logic_error("step_fast needs a CPU with AVX-512");
+  const row_kernels* k = fast_kernels();
+  if (!k) throw std::logic_error("step_fast needs a CPU with AVX2 and FMA");
   if (rows < 1 || rows > fast_max_rows)
     throw std::invalid_argument("step_fast takes 1.." + std::to_string(fast_max_rows) + " rows");
   reserve(rows);
@@ -348,7 +278,7 @@ double flat_mlp::step_fast(float* w, const float* x, const std::uint8_t* labels,
   auto input_of = [&](std::size_t l) { return l == 0 ? x : act_[l].data(); };
   for (std::size_t l = 0; l < layers; ++l) {
     float* out = l + 1 < layers ? act_[l + 1].data() : logits_.data();
-    forward_layer_fast(input_of(l), rows, sizes_[l], w + w_offset_[l], w + b_offset_[l], out, sizes_[l + 1],
+    forward_layer_fast(*k, input_of(l), rows, sizes_[l], w + w_offset_[l], w + b_offset_[l], out, sizes_[l + 1],
                        l + 1 < layers);
   }
   const double loss = softmax_loss(logits_.data(), labels, rows, dz_.data(), nullptr);
@@ -364,7 +294,7 @@ double flat_mlp::step_fast(float* w, const float* x, const std::uint8_t* labels,
     const float* cb = extras.center ? extras.center + b_offset_[l] : nullptr;
     const float* kw = extras.correction ? extras.correction + w_offset_[l] : nullptr;
     const float* kb = extras.correction ? extras.correction + b_offset_[l] : nullptr;
-    backward_kernels[rows - 1](a, in, dz_.data(), out, w + w_offset_[l], w + b_offset_[l], da, lr, extras.mu, cw,
+    k->backward[rows - 1](a, in, dz_.data(), out, w + w_offset_[l], w + b_offset_[l], da, lr, extras.mu, cw,
                                cb, kw, kb);
     if (l == 0) break;
     for (std::size_t i = 0; i < static_cast<std::size_t>(rows) * in; ++i) dz_prev_[i] = a[i] > 0 ? da[i] : 0.0f;
@@ -383,12 +313,14 @@ void flat_mlp::evaluate(const float* w, const float* x, const std::uint8_t* labe
                         std::int64_t& correct) {
   reserve(rows);
   const std::size_t layers = sizes_.size() - 1;
-  const bool fast = fast_available();
+  const row_kernels* k = fast_kernels();
   for (std::size_t l = 0; l < layers; ++l) {
     const float* in = l == 0 ? x : act_[l].data();
     float* out = l + 1 < layers ? act_[l + 1].data() : logits_.data();
-    (fast ? forward_layer_fast : forward_layer_reference)(in, rows, sizes_[l], w + w_offset_[l], w + b_offset_[l], out,
-                                                          sizes_[l + 1], l + 1 < layers);
+    if (k) forward_layer_fast(*k, in, rows, sizes_[l], w + w_offset_[l], w + b_offset_[l], out, sizes_[l + 1],
+                              l + 1 < layers);
+    else forward_layer_reference(in, rows, sizes_[l], w + w_offset_[l], w + b_offset_[l], out, sizes_[l + 1],
+                                 l + 1 < layers);
   }
   loss += softmax_loss(logits_.data(), labels, rows, nullptr, &correct);
 }

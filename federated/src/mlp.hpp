@@ -5,10 +5,11 @@
 //
 // Two implementations of a training step:
 //   step_reference  plain loops: forward, full gradient, then the update, in the textbook order
-//   step_fast       AVX-512, batches of at most 16 rows: per weight row, the input gradient
+//   step_fast       AVX2 with FMA or AVX-512 (mlp_rows.inc, written once for both), batches of
+//                   at most 16 rows: per weight row, the input gradient
 //                   (with the old row), the row's gradient and its update in one pass; the
 //                   first layer's input gradient is never computed
-// step() takes the fast one when the CPU has AVX-512 and the batch fits, the reference
+// step() takes the fast one when the CPU has AVX2 and the batch fits, the reference
 // otherwise. Tests compare both, and the reference with kernels::sequential + optimizer (SGD).
 // Tolerance: abs 1e-5 + rel 1e-4 after a few steps (summation orders differ).
 
@@ -52,8 +53,13 @@ public:
   void evaluate(const float* w, const float* x, const std::uint8_t* labels, int rows,
                 double& loss, std::int64_t& correct);
 
-  /// True when step() takes step_fast for `rows`.
+  /// True when step() takes step_fast (for batches of up to fast_max_rows).
   static bool fast_available() noexcept;
+  /// The instruction set step_fast uses: 2 AVX-512, 1 AVX2 with FMA, 0 none (the reference);
+  /// the CPU's best, lowered by limit_simd().
+  static int simd_level() noexcept;
+  /// Caps simd_level() at `level` (so that tests run every path); returns the previous cap.
+  static int limit_simd(int level) noexcept;
   static constexpr int fast_max_rows = 16;
 
 private:
