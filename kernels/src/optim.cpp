@@ -126,7 +126,7 @@ struct adam_constants {
 /// loop has no branches and vectorizes; x * 1.0f == x for every float, so the arithmetic is the
 /// reference's.
 template <bool L2, bool Amsgrad>
-void adam_fused_loop(float* __restrict p, const float* __restrict grad, float* __restrict m, float* __restrict v,
+[[gnu::always_inline]] inline void adam_fused_loop(float* __restrict p, const float* __restrict grad, float* __restrict m, float* __restrict v,
                      float* __restrict vmax, std::size_t n, const adam_constants c) {
   const bool low = c.one_minus_beta1 < 0.5f;
   for (std::size_t i = 0; i < n; ++i) {
@@ -147,7 +147,10 @@ void adam_fused_loop(float* __restrict p, const float* __restrict grad, float* _
   }
 }
 
-void adam_fused(float* p, const float* grad, float* m, float* v, float* vmax, std::size_t n, const adam_constants& c) {
+/// Compiled for AVX2 too (the same IEEE operations on 8 lanes; no FMA contraction), chosen at
+/// load time: the path of fp32 state on CPUs without AVX-512.
+__attribute__((target_clones("avx2", "default"))) void adam_fused(float* p, const float* grad, float* m, float* v,
+                                                                   float* vmax, std::size_t n, const adam_constants& c) {
   if (c.l2 != 0.0f) {
     if (vmax) adam_fused_loop<true, true>(p, grad, m, v, vmax, n, c);
     else adam_fused_loop<true, false>(p, grad, m, v, vmax, n, c);
@@ -186,7 +189,7 @@ struct sgd_constants {
 };
 
 template <bool Wd, bool Momentum>
-void sgd_fused_loop(float* __restrict p, const float* __restrict grad, float* __restrict buf, std::size_t n,
+[[gnu::always_inline]] inline void sgd_fused_loop(float* __restrict p, const float* __restrict grad, float* __restrict buf, std::size_t n,
                     const sgd_constants c, bool first) {
   for (std::size_t i = 0; i < n; ++i) {
     float g = grad[i] * c.gscale;
@@ -200,7 +203,8 @@ void sgd_fused_loop(float* __restrict p, const float* __restrict grad, float* __
   }
 }
 
-void sgd_fused(float* p, const float* grad, float* buf, std::size_t n, const sgd_constants& c, bool first) {
+__attribute__((target_clones("avx2", "default"))) void sgd_fused(float* p, const float* grad, float* buf, std::size_t n,
+                                                                  const sgd_constants& c, bool first) {
   if (c.wd != 0.0f) {
     if (buf) sgd_fused_loop<true, true>(p, grad, buf, n, c, first);
     else sgd_fused_loop<true, false>(p, grad, buf, n, c, first);

@@ -285,52 +285,131 @@ std::uint32_t random_key(std::uint64_t seed, std::uint64_t step, std::uint64_t t
 
 namespace {
 
-// AVX2 versions of the table quantizer, the dequantizer and the absmax: the same operations on 8
-// lanes (gathers from the widened table), so the same results. Chosen at run time; the AVX-512
-// quantizer comes first (quantize_avx512.hpp: arithmetic and registers instead of the table).
+// AVX2: the table quantizer (nearest codes, stochastic rounding), bf16 stochastic rounding, the
+// dequantizer and the absmax, the same operations as the scalar twins on 8 lanes, so the same
+// results. Chosen at run time; the AVX-512 quantizer comes first (quantize_avx512.hpp:
+// arithmetic and registers instead of the table).
 
-__attribute__((target("avx2"))) std::size_t quantize_avx2(const float* x, std::size_t n, float inv, const qmap& map,
-                                                           bool keep, std::uint8_t* codes) noexcept {
-  const __m256 vinv = _mm256_set1_ps(inv);
+#define TROUPE_AVX2 __attribute__((target("avx2")))
+
+/// The nearest codes of 8 normalized values by the table (qmap::quantize on 8 lanes, one gather),
+/// in 32-bit lanes; keep_nonzero is not applied.
+TROUPE_AVX2 inline __m256i nearest_codes_avx2(const qmap& map, __m256 xn) noexcept {
   const __m256i lo = _mm256_set1_epi32(static_cast<int>(qmap::lo_bits));
-  const __m256i hi = _mm256_set1_epi32(static_cast<int>(qmap::hi_bits));
-  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
-  const __m256i buckets = _mm256_set1_epi32(static_cast<int>(qmap::buckets));
-  const __m256i zero = _mm256_set1_epi32(map.zero_code());
-  const __m256i keep_mask = _mm256_set1_epi32(keep ? -1 : 0);
-  const __m256i down_mask = _mm256_set1_epi32(keep && map.is_signed() ? -1 : 0);
-  const __m256 fzero = _mm256_setzero_ps();
-  const __m256i byte = _mm256_set1_epi32(0xff);
-  const __m256i low_bits = _mm256_set1_epi32(0xffff);
+  const __m256i b = _mm256_castps_si256(xn);
+  __m256i a = _mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff));
+  a = _mm256_min_epi32(_mm256_max_epi32(a, lo), _mm256_set1_epi32(static_cast<int>(qmap::hi_bits)));
+  const __m256i rel = _mm256_sub_epi32(a, lo);
+  const __m256i idx = _mm256_add_epi32(_mm256_srli_epi32(rel, qmap::shift),
+                                       _mm256_mullo_epi32(_mm256_srli_epi32(b, 31),
+                                                          _mm256_set1_epi32(static_cast<int>(qmap::buckets))));
+  const __m256i entry = _mm256_i32gather_epi32(map.packed(), idx, 4);
+  const __m256i c = _mm256_and_si256(entry, _mm256_set1_epi32(0xff));
+  const __m256i offset = _mm256_srli_epi32(entry, 8);
+  const __m256i lowbits = _mm256_and_si256(rel, _mm256_set1_epi32(0xffff));
+  // Next code: low bits above the offset (positive x) or below it (negative x).
+  const __m256i up = _mm256_blendv_epi8(_mm256_cmpgt_epi32(lowbits, offset), _mm256_cmpgt_epi32(offset, lowbits),
+                                        _mm256_srai_epi32(b, 31));
+  return _mm256_sub_epi32(c, up);
+}
+
+/// keep_nonzero on 8 codes c of the values xn (when `keep`): a nonzero value on the zero code
+/// moves one code toward its sign (never below code 0).
+TROUPE_AVX2 inline __m256i keep_nonzero_avx2(__m256i c, __m256 xn, const qmap& map, bool keep) noexcept {
+  if (!keep) return c;
+  const __m256i at_zero = _mm256_cmpeq_epi32(c, _mm256_set1_epi32(map.zero_code()));
+  const __m256i pos = _mm256_castps_si256(_mm256_cmp_ps(xn, _mm256_setzero_ps(), _CMP_GT_OQ));
+  const __m256i neg = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(xn, _mm256_setzero_ps(), _CMP_LT_OQ)),
+                                       _mm256_cmpgt_epi32(c, _mm256_setzero_si256()));
+  c = _mm256_sub_epi32(c, _mm256_and_si256(at_zero, pos));  // +1
+  return _mm256_add_epi32(c, _mm256_and_si256(at_zero, neg));  // -1
+}
+
+/// Stores 8 codes (0..255 in 32-bit lanes) as bytes.
+TROUPE_AVX2 inline void store_codes_avx2(std::uint8_t* out, __m256i c) noexcept {
+  // Two unsigned packs leave codes 0-3 in the low lane's first 4 bytes and 4-7 in the high lane's.
+  const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(c, c), _mm256_setzero_si256());
+  const auto low = static_cast<std::uint32_t>(_mm256_cvtsi256_si32(bytes));
+  const auto high = static_cast<std::uint32_t>(_mm256_extract_epi32(bytes, 4));
+  std::memcpy(out, &low, 4);
+  std::memcpy(out + 4, &high, 4);
+}
+
+/// random_bits() on 8 lanes: the bits of (key, first + lane).
+TROUPE_AVX2 inline __m256i random_bits_avx2(__m256i key, std::uint32_t first) noexcept {
+  const __m256i index =
+      _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(first)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i h = _mm256_xor_si256(_mm256_mullo_epi32(index, _mm256_set1_epi32(static_cast<int>(0x9e3779b1u))), key);
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(0x7feb352d));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
+  return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+}
+
+// AVX2 versions of the table quantizer, the dequantizer and the absmax: the same operations on 8
+// lanes (gathers from the widened table), so the same results.
+TROUPE_AVX2 std::size_t quantize_avx2(const float* x, std::size_t n, float inv, const qmap& map, bool keep,
+                                      std::uint8_t* codes) noexcept {
+  const __m256 vinv = _mm256_set1_ps(inv);
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 xn = _mm256_mul_ps(_mm256_loadu_ps(x + i), vinv);
-    const __m256i b = _mm256_castps_si256(xn);
-    __m256i a = _mm256_and_si256(b, magnitude);
-    a = _mm256_min_epi32(_mm256_max_epi32(a, lo), hi);
-    const __m256i negative = _mm256_srli_epi32(b, 31);
-    const __m256i rel = _mm256_sub_epi32(a, lo);
-    const __m256i idx = _mm256_add_epi32(_mm256_srli_epi32(rel, qmap::shift), _mm256_mullo_epi32(negative, buckets));
-    const __m256i entry = _mm256_i32gather_epi32(map.packed(), idx, 4);
-    __m256i c = _mm256_and_si256(entry, byte);
-    const __m256i offset = _mm256_srli_epi32(entry, 8);
-    const __m256i lowbits = _mm256_and_si256(rel, low_bits);
-    // Next code: low bits above the offset (positive x) or below it (negative x).
-    const __m256i up = _mm256_blendv_epi8(_mm256_cmpgt_epi32(lowbits, offset), _mm256_cmpgt_epi32(offset, lowbits),
-                                          _mm256_srai_epi32(b, 31));
-    c = _mm256_sub_epi32(c, up);
-    const __m256i at_zero = _mm256_and_si256(_mm256_cmpeq_epi32(c, zero), keep_mask);
-    const __m256i pos = _mm256_castps_si256(_mm256_cmp_ps(xn, fzero, _CMP_GT_OQ));
-    const __m256i neg = _mm256_castps_si256(_mm256_cmp_ps(xn, fzero, _CMP_LT_OQ));
-    c = _mm256_sub_epi32(c, _mm256_and_si256(at_zero, pos));                           // +1
-    c = _mm256_add_epi32(c, _mm256_and_si256(_mm256_and_si256(at_zero, neg), down_mask));  // -1
-    // Codes are 0..255: two unsigned packs leave codes 0-3 in the low lane's first 4 bytes and 4-7
-    // in the high lane's.
-    const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(c, c), _mm256_setzero_si256());
-    const std::uint32_t low = static_cast<std::uint32_t>(_mm256_cvtsi256_si32(bytes));
-    const std::uint32_t high = static_cast<std::uint32_t>(_mm256_extract_epi32(bytes, 4));
-    std::memcpy(codes + i, &low, 4);
-    std::memcpy(codes + i + 4, &high, 4);
+    store_codes_avx2(codes + i, keep_nonzero_avx2(nearest_codes_avx2(map, xn), xn, map, keep));
+  }
+  return i;
+}
+
+/// Stochastic rounding on 8 lanes, as finish(): from the nearest code c, the pair of entries
+/// around xn (c and the next one above or below), then the draw between them.
+TROUPE_AVX2 std::size_t quantize_stochastic_avx2(const float* x, std::size_t n, float inv, const qmap& map,
+                                                 bool keep, std::uint32_t key, std::uint32_t first,
+                                                 std::uint8_t* codes) noexcept {
+  const __m256 vinv = _mm256_set1_ps(inv);
+  const __m256i vkey = _mm256_set1_epi32(static_cast<int>(key));
+  const __m256i none = _mm256_setzero_si256(), top = _mm256_set1_epi32(255);
+  const float* values = map.values();
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 xn = _mm256_mul_ps(_mm256_loadu_ps(x + i), vinv);
+    const __m256i c = nearest_codes_avx2(map, xn);
+    const __m256 vc = _mm256_i32gather_ps(values, c, 4);
+    const __m256i above = _mm256_castps_si256(_mm256_cmp_ps(xn, vc, _CMP_GT_OQ));
+    const __m256i below = _mm256_castps_si256(_mm256_cmp_ps(xn, vc, _CMP_LT_OQ));
+    // A pair where finish() has one: above and not the last code, or below and not the first.
+    const __m256i pair = _mm256_or_si256(_mm256_andnot_si256(_mm256_cmpeq_epi32(c, top), above),
+                                         _mm256_andnot_si256(_mm256_cmpeq_epi32(c, none), below));
+    const __m256i lo = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(c, below), none), _mm256_set1_epi32(254));
+    const __m256 va = _mm256_i32gather_ps(values, lo, 4);
+    const __m256 vb = _mm256_i32gather_ps(values + 1, lo, 4);
+    const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(random_bits_avx2(vkey, first + static_cast<std::uint32_t>(i)), 8)),
+                                   _mm256_set1_ps(0x1p-24f));
+    const __m256i take_hi = _mm256_castps_si256(
+        _mm256_cmp_ps(_mm256_sub_ps(xn, va), _mm256_mul_ps(r, _mm256_sub_ps(vb, va)), _CMP_GT_OQ));
+    const __m256i drawn = _mm256_sub_epi32(lo, take_hi);  // lo + 1 where taken
+    store_codes_avx2(codes + i, keep_nonzero_avx2(_mm256_blendv_epi8(c, drawn, pair), xn, map, keep));
+  }
+  return i;
+}
+
+/// quant::to_bf16_stochastic on 8 lanes.
+TROUPE_AVX2 std::size_t bf16_stochastic_avx2(const float* x, std::size_t n, std::uint32_t key, std::uint32_t first,
+                                             std::uint16_t* out) noexcept {
+  const __m256i vkey = _mm256_set1_epi32(static_cast<int>(key));
+  const __m256i sign_bit = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i b = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+    const __m256i bits = random_bits_avx2(vkey, first + static_cast<std::uint32_t>(i));
+    const __m256i sign = _mm256_and_si256(b, sign_bit);
+    const __m256i mag = _mm256_andnot_si256(sign_bit, b);
+    const __m256i up = _mm256_add_epi32(mag, _mm256_and_si256(bits, _mm256_set1_epi32(0xffff)));
+    // Never round a finite value up into infinity (nor change an infinity or a NaN).
+    const __m256i over = _mm256_cmpgt_epi32(_mm256_srli_epi32(up, 16), _mm256_set1_epi32(0x7f7f));
+    const __m256i h = _mm256_srli_epi32(_mm256_or_si256(sign, _mm256_blendv_epi8(up, mag, over)), 16);
+    // 0..0xffff in each 32-bit lane: packus keeps them; lanes come out as 0-3, 0-3 | 4-7, 4-7.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
   }
   return i;
 }
@@ -543,7 +622,10 @@ inline std::uint8_t finish(std::uint8_t c, float xn, const qmap& map, const bloc
 
 void to_bf16_stochastic(const float* x, std::size_t n, std::uint32_t key, std::uint32_t first,
                         std::uint16_t* out) noexcept {
-  const std::size_t done = simd_level() >= 2 ? bf16_stochastic_avx512(x, n, key, first, out) : 0;
+  const int level = simd_level();
+  const std::size_t done = level >= 2   ? bf16_stochastic_avx512(x, n, key, first, out)
+                           : level >= 1 ? bf16_stochastic_avx2(x, n, key, first, out)
+                                        : 0;
   for (std::size_t i = done; i < n; ++i)
     out[i] = to_bf16_stochastic(x[i], random_bits(key, first + static_cast<std::uint32_t>(i)));
 }
@@ -559,10 +641,11 @@ void dequantize_block(const std::uint8_t* codes, std::size_t n, float scale, con
 void quantize_block(const float* x, std::size_t n, float scale, const qmap& map, const block_options& o,
                     std::uint32_t key, std::uint32_t first, std::uint8_t* codes) noexcept {
   const float inv = scale > 0 ? 1.0f / scale : 0.0f;
-  if (o.stochastic && simd_level() >= 2) {
-    const std::size_t done = map.is_signed()
-                                 ? quantize_stochastic_avx512<true>(x, n, inv, map, o.keep_nonzero, key, first, codes)
-                                 : quantize_stochastic_avx512<false>(x, n, inv, map, o.keep_nonzero, key, first, codes);
+  if (o.stochastic && simd_level() >= 1) {
+    const std::size_t done =
+        simd_level() == 1 ? quantize_stochastic_avx2(x, n, inv, map, o.keep_nonzero, key, first, codes)
+        : map.is_signed() ? quantize_stochastic_avx512<true>(x, n, inv, map, o.keep_nonzero, key, first, codes)
+                          : quantize_stochastic_avx512<false>(x, n, inv, map, o.keep_nonzero, key, first, codes);
     x += done;
     codes += done;
     n -= done;

@@ -265,7 +265,7 @@ TEST(Blockwise, ZerosStayExactlyZeroAndTinyValuesKeepTheirSign) {
 }
 
 TEST(Blockwise, FastBlocksEqualTheReferenceWithEveryOption) {
-  // Every vector path (AVX-512 with stochastic rounding too) against the linear search, on random
+  // Every vector path (AVX-512 and AVX2, stochastic rounding too) against the linear search, on random
   // values and on the hard ones: map entries themselves (no draw), their neighbours and the
   // midpoints between entries, zeros of both signs, subnormals, and values beyond the scale.
   struct restore {
