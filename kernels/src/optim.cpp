@@ -18,6 +18,7 @@
 
 #include "cuda_ops.hpp"
 #include "quantize.hpp"
+#include "quantize_avx2.hpp"
 #include "quantize_avx512.hpp"
 
 namespace troupe::kernels {
@@ -348,75 +349,141 @@ inline float adam_element(float p, float grad, float m, float v, const adam_cons
 }
 
 
-/// The adam constants broadcast to 8 lanes.
-struct adam_vectors {
-  __m256 decay, gscale, l2, omb1, one_minus_omb1, beta2, omb2, inv_bias2_sqrt, eps, neg_step;
-  bool low;
+/// How far ahead (in elements) the 8-bit kernel prefetches its streams.
+constexpr std::size_t prefetch_ahead = 512;
+
+/// Calls f(l2, clip, low) with the three loop-invariant choices of an Adam step (L2 decay,
+/// gradient clipping, which form of the first-moment update) as std::bool_constant values, so
+/// that a kernel can take them as template arguments and its loop tests none of them.
+template <class F>
+void with_choices(const adam_constants& c, F&& f) {
+  auto low = [&](auto l2, auto clip) {
+    if (c.one_minus_beta1 < 0.5f) f(l2, clip, std::true_type{});
+    else f(l2, clip, std::false_type{});
+  };
+  auto clip = [&](auto l2) {
+    if (c.gscale != 1.0f) low(l2, std::true_type{});
+    else low(l2, std::false_type{});
+  };
+  if (c.l2 != 0.0f) clip(std::true_type{});
+  else clip(std::false_type{});
+}
+
+inline float moment_value(float x) { return x; }
+inline float moment_value(std::uint16_t h) { return quant::from_bf16(h); }
+inline void set_moment(float& x, float v) { x = v; }
+inline void set_moment(std::uint16_t& h, float v) { h = quant::to_bf16(v); }
+
+/// Where a stochastically rounded bf16 moment draws its bits: element i of the call with
+/// (key, first + i), first being the index of p[0] in its tensor.
+struct draw_keys {
+  std::uint32_t m = 0, v = 0, x = 0, first = 0;
 };
 
-__attribute__((target("avx2"))) inline adam_vectors broadcast(const adam_constants& c) {
-  return {_mm256_set1_ps(c.decay),        _mm256_set1_ps(c.gscale),     _mm256_set1_ps(c.l2),
-          _mm256_set1_ps(c.one_minus_beta1), _mm256_set1_ps(1.0f - c.one_minus_beta1),
-          _mm256_set1_ps(c.beta2),        _mm256_set1_ps(c.one_minus_beta2), _mm256_set1_ps(c.inv_bias2_sqrt),
-          _mm256_set1_ps(c.eps),          _mm256_set1_ps(-c.step_size), c.one_minus_beta1 < 0.5f};
+template <bool Stochastic, class M>
+inline void set_moment(M& out, float x, std::uint32_t key, std::uint32_t at) {
+  if constexpr (Stochastic) out = quant::to_bf16_stochastic(x, quant::random_bits(key, at));
+  else set_moment(out, x);
 }
 
-/// adam_element on 8 lanes.
-template <bool L2>
-__attribute__((target("avx2"))) inline __m256 adam_avx2(__m256 p, __m256 grad, __m256& m, __m256& v,
-                                                        const adam_vectors& k) {
-  const __m256 param = _mm256_mul_ps(p, k.decay);
-  __m256 g = _mm256_mul_ps(grad, k.gscale);
-  if constexpr (L2) g = _mm256_add_ps(g, _mm256_mul_ps(param, k.l2));
-  const __m256 diff = _mm256_sub_ps(g, m);
-  m = k.low ? _mm256_add_ps(m, _mm256_mul_ps(k.omb1, diff)) : _mm256_sub_ps(g, _mm256_mul_ps(diff, k.one_minus_omb1));
-  v = _mm256_add_ps(_mm256_mul_ps(v, k.beta2), _mm256_mul_ps(_mm256_mul_ps(k.omb2, g), g));
-  const __m256 denom = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(v), k.inv_bias2_sqrt), k.eps);
-  return _mm256_add_ps(param, _mm256_div_ps(_mm256_mul_ps(k.neg_step, m), denom));
-}
+// ---- the fp32 and bf16 loops, once per instruction set (optim_stream.inc) ------------------
 
-__attribute__((target("avx2"))) inline __m256 load_bf16(const std::uint16_t* h) {
-  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
-
-/// quant::to_bf16 (round to nearest even) on 8 lanes.
-__attribute__((target("avx2"))) inline void store_bf16(std::uint16_t* h, __m256 x) {
-  const __m256i b = _mm256_castps_si256(x);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-  // 0..0xffff in each 32-bit lane: packus keeps them; lanes come out as 0-3, 0-3 | 4-7, 4-7.
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(h), _mm256_castsi256_si128(packed));
-}
-
-template <bool L2>
-__attribute__((target("avx2"))) void adam_bf16_avx2(float* p, const float* grad, std::uint16_t* m, std::uint16_t* v,
-                                                    std::size_t n, const adam_constants& c) {
-  const adam_vectors k = broadcast(c);
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 mi = load_bf16(m + i), vi = load_bf16(v + i);
-    _mm256_storeu_ps(p + i, adam_avx2<L2>(_mm256_loadu_ps(p + i), _mm256_loadu_ps(grad + i), mi, vi, k));
-    store_bf16(m + i, mi);
-    store_bf16(v + i, vi);
+#pragma GCC push_options
+#pragma GCC target("avx2")
+namespace avx2 {
+struct V {
+  using reg = __m256;
+  using ireg = __m256i;
+  static constexpr std::size_t width = 8;
+  static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, reg x) { _mm256_storeu_ps(p, x); }
+  static reg set1(float f) { return _mm256_set1_ps(f); }
+  static ireg seti(std::uint32_t u) { return _mm256_set1_epi32(static_cast<int>(u)); }
+  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
+  static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
+  static reg sqrt(reg a) { return _mm256_sqrt_ps(a); }
+  static reg widen(const std::uint16_t* h) { return quant::avx2::bf16_widen(h); }
+  static void narrow(std::uint16_t* h, reg x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(h), quant::avx2::bf16_nearest(x)); }
+  static void narrow_stochastic(std::uint16_t* h, reg x, ireg key, std::uint32_t at) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(h), quant::avx2::bf16_stochastic(x, quant::avx2::random_bits(key, at)));
   }
-  for (; i < n; ++i) {
-    float mi, vi;
-    p[i] = adam_element<L2>(p[i], grad[i], quant::from_bf16(m[i]), quant::from_bf16(v[i]), c, mi, vi);
-    m[i] = quant::to_bf16(mi);
-    v[i] = quant::to_bf16(vi);
+};
+#include "optim_stream.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512vbmi")
+namespace avx512 {
+struct V {
+  using reg = __m512;
+  using ireg = __m512i;
+  static constexpr std::size_t width = 16;
+  static reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, reg x) { _mm512_storeu_ps(p, x); }
+  static reg set1(float f) { return _mm512_set1_ps(f); }
+  static ireg seti(std::uint32_t u) { return _mm512_set1_epi32(static_cast<int>(u)); }
+  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  static reg div(reg a, reg b) { return _mm512_div_ps(a, b); }
+  static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
+  static reg sqrt(reg a) { return _mm512_sqrt_ps(a); }
+  static reg widen(const std::uint16_t* h) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+  static void narrow(std::uint16_t* h, reg x) {
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(h), _mm512_cvtepi32_epi16(r));
+  }
+  static void narrow_stochastic(std::uint16_t* h, reg x, ireg key, std::uint32_t at) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(h), quant::avx512::bf16_stochastic(x, quant::avx512::random_bits(key, at)));
+  }
+};
+#include "optim_stream.inc"
+}  // namespace avx512
+#pragma GCC pop_options
+
+/// Adam/AdamW over fp32 or bf16 moments on the widest vectors the CPU has (simd_level() >= 1):
+/// adam_stream of optim_stream.inc with the loop-invariant choices as template arguments.
+template <class M, bool Ams = false, bool Stochastic = false, class Vt = M>
+void adam_stream_any(float* p, const float* grad, M* m, Vt* v, std::type_identity_t<Vt>* x, std::size_t n,
+                     const adam_constants& c, const draw_keys& keys = {}) {
+  with_choices(c, [&](auto l2, auto clip, auto low) {
+    if (quant::simd_level() >= 2) avx512::adam_stream<l2, clip, low, M, Ams, Stochastic, Vt>(p, grad, m, v, x, n, c, keys);
+    else avx2::adam_stream<l2, clip, low, M, Ams, Stochastic, Vt>(p, grad, m, v, x, n, c, keys);
+  });
+}
+
+/// SGD over fp32 or bf16 momentum (none when buf is null) on the widest vectors the CPU has
+/// (simd_level() >= 1); Stochastic: bf16 rounded by the draws of (key, at + i).
+template <class M, bool Stochastic = false>
+void sgd_stream_any(float* p, const float* grad, M* buf, std::size_t n, const sgd_constants& c, bool first,
+                    std::uint32_t key = 0, std::uint32_t at = 0) {
+  const bool avx512 = quant::simd_level() >= 2;
+  if (c.wd != 0.0f) {
+    if (avx512) avx512::sgd_stream<true, M, Stochastic>(p, grad, buf, n, c, first, key, at);
+    else avx2::sgd_stream<true, M, Stochastic>(p, grad, buf, n, c, first, key, at);
+  } else {
+    if (avx512) avx512::sgd_stream<false, M, Stochastic>(p, grad, buf, n, c, first, key, at);
+    else avx2::sgd_stream<false, M, Stochastic>(p, grad, buf, n, c, first, key, at);
   }
 }
 
 /// One 8-bit block: dequantizes both moments in registers, updates, writes the new moment values
 /// to mbuf/vbuf and returns their absmax in mabs/vabs.
-template <bool L2>
+template <bool L2, bool Clip, bool Low>
 __attribute__((target("avx2"))) void adam_int8_avx2(float* p, const float* grad, const std::uint8_t* mc,
                                                     const std::uint8_t* vc, float ms, float vs, const float* mvals,
                                                     const float* vvals, std::size_t n, const adam_constants& c,
                                                     float* mbuf, float* vbuf, float& mabs, float& vabs) {
-  const adam_vectors k = broadcast(c);
+  const avx2::adam_vectors k = avx2::broadcast(c);
   const __m256 msv = _mm256_set1_ps(ms), vsv = _mm256_set1_ps(vs);
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 ma = _mm256_setzero_ps(), va = _mm256_setzero_ps();
@@ -426,7 +493,7 @@ __attribute__((target("avx2"))) void adam_int8_avx2(float* p, const float* grad,
     const __m256i vi8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(vc + i)));
     __m256 mi = _mm256_mul_ps(_mm256_i32gather_ps(mvals, mi8, 4), msv);
     __m256 vi = _mm256_mul_ps(_mm256_i32gather_ps(vvals, vi8, 4), vsv);
-    _mm256_storeu_ps(p + i, adam_avx2<L2>(_mm256_loadu_ps(p + i), _mm256_loadu_ps(grad + i), mi, vi, k));
+    _mm256_storeu_ps(p + i, avx2::adam_update<L2, Clip, Low>(_mm256_loadu_ps(p + i), _mm256_loadu_ps(grad + i), mi, vi, k));
     _mm256_storeu_ps(mbuf + i, mi);
     _mm256_storeu_ps(vbuf + i, vi);
     ma = _mm256_max_ps(ma, _mm256_and_ps(mi, magnitude));
@@ -447,196 +514,6 @@ __attribute__((target("avx2"))) void adam_int8_avx2(float* p, const float* grad,
   }
   mabs = am;
   vabs = av;
-}
-
-/// How far ahead (in elements) the 8-bit kernel prefetches its streams.
-constexpr std::size_t prefetch_ahead = 512;
-
-/// The constants of adam_element in AVX-512 registers, made once per call: the step loop then
-/// reads no scalar and broadcasts nothing.
-struct adam_vectors512 {
-  __m512 decay, gscale, l2, omb1, one_minus_omb1, beta2, omb2, inv_bias2_sqrt, eps, neg_step;
-};
-
-TROUPE_AVX512 inline adam_vectors512 broadcast512(const adam_constants& c) {
-  return {_mm512_set1_ps(c.decay),        _mm512_set1_ps(c.gscale),     _mm512_set1_ps(c.l2),
-          _mm512_set1_ps(c.one_minus_beta1), _mm512_set1_ps(1.0f - c.one_minus_beta1),
-          _mm512_set1_ps(c.beta2),        _mm512_set1_ps(c.one_minus_beta2), _mm512_set1_ps(c.inv_bias2_sqrt),
-          _mm512_set1_ps(c.eps),          _mm512_set1_ps(-c.step_size)};
-}
-
-/// adam_element on 16 lanes.
-/// Clip: the gradient is scaled (gscale != 1); Low: 1 - beta1 < 0.5 (see adam_element).
-/// Ams: x is AMSGrad's maximum so far, replaced by max(x, v) (std::max's operand order).
-template <bool L2, bool Clip, bool Low, bool Ams = false>
-TROUPE_AVX512 inline __m512 adam_avx512(__m512 p, __m512 grad, __m512& m, __m512& v, const adam_vectors512& k,
-                                        __m512* x = nullptr) {
-  const __m512 param = _mm512_mul_ps(p, k.decay);
-  // x * 1 == x for every float: without clipping the gradient is used as it is.
-  __m512 g = Clip ? _mm512_mul_ps(grad, k.gscale) : grad;
-  if constexpr (L2) g = _mm512_add_ps(g, _mm512_mul_ps(param, k.l2));
-  const __m512 diff = _mm512_sub_ps(g, m);
-  m = Low ? _mm512_add_ps(m, _mm512_mul_ps(k.omb1, diff)) : _mm512_sub_ps(g, _mm512_mul_ps(diff, k.one_minus_omb1));
-  v = _mm512_add_ps(_mm512_mul_ps(v, k.beta2), _mm512_mul_ps(_mm512_mul_ps(k.omb2, g), g));
-  __m512 second = v;
-  if constexpr (Ams) {
-    second = _mm512_max_ps(v, *x);  // v > x ? v : x, which is std::max(x, v)
-    *x = second;
-  }
-  const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(second), k.inv_bias2_sqrt), k.eps);
-  return _mm512_add_ps(param, _mm512_div_ps(_mm512_mul_ps(k.neg_step, m), denom));
-}
-
-/// Calls f(l2, clip, low) with the three loop-invariant choices of an Adam step (L2 decay,
-/// gradient clipping, which form of the first-moment update) as std::bool_constant values, so
-/// that a kernel can take them as template arguments and its loop tests none of them.
-template <class F>
-void with_choices(const adam_constants& c, F&& f) {
-  auto low = [&](auto l2, auto clip) {
-    if (c.one_minus_beta1 < 0.5f) f(l2, clip, std::true_type{});
-    else f(l2, clip, std::false_type{});
-  };
-  auto clip = [&](auto l2) {
-    if (c.gscale != 1.0f) low(l2, std::true_type{});
-    else low(l2, std::false_type{});
-  };
-  if (c.l2 != 0.0f) clip(std::true_type{});
-  else clip(std::false_type{});
-}
-
-/// fp32 or bf16 moments on 16 lanes: loads widen bf16 exactly, stores round as quant::to_bf16.
-TROUPE_AVX512 inline __m512 load_moment512(const float* x) { return _mm512_loadu_ps(x); }
-TROUPE_AVX512 inline void store_moment512(float* x, __m512 v) { _mm512_storeu_ps(x, v); }
-TROUPE_AVX512 inline __m512 load_moment512(const std::uint16_t* h) {
-  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-TROUPE_AVX512 inline void store_moment512(std::uint16_t* h, __m512 x) {
-  const __m512i b = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(h), _mm512_cvtepi32_epi16(r));
-}
-inline float moment_value(float x) { return x; }
-inline float moment_value(std::uint16_t h) { return quant::from_bf16(h); }
-inline void set_moment(float& x, float v) { x = v; }
-inline void set_moment(std::uint16_t& h, float v) { h = quant::to_bf16(v); }
-
-/// Where a stochastically rounded bf16 moment draws its bits: element i of the call with
-/// (key, first + i), first being the index of p[0] in its tensor.
-struct draw_keys {
-  std::uint32_t m = 0, v = 0, x = 0, first = 0;
-};
-
-/// Stores 16 moment values: fp32, or bf16 rounded to nearest even or (Stochastic) by the draws
-/// of (key, at + lane).
-template <bool Stochastic, class M>
-TROUPE_AVX512 inline void store_moment512(M* out, __m512 x, __m512i key, std::uint32_t at) {
-  if constexpr (Stochastic)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), quant::avx512::bf16_stochastic(x, quant::avx512::random_bits(key, at)));
-  else
-    store_moment512(out, x);
-}
-template <bool Stochastic, class M>
-inline void set_moment(M& out, float x, std::uint32_t key, std::uint32_t at) {
-  if constexpr (Stochastic) out = quant::to_bf16_stochastic(x, quant::random_bits(key, at));
-  else set_moment(out, x);
-}
-
-/// Adam/AdamW over fp32 or bf16 moments on AVX-512: the operations of adam_fused_loop, 16 lanes
-/// at a time, with software prefetch on every stream (the step is bound by memory;
-/// docs/PERFORMANCE.md). The first moment in M, the second (and AMSGrad's maximum) in V: the
-/// same type, or fp32 and bf16 (first_moment_fp32). Ams: AMSGrad, with its maximum in x.
-/// Stochastic: bf16 moments rounded by the draws of `keys`; else to nearest even.
-template <bool L2, bool Clip, bool Low, class M, bool Ams = false, bool Stochastic = false, class V = M>
-TROUPE_AVX512 void adam_stream_avx512(float* p, const float* grad, M* m, V* v, std::type_identity_t<V>* x, std::size_t n,
-                                      const adam_constants& c, const draw_keys& keys = {}) {
-  static_assert(!Stochastic || std::is_same_v<V, std::uint16_t>);
-  constexpr bool m_stochastic = Stochastic && std::is_same_v<M, std::uint16_t>;
-  const adam_vectors512 k = broadcast512(c);
-  const __m512i mk = _mm512_set1_epi32(static_cast<int>(keys.m)), vk = _mm512_set1_epi32(static_cast<int>(keys.v));
-  const __m512i xk = _mm512_set1_epi32(static_cast<int>(keys.x));
-  constexpr std::size_t m_line = 64 / sizeof(M), v_line = 64 / sizeof(V);  // elements per cache line
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + i + prefetch_ahead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(grad + i + prefetch_ahead), _MM_HINT_T0);
-    if (i % m_line == 0) _mm_prefetch(reinterpret_cast<const char*>(m + i + prefetch_ahead), _MM_HINT_T0);
-    if (i % v_line == 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(v + i + prefetch_ahead), _MM_HINT_T0);
-      if constexpr (Ams) _mm_prefetch(reinterpret_cast<const char*>(x + i + prefetch_ahead), _MM_HINT_T0);
-    }
-    const std::uint32_t at = keys.first + static_cast<std::uint32_t>(i);
-    __m512 mi = load_moment512(m + i), vi = load_moment512(v + i);
-    __m512 xi = Ams ? load_moment512(x + i) : mi;
-    _mm512_storeu_ps(p + i, adam_avx512<L2, Clip, Low, Ams>(_mm512_loadu_ps(p + i), _mm512_loadu_ps(grad + i), mi,
-                                                             vi, k, &xi));
-    store_moment512<m_stochastic>(m + i, mi, mk, at);
-    store_moment512<Stochastic>(v + i, vi, vk, at);
-    if constexpr (Ams) store_moment512<Stochastic>(x + i, xi, xk, at);
-  }
-  for (; i < n; ++i) {
-    const std::uint32_t at = keys.first + static_cast<std::uint32_t>(i);
-    float mi, vi, xi = Ams ? moment_value(x[i]) : 0.0f;
-    p[i] = adam_element<L2>(p[i], grad[i], moment_value(m[i]), moment_value(v[i]), c, mi, vi, Ams ? &xi : nullptr);
-    set_moment<m_stochastic>(m[i], mi, keys.m, at);
-    set_moment<Stochastic>(v[i], vi, keys.v, at);
-    if constexpr (Ams) set_moment<Stochastic>(x[i], xi, keys.x, at);
-  }
-}
-
-/// sgd_fused_loop on AVX-512 over fp32 or bf16 momentum buffers (none when buf is null), with
-/// adam_stream_avx512's prefetch. bf16 rounds to nearest even, or (Stochastic) by the draws of
-/// (key, at + i), at being the index of p[0] in its tensor.
-template <bool Wd, class M, bool Stochastic = false>
-TROUPE_AVX512 void sgd_stream_avx512(float* p, const float* grad, M* buf, std::size_t n, const sgd_constants& c,
-                                     bool first, std::uint32_t key = 0, std::uint32_t at = 0) {
-  static_assert(!Stochastic || std::is_same_v<M, std::uint16_t>);
-  const __m512i vkey = _mm512_set1_epi32(static_cast<int>(key));
-  const __m512 gscale = _mm512_set1_ps(c.gscale), wd = _mm512_set1_ps(c.wd), momentum = _mm512_set1_ps(c.momentum);
-  const __m512 omd = _mm512_set1_ps(c.one_minus_dampening), neg_lr = _mm512_set1_ps(-c.lr);
-  const bool clip = c.gscale != 1.0f, nesterov = c.nesterov;  // x * 1 == x: no clipping, no multiply
-  constexpr std::size_t per_line = 64 / sizeof(M);
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + i + prefetch_ahead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(grad + i + prefetch_ahead), _MM_HINT_T0);
-    if (buf && i % per_line == 0) _mm_prefetch(reinterpret_cast<const char*>(buf + i + prefetch_ahead), _MM_HINT_T0);
-    const __m512 pi = _mm512_loadu_ps(p + i);
-    __m512 g = _mm512_loadu_ps(grad + i);
-    if (clip) g = _mm512_mul_ps(g, gscale);
-    if constexpr (Wd) g = _mm512_add_ps(g, _mm512_mul_ps(pi, wd));
-    if (buf) {
-      const __m512 b =
-          first ? g : _mm512_add_ps(_mm512_mul_ps(load_moment512(buf + i), momentum), _mm512_mul_ps(g, omd));
-      store_moment512<Stochastic>(buf + i, b, vkey, at + static_cast<std::uint32_t>(i));
-      g = nesterov ? _mm512_add_ps(g, _mm512_mul_ps(b, momentum)) : b;
-    }
-    _mm512_storeu_ps(p + i, _mm512_add_ps(pi, _mm512_mul_ps(g, neg_lr)));
-  }
-  for (; i < n; ++i) {
-    float g = grad[i] * c.gscale;
-    if constexpr (Wd) g = g + p[i] * c.wd;
-    if (buf) {
-      const float b = first ? g : moment_value(buf[i]) * c.momentum + g * c.one_minus_dampening;
-      set_moment<Stochastic>(buf[i], b, key, at + static_cast<std::uint32_t>(i));
-      g = c.nesterov ? g + b * c.momentum : b;
-    }
-    p[i] = p[i] + g * (-c.lr);
-  }
-}
-
-/// SGD over fp32 or bf16 momentum on the widest path the CPU has.
-template <class M>
-void sgd_stream(float* p, const float* grad, M* buf, std::size_t n, const sgd_constants& c, bool first) {
-  if (c.wd != 0.0f) sgd_stream_avx512<true>(p, grad, buf, n, c, first);
-  else sgd_stream_avx512<false>(p, grad, buf, n, c, first);
-}
-/// The same with bf16 momentum rounded by the draws of (key, at + i).
-void sgd_stream_stochastic(float* p, const float* grad, std::uint16_t* buf, std::size_t n, const sgd_constants& c,
-                           bool first, std::uint32_t key, std::uint32_t at) {
-  if (c.wd != 0.0f) sgd_stream_avx512<true, std::uint16_t, true>(p, grad, buf, n, c, first, key, at);
-  else sgd_stream_avx512<false, std::uint16_t, true>(p, grad, buf, n, c, first, key, at);
 }
 
 /// The permute that gathers byte 0 of the 16 lanes of each of two code vectors into bytes 0-31.
@@ -822,7 +699,7 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_
   const quant::avx512::quantizer mq = quant::avx512::load_quantizer(mmap, true);
   const quant::avx512::quantizer vq = quant::avx512::load_quantizer(vmap, true);
   const stochastic_state sr = load_stochastic(mmap, vmap, keys);
-  const adam_vectors512 kc = broadcast512(c);
+  const avx512::adam_vectors kc = avx512::broadcast(c);
   auto buffer = [&](std::size_t index) { return buffers + set::count * block * (index % 3); };
   auto full_of = [](std::size_t n) { return n & ~std::size_t{15}; };
   auto scales_of = [&](std::size_t b, __m512 (&out)[3]) TROUPE_AVX512 {
@@ -864,7 +741,7 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_
         if constexpr (MFp32) _mm_prefetch(reinterpret_cast<const char*>(mrow + i + prefetch_ahead), _MM_HINT_T0);
         __m512 mi = _mm512_loadu_ps(mrow + i), vi = _mm512_loadu_ps(vbuf + i);
         __m512 xi = Ams ? _mm512_loadu_ps(xbuf + i) : mi;
-        _mm512_storeu_ps(pb + i, adam_avx512<L2, Clip, Low, Ams>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i),
+        _mm512_storeu_ps(pb + i, avx512::adam_update<L2, Clip, Low, Ams>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i),
                                                                   mi, vi, kc, &xi));
         _mm512_storeu_ps(mrow + i, mi);
         _mm512_storeu_ps(vbuf + i, vi);
@@ -1021,17 +898,19 @@ bool scale_is_absmax(double p, std::int64_t block) {
   return true;
 }
 
-/// absmax_scale: scale_is_absmax for this slot's group (computed once per step). The AVX-512
-/// kernels take every option of bf16 and 8-bit state (the first moment like v or fp32);
-/// AVX2 has bf16 and 8-bit moments rounded to nearest, 8-bit scaled by the absmax, no AMSGrad.
+/// absmax_scale: scale_is_absmax for this slot's group (computed once per step). Every option
+/// of bf16 state (the first moment like v or fp32) has a fused loop on AVX2 and AVX-512; the
+/// AVX-512 8-bit kernel takes every option of 8-bit state, the AVX2 one both moments 8-bit,
+/// scaled by the absmax and rounded to nearest, without AMSGrad (the others go through the
+/// chunk path, whose conversions are vectorized on AVX2 too).
 bool fused_compressed(optimizer_kind kind, const optimizer::slot& s, const state_options& so, bool absmax_scale) {
   if (quant::simd_level() < 1 || kind == optimizer_kind::sgd) return false;
   const auto &m = s.m, &v = s.v, &x = s.vmax;
   if (x.mode != mode_none && (x.mode != v.mode || x.block != v.block)) return false;
   const bool same = m.mode == v.mode && m.block == v.block;
-  if (quant::simd_level() >= 2) return (same || m.mode == mode_fp32) && (v.mode == mode_bf16 || v.mode == mode_int8);
-  if (so.stochastic_rounding || x.mode != mode_none || !same) return false;
-  return v.mode == mode_bf16 || (v.mode == mode_int8 && absmax_scale);
+  if (!same && m.mode != mode_fp32) return false;
+  if (v.mode == mode_bf16 || quant::simd_level() >= 2) return v.mode == mode_bf16 || v.mode == mode_int8;
+  return v.mode == mode_int8 && same && absmax_scale && !so.stochastic_rounding && x.mode == mode_none;
 }
 
 /// The fused step over elements [begin, end) of a slot (begin on a block boundary for 8-bit).
@@ -1040,32 +919,23 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
                      const rounding& rm, const rounding& rv, const rounding& rx, bool absmax_scale) {
   float* p = s.p->value.data<float>().data();
   const float* g = std::as_const(*s.p).grad.data<float>().data();
-  const bool l2 = c.l2 != 0.0f;
   if (s.v.mode == mode_bf16) {
-    std::uint16_t* v = s.v.data.data<std::uint16_t>().data();
-    if (quant::simd_level() >= 2) {
-      std::uint16_t* x = s.vmax.mode == mode_bf16 ? s.vmax.data.data<std::uint16_t>().data() + begin : nullptr;
-      const draw_keys keys{rm.key, rv.key, rx.key, static_cast<std::uint32_t>(begin)};
-      auto stream = [&](auto* m, auto ams, auto stochastic) {
-        with_choices(c, [&](auto l2c, auto clip, auto low) {
-          adam_stream_avx512<l2c, clip, low, std::remove_pointer_t<decltype(m)>, ams, stochastic, std::uint16_t>(
-              p + begin, g + begin, m + begin, v + begin, x, end - begin, c, keys);
-        });
-      };
-      auto with_options = [&](auto* m) {
-        if (x && rv.stochastic) stream(m, std::true_type{}, std::true_type{});
-        else if (x) stream(m, std::true_type{}, std::false_type{});
-        else if (rv.stochastic) stream(m, std::false_type{}, std::true_type{});
-        else stream(m, std::false_type{}, std::false_type{});
-      };
-      // The first moment bf16 like v, or fp32 (first_moment_fp32).
-      if (s.m.mode == mode_fp32) with_options(s.m.data.data<float>().data());
-      else with_options(s.m.data.data<std::uint16_t>().data());
-      return;
-    }
-    std::uint16_t* m = s.m.data.data<std::uint16_t>().data();
-    if (l2) adam_bf16_avx2<true>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
-    else adam_bf16_avx2<false>(p + begin, g + begin, m + begin, v + begin, end - begin, c);
+    std::uint16_t* v = s.v.data.data<std::uint16_t>().data() + begin;
+    std::uint16_t* x = s.vmax.mode == mode_bf16 ? s.vmax.data.data<std::uint16_t>().data() + begin : nullptr;
+    const draw_keys keys{rm.key, rv.key, rx.key, static_cast<std::uint32_t>(begin)};
+    auto stream = [&](auto* m, auto ams, auto stochastic) {
+      adam_stream_any<std::remove_pointer_t<decltype(m)>, ams, stochastic, std::uint16_t>(p + begin, g + begin, m, v, x,
+                                                                                          end - begin, c, keys);
+    };
+    auto with_options = [&](auto* m) {
+      if (x && rv.stochastic) stream(m, std::true_type{}, std::true_type{});
+      else if (x) stream(m, std::true_type{}, std::false_type{});
+      else if (rv.stochastic) stream(m, std::false_type{}, std::true_type{});
+      else stream(m, std::false_type{}, std::false_type{});
+    };
+    // The first moment bf16 like v, or fp32 (first_moment_fp32).
+    if (s.m.mode == mode_fp32) with_options(s.m.data.data<float>().data() + begin);
+    else with_options(s.m.data.data<std::uint16_t>().data() + begin);
     return;
   }
   const std::size_t block = static_cast<std::size_t>(s.v.block);
@@ -1125,12 +995,10 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
   for (std::size_t b = begin; b < end; b += block) {
     const std::size_t n = std::min(block, end - b), k = b / block;
     float mabs, vabs;
-    if (l2)
-      adam_int8_avx2<true>(p + b, g + b, mc + b, vc + b, msc[k], vsc[k], mmap.values(), vmap.values(), n, c, bm.data(),
-                           bv.data(), mabs, vabs);
-    else
-      adam_int8_avx2<false>(p + b, g + b, mc + b, vc + b, msc[k], vsc[k], mmap.values(), vmap.values(), n, c,
-                            bm.data(), bv.data(), mabs, vabs);
+    with_choices(c, [&](auto l2c, auto clip, auto low) {
+      adam_int8_avx2<l2c, clip, low>(p + b, g + b, mc + b, vc + b, msc[k], vsc[k], mmap.values(), vmap.values(), n, c,
+                                     bm.data(), bv.data(), mabs, vabs);
+    });
     msc[k] = mabs;
     vsc[k] = vabs;
     quant::quantize_block(bm.data(), n, mabs, mmap, mo, rm.key, static_cast<std::uint32_t>(b), mc + b);
@@ -1718,13 +1586,11 @@ bool optimizer::do_step(bool reference) {
       const float* g = std::as_const(*s.p).grad.data<float>().data();
       auto kernel = [&](std::size_t b, std::size_t n, float* m, float* v, float* x) {
         if (kind_ == optimizer_kind::sgd) {
-          if (quant::simd_level() >= 2) sgd_stream(p + b, g + b, m, n, pl.sgd, pl.first);
+          if (quant::simd_level() >= 1) sgd_stream_any(p + b, g + b, m, n, pl.sgd, pl.first);
           else sgd_fused(p + b, g + b, m, n, pl.sgd, pl.first);
-        } else if (quant::simd_level() >= 2) {
-          with_choices(pl.adam, [&](auto l2c, auto clip, auto low) {
-            if (x) adam_stream_avx512<l2c, clip, low, float, true>(p + b, g + b, m, v, x, n, pl.adam);
-            else adam_stream_avx512<l2c, clip, low, float>(p + b, g + b, m, v, nullptr, n, pl.adam);
-          });
+        } else if (quant::simd_level() >= 1) {
+          if (x) adam_stream_any<float, true>(p + b, g + b, m, v, x, n, pl.adam);
+          else adam_stream_any<float>(p + b, g + b, m, v, nullptr, n, pl.adam);
         } else adam_fused(p + b, g + b, m, v, x, n, pl.adam);
       };
       const bool all_fp32 = s.m.mode <= mode_fp32 && s.v.mode <= mode_fp32 && s.vmax.mode <= mode_fp32;
@@ -1733,13 +1599,13 @@ bool optimizer::do_step(bool reference) {
         kernel(jobs[j].begin, jobs[j].end - jobs[j].begin, at(s.m), at(s.v), at(s.vmax));
         return;
       }
-      if (kind_ == optimizer_kind::sgd && s.m.mode == mode_bf16 && quant::simd_level() >= 2) {
+      if (kind_ == optimizer_kind::sgd && s.m.mode == mode_bf16 && quant::simd_level() >= 1) {
         std::uint16_t* buf = s.m.data.data<std::uint16_t>().data() + jobs[j].begin;
         const std::size_t n = jobs[j].end - jobs[j].begin;
         if (groups_[s.group].state.stochastic_rounding)
-          sgd_stream_stochastic(p + jobs[j].begin, g + jobs[j].begin, buf, n, pl.sgd, pl.first, pl.rm.key,
-                                static_cast<std::uint32_t>(jobs[j].begin));
-        else sgd_stream(p + jobs[j].begin, g + jobs[j].begin, buf, n, pl.sgd, pl.first);
+          sgd_stream_any<std::uint16_t, true>(p + jobs[j].begin, g + jobs[j].begin, buf, n, pl.sgd, pl.first, pl.rm.key,
+                                              static_cast<std::uint32_t>(jobs[j].begin));
+        else sgd_stream_any(p + jobs[j].begin, g + jobs[j].begin, buf, n, pl.sgd, pl.first);
         return;
       }
       const state_options& so = groups_[s.group].state;

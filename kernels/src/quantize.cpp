@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "quantize_avx2.hpp"
 #include "quantize_avx512.hpp"
 
 namespace troupe::kernels::quant {
@@ -290,8 +291,6 @@ namespace {
 // results. Chosen at run time; the AVX-512 quantizer comes first (quantize_avx512.hpp:
 // arithmetic and registers instead of the table).
 
-#define TROUPE_AVX2 __attribute__((target("avx2")))
-
 /// The nearest codes of 8 normalized values by the table (qmap::quantize on 8 lanes, one gather),
 /// in 32-bit lanes; keep_nonzero is not applied.
 TROUPE_AVX2 inline __m256i nearest_codes_avx2(const qmap& map, __m256 xn) noexcept {
@@ -335,18 +334,6 @@ TROUPE_AVX2 inline void store_codes_avx2(std::uint8_t* out, __m256i c) noexcept 
   std::memcpy(out + 4, &high, 4);
 }
 
-/// random_bits() on 8 lanes: the bits of (key, first + lane).
-TROUPE_AVX2 inline __m256i random_bits_avx2(__m256i key, std::uint32_t first) noexcept {
-  const __m256i index =
-      _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(first)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  __m256i h = _mm256_xor_si256(_mm256_mullo_epi32(index, _mm256_set1_epi32(static_cast<int>(0x9e3779b1u))), key);
-  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(0x7feb352d));
-  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
-  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
-  return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-}
-
 // AVX2 versions of the table quantizer, the dequantizer and the absmax: the same operations on 8
 // lanes (gathers from the widened table), so the same results.
 TROUPE_AVX2 std::size_t quantize_avx2(const float* x, std::size_t n, float inv, const qmap& map, bool keep,
@@ -382,7 +369,7 @@ TROUPE_AVX2 std::size_t quantize_stochastic_avx2(const float* x, std::size_t n, 
     const __m256i lo = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(c, below), none), _mm256_set1_epi32(254));
     const __m256 va = _mm256_i32gather_ps(values, lo, 4);
     const __m256 vb = _mm256_i32gather_ps(values + 1, lo, 4);
-    const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(random_bits_avx2(vkey, first + static_cast<std::uint32_t>(i)), 8)),
+    const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(avx2::random_bits(vkey, first + static_cast<std::uint32_t>(i)), 8)),
                                    _mm256_set1_ps(0x1p-24f));
     const __m256i take_hi = _mm256_castps_si256(
         _mm256_cmp_ps(_mm256_sub_ps(xn, va), _mm256_mul_ps(r, _mm256_sub_ps(vb, va)), _CMP_GT_OQ));
@@ -396,21 +383,10 @@ TROUPE_AVX2 std::size_t quantize_stochastic_avx2(const float* x, std::size_t n, 
 TROUPE_AVX2 std::size_t bf16_stochastic_avx2(const float* x, std::size_t n, std::uint32_t key, std::uint32_t first,
                                              std::uint16_t* out) noexcept {
   const __m256i vkey = _mm256_set1_epi32(static_cast<int>(key));
-  const __m256i sign_bit = _mm256_set1_epi32(static_cast<int>(0x80000000u));
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i b = _mm256_castps_si256(_mm256_loadu_ps(x + i));
-    const __m256i bits = random_bits_avx2(vkey, first + static_cast<std::uint32_t>(i));
-    const __m256i sign = _mm256_and_si256(b, sign_bit);
-    const __m256i mag = _mm256_andnot_si256(sign_bit, b);
-    const __m256i up = _mm256_add_epi32(mag, _mm256_and_si256(bits, _mm256_set1_epi32(0xffff)));
-    // Never round a finite value up into infinity (nor change an infinity or a NaN).
-    const __m256i over = _mm256_cmpgt_epi32(_mm256_srli_epi32(up, 16), _mm256_set1_epi32(0x7f7f));
-    const __m256i h = _mm256_srli_epi32(_mm256_or_si256(sign, _mm256_blendv_epi8(up, mag, over)), 16);
-    // 0..0xffff in each 32-bit lane: packus keeps them; lanes come out as 0-3, 0-3 | 4-7, 4-7.
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
-  }
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     avx2::bf16_stochastic(_mm256_loadu_ps(x + i), avx2::random_bits(vkey, first + static_cast<std::uint32_t>(i))));
   return i;
 }
 
