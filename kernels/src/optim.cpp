@@ -476,44 +476,70 @@ void sgd_stream_any(float* p, const float* grad, M* buf, std::size_t n, const sg
   }
 }
 
-/// One 8-bit block: dequantizes both moments in registers, updates, writes the new moment values
-/// to mbuf/vbuf and returns their absmax in mabs/vabs.
-template <bool L2, bool Clip, bool Low>
-__attribute__((target("avx2"))) void adam_int8_avx2(float* p, const float* grad, const std::uint8_t* mc,
-                                                    const std::uint8_t* vc, float ms, float vs, const float* mvals,
-                                                    const float* vvals, std::size_t n, const adam_constants& c,
-                                                    float* mbuf, float* vbuf, float& mabs, float& vabs) {
+/// One block of 8-bit state on AVX2: the moments' codes (m, v and with Ams AMSGrad's maximum x)
+/// decoded in registers (one gather each), the update, and their new values written to buf[j]
+/// with their absmax in absmax[j]; a first moment in fp32 (MFp32) is read and written in place
+/// instead. The caller then makes each 8-bit moment's codes from its new values.
+struct int8_block_avx2 {
+  const std::uint8_t* codes[3] = {};  // m (unless fp32), v, x (Ams)
+  float scale[3] = {};
+  const float* values[3] = {};  // the maps' entries
+  float* m_fp32 = nullptr;
+  float* buf[3] = {};
+  float absmax[3] = {};
+};
+
+template <bool L2, bool Clip, bool Low, bool Ams, bool MFp32>
+__attribute__((target("avx2"))) void adam_int8_avx2(float* p, const float* grad, std::size_t n, const adam_constants& c,
+                                                    int8_block_avx2& d) {
   const avx2::adam_vectors k = avx2::broadcast(c);
-  const __m256 msv = _mm256_set1_ps(ms), vsv = _mm256_set1_ps(vs);
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 ma = _mm256_setzero_ps(), va = _mm256_setzero_ps();
+  constexpr int moments = Ams ? 3 : 2;
+  constexpr int first = MFp32 ? 1 : 0;  // the first 8-bit moment
+  __m256 scale[3], top[3];
+  for (int j = 0; j < 3; ++j) {
+    scale[j] = _mm256_set1_ps(d.scale[j]);
+    top[j] = _mm256_setzero_ps();
+  }
+  auto decode = [&](int j, std::size_t i) __attribute__((target("avx2"))) {
+    const __m256i c8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(d.codes[j] + i)));
+    return _mm256_mul_ps(_mm256_i32gather_ps(d.values[j], c8, 4), scale[j]);
+  };
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256i mi8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mc + i)));
-    const __m256i vi8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(vc + i)));
-    __m256 mi = _mm256_mul_ps(_mm256_i32gather_ps(mvals, mi8, 4), msv);
-    __m256 vi = _mm256_mul_ps(_mm256_i32gather_ps(vvals, vi8, 4), vsv);
-    _mm256_storeu_ps(p + i, avx2::adam_update<L2, Clip, Low>(_mm256_loadu_ps(p + i), _mm256_loadu_ps(grad + i), mi, vi, k));
-    _mm256_storeu_ps(mbuf + i, mi);
-    _mm256_storeu_ps(vbuf + i, vi);
-    ma = _mm256_max_ps(ma, _mm256_and_ps(mi, magnitude));
-    va = _mm256_max_ps(va, _mm256_and_ps(vi, magnitude));
+    __m256 mo[3];
+    mo[0] = MFp32 ? _mm256_loadu_ps(d.m_fp32 + i) : decode(0, i);
+    mo[1] = decode(1, i);
+    mo[2] = Ams ? decode(2, i) : mo[1];
+    _mm256_storeu_ps(p + i, avx2::adam_update<L2, Clip, Low, Ams>(_mm256_loadu_ps(p + i), _mm256_loadu_ps(grad + i),
+                                                                  mo[0], mo[1], k, &mo[2]));
+    if constexpr (MFp32) _mm256_storeu_ps(d.m_fp32 + i, mo[0]);
+#pragma GCC unroll 3
+    for (int j = first; j < moments; ++j) {
+      _mm256_storeu_ps(d.buf[j] + i, mo[j]);
+      top[j] = _mm256_max_ps(top[j], _mm256_and_ps(mo[j], magnitude));
+    }
   }
-  alignas(32) float lm[8], lv[8];
-  _mm256_store_ps(lm, ma);
-  _mm256_store_ps(lv, va);
-  float am = 0, av = 0;
-  for (int l = 0; l < 8; ++l) {
-    am = std::max(am, lm[l]);
-    av = std::max(av, lv[l]);
+  for (int j = first; j < moments; ++j) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, top[j]);
+    d.absmax[j] = 0;
+    for (float l : lanes) d.absmax[j] = std::max(d.absmax[j], l);
   }
   for (; i < n; ++i) {
-    p[i] = adam_element<L2>(p[i], grad[i], mvals[mc[i]] * ms, vvals[vc[i]] * vs, c, mbuf[i], vbuf[i]);
-    am = std::max(am, std::fabs(mbuf[i]));
-    av = std::max(av, std::fabs(vbuf[i]));
+    float mo[3];
+    for (int j = first; j < moments; ++j) mo[j] = d.values[j][d.codes[j][i]] * d.scale[j];
+    if constexpr (MFp32) mo[0] = d.m_fp32[i];
+    float mi, vi;
+    p[i] = adam_element<L2>(p[i], grad[i], mo[0], mo[1], c, mi, vi, Ams ? &mo[2] : nullptr);
+    mo[0] = mi;
+    mo[1] = vi;
+    if constexpr (MFp32) d.m_fp32[i] = mi;
+    for (int j = first; j < moments; ++j) {
+      d.buf[j][i] = mo[j];
+      d.absmax[j] = std::max(d.absmax[j], std::fabs(mo[j]));
+    }
   }
-  mabs = am;
-  vabs = av;
 }
 
 /// The permute that gathers byte 0 of the 16 lanes of each of two code vectors into bytes 0-31.
@@ -898,19 +924,14 @@ bool scale_is_absmax(double p, std::int64_t block) {
   return true;
 }
 
-/// absmax_scale: scale_is_absmax for this slot's group (computed once per step). Every option
-/// of bf16 state (the first moment like v or fp32) has a fused loop on AVX2 and AVX-512; the
-/// AVX-512 8-bit kernel takes every option of 8-bit state, the AVX2 one both moments 8-bit,
-/// scaled by the absmax and rounded to nearest, without AMSGrad (the others go through the
-/// chunk path, whose conversions are vectorized on AVX2 too).
-bool fused_compressed(optimizer_kind kind, const optimizer::slot& s, const state_options& so, bool absmax_scale) {
+/// Whether adam_compressed takes this slot: every option of bf16 and 8-bit state (the first
+/// moment like v or fp32), on AVX2 and AVX-512.
+bool fused_compressed(optimizer_kind kind, const optimizer::slot& s) {
   if (quant::simd_level() < 1 || kind == optimizer_kind::sgd) return false;
   const auto &m = s.m, &v = s.v, &x = s.vmax;
   if (x.mode != mode_none && (x.mode != v.mode || x.block != v.block)) return false;
   const bool same = m.mode == v.mode && m.block == v.block;
-  if (!same && m.mode != mode_fp32) return false;
-  if (v.mode == mode_bf16 || quant::simd_level() >= 2) return v.mode == mode_bf16 || v.mode == mode_int8;
-  return v.mode == mode_int8 && same && absmax_scale && !so.stochastic_rounding && x.mode == mode_none;
+  return (same || m.mode == mode_fp32) && (v.mode == mode_bf16 || v.mode == mode_int8);
 }
 
 /// The fused step over elements [begin, end) of a slot (begin on a block boundary for 8-bit).
@@ -939,13 +960,11 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     return;
   }
   const std::size_t block = static_cast<std::size_t>(s.v.block);
-  // One block of each moment; the AVX-512 kernel uses bm for three blocks of up to three moments
-  // (it decodes the next block and quantizes the one before while it updates one).
-  thread_local std::vector<float> bm, bv;
-  if (bm.size() < 9 * block) {
-    bm.resize(9 * block);
-    bv.resize(block);
-  }
+  // Buffers for the new values of up to three moments: one block each on AVX2; three blocks each
+  // on AVX-512 (that kernel decodes the next block and quantizes the one before while it updates
+  // one).
+  thread_local std::vector<float> bm;
+  if (bm.size() < 9 * block) bm.resize(9 * block);
   const auto& mmap = quant::qmap::dynamic(true);
   const auto& vmap = map_of(s.v);
   std::uint8_t* vc = s.v.data.data<std::uint8_t>().data();
@@ -988,21 +1007,39 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     else with_ams(std::false_type{});
     return;
   }
-  // AVX2: both moments 8-bit, scaled by their absmax, rounded to nearest.
-  std::uint8_t* mc = s.m.data.data<std::uint8_t>().data();
-  float* msc = s.m.scales.data<float>().data();
-  const auto mo = block_opts(s.m, rm), vo = block_opts(s.v, rv);
+  // AVX2: a block at a time through adam_int8_avx2, then each 8-bit moment's codes from its new
+  // values by quant::quantize_block (nearest or stochastic; scaled by the absmax or a percentile).
+  optimizer::moment* mos[3] = {&s.m, &s.v, &s.vmax};
+  const rounding* rs[3] = {&rm, &rv, &rx};
+  const bool ams = s.vmax.mode == mode_int8, m_fp32 = s.m.mode == mode_fp32;
+  int8_block_avx2 d;
+  for (int j = m_fp32 ? 1 : 0; j < (ams ? 3 : 2); ++j) d.values[j] = map_of(*mos[j]).values();
+  for (int j = 0; j < 3; ++j) d.buf[j] = bm.data() + static_cast<std::size_t>(j) * block;
   for (std::size_t b = begin; b < end; b += block) {
     const std::size_t n = std::min(block, end - b), k = b / block;
-    float mabs, vabs;
-    with_choices(c, [&](auto l2c, auto clip, auto low) {
-      adam_int8_avx2<l2c, clip, low>(p + b, g + b, mc + b, vc + b, msc[k], vsc[k], mmap.values(), vmap.values(), n, c,
-                                     bm.data(), bv.data(), mabs, vabs);
-    });
-    msc[k] = mabs;
-    vsc[k] = vabs;
-    quant::quantize_block(bm.data(), n, mabs, mmap, mo, rm.key, static_cast<std::uint32_t>(b), mc + b);
-    quant::quantize_block(bv.data(), n, vabs, vmap, vo, rv.key, static_cast<std::uint32_t>(b), vc + b);
+    for (int j = 0; j < 3; ++j) {
+      if (mos[j]->mode != mode_int8) continue;
+      d.codes[j] = mos[j]->data.data<std::uint8_t>().data() + b;
+      d.scale[j] = mos[j]->scales.data<float>()[k];
+    }
+    if (m_fp32) d.m_fp32 = s.m.data.data<float>().data() + b;
+    auto run = [&](auto ams_c, auto m_fp32_c) {
+      with_choices(c, [&](auto l2c, auto clip, auto low) {
+        adam_int8_avx2<l2c, clip, low, ams_c, m_fp32_c>(p + b, g + b, n, c, d);
+      });
+    };
+    if (ams) {
+      if (m_fp32) run(std::true_type{}, std::true_type{});
+      else run(std::true_type{}, std::false_type{});
+    } else if (m_fp32) run(std::false_type{}, std::true_type{});
+    else run(std::false_type{}, std::false_type{});
+    for (int j = 0; j < 3; ++j) {
+      if (mos[j]->mode != mode_int8) continue;
+      const float scale = absmax_scale ? d.absmax[j] : quant::block_scale(d.buf[j], n, rs[j]->percentile);
+      mos[j]->scales.data<float>()[k] = scale;
+      quant::quantize_block(d.buf[j], n, scale, map_of(*mos[j]), block_opts(*mos[j], *rs[j]), rs[j]->key,
+                            static_cast<std::uint32_t>(b), mos[j]->data.data<std::uint8_t>().data() + b);
+    }
   }
 }
 
@@ -1629,7 +1666,7 @@ bool optimizer::do_step(bool reference) {
         else run(std::false_type{}, std::false_type{});
         return;
       }
-      if (kind_ != optimizer_kind::sgd && fused_compressed(kind_, s, groups_[s.group].state, pl.absmax_scale)) {
+      if (kind_ != optimizer_kind::sgd && fused_compressed(kind_, s)) {
         adam_compressed(s, jobs[j].begin, jobs[j].end, pl.adam, pl.rm, pl.rv, pl.rx, pl.absmax_scale);
         return;
       }

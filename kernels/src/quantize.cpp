@@ -458,6 +458,38 @@ TROUPE_AVX512 std::size_t dequantize_avx512(const std::uint8_t* codes, std::size
   return i;
 }
 
+/// mth_largest_avx512 on 8 lanes: per lane the M largest magnitudes, sorted, by a network of
+/// max and min; then the m-th largest from the lanes' heads.
+template <int M>
+TROUPE_AVX2 float mth_largest_avx2(const float* x, std::size_t n, std::size_t m, float& absmax) noexcept {
+  const __m256 none = _mm256_set1_ps(-1.0f);  // below every magnitude
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 t[M];
+  for (auto& r : t) r = none;
+  auto insert = [&](__m256 a) TROUPE_AVX2 {
+    for (int k = M - 1; k > 0; --k) t[k] = _mm256_max_ps(t[k], _mm256_min_ps(t[k - 1], a));
+    t[0] = _mm256_max_ps(t[0], a);
+  };
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) insert(_mm256_and_ps(_mm256_loadu_ps(x + i), magnitude));
+  if (i < n) {
+    const __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - i)), lanes);
+    insert(_mm256_blendv_ps(none, _mm256_and_ps(_mm256_maskload_ps(x + i, in), magnitude), _mm256_castsi256_ps(in)));
+  }
+  for (std::size_t taken = 1;; ++taken) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(t[0]), _mm256_extractf128_ps(t[0], 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float v = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    if (taken == 1) absmax = v;
+    if (taken == m) return v;
+    const int at = __builtin_ctz(static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(t[0], _mm256_set1_ps(v), _CMP_EQ_OQ))));
+    const __m256 lane = _mm256_castsi256_ps(_mm256_cmpeq_epi32(lanes, _mm256_set1_epi32(at)));  // one lane holding v
+    for (int k = 0; k + 1 < M; ++k) t[k] = _mm256_blendv_ps(t[k], t[k + 1], lane);
+    t[M - 1] = _mm256_blendv_ps(t[M - 1], none, lane);
+  }
+}
+
 __attribute__((target("avx2"))) float absmax_avx2(const float* x, std::size_t n, std::size_t& done) noexcept {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 m = _mm256_setzero_ps();
@@ -546,6 +578,12 @@ float block_scale(const float* x, std::size_t n, double percentile) {
     selected = m <= 4 ? mth_largest_avx512<4>(x, n, m, absmax)
                : m <= 8 ? mth_largest_avx512<8>(x, n, m, absmax)
                         : mth_largest_avx512<16>(x, n, m, absmax);
+    return selected > 0 ? selected : absmax;
+  }
+  if (m > 1 && m <= 16 && simd_level() >= 1) {
+    selected = m <= 4 ? mth_largest_avx2<4>(x, n, m, absmax)
+               : m <= 8 ? mth_largest_avx2<8>(x, n, m, absmax)
+                        : mth_largest_avx2<16>(x, n, m, absmax);
     return selected > 0 ? selected : absmax;
   }
   std::size_t i = 0;
