@@ -320,12 +320,13 @@ std::vector<float> decode(const optimizer::moment& mo, std::size_t n) {
 
 // ---- fused compressed-state Adam: bf16 or 8-bit moments converted in registers ---------------
 //
-// The chunk path above loads each compressed moment into an fp32 buffer, runs the fp32 kernel on
-// the buffers and rounds them back: three passes per chunk. The kernels below read bf16 or 8-bit
-// moments straight into AVX2 registers, update, and write bf16 back (or, for 8-bit, the block's
-// new values to an L1 buffer while keeping its absmax, then the codes by the table quantizer).
-// They perform the same IEEE operations in the same order as adam_fused_loop (no FMA), so they
-// give the same bits; elements that do not fill a vector go through the scalar element below.
+// The chunk path (do_step) loads each compressed moment into an fp32 buffer, runs the fp32
+// kernel on the buffers and rounds them back: three passes per chunk. The kernels below read
+// bf16 or 8-bit moments straight into registers (AVX2 or AVX-512), update, and write bf16 back
+// (or, for 8-bit, the block's new values to an L1 buffer while keeping its absmax, then the
+// codes). They perform the same IEEE operations in the same order as adam_fused_loop (no FMA),
+// so they give the same bits; elements that do not fill a vector go through the scalar element
+// below.
 
 /// One element of adam_fused_loop: returns the new parameter, sets the new moments.
 /// With vmax (AMSGrad): *vmax is the maximum so far, read and replaced.
