@@ -127,7 +127,7 @@ struct adam_constants {
 /// loop has no branches and vectorizes; x * 1.0f == x for every float, so the arithmetic is the
 /// reference's.
 template <bool L2, bool Amsgrad>
-[[gnu::always_inline]] inline void adam_fused_loop(float* __restrict p, const float* __restrict grad, float* __restrict m, float* __restrict v,
+void adam_fused_loop(float* __restrict p, const float* __restrict grad, float* __restrict m, float* __restrict v,
                      float* __restrict vmax, std::size_t n, const adam_constants c) {
   const bool low = c.one_minus_beta1 < 0.5f;
   for (std::size_t i = 0; i < n; ++i) {
@@ -148,10 +148,8 @@ template <bool L2, bool Amsgrad>
   }
 }
 
-/// Compiled for AVX2 too (the same IEEE operations on 8 lanes; no FMA contraction), chosen at
-/// load time: the path of fp32 state on CPUs without AVX-512.
-__attribute__((target_clones("avx2", "default"))) void adam_fused(float* p, const float* grad, float* m, float* v,
-                                                                   float* vmax, std::size_t n, const adam_constants& c) {
+/// The portable fp32 loop (CPUs without AVX2; the vector paths run optim_stream.inc).
+void adam_fused(float* p, const float* grad, float* m, float* v, float* vmax, std::size_t n, const adam_constants& c) {
   if (c.l2 != 0.0f) {
     if (vmax) adam_fused_loop<true, true>(p, grad, m, v, vmax, n, c);
     else adam_fused_loop<true, false>(p, grad, m, v, vmax, n, c);
@@ -190,7 +188,7 @@ struct sgd_constants {
 };
 
 template <bool Wd, bool Momentum>
-[[gnu::always_inline]] inline void sgd_fused_loop(float* __restrict p, const float* __restrict grad, float* __restrict buf, std::size_t n,
+void sgd_fused_loop(float* __restrict p, const float* __restrict grad, float* __restrict buf, std::size_t n,
                     const sgd_constants c, bool first) {
   for (std::size_t i = 0; i < n; ++i) {
     float g = grad[i] * c.gscale;
@@ -204,8 +202,7 @@ template <bool Wd, bool Momentum>
   }
 }
 
-__attribute__((target_clones("avx2", "default"))) void sgd_fused(float* p, const float* grad, float* buf, std::size_t n,
-                                                                  const sgd_constants& c, bool first) {
+void sgd_fused(float* p, const float* grad, float* buf, std::size_t n, const sgd_constants& c, bool first) {
   if (c.wd != 0.0f) {
     if (buf) sgd_fused_loop<true, true>(p, grad, buf, n, c, first);
     else sgd_fused_loop<true, false>(p, grad, buf, n, c, first);
