@@ -969,11 +969,11 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
   // one).
   thread_local std::vector<float> bm;
   if (bm.size() < 9 * block) bm.resize(9 * block);
-  const auto& mmap = quant::qmap::dynamic(true);
-  const auto& vmap = map_of(s.v);
-  std::uint8_t* vc = s.v.data.data<std::uint8_t>().data();
-  float* vsc = s.v.scales.data<float>().data();
   if (quant::simd_level() >= 2) {
+    const auto& mmap = quant::qmap::dynamic(true);
+    const auto& vmap = map_of(s.v);
+    std::uint8_t* vc = s.v.data.data<std::uint8_t>().data();
+    float* vsc = s.v.scales.data<float>().data();
     int8_moments moments;
     const bool m_fp32 = s.m.mode == mode_fp32;
     if (m_fp32) {
@@ -1018,7 +1018,13 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
   const rounding* rs[3] = {&rm, &rv, &rx};
   const bool ams = s.vmax.mode == mode_int8;
   int8_block_avx2 d;
-  for (int j = 0; j < (ams ? 3 : 2); ++j) d.values[j] = map_of(*mos[j]).values();
+  const quant::qmap* maps[3] = {};
+  quant::block_options opts[3];
+  for (int j = 0; j < (ams ? 3 : 2); ++j) {
+    maps[j] = &map_of(*mos[j]);
+    opts[j] = block_opts(*mos[j], *rs[j]);
+    d.values[j] = maps[j]->values();
+  }
   for (int j = 0; j < 3; ++j) d.buf[j] = bm.data() + static_cast<std::size_t>(j) * block;
   for (std::size_t b = begin; b < end; b += block) {
     const std::size_t n = std::min(block, end - b), k = b / block;
@@ -1035,7 +1041,7 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
       if (mos[j]->mode != mode_int8) continue;
       const float scale = absmax_scale ? d.absmax[j] : quant::block_scale(d.buf[j], n, rs[j]->percentile);
       mos[j]->scales.data<float>()[k] = scale;
-      quant::quantize_block(d.buf[j], n, scale, map_of(*mos[j]), block_opts(*mos[j], *rs[j]), rs[j]->key,
+      quant::quantize_block(d.buf[j], n, scale, *maps[j], opts[j], rs[j]->key,
                             static_cast<std::uint32_t>(b), mos[j]->data.data<std::uint8_t>().data() + b);
     }
   }

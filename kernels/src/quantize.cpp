@@ -293,7 +293,8 @@ namespace {
 
 /// The nearest codes of 8 normalized values by the table (qmap::quantize on 8 lanes, one gather),
 /// in 32-bit lanes; keep_nonzero is not applied.
-TROUPE_AVX2 inline __m256i nearest_codes_avx2(const qmap& map, __m256 xn) noexcept {
+/// `packed`: map.packed(), passed in so that the loop does not reload it after every byte store.
+TROUPE_AVX2 inline __m256i nearest_codes_avx2(const std::int32_t* packed, __m256 xn) noexcept {
   const __m256i lo = _mm256_set1_epi32(static_cast<int>(qmap::lo_bits));
   const __m256i b = _mm256_castps_si256(xn);
   __m256i a = _mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff));
@@ -302,7 +303,7 @@ TROUPE_AVX2 inline __m256i nearest_codes_avx2(const qmap& map, __m256 xn) noexce
   const __m256i idx = _mm256_add_epi32(_mm256_srli_epi32(rel, qmap::shift),
                                        _mm256_mullo_epi32(_mm256_srli_epi32(b, 31),
                                                           _mm256_set1_epi32(static_cast<int>(qmap::buckets))));
-  const __m256i entry = _mm256_i32gather_epi32(map.packed(), idx, 4);
+  const __m256i entry = _mm256_i32gather_epi32(packed, idx, 4);
   const __m256i c = _mm256_and_si256(entry, _mm256_set1_epi32(0xff));
   const __m256i offset = _mm256_srli_epi32(entry, 8);
   const __m256i lowbits = _mm256_and_si256(rel, _mm256_set1_epi32(0xffff));
@@ -313,10 +314,10 @@ TROUPE_AVX2 inline __m256i nearest_codes_avx2(const qmap& map, __m256 xn) noexce
 }
 
 /// keep_nonzero on 8 codes c of the values xn (when `keep`): a nonzero value on the zero code
-/// moves one code toward its sign (never below code 0).
-TROUPE_AVX2 inline __m256i keep_nonzero_avx2(__m256i c, __m256 xn, const qmap& map, bool keep) noexcept {
+/// (`zero`, the map's in every lane) moves one code toward its sign (never below code 0).
+TROUPE_AVX2 inline __m256i keep_nonzero_avx2(__m256i c, __m256 xn, __m256i zero, bool keep) noexcept {
   if (!keep) return c;
-  const __m256i at_zero = _mm256_cmpeq_epi32(c, _mm256_set1_epi32(map.zero_code()));
+  const __m256i at_zero = _mm256_cmpeq_epi32(c, zero);
   const __m256i pos = _mm256_castps_si256(_mm256_cmp_ps(xn, _mm256_setzero_ps(), _CMP_GT_OQ));
   const __m256i neg = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(xn, _mm256_setzero_ps(), _CMP_LT_OQ)),
                                        _mm256_cmpgt_epi32(c, _mm256_setzero_si256()));
@@ -334,15 +335,16 @@ TROUPE_AVX2 inline void store_codes_avx2(std::uint8_t* out, __m256i c) noexcept 
   std::memcpy(out + 4, &high, 4);
 }
 
-// AVX2 versions of the table quantizer, the dequantizer and the absmax: the same operations on 8
-// lanes (gathers from the widened table), so the same results.
+/// The nearest codes on 8 lanes (one gather from the table), with keep_nonzero when `keep`.
 TROUPE_AVX2 std::size_t quantize_avx2(const float* x, std::size_t n, float inv, const qmap& map, bool keep,
                                       std::uint8_t* codes) noexcept {
   const __m256 vinv = _mm256_set1_ps(inv);
+  const std::int32_t* packed = map.packed();
+  const __m256i zero = _mm256_set1_epi32(map.zero_code());
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 xn = _mm256_mul_ps(_mm256_loadu_ps(x + i), vinv);
-    store_codes_avx2(codes + i, keep_nonzero_avx2(nearest_codes_avx2(map, xn), xn, map, keep));
+    store_codes_avx2(codes + i, keep_nonzero_avx2(nearest_codes_avx2(packed, xn), xn, zero, keep));
   }
   return i;
 }
@@ -355,11 +357,13 @@ TROUPE_AVX2 std::size_t quantize_stochastic_avx2(const float* x, std::size_t n, 
   const __m256 vinv = _mm256_set1_ps(inv);
   const __m256i vkey = _mm256_set1_epi32(static_cast<int>(key));
   const __m256i none = _mm256_setzero_si256(), top = _mm256_set1_epi32(255);
+  const __m256i zero = _mm256_set1_epi32(map.zero_code());
+  const std::int32_t* packed = map.packed();
   const float* values = map.values();
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 xn = _mm256_mul_ps(_mm256_loadu_ps(x + i), vinv);
-    const __m256i c = nearest_codes_avx2(map, xn);
+    const __m256i c = nearest_codes_avx2(packed, xn);
     const __m256 vc = _mm256_i32gather_ps(values, c, 4);
     const __m256i above = _mm256_castps_si256(_mm256_cmp_ps(xn, vc, _CMP_GT_OQ));
     const __m256i below = _mm256_castps_si256(_mm256_cmp_ps(xn, vc, _CMP_LT_OQ));
@@ -374,7 +378,7 @@ TROUPE_AVX2 std::size_t quantize_stochastic_avx2(const float* x, std::size_t n, 
     const __m256i take_hi = _mm256_castps_si256(
         _mm256_cmp_ps(_mm256_sub_ps(xn, va), _mm256_mul_ps(r, _mm256_sub_ps(vb, va)), _CMP_GT_OQ));
     const __m256i drawn = _mm256_sub_epi32(lo, take_hi);  // lo + 1 where taken
-    store_codes_avx2(codes + i, keep_nonzero_avx2(_mm256_blendv_epi8(c, drawn, pair), xn, map, keep));
+    store_codes_avx2(codes + i, keep_nonzero_avx2(_mm256_blendv_epi8(c, drawn, pair), xn, zero, keep));
   }
   return i;
 }
