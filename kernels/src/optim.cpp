@@ -485,11 +485,6 @@ struct int8_block_avx2 {
   float absmax[3] = {};
 };
 
-/// 8 codes at c in 32-bit lanes.
-__attribute__((target("avx2"))) inline __m256i codes8(const std::uint8_t* c) {
-  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
-}
-
 template <bool L2, bool Clip, bool Low, bool Ams>
 __attribute__((target("avx2"))) void adam_int8_avx2(float* p, const float* grad, std::size_t n, const adam_constants& c,
                                                     int8_block_avx2& d) {
@@ -504,13 +499,10 @@ __attribute__((target("avx2"))) void adam_int8_avx2(float* p, const float* grad,
   __m256 top0 = _mm256_setzero_ps(), top1 = top0, top2 = top0;  // not an array: that lives on the stack
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    // All codes, then all gathers, then the scaling: in this order the step measured 20% faster
-    // on Zen 3 than with each moment's multiply between the gathers.
-    const __m256i c0 = codes8(codes[0] + i), c1 = codes8(codes[1] + i), c2 = Ams ? codes8(codes[2] + i) : c1;
     __m256 mo[3];
-    mo[0] = _mm256_i32gather_ps(values[0], c0, 4);
-    mo[1] = _mm256_i32gather_ps(values[1], c1, 4);
-    mo[2] = Ams ? _mm256_i32gather_ps(values[2], c2, 4) : mo[1];
+    mo[0] = quant::avx2::decode8(values[0], codes[0] + i);
+    mo[1] = quant::avx2::decode8(values[1], codes[1] + i);
+    mo[2] = Ams ? quant::avx2::decode8(values[2], codes[2] + i) : mo[1];
 #pragma GCC unroll 3
     for (int j = 0; j < moments; ++j) mo[j] = _mm256_mul_ps(mo[j], scale[j]);
     _mm256_storeu_ps(p + i, avx2::adam_update<L2, Clip, Low, Ams>(_mm256_loadu_ps(p + i), _mm256_loadu_ps(grad + i),
@@ -539,6 +531,63 @@ __attribute__((target("avx2"))) void adam_int8_avx2(float* p, const float* grad,
       buf[j][i] = mo[j];
       d.absmax[j] = std::max(d.absmax[j], std::fabs(mo[j]));
     }
+  }
+}
+
+/// SGD with an 8-bit momentum buffer over the blocks of [begin, end) on AVX2: per block the
+/// codes decoded in registers (one gather), the update and the new buffer written to an L1 buffer
+/// with its absmax, then the codes from it (quant::quantize_block: nearest or stochastic, scaled
+/// by the absmax or, percentile > 0, that percentile of |x|). The operations of sgd_fused_loop
+/// after dequantize_block, so the same bits as the portable path.
+template <bool Wd>
+__attribute__((target("avx2"))) void sgd_int8_blocks_avx2(float* p, const float* g, std::uint8_t* mc, float* msc,
+                                                          const quant::qmap& map, const quant::block_options& opts,
+                                                          std::size_t begin, std::size_t end, std::size_t block,
+                                                          const sgd_constants& c, bool first, float* buf,
+                                                          std::uint32_t key, double percentile) {
+  const __m256 gscale = _mm256_set1_ps(c.gscale), wd = _mm256_set1_ps(c.wd), momentum = _mm256_set1_ps(c.momentum);
+  const __m256 omd = _mm256_set1_ps(c.one_minus_dampening), neg_lr = _mm256_set1_ps(-c.lr);
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const bool clip = c.gscale != 1.0f, nesterov = c.nesterov;  // x * 1 == x: no clipping, no multiply
+  const float* values = map.values();
+  for (std::size_t b = begin; b < end; b += block) {
+    const std::size_t n = std::min(block, end - b), k = b / block;
+    float* pb = p + b;
+    const float* gb = g + b;
+    const std::uint8_t* cb = mc + b;
+    const __m256 scale = _mm256_set1_ps(msc[k]);
+    __m256 top = _mm256_setzero_ps();
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 pi = _mm256_loadu_ps(pb + i);
+      __m256 gi = _mm256_loadu_ps(gb + i);
+      if (clip) gi = _mm256_mul_ps(gi, gscale);
+      if constexpr (Wd) gi = _mm256_add_ps(gi, _mm256_mul_ps(pi, wd));
+      const __m256 bi =
+          first ? gi
+                : _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(quant::avx2::decode8(values, cb + i), scale), momentum),
+                                _mm256_mul_ps(gi, omd));
+      gi = nesterov ? _mm256_add_ps(gi, _mm256_mul_ps(bi, momentum)) : bi;
+      _mm256_storeu_ps(pb + i, _mm256_add_ps(pi, _mm256_mul_ps(gi, neg_lr)));
+      _mm256_storeu_ps(buf + i, bi);
+      top = _mm256_max_ps(top, _mm256_and_ps(bi, magnitude));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, top);
+    float am = 0;
+    for (float l : lanes) am = std::max(am, l);
+    for (; i < n; ++i) {
+      float gi = gb[i] * c.gscale;
+      if constexpr (Wd) gi = gi + pb[i] * c.wd;
+      const float bi = first ? gi : values[cb[i]] * msc[k] * c.momentum + gi * c.one_minus_dampening;
+      gi = nesterov ? gi + bi * c.momentum : bi;
+      pb[i] = pb[i] + gi * (-c.lr);
+      buf[i] = bi;
+      am = std::max(am, std::fabs(bi));
+    }
+    const float s = percentile > 0 ? quant::block_scale(buf, n, percentile) : am;
+    msc[k] = s;
+    quant::quantize_block(buf, n, s, map, opts, key, static_cast<std::uint32_t>(b), mc + b);
   }
 }
 
@@ -593,8 +642,7 @@ TROUPE_AVX512 inline stochastic_state load_stochastic(const quant::qmap& mmap, c
 template <bool MFp32, bool Ams>
 struct moment_set {
   static constexpr int first = MFp32 ? 1 : 0;  // the first 8-bit moment
-  static constexpr int end = Ams ? 3 : 2;
-  static constexpr int count = Ams ? 3 : 2;    // moment buffers per block (m's unused with MFp32)
+  static constexpr int end = Ams ? 3 : 2;     // also the moment buffers per block (m's unused with MFp32)
 };
 
 /// Codes of elements [j, j + 16) of a pending block: the arithmetic quantizer, then the table for
@@ -726,7 +774,7 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_
   const quant::avx512::quantizer vq = quant::avx512::load_quantizer(vmap, true);
   const stochastic_state sr = load_stochastic(mmap, vmap, keys);
   const avx512::adam_vectors kc = avx512::broadcast(c);
-  auto buffer = [&](std::size_t index) { return buffers + set::count * block * (index % 3); };
+  auto buffer = [&](std::size_t index) { return buffers + set::end * block * (index % 3); };
   auto full_of = [](std::size_t n) { return n & ~std::size_t{15}; };
   auto scales_of = [&](std::size_t b, __m512 (&out)[3]) TROUPE_AVX512 {
     for (int k = 0; k < 3; ++k)
@@ -1650,17 +1698,22 @@ bool optimizer::do_step(bool reference) {
         return;
       }
       const state_options& so = groups_[s.group].state;
-      if (kind_ == optimizer_kind::sgd && s.m.mode == mode_int8 && s.m.is_signed && quant::simd_level() >= 2) {
+      if (kind_ == optimizer_kind::sgd && s.m.mode == mode_int8 && quant::simd_level() >= 1) {
         thread_local std::vector<float> buffers;
         const std::size_t block = static_cast<std::size_t>(s.m.block);
         if (buffers.size() < 2 * block) buffers.resize(2 * block);
         std::uint8_t* mc = s.m.data.data<std::uint8_t>().data();
         float* msc = s.m.scales.data<float>().data();
         const auto& map = map_of(s.m);
+        const double percentile = pl.absmax_scale ? 0.0 : pl.rm.percentile;
+        const std::size_t begin = jobs[j].begin, end = jobs[j].end;
         auto run = [&](auto wd, auto stochastic) {
-          sgd_int8_blocks_avx512<wd, stochastic>(p, g, mc, msc, map, jobs[j].begin, jobs[j].end, block, pl.sgd,
-                                                 pl.first, buffers.data(), pl.rm.key,
-                                                 pl.absmax_scale ? 0.0 : pl.rm.percentile);
+          if (quant::simd_level() >= 2 && s.m.is_signed)
+            sgd_int8_blocks_avx512<wd, stochastic>(p, g, mc, msc, map, begin, end, block, pl.sgd, pl.first,
+                                                   buffers.data(), pl.rm.key, percentile);
+          else
+            sgd_int8_blocks_avx2<wd>(p, g, mc, msc, map, block_opts(s.m, pl.rm), begin, end, block, pl.sgd, pl.first,
+                                     buffers.data(), pl.rm.key, percentile);
         };
         const bool wd = pl.sgd.wd != 0.0f;
         if (so.stochastic_rounding) {

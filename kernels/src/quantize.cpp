@@ -303,7 +303,7 @@ TROUPE_AVX2 inline __m256i nearest_codes_avx2(const std::int32_t* packed, __m256
   const __m256i idx = _mm256_add_epi32(_mm256_srli_epi32(rel, qmap::shift),
                                        _mm256_mullo_epi32(_mm256_srli_epi32(b, 31),
                                                           _mm256_set1_epi32(static_cast<int>(qmap::buckets))));
-  const __m256i entry = _mm256_i32gather_epi32(packed, idx, 4);
+  const __m256i entry = avx2::lookup(packed, idx);
   const __m256i c = _mm256_and_si256(entry, _mm256_set1_epi32(0xff));
   const __m256i offset = _mm256_srli_epi32(entry, 8);
   const __m256i lowbits = _mm256_and_si256(rel, _mm256_set1_epi32(0xffff));
@@ -318,6 +318,7 @@ TROUPE_AVX2 inline __m256i nearest_codes_avx2(const std::int32_t* packed, __m256
 TROUPE_AVX2 inline __m256i keep_nonzero_avx2(__m256i c, __m256 xn, __m256i zero, bool keep) noexcept {
   if (!keep) return c;
   const __m256i at_zero = _mm256_cmpeq_epi32(c, zero);
+  if (_mm256_testz_si256(at_zero, at_zero)) return c;  // no lane on the zero code: the common case
   const __m256i pos = _mm256_castps_si256(_mm256_cmp_ps(xn, _mm256_setzero_ps(), _CMP_GT_OQ));
   const __m256i neg = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(xn, _mm256_setzero_ps(), _CMP_LT_OQ)),
                                        _mm256_cmpgt_epi32(c, _mm256_setzero_si256()));
@@ -335,13 +336,34 @@ TROUPE_AVX2 inline void store_codes_avx2(std::uint8_t* out, __m256i c) noexcept 
   std::memcpy(out + 4, &high, 4);
 }
 
-/// The nearest codes on 8 lanes (one gather from the table), with keep_nonzero when `keep`.
-TROUPE_AVX2 std::size_t quantize_avx2(const float* x, std::size_t n, float inv, const qmap& map, bool keep,
+/// Stores 32 codes (0..255 in the 32-bit lanes of c[0..3], in order) as bytes: three packs and
+/// one permute instead of four times store_codes_avx2's four operations.
+TROUPE_AVX2 inline void store_codes32_avx2(std::uint8_t* out, const __m256i (&c)[4]) noexcept {
+  // Each 128-bit lane of the bytes holds four codes of each vector: c0 0-3, c1 0-3, c2 0-3,
+  // c3 0-3 | c0 4-7, c1 4-7, c2 4-7, c3 4-7.
+  const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+/// The nearest codes on 8 lanes (one table lookup), with keep_nonzero when Keep.
+template <bool Keep>
+TROUPE_AVX2 std::size_t quantize_avx2(const float* x, std::size_t n, float inv, const qmap& map,
                                       std::uint8_t* codes) noexcept {
+  constexpr bool keep = Keep;
   const __m256 vinv = _mm256_set1_ps(inv);
   const std::int32_t* packed = map.packed();
   const __m256i zero = _mm256_set1_epi32(map.zero_code());
   std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i c[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m256 xn = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), vinv);
+      c[k] = keep_nonzero_avx2(nearest_codes_avx2(packed, xn), xn, zero, keep);
+    }
+    store_codes32_avx2(codes + i, c);
+  }
   for (; i + 8 <= n; i += 8) {
     const __m256 xn = _mm256_mul_ps(_mm256_loadu_ps(x + i), vinv);
     store_codes_avx2(codes + i, keep_nonzero_avx2(nearest_codes_avx2(packed, xn), xn, zero, keep));
@@ -364,15 +386,15 @@ TROUPE_AVX2 std::size_t quantize_stochastic_avx2(const float* x, std::size_t n, 
   for (; i + 8 <= n; i += 8) {
     const __m256 xn = _mm256_mul_ps(_mm256_loadu_ps(x + i), vinv);
     const __m256i c = nearest_codes_avx2(packed, xn);
-    const __m256 vc = _mm256_i32gather_ps(values, c, 4);
+    const __m256 vc = avx2::lookup(values, c);
     const __m256i above = _mm256_castps_si256(_mm256_cmp_ps(xn, vc, _CMP_GT_OQ));
     const __m256i below = _mm256_castps_si256(_mm256_cmp_ps(xn, vc, _CMP_LT_OQ));
     // A pair where finish() has one: above and not the last code, or below and not the first.
     const __m256i pair = _mm256_or_si256(_mm256_andnot_si256(_mm256_cmpeq_epi32(c, top), above),
                                          _mm256_andnot_si256(_mm256_cmpeq_epi32(c, none), below));
     const __m256i lo = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(c, below), none), _mm256_set1_epi32(254));
-    const __m256 va = _mm256_i32gather_ps(values, lo, 4);
-    const __m256 vb = _mm256_i32gather_ps(values + 1, lo, 4);
+    const __m256 va = avx2::lookup(values, lo);
+    const __m256 vb = avx2::lookup(values + 1, lo);
     const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(avx2::random_bits(vkey, first + static_cast<std::uint32_t>(i)), 8)),
                                    _mm256_set1_ps(0x1p-24f));
     const __m256i take_hi = _mm256_castps_si256(
@@ -399,8 +421,7 @@ __attribute__((target("avx2"))) std::size_t dequantize_avx2(const std::uint8_t* 
   const __m256 s = _mm256_set1_ps(scale);
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_i32gather_ps(values, c, 4), s));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(avx2::decode8(values, codes + i), s));
   }
   return i;
 }
@@ -671,7 +692,8 @@ void quantize_block(const float* x, std::size_t n, float scale, const qmap& map,
   }
   const int level = o.stochastic ? 0 : simd_level();
   for (int l = level; l >= 1; --l) {
-    const std::size_t done = l == 1 ? quantize_avx2(x, n, inv, map, o.keep_nonzero, codes)
+    const std::size_t done = l == 1 ? (o.keep_nonzero ? quantize_avx2<true>(x, n, inv, map, codes)
+                                                      : quantize_avx2<false>(x, n, inv, map, codes))
                              : map.is_signed() ? quantize_avx512<true>(x, n, inv, map, o.keep_nonzero, codes)
                                                : quantize_avx512<false>(x, n, inv, map, o.keep_nonzero, codes);
     x += done;
