@@ -291,7 +291,7 @@ namespace {
 // results. Chosen at run time; the AVX-512 quantizer comes first (quantize_avx512.hpp:
 // arithmetic and registers instead of the table).
 
-/// The nearest codes of 8 normalized values by the table (qmap::quantize on 8 lanes, one gather),
+/// The nearest codes of 8 normalized values by the table (qmap::quantize on 8 lanes, one table lookup),
 /// in 32-bit lanes; keep_nonzero is not applied.
 /// `packed`: map.packed(), passed in so that the loop does not reload it after every byte store.
 TROUPE_AVX2 inline __m256i nearest_codes_avx2(const std::int32_t* packed, __m256 xn) noexcept {

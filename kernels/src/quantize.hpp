@@ -62,7 +62,7 @@ public:
   /// Per bucket (same index as the table): the candidate code in bits 0-7 and, in bits 8 and up,
   /// where its decision point lies in the bucket: x's low 16 magnitude bits above it (positive
   /// buckets) or below it (negative ones) mean the next code. 65536 (positive) or 0 (negative)
-  /// when the bucket holds no decision point. One gather then decides without above().
+  /// when the bucket holds no decision point. One lookup then decides without above().
   const std::int32_t* packed() const noexcept { return packed_.data(); }
   /// Stable identifier recorded in saved state: 1 signed dynamic, 2 unsigned dynamic.
   std::uint8_t id() const noexcept { return signed_ ? 1 : 2; }
@@ -161,7 +161,7 @@ private:
   std::array<float, 256> above_{};
   std::array<std::uint64_t, 256> pairs_{};
   std::vector<std::uint8_t> lut_;
-  std::vector<std::int32_t> packed_;  // code and decision offset, for vector gathers
+  std::vector<std::int32_t> packed_;  // code and decision offset, for the vector quantizers
   // estimate(): per exponent slot (the piece at its start, the start of the next one if inside), and
   // per piece (without and with keep_nonzero).
   std::array<std::int32_t, 16> exponent_piece_{};
