@@ -4,6 +4,8 @@
 #include <cxxabi.h>
 
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "troupe/core/log.hpp"
@@ -20,6 +22,9 @@ system_impl::system_impl(actor_system* f, const system_config& cfg, bool is_manu
     manual = m.get();
     sched_ = std::move(m);
   } else {
+    if (cfg.threads > system_config::max_threads)
+      throw std::invalid_argument("system_config::threads is " + std::to_string(cfg.threads) + ", more than " +
+                                  std::to_string(system_config::max_threads) + " worker threads");
     unsigned threads = cfg.threads != 0 ? cfg.threads : std::thread::hardware_concurrency();
     if (threads == 0) threads = 1;
     sched_ = make_thread_pool(*this, threads, throughput);

@@ -16,6 +16,9 @@
 
 #include <algorithm>
 #include <mutex>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -89,7 +92,12 @@ public:
       w->rng = 0x9e3779b97f4a7c15ull * (i + 1);
       workers_.push_back(std::move(w));
     }
-    for (auto& w : workers_) w->thread = std::thread([this, p = w.get()] { run(*p); });
+    try {
+      for (auto& w : workers_) w->thread = std::thread([this, p = w.get()] { run(*p); });
+    } catch (const std::system_error& e) {
+      stop();  // joins the workers already started
+      throw std::runtime_error("cannot start " + std::to_string(threads) + " worker threads: " + e.what());
+    }
   }
 
   ~thread_pool() override { stop(); }

@@ -20,7 +20,8 @@ void add_bench_command(CLI::App& app, int& rc) {
   std::string only_help = "run one workload:";
   for (auto* n = troupe::bench::actor_bench_names(); *n; ++n) only_help += std::string(" ") + *n;
   actors->add_option("--only", opts->only, only_help);
-  actors->add_option("--threads", opts->threads, "worker threads (default: hardware threads)");
+  actors->add_option("--threads", opts->threads, "worker threads (default: hardware threads)")
+      ->check(CLI::Range(0, 4096));
   actors->callback([opts, &rc] { rc = troupe::bench::run_actors(*opts, std::cout); });
 
   auto remote_opts = std::make_shared<troupe::bench::remote_options>();
@@ -48,21 +49,21 @@ void add_bench_command(CLI::App& app, int& rc) {
   optim->add_flag("--json", optim_opts->json, "one JSON object per line");
   auto quick = std::make_shared<bool>(false);
   optim->add_flag("--quick", *quick, "1 M parameters in 10 tensors, 3 steps (for CI)");
-  optim->add_option("--params", optim_opts->params, "parameters in all")->capture_default_str();
-  optim->add_option("--tensors", optim_opts->tensors, "tensors they are split into")->capture_default_str();
-  optim->add_option("--steps", optim_opts->steps, "timed steps per row (median)")->capture_default_str();
-  optim->add_option("--threads", optim_opts->threads, "threads per step (default: all cores)");
+  auto* params = optim->add_option("--params", optim_opts->params, "parameters in all")->capture_default_str();
+  auto* tensors = optim->add_option("--tensors", optim_opts->tensors, "tensors they are split into")->capture_default_str();
+  auto* steps = optim->add_option("--steps", optim_opts->steps, "timed steps per row (median)")->capture_default_str();
+  optim->add_option("--threads", optim_opts->threads, "threads per step (default: all cores)")->check(CLI::Range(1, 4096));
   optim->add_option("--only", optim_opts->only, "sgd, adam or adamw");
   optim->add_flag("--options", optim_opts->options,
                   "also each optimizer's state options (stochastic rounding, AMSGrad, percentiles, block 2048, "
                   "first moment fp32): rows with an \"options\" field");
   optim->add_option("--device", optim_opts->device, "cpu, cuda or cuda:N: where parameters and state live")
       ->capture_default_str();
-  optim->callback([optim_opts, quick, &rc] {
-    if (*quick) {
-      optim_opts->params = 1'000'000;
-      optim_opts->tensors = 10;
-      optim_opts->steps = 3;
+  optim->callback([optim_opts, quick, params, tensors, steps, &rc] {
+    if (*quick) {  // the CI sizes, where not given explicitly
+      if (params->count() == 0) optim_opts->params = 1'000'000;
+      if (tensors->count() == 0) optim_opts->tensors = 10;
+      if (steps->count() == 0) optim_opts->steps = 3;
     }
     rc = troupe::bench::run_optim(*optim_opts, std::cout);
   });

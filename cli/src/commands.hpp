@@ -4,7 +4,28 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cmath>
+#include <string>
+
 namespace troupe::cli {
+
+/// A number > 0 and finite (CLI::PositiveNumber's message prints the largest double).
+inline const CLI::Validator positive_number(
+    [](std::string& text) {
+      double v = 0;
+      return CLI::detail::lexical_cast(text, v) && v > 0 && std::isfinite(v) ? std::string()
+                                                                              : "must be a positive number, not " + text;
+    },
+    "POSITIVE");
+
+/// A number strictly between 0 and 1.
+inline const CLI::Validator open_unit_interval(
+    [](std::string& text) {
+      double v = 0;
+      return CLI::detail::lexical_cast(text, v) && v > 0 && v < 1 ? std::string()
+                                                                  : "must be above 0 and below 1, not " + text;
+    },
+    "(0, 1)");
 
 void add_bench_command(CLI::App& app, int& rc);
 void add_schedule_command(CLI::App& app, int& rc);

@@ -40,7 +40,8 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--strategy", o.strategy,
                   troupe::federated::strategy_names() + ", or a robust rule: median, trimmed-mean:B, krum:F, multi-krum:F:M")
       ->capture_default_str();
-  cmd->add_option("--server-lr", o.server.server_lr, "server learning rate (default: the strategy's)");
+  cmd->add_option("--server-lr", o.server.server_lr, "server learning rate (default: the strategy's)")
+      ->check(positive_number);
   cmd->add_option("--server-momentum", o.server.momentum, "fedavgm's momentum")->capture_default_str();
   cmd->add_option("--beta1", o.server.beta1, "adaptive strategies' first-moment decay")->capture_default_str();
   cmd->add_option("--beta2", o.server.beta2, "adaptive strategies' second-moment decay")->capture_default_str();
@@ -52,11 +53,11 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   auto* dp_clip = cmd->add_option("--dp-clip", o.dp_clip, "DP-FedAvg: clip each update to this L2 norm");
   auto* dp_noise = cmd->add_option("--dp-noise", o.dp_noise, "DP-FedAvg: noise multiplier z");
   cmd->add_option("--dp-delta", o.dp_delta, "DP-FedAvg: delta of the reported epsilon")
-      ->capture_default_str()->needs(dp_clip)->needs(dp_noise)->check(CLI::Range(1e-300, 0.999999));
+      ->capture_default_str()->needs(dp_clip)->needs(dp_noise)->check(open_unit_interval);
   cmd->add_flag("--dp-adaptive", o.dp_adaptive, "DP-FedAvg: adapt the clipping bound to the median update norm")
       ->needs(dp_clip)->needs(dp_noise);
-  dp_clip->needs(dp_noise)->check(CLI::PositiveNumber);
-  dp_noise->needs(dp_clip)->check(CLI::PositiveNumber);
+  dp_clip->needs(dp_noise)->check(positive_number);
+  dp_noise->needs(dp_clip)->check(positive_number);
   cmd->add_option("--compress", o.compress, "topk:F (with error feedback) or qsgd:L");
   cmd->add_option("--async", o.async,
                   "fedbuff:K: buffered asynchronous aggregation, a server update every K arrivals (--per-round clients in flight; "
@@ -64,10 +65,10 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--latency", o.latency, "clients' simulated speed: lognormal:SIGMA or exponential:MEAN (a factor per client)")
       ->capture_default_str();
   cmd->add_option("--attack", o.attack, "malicious clients (fraction P): sign-flip:P, scale:P:X, label-flip:P or backdoor:P:T");
-  cmd->add_option("--checkpoint", o.checkpoint,
+  auto* checkpoint = cmd->add_option("--checkpoint", o.checkpoint,
                   "save the simulation in this directory after every evaluated round; resume from it when it holds one");
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "with --checkpoint: save every N rounds instead")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::NonNegativeNumber)->needs(checkpoint);
   cmd->add_option("--dropout", o.dropout, "probability that a sampled client fails in a round (with --async: per dispatch; its slot is refilled)")
       ->capture_default_str();
   cmd->add_option("--deadline", o.deadline, "simulated seconds a round waits for updates (0: no deadline)")->capture_default_str();
@@ -75,7 +76,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "seed of every random choice")->capture_default_str();
   cmd->add_option("--eval-every", o.eval_every, "evaluate every N rounds (and after the last)")->capture_default_str();
-  cmd->add_option("--threads", o.threads, "worker threads (0: one per core)")->capture_default_str();
+  cmd->add_option("--threads", o.threads, "worker threads (0: one per core)")->capture_default_str()->check(CLI::Range(0, 4096));
   cmd->add_option("--data-dir", o.data_dir, "where the Fashion-MNIST files are (default: their Debian location)");
   cmd->add_option("--trainer", o.trainer, "mlp, or noop to measure the orchestration alone")->capture_default_str();
   cmd->add_flag("--json", f->json, "one JSON object per evaluated round and a final summary");
@@ -90,6 +91,10 @@ void add_fedsim_command(CLI::App& app, int& rc) {
     try {
       auto s = troupe::federated::run_simulation(f->o, [&](const troupe::federated::progress& p) {
         const int r = p.round->round;
+        if (!p.round->aborted.empty()) {
+          if (tty) std::fprintf(stderr, "\r\033[K");
+          std::fprintf(stderr, "troupe fedsim: round %d aborted, the model unchanged: %s\n", r, p.round->aborted.c_str());
+        }
         if (p.evaluated) {
           if (tty) std::fprintf(stderr, "\r\033[K");
           std::string extra;

@@ -2,6 +2,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <exception>
+#include <functional>
+#include <iostream>
+#include <new>
+
 #include "commands.hpp"
 
 int main(int argc, char** argv) {
@@ -14,10 +19,28 @@ int main(int argc, char** argv) {
   troupe::cli::add_train_command(app, rc);
   troupe::cli::add_fedsim_command(app, rc);
   troupe::cli::add_node_command(app, rc);
+  // CLI11 reads "-1" into an unsigned option as 2^64 - 1: every unsigned option refuses a sign.
+  const CLI::Validator no_sign(
+      [](std::string& text) { return text.find('-') == 0 ? std::string("must not be negative") : std::string(); },
+      "", "NONNEGATIVE");
+  std::function<void(CLI::App*)> refuse_signs = [&](CLI::App* a) {
+    for (CLI::Option* o : a->get_options())
+      if (o->get_type_name() == "UINT") o->check(no_sign);
+    for (CLI::App* sub : a->get_subcommands(std::function<bool(CLI::App*)>{})) refuse_signs(sub);
+  };
+  refuse_signs(&app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const std::bad_alloc&) {
+    // Whatever a command did not catch itself: a clear message and a failing status, never
+    // std::terminate.
+    std::cerr << "troupe: out of memory (the sizes asked for do not fit in this machine's memory)\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "troupe: " << e.what() << "\n";
+    return 1;
   }
   return rc;
 }

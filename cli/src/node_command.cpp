@@ -134,7 +134,7 @@ void add_node_command(CLI::App& app, int& rc) {
       ->check(CLI::Range(0u, 65535u))->capture_default_str();
   start->add_option("--advertise", a->advertise, "host other nodes dial to reach this one");
   start->add_option("--token", a->token, "the cluster's shared secret (default: $TROUPE_CLUSTER_TOKEN)");
-  start->add_option("--threads", a->threads, "worker threads (0: one per hardware thread)");
+  start->add_option("--threads", a->threads, "worker threads (0: one per hardware thread)")->check(CLI::Range(0, 4096));
   start->add_option("--heartbeat-ms", a->heartbeat_ms, "heartbeat period")->check(CLI::Range(1u, 60'000u))
       ->capture_default_str();
   start->add_option("--node-timeout-ms", a->timeout_ms, "silence after which a node is lost")

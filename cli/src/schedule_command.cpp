@@ -1,6 +1,7 @@
 // troupe schedule simulate | best: pipeline schedules, generated, validated and simulated.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -118,22 +119,26 @@ int show_command(const schedule_options& o) {
   return 0;
 }
 
-/// Every (schedule, v) worth trying for p and m; refusals are skipped.
+/// Every (schedule, v) worth trying for p and m; refusals are skipped, and when every one is
+/// refused the first refusal is the error.
 std::vector<schedule> candidates(int p, int m) {
   std::vector<schedule> out;
+  std::string first_refusal;
   for (const auto& name : schedule_names()) {
     for (int v = 1; v <= 4; ++v) {
       try {
         out.push_back(generate(name, p, m, v));
-      } catch (const std::invalid_argument&) {
+      } catch (const std::invalid_argument& e) {
+        if (first_refusal.empty()) first_refusal = e.what();
       }
     }
   }
+  if (out.empty()) throw std::invalid_argument("no schedule can be made: " + first_refusal);
   return out;
 }
 
 int best_command(const schedule_options& o) {
-  if (o.memory_limit <= 0)
+  if (!(o.memory_limit > 0) || !std::isfinite(o.memory_limit))
     throw std::invalid_argument("--memory-limit must be positive (in microbatch activations per rank)");
   const auto costs = costs_of(o);
   struct row {
@@ -193,7 +198,7 @@ auto guarded(F f) {
   return [f](int& rc) {
     try {
       rc = f();
-    } catch (const std::invalid_argument& e) {
+    } catch (const std::exception& e) {
       std::cerr << "troupe schedule: " << e.what() << "\n";
       rc = 1;
     }
@@ -206,8 +211,8 @@ void add_shape_options(CLI::App* c, schedule_options& o, bool with_name) {
     for (const auto& n : schedule_names()) names += (names.empty() ? "" : ", ") + n;
     c->add_option("--schedule", o.name, "one of: " + names)->required();
   }
-  c->add_option("--stages", o.stages, "pipeline ranks p")->required()->check(CLI::PositiveNumber);
-  c->add_option("--microbatches", o.microbatches, "microbatches m")->required()->check(CLI::PositiveNumber);
+  c->add_option("--stages", o.stages, "pipeline ranks p")->required()->check(positive_number);
+  c->add_option("--microbatches", o.microbatches, "microbatches m")->required()->check(positive_number);
   c->add_option("--cost", o.cost,
                 "per-action costs of a rank's whole shard, e.g. F=1,B=2,I=1,W=1,comm=0")
       ->capture_default_str();
@@ -218,7 +223,7 @@ void add_shape_options(CLI::App* c, schedule_options& o, bool with_name) {
       ->capture_default_str();
   c->add_option("--layers", o.layers, "layers per stage, for --checkpoint")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   c->add_flag("--json", o.json, "one JSON object");
 }
 

@@ -363,6 +363,10 @@ public:
   void begin(const round_info& round) override {
     auto& r = s_->round;
     r = {};
+    s_->survivors = 0;
+    if (round.participants.size() < 2)
+      throw round_aborted("secure aggregation needs at least two clients in a round; this one has " +
+                          std::to_string(round.participants.size()));
     // Under DP every input's L2 norm is at most the bound S, so is each coordinate's magnitude
     // (the unclipped indicator is 0 or S): clipping coordinates to S changes nothing, and the
     // scale keeps the sum of max_clients inputs below 2^31 (see secagg_options::dp).
@@ -407,9 +411,16 @@ public:
     }
     answering.erase(answering.begin(), answering.begin() + static_cast<std::ptrdiff_t>(lost));
     std::sort(answering.begin(), answering.end());
-    for (auto id : answering) r.server->receive_unmask(r.clients[r.slot.at(id)].unmask(request));
-    for (auto id : request.dropped) r.server->receive_unmask(r.clients[r.slot.at(id)].unmask(request));
-    auto sum = r.server->finish();
+    std::vector<float> sum;
+    try {
+      for (auto id : answering) r.server->receive_unmask(r.clients[r.slot.at(id)].unmask(request));
+      for (auto id : request.dropped) r.server->receive_unmask(r.clients[r.slot.at(id)].unmask(request));
+      sum = r.server->finish();
+    } catch (const std::runtime_error& e) {  // too few answered: the protocol gives the round up
+      r = {};
+      throw round_aborted(std::string("secure aggregation could not unmask the sum (") + e.what() +
+                          "; lower --secagg-dropout or sample more clients per round)");
+    }
     s_->survivors = r.server->survivors();
     r = {};
     if (s_->dp) {
@@ -525,6 +536,20 @@ mechanism make_secure_aggregation(const secagg_options& options) {
   if (!(options.clip > 0) || !std::isfinite(options.clip)) bad("secagg: clip must be positive");
   if (!(options.mean_weight > 0) || !std::isfinite(options.mean_weight)) bad("secagg: mean_weight must be positive");
   if (!(options.dropout >= 0 && options.dropout < 1)) bad("secagg: the dropout fraction must be in [0, 1)");
+  if (options.dropout > 0 && options.max_clients >= 2) {
+    // Each survivor's own secret is rebuilt from the threshold's shares held by the other
+    // survivors: a full round that loses so many that fewer than threshold + 1 remain can never
+    // unmask its sum. Refuse that before the run rather than abort every round.
+    const std::size_t n = options.max_clients;
+    std::vector<secagg::client_id> ids(n);
+    for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<secagg::client_id>(i + 1);
+    const secagg::graph g(ids, {.dim = 1, .max_clients = n, .degree = options.degree, .full_graph = options.full_graph});
+    const auto lost = static_cast<std::size_t>(std::llround(options.dropout * static_cast<double>(n)));
+    if (n - lost < g.threshold() + 1)
+      bad("--secagg-dropout " + std::to_string(options.dropout) + " loses " + std::to_string(lost) + " of a round's " +
+          std::to_string(n) + " clients after masking; unmasking needs at least " + std::to_string(g.threshold() + 1) +
+          " to answer (lower --secagg-dropout or raise --per-round)");
+  }
   auto s = std::make_shared<secagg_state>();
   s->options = options;
   if (options.dp.clip != 0 || options.dp.noise != 0) {

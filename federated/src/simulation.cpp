@@ -80,8 +80,9 @@ public:
     local_result r;
     order_.assign(job.shard.begin(), job.shard.end());
     const std::size_t n = order_.size(), batch = static_cast<std::size_t>(job.batch);
-    x_.resize(batch * static_cast<std::size_t>(pixels_));
-    y_.resize(batch);
+    const std::size_t rows_at_most = std::min(batch, n);  // a batch above the shard is the whole shard
+    x_.resize(rows_at_most * static_cast<std::size_t>(pixels_));
+    y_.resize(rows_at_most);
     const std::uint8_t* images = data_->train.images.data<std::uint8_t>().data();
     const std::uint8_t* labels = data_->train.labels.data<std::uint8_t>().data();
     detail::gradient_extras extras;
@@ -968,14 +969,19 @@ round_report simulation::run_round() {
 
   // Asks go out through a window; replies are added in sample order, so the sum is the same
   // whatever order the workers finish in, and at most `window` updates exist at once.
-  impl_->agg->begin(ctx->info);
+  try {
+    impl_->agg->begin(ctx->info);
+  } catch (const round_aborted& e) {
+    r.aborted = e.what();  // before any client trains: nobody is asked
+  }
   const auto& who = ctx->participants;
   std::deque<future<client_update>> pending;
   std::size_t sent = 0;
   double loss = 0;
   std::int64_t samples = 0;
-  for (std::size_t added = 0; added < who.size(); ++added) {
-    while (sent < who.size() && sent - added < impl_->window) {
+  const std::size_t asked = r.aborted.empty() ? who.size() : 0;
+  for (std::size_t added = 0; added < asked; ++added) {
+    while (sent < asked && sent - added < impl_->window) {
       pending.push_back(impl_->clients[who[sent]].ask(&client::train, shared, who[sent]));
       ++sent;
     }
@@ -990,15 +996,20 @@ round_report simulation::run_round() {
     e.give_back(std::move(u.delta));
     e.give_back(std::move(u.words));
   }
-  if (!who.empty()) {  // a round where every client failed leaves the model as it was
-    std::vector<float> aggregate = impl_->agg->finish();
-    auto next = std::make_shared<std::vector<float>>(*impl_->global);
-    e.strategy->apply(*next, aggregate, ctx->info);
-    impl_->global = std::move(next);
+  if (asked > 0) {  // a round where every client failed leaves the model as it was
+    try {
+      std::vector<float> aggregate = impl_->agg->finish();
+      auto next = std::make_shared<std::vector<float>>(*impl_->global);
+      e.strategy->apply(*next, aggregate, ctx->info);
+      impl_->global = std::move(next);
+    } catch (const round_aborted& e) {
+      r.aborted = e.what();
+    }
   }
 
   r.round = round;
-  r.participants = who.size();
+  r.participants = r.aborted.empty() ? who.size() : 0;
+  if (!r.aborted.empty()) r.metrics.emplace_back("aborted", 1.0);
   r.train_loss = samples ? loss / static_cast<double>(samples) : 0.0;
   for (auto& t : e.transforms) t->end_round(ctx->info, r.metrics);
   impl_->clock += r.simulated_seconds;
@@ -1081,6 +1092,9 @@ void simulation::load_checkpoint(const std::string& file) {
   auto& e = impl_->engine;
   std::string bytes;
   {
+    std::error_code ec;
+    if (std::filesystem::is_directory(file, ec))
+      throw std::runtime_error("the checkpoint " + file + " is a directory, not a file");
     std::ifstream in(file, std::ios::binary);
     if (!in) throw std::runtime_error("cannot read the checkpoint " + file);
     bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -1224,6 +1238,10 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     if (std::filesystem::exists(file)) {
       sim.load_checkpoint(file);
       s.resumed_from = sim.rounds_done();
+      if (s.resumed_from > options.rounds)
+        throw std::invalid_argument("the checkpoint in " + options.checkpoint + " is at round " +
+                                    std::to_string(s.resumed_from) + ", past --rounds " + std::to_string(options.rounds) +
+                                    " (raise --rounds to go on, or name another --checkpoint directory)");
     }
   }
   double round_seconds = 0;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <span>
@@ -31,20 +32,49 @@ inline std::uint32_t checksum(const std::byte* data, std::size_t n) {
   return static_cast<std::uint32_t>(crc);
 }
 
+/// Refuses a path that exists and is not a regular file (a directory, a device): saving over it
+/// would replace it, loading from it cannot work. Errors go to fail(why), which throws.
+template <class Fail>
+void check_regular(const std::string& path, Fail&& fail) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    fail(std::filesystem::is_directory(st) ? "is a directory, not a file" : "is not a regular file");
+}
+
+/// Whether write_checksummed could write `path` now (a regular file or nothing there, in a
+/// writable directory): checked by creating and removing `path.tmp`, so that a long run refuses
+/// a bad path before it starts instead of after. Errors go to fail(why), which throws.
+template <class Fail>
+void check_writable(const std::string& path, Fail&& fail) {
+  check_regular(path, fail);
+  const std::string tmp = path + ".tmp";
+  check_regular(tmp, fail);
+  if (!std::ofstream(tmp, std::ios::binary | std::ios::trunc))
+    fail("cannot be written (check the directory exists and is writable)");
+  std::remove(tmp.c_str());
+}
+
 /// Appends the CRC-32 of what `w` holds (magic and body) and writes it all to `path` through
 /// `path.tmp` and a rename, so that a crash never leaves half a file under `path`. Errors go to
 /// fail(why), which throws.
 template <class Fail>
 void write_checksummed(const std::string& path, byte_writer& w, Fail&& fail) {
+  check_regular(path, fail);
   w.write_raw(checksum(w.buffer().data(), w.buffer().size()));
   const std::string tmp = path + ".tmp";
+  check_regular(tmp, fail);
+  bool written = false;
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) fail("cannot be written (check the directory exists and is writable)");
     out.write(reinterpret_cast<const char*>(w.buffer().data()), static_cast<std::streamsize>(w.buffer().size()));
-    if (!out.flush()) fail("writing failed (disk full?)");
+    written = static_cast<bool>(out.flush());
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot replace the file");
+  if (!written || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());  // nothing half-written stays behind
+    fail(written ? "cannot replace the file" : "writing failed (disk full?)");
+  }
 }
 
 /// A file read back by read_checksummed: its bytes, and the body between magic and CRC.
@@ -57,6 +87,7 @@ struct checksummed_file {
 /// Errors go to fail(why), which throws.
 template <class Fail>
 checksummed_file read_checksummed(const std::string& path, const char (&magic)[4], const char* kind, Fail&& fail) {
+  check_regular(path, fail);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("does not exist or cannot be read");
   checksummed_file f;

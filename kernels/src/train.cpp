@@ -9,6 +9,8 @@
 #include "troupe/kernels/optim.hpp"
 #include "troupe/kernels/weights.hpp"
 
+#include "checksum.hpp"
+
 namespace troupe::kernels {
 
 namespace {
@@ -35,6 +37,8 @@ train_result train(const train_options& o, const std::function<void(const train_
     throw std::invalid_argument("dataset '" + o.dataset + "' is not known (use fashion-mnist)");
   if (o.epochs < 1) throw std::invalid_argument("--epochs must be at least 1");
   if (o.batch < 1) throw std::invalid_argument("--batch must be at least 1");
+  if (!o.save.empty())  // before training, not after it
+    check_writable(o.save, [&](const std::string& why) { throw std::invalid_argument("--save " + o.save + ": " + why); });
   const auto storage = parse_state_storage(o.state);
   const auto kind = parse_optimizer_kind(o.optimizer);
   auto model = make_mlp(o.model);

@@ -285,7 +285,16 @@ schedule generate(const std::string& name, int ranks, int microbatches, int virt
   if (ranks < 1) refuse(name, "needs at least one rank (--stages >= 1)");
   if (microbatches < 1) refuse(name, "needs at least one microbatch (--microbatches >= 1)");
   if (virtual_stages < 0) refuse(name, "--virtual must be positive");
-  return g.make(ranks, microbatches, virtual_stages == 0 ? g.default_v : virtual_stages);
+  const int v = virtual_stages == 0 ? g.default_v : virtual_stages;
+  // Every (rank, microbatch, virtual stage) holds a few operations: refuse what would not fit
+  // in memory instead of failing to allocate it.
+  constexpr std::int64_t most = 4'000'000;  // about 440 bytes each: under 2 GB
+  const std::int64_t cells = std::int64_t{ranks} * microbatches * v;
+  if (cells > most || cells / ranks / microbatches != v)
+    refuse(name, std::to_string(ranks) + " stages x " + std::to_string(microbatches) + " microbatches x " +
+                     std::to_string(v) + " virtual stages is more than " + std::to_string(most) +
+                     " cells (make the schedule smaller)");
+  return g.make(ranks, microbatches, v);
 }
 
 }  // namespace troupe::pipeline

@@ -2,6 +2,7 @@
 #include <troupe/pipeline/profile.hpp>
 
 #include <charconv>
+#include <new>
 #include <cmath>
 #include <iomanip>
 #include <limits>
@@ -175,7 +176,10 @@ int run_partition_command(const partition_cli_options& opts, std::ostream& out,
       write_table(out, p);
     }
     return 0;
-  } catch (const std::invalid_argument& e) {
+  } catch (const std::bad_alloc&) {
+    err << "troupe partition: out of memory (the model or --batch is too large for this machine)\n";
+    return 1;
+  } catch (const std::exception& e) {
     err << "troupe partition: " << e.what() << '\n';
     return 1;
   }

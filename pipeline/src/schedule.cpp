@@ -237,10 +237,10 @@ rational checkpoint_policy::kept(int layers) const {
   if (layers < 1) throw std::invalid_argument("a stage needs at least one layer to checkpoint");
   switch (mode) {
     case kind::none: return rational(1);
-    case kind::every_n: return rational((layers + every - 1) / every, layers);
+    case kind::every_n: return rational(layers / every + (layers % every != 0 ? 1 : 0), layers);
     case kind::sqrt: {
-      int root = 1;
-      while (root * root < layers) ++root;  // ceil(sqrt(L))
+      std::int64_t root = 1;
+      while (root * root < layers) ++root;  // ceil(sqrt(L)), in 64 bits: no overflow for any int L
       return rational(root, layers);
     }
   }

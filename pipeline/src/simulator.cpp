@@ -26,6 +26,31 @@ rational::rational(std::int64_t num, std::int64_t den) {
   den_ = g ? den / g : 1;
 }
 
+rational rational::reduce(wide num, wide den) {
+  if (den == 0) throw std::invalid_argument("rational with a zero denominator");
+  if (den < 0) {
+    num = -num;
+    den = -den;
+  }
+  wide a = num < 0 ? -num : num, b = den;
+  while (b != 0) {
+    const wide t = a % b;
+    a = b;
+    b = t;
+  }
+  if (a > 1) {
+    num /= a;
+    den /= a;
+  }
+  constexpr wide most = INT64_MAX;
+  if (num > most || num < -most || den > most)
+    throw std::overflow_error("exact time overflows 64-bit fractions (costs too large or too finely divided)");
+  rational r;
+  r.num_ = static_cast<std::int64_t>(num);
+  r.den_ = static_cast<std::int64_t>(den);
+  return r;
+}
+
 rational rational::parse(std::string_view text) {
   auto bad = [&] {
     return std::invalid_argument("'" + std::string(text) +
@@ -50,7 +75,10 @@ rational rational::parse(std::string_view text) {
   std::int64_t scale = 1;
   for (std::size_t i = 0; i < frac.size(); ++i) scale *= 10;
   const bool negative = !text.empty() && text.front() == '-';
-  return rational(whole * scale + (negative ? -f : f), scale);
+  std::int64_t num = 0;
+  if (__builtin_mul_overflow(whole, scale, &num) || __builtin_add_overflow(num, negative ? -f : f, &num))
+    throw std::invalid_argument("'" + std::string(text) + "' is too large");
+  return rational(num, scale);
 }
 
 std::string rational::str() const {

@@ -331,3 +331,7 @@ TEST(Stats, CountersShowMessagesDepthAndBusyTime) {
 }
 
 }  // namespace
+
+TEST(System, RefusesMoreWorkerThreadsThanItsLimit) {
+  EXPECT_THROW(troupe::actor_system({.threads = troupe::system_config::max_threads + 1}), std::invalid_argument);
+}

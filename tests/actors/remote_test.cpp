@@ -589,6 +589,12 @@ TEST(Remote, TlsEncryptsTheClusterAndRefusesUntrustedPeers) {
   // Bad TLS settings are a clear error.
   cfg.node.tls_private_key = file("missing.key");
   EXPECT_THROW(troupe::actor_system{cfg}, std::invalid_argument);
+  // A key or a CA without a certificate would mean plain TCP: refused, not ignored.
+  cfg.node.tls_certificate.clear();
+  cfg.node.tls_private_key = file("cluster.key");
+  EXPECT_THROW(troupe::actor_system{cfg}, std::invalid_argument);
+  cfg.node.tls_private_key.clear();
+  EXPECT_THROW(troupe::actor_system{cfg}, std::invalid_argument);  // the CA alone
   std::filesystem::remove_all(dir);
 }
 

@@ -3,6 +3,7 @@
 
 #include "nn_bench.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -50,6 +51,13 @@ int run_nn(const options& o, std::ostream& out) {
       {"gemm_fwd_64x128x256", 64, 128, 256, false, true},
       {"gemm_fwd_64x10x128", 64, 10, 128, false, true},
   };
+  if (!o.only.empty() && o.only != "gemm" && o.only != "train" &&
+      std::none_of(std::begin(shapes), std::end(shapes), [&](const shape& s) { return o.only == s.name; })) {
+    std::cerr << "troupe bench nn: unknown workload '" << o.only << "' (known: gemm, train";
+    for (const auto& s : shapes) std::cerr << ", " << s.name;
+    std::cerr << ")\n";
+    return 2;
+  }
   std::mt19937 rng(1);
   const double seconds = o.quick ? 0.05 : 0.3;
   for (const auto& s : shapes) {

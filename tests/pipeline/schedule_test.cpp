@@ -82,6 +82,10 @@ TEST(Generators, RefuseWhatTheyCannotScheduleWithAMessageSayingWhatToChange) {
   EXPECT_THROW(generate("no-such", 4, 8), std::invalid_argument);
   EXPECT_THROW(generate("gpipe", 0, 8), std::invalid_argument);
   EXPECT_THROW(generate("gpipe", 2, 0), std::invalid_argument);
+  // More cells than fit in memory: refused, with the sizes, before anything is allocated.
+  EXPECT_THROW(generate("gpipe", 2'000'000'000, 1), std::invalid_argument);
+  EXPECT_THROW(generate("interleaved-1f1b", 2, 4, 2'000'000'000), std::invalid_argument);
+  EXPECT_THROW(generate("1f1b", 65'536, 65'536), std::invalid_argument);
 }
 
 TEST(Generators, EveryScheduleIsValidForSmallShapes) {
@@ -196,6 +200,19 @@ TEST(Costs, ParseNamesAndExactValues) {
   EXPECT_THROW(cost_model::parse("Q=1"), std::invalid_argument);
   EXPECT_THROW(cost_model::parse("F=-1"), std::invalid_argument);
   EXPECT_THROW(cost_model::parse("F"), std::invalid_argument);
+  EXPECT_THROW(cost_model::parse("F=922337203685477580.8"), std::invalid_argument);  // 10x overflows
+}
+
+TEST(Rational, ArithmeticIsExactOrThrowsNeverWraps) {
+  // Sums of fractions with large coprime denominators are exact while they fit...
+  const rational a(1, 999'999'937), b(1, 999'999'929);
+  EXPECT_EQ(a + b - b, a);
+  EXPECT_GT(a + b, a);
+  EXPECT_EQ((a * rational(999'999'937)) / rational(2), rational(1, 2));
+  // ...and throw when the reduced result does not fit in 64-bit terms.
+  EXPECT_THROW(a * b * rational(1, 999'999'893), std::overflow_error);
+  EXPECT_THROW(rational(std::int64_t{1} << 62) + rational(std::int64_t{1} << 62), std::overflow_error);
+  EXPECT_THROW(rational(1) / rational(0), std::invalid_argument);
 }
 
 TEST(Simulator, CommunicationDelaysCrossRankDependenciesOnly) {
@@ -291,6 +308,9 @@ TEST(Checkpointing, PoliciesKeepTheDocumentedShare) {
   EXPECT_EQ(checkpoint_policy::parse("every:3").kept(8), rational(3, 8));
   EXPECT_EQ(checkpoint_policy::parse("sqrt").kept(9), rational(1, 3));
   EXPECT_EQ(checkpoint_policy::parse("sqrt").kept(10), rational(4, 10));
+  // The largest layer counts do not overflow (ceil(sqrt(2^31 - 1)) = 46341).
+  EXPECT_EQ(checkpoint_policy::parse("sqrt").kept(2'147'483'647), rational(46'341, 2'147'483'647));
+  EXPECT_EQ(checkpoint_policy::parse("every:2").kept(2'147'483'647), rational(1'073'741'824, 2'147'483'647));
   for (auto bad : {"", "every:0", "every:x", "all", "sqrt:2"})
     EXPECT_THROW(checkpoint_policy::parse(bad), std::invalid_argument) << bad;
 }

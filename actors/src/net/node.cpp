@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <stdexcept>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -168,7 +169,14 @@ net::tls_config tls_settings(const std::string& cert, const std::string& key, co
     const char* e = std::getenv(env);
     return std::string(e ? e : "");
   };
-  return {pick(cert, "TROUPE_TLS_CERTIFICATE"), pick(key, "TROUPE_TLS_PRIVATE_KEY"), pick(ca, "TROUPE_TLS_CA")};
+  net::tls_config tls{pick(cert, "TROUPE_TLS_CERTIFICATE"), pick(key, "TROUPE_TLS_PRIVATE_KEY"), pick(ca, "TROUPE_TLS_CA")};
+  // TLS is on when a certificate is named: a key or a CA alone would leave the node in plain
+  // text while its operator believes it secured.
+  if (!tls.enabled() && (!tls.private_key.empty() || !tls.ca.empty()))
+    throw std::invalid_argument(
+        "a TLS private key or CA is set but no certificate: name the certificate too (node_config::tls_certificate, "
+        "--tls-cert or TROUPE_TLS_CERTIFICATE), or drop the key and CA for plain TCP");
+  return tls;
 }
 
 bool wildcard(const std::string& host) { return host == "0.0.0.0" || host == "::" || host.empty(); }

@@ -64,8 +64,10 @@ struct node_config {
 
 /// Settings of an actor_system.
 struct system_config {
-  /// Worker threads; 0 means one per hardware thread.
+  /// Worker threads; 0 means one per hardware thread. At most max_threads (more throws
+  /// std::invalid_argument from the actor_system constructor).
   unsigned threads = 0;
+  static constexpr unsigned max_threads = 4096;
   /// Messages an actor handles before its worker moves on to another actor.
   unsigned throughput = 64;
   /// Cluster membership; by default the system is no node.

@@ -158,6 +158,9 @@ struct round_report {
   double train_loss = 0;   ///< sample-weighted mean of the clients' training losses
   double seconds = 0;      ///< wall time of the round
   std::vector<std::pair<std::string, double>> metrics;  ///< from the transforms' end_round
+  /// Non-empty when the aggregator gave the round up (round_aborted): why. The model is as it
+  /// was before the round, and the metrics hold "aborted" 1.
+  std::string aborted;
 };
 
 /// Not thread-safe: one thread drives it.

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,14 @@ public:
 /// Thread contract: called from one thread, in the order begin, add* (in the round's
 /// participant order, which makes the result independent of thread timing), finish.
 /// A streaming aggregator (the weighted mean) keeps O(dim) memory; robust ones may buffer.
+/// Thrown by an aggregator's begin() or finish() when its round cannot be completed (secure
+/// aggregation with fewer than two clients, or too few left to unmask the sum): the simulation
+/// leaves the model as it was, reports the round as aborted, and goes on with the next one, as
+/// a deployment would.
+struct round_aborted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 class aggregator {
 public:
   virtual ~aggregator() = default;
@@ -92,7 +101,8 @@ public:
   /// An encoded update (client_update::words). The default throws std::logic_error: only
   /// aggregators that know the encoding accept it.
   virtual void add_encoded(std::uint64_t client, double weight, std::span<const std::uint32_t> words);
-  /// The aggregate, dim floats. Throws std::logic_error when nothing was added.
+  /// The aggregate, dim floats. Throws std::logic_error when nothing was added, round_aborted
+  /// when the round cannot be completed.
   virtual std::vector<float> finish() = 0;
 };
 

@@ -22,18 +22,26 @@ public:
   double to_double() const noexcept { return static_cast<double>(num_) / static_cast<double>(den_); }
   std::string str() const;
 
-  friend rational operator+(rational a, rational b) { return {a.num_ * b.den_ + b.num_ * a.den_, a.den_ * b.den_}; }
-  friend rational operator-(rational a, rational b) { return {a.num_ * b.den_ - b.num_ * a.den_, a.den_ * b.den_}; }
-  friend rational operator*(rational a, rational b) { return {a.num_ * b.num_, a.den_ * b.den_}; }
-  friend rational operator/(rational a, rational b) { return {a.num_ * b.den_, a.den_ * b.num_}; }
+  // Exact in 128 bits, then reduced; a result whose reduced terms do not fit in 64 bits throws
+  // std::overflow_error (never a wrapped, wrong value).
+  friend rational operator+(rational a, rational b) {
+    return reduce(wide{a.num_} * b.den_ + wide{b.num_} * a.den_, wide{a.den_} * b.den_);
+  }
+  friend rational operator-(rational a, rational b) {
+    return reduce(wide{a.num_} * b.den_ - wide{b.num_} * a.den_, wide{a.den_} * b.den_);
+  }
+  friend rational operator*(rational a, rational b) { return reduce(wide{a.num_} * b.num_, wide{a.den_} * b.den_); }
+  friend rational operator/(rational a, rational b) { return reduce(wide{a.num_} * b.den_, wide{a.den_} * b.num_); }
   rational& operator+=(rational b) { return *this = *this + b; }
   friend bool operator==(rational a, rational b) noexcept { return a.num_ == b.num_ && a.den_ == b.den_; }
   friend std::strong_ordering operator<=>(rational a, rational b) noexcept {
-    __extension__ using wide = __int128;  // cross products of 64-bit terms need 128 bits
     return static_cast<wide>(a.num_) * b.den_ <=> static_cast<wide>(b.num_) * a.den_;
   }
 
 private:
+  __extension__ using wide = __int128;  // products of 64-bit terms need 128 bits
+  static rational reduce(wide num, wide den);
+
   std::int64_t num_ = 0;
   std::int64_t den_ = 1;
 };
