@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -49,6 +50,17 @@ struct node_args {
 int start_node(const node_args& a) {
   if (a.head == !a.address.empty()) {
     std::cerr << "troupe node start: give either --head or --address HOST:PORT of the head\n";
+    return 1;
+  }
+  // The library's own checks name its config fields; the flags are checked here in their names.
+  const char* env_token = std::getenv("TROUPE_CLUSTER_TOKEN");
+  if (a.token.empty() && (env_token == nullptr || *env_token == '\0')) {
+    std::cerr << "troupe node start: give the cluster's shared secret with --token or TROUPE_CLUSTER_TOKEN\n";
+    return 1;
+  }
+  if (a.heartbeat_ms >= a.timeout_ms) {
+    std::cerr << "troupe node start: --heartbeat-ms " << a.heartbeat_ms << " must be below --node-timeout-ms "
+              << a.timeout_ms << "\n";
     return 1;
   }
   // Libraries declare the classes (TROUPE_REMOTE) this node can host.

@@ -143,7 +143,8 @@ int run_partition_command(const partition_cli_options& opts, std::ostream& out,
     if (opts.stages > costs.size()) {
       throw std::invalid_argument("--stages " + std::to_string(opts.stages) + " is more than the " +
                                   std::to_string(costs.size()) +
-                                  " layers in --costs, which would leave a stage empty; use at "
+                                  (opts.profile.empty() ? " layers in --costs" : " layers of " + opts.profile) +
+                                  ", which would leave a stage empty; use at "
                                   "most " + std::to_string(costs.size()) + " stages");
     }
     std::vector<double> memory;

@@ -22,7 +22,7 @@ constexpr op_name op_names[] = {
 };
 
 bool read_int(std::string_view s, int& out) {
-  if (s.empty() || s.size() > 9) return false;
+  if (s.empty()) return false;  // from_chars reports a value beyond int
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
   return ec == std::errc() && p == s.data() + s.size() && out >= 0;
 }

@@ -343,19 +343,27 @@ int run_remote_peer(const remote_options& opts) {
     std::cerr << "troupe bench remote --peer: expected host:raw_port:head_port, got '" << opts.peer << "'\n";
     return 1;
   }
+  std::thread raw_echo;
   try {
     const auto host = opts.peer.substr(0, first);
-    const auto raw_port = static_cast<std::uint16_t>(std::stoul(opts.peer.substr(first + 1, second - first - 1)));
+    const auto raw = std::stoul(opts.peer.substr(first + 1, second - first - 1));
+    if (raw > 65535) throw std::invalid_argument("the raw port must be 0-65535");
+    const auto raw_port = static_cast<std::uint16_t>(raw);
     const auto head_port = opts.peer.substr(second + 1);
 
-    std::thread raw_echo;
     if (raw_port != 0)
-      raw_echo = std::thread([&] {
+      raw_echo = std::thread([host, raw_port] {
         asio::io_context io;
         tcp::socket s(io);
-        s.connect({asio::ip::make_address(host), raw_port});
-        s.set_option(tcp::no_delay(true));
         boost::system::error_code ec;
+        const auto address = asio::ip::make_address(host, ec);
+        if (!ec) s.connect({address, raw_port}, ec);
+        if (ec) {
+          std::cerr << "troupe bench remote --peer: cannot connect the raw echo to " << host << ":" << raw_port << ": "
+                    << ec.message() << "\n";
+          return;
+        }
+        s.set_option(tcp::no_delay(true), ec);
         for (;;) {
           std::uint64_t x = 0;
           asio::read(s, asio::buffer(&x, 8), ec);
@@ -380,6 +388,8 @@ int run_remote_peer(const remote_options& opts) {
     if (raw_echo.joinable()) raw_echo.join();
   } catch (const std::exception& e) {
     std::cerr << "troupe bench remote --peer: " << e.what() << "\n";
+    // The echo may wait on its socket until the suite closes it; this process ends now anyway.
+    if (raw_echo.joinable()) raw_echo.detach();
     return 1;
   }
   return 0;
