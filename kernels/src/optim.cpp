@@ -202,6 +202,18 @@ void sgd_fused_loop(float* __restrict p, const float* __restrict grad, float* __
   }
 }
 
+/// One element of sgd_fused_loop with momentum, from the decoded old momentum `old` (8-bit
+/// kernels' tails): updates p, returns the new momentum.
+template <bool Wd>
+inline float sgd_element(float& p, float grad, float old, const sgd_constants& c, bool first) {
+  float g = grad * c.gscale;
+  if constexpr (Wd) g = g + p * c.wd;
+  const float b = first ? g : old * c.momentum + g * c.one_minus_dampening;
+  g = c.nesterov ? g + b * c.momentum : b;
+  p = p + g * (-c.lr);
+  return b;
+}
+
 void sgd_fused(float* p, const float* grad, float* buf, std::size_t n, const sgd_constants& c, bool first) {
   if (c.wd != 0.0f) {
     if (buf) sgd_fused_loop<true, true>(p, grad, buf, n, c, first);
@@ -577,13 +589,8 @@ __attribute__((target("avx2"))) void sgd_int8_blocks_avx2(float* p, const float*
     float am = 0;
     for (float l : lanes) am = std::max(am, l);
     for (; i < n; ++i) {
-      float gi = gb[i] * c.gscale;
-      if constexpr (Wd) gi = gi + pb[i] * c.wd;
-      const float bi = first ? gi : values[cb[i]] * msc[k] * c.momentum + gi * c.one_minus_dampening;
-      gi = nesterov ? gi + bi * c.momentum : bi;
-      pb[i] = pb[i] + gi * (-c.lr);
-      buf[i] = bi;
-      am = std::max(am, std::fabs(bi));
+      buf[i] = sgd_element<Wd>(pb[i], gb[i], values[cb[i]] * msc[k], c, first);
+      am = std::max(am, std::fabs(buf[i]));
     }
     const float s = percentile > 0 ? quant::block_scale(buf, n, percentile) : am;
     msc[k] = s;
@@ -944,13 +951,8 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
     quantize_rest(prev_full);
     float am = _mm512_reduce_max_ps(amax);
     for (std::size_t j = full; j < n; ++j) {
-      float gj = gb[j] * c.gscale;
-      if constexpr (Wd) gj = gj + pb[j] * c.wd;
-      const float bj = first ? gj : map.value(cb[j]) * msc[k] * c.momentum + gj * c.one_minus_dampening;
-      gj = nesterov ? gj + bj * c.momentum : bj;
-      pb[j] = pb[j] + gj * (-c.lr);
-      buf[j] = bj;
-      am = std::max(am, std::fabs(bj));
+      buf[j] = sgd_element<Wd>(pb[j], gb[j], map.value(cb[j]) * msc[k], c, first);
+      am = std::max(am, std::fabs(buf[j]));
     }
     const float s = percentile > 0 ? quant::block_scale(buf, n, percentile) : am;
     msc[k] = s;
