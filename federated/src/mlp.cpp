@@ -155,10 +155,10 @@ namespace {
 
 using forward_fn = void (*)(const float*, int, const float*, const float*, float*, int, bool);
 using backward_fn = void (*)(const float*, int, const float*, int, float*, float*, float*, float, float,
-                             const float*, const float*, const float*, const float*);
+                             const float*, const float*, const float*, const float*, float*, float*, bool, bool);
 
 /// One instruction set's row kernels: forward[n - 1] for n rows (n <= forward_tile), backward[n -
-/// 1] for n <= fast_max_rows.
+/// 1] for n <= backward_tile.
 struct row_kernels {
   int forward_tile;
   const forward_fn* forward;
@@ -271,9 +271,11 @@ double flat_mlp::step_fast(float* w, const float* x, const std::uint8_t* labels,
                            const gradient_extras& extras) {
   const row_kernels* k = fast_kernels();
   if (!k) throw std::logic_error("step_fast needs a CPU with AVX2 and FMA");
-  if (rows < 1 || rows > fast_max_rows)
-    throw std::invalid_argument("step_fast takes 1.." + std::to_string(fast_max_rows) + " rows");
+  if (rows < 1) throw std::invalid_argument("step_fast needs at least one row");
   reserve(rows);
+  // More rows than one backward tile: the gradient's partial sums wait in grad_ between tiles.
+  const bool tiled = rows > backward_tile;
+  if (tiled) grad_.resize(dim_);
   const std::size_t layers = sizes_.size() - 1;
   auto input_of = [&](std::size_t l) { return l == 0 ? x : act_[l].data(); };
   for (std::size_t l = 0; l < layers; ++l) {
@@ -294,8 +296,13 @@ double flat_mlp::step_fast(float* w, const float* x, const std::uint8_t* labels,
     const float* cb = extras.center ? extras.center + b_offset_[l] : nullptr;
     const float* kw = extras.correction ? extras.correction + w_offset_[l] : nullptr;
     const float* kb = extras.correction ? extras.correction + b_offset_[l] : nullptr;
-    k->backward[rows - 1](a, in, dz_.data(), out, w + w_offset_[l], w + b_offset_[l], da, lr, extras.mu, cw,
-                               cb, kw, kb);
+    for (int r0 = 0; r0 < rows; r0 += backward_tile) {
+      const int n = std::min(backward_tile, rows - r0);
+      k->backward[n - 1](a + static_cast<std::size_t>(r0) * in, in, dz_.data() + static_cast<std::size_t>(r0) * out, out,
+                         w + w_offset_[l], w + b_offset_[l], da ? da + static_cast<std::size_t>(r0) * in : nullptr, lr,
+                         extras.mu, cw, cb, kw, kb, tiled ? grad_.data() + w_offset_[l] : nullptr,
+                         tiled ? grad_.data() + b_offset_[l] : nullptr, r0 == 0, r0 + n == rows);
+    }
     if (l == 0) break;
     for (std::size_t i = 0; i < static_cast<std::size_t>(rows) * in; ++i) dz_prev_[i] = a[i] > 0 ? da[i] : 0.0f;
     std::swap(dz_, dz_prev_);
@@ -305,7 +312,7 @@ double flat_mlp::step_fast(float* w, const float* x, const std::uint8_t* labels,
 
 double flat_mlp::step(float* w, const float* x, const std::uint8_t* labels, int rows, float lr,
                       const gradient_extras& extras) {
-  if (fast_available() && rows <= fast_max_rows) return step_fast(w, x, labels, rows, lr, extras);
+  if (fast_available()) return step_fast(w, x, labels, rows, lr, extras);
   return step_reference(w, x, labels, rows, lr, extras);
 }
 

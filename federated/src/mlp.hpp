@@ -53,14 +53,15 @@ public:
   void evaluate(const float* w, const float* x, const std::uint8_t* labels, int rows,
                 double& loss, std::int64_t& correct);
 
-  /// True when step() takes step_fast (for batches of up to fast_max_rows).
+  /// True when step() takes step_fast (AVX2 with FMA, or AVX-512; any batch size).
   static bool fast_available() noexcept;
   /// The instruction set step_fast uses: 2 AVX-512, 1 AVX2 with FMA, 0 none (the reference);
   /// the CPU's best, lowered by limit_simd().
   static int simd_level() noexcept;
   /// Caps simd_level() at `level` (so that tests run every path); returns the previous cap.
   static int limit_simd(int level) noexcept;
-  static constexpr int fast_max_rows = 16;
+  /// Rows per backward tile of step_fast (larger batches go through in tiles).
+  static constexpr int backward_tile = 16;
 
 private:
   void reserve(int rows);

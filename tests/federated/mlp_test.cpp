@@ -100,7 +100,7 @@ TEST(FlatMlp, FastStepMatchesTheReferenceWithAndWithoutExtras) {
     for (const std::string spec : {"mlp:784-100-10", "mlp:37-19-5", "mlp:50-33-21-10", "mlp:7-40-3"}) {
       flat_mlp fast = flat_mlp::from_spec(spec), ref = flat_mlp::from_spec(spec);
       const int in = fast.inputs();
-      for (int rows : {1, 7, 10, 16}) {
+      for (int rows : {1, 7, 10, 16, 17, 32, 45}) {  // above 16: backward tiles
         for (int mode = 0; mode < 3; ++mode) {
           std::vector<float> wf = initial_weights(spec, 5), wr = wf;
           const auto center = random_floats(wf.size(), 9, 0.1f);
