@@ -143,6 +143,8 @@ tensor tensor::reshape(shape_type shape) const {
     } else if (shape[i] < 0) {
       throw std::invalid_argument("reshape: dimensions must be >= 0 or -1");
     } else {
+      if (shape[i] != 0 && known > std::numeric_limits<std::int64_t>::max() / 8 / shape[i])
+        throw std::invalid_argument("reshape of " + str() + " to " + shape_str(shape) + ": too many elements");
       known *= shape[i];
     }
   }

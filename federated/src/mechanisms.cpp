@@ -37,7 +37,7 @@ class buffered_rule final : public aggregator {
 public:
   enum class kind { median, trimmed_mean, krum };
   buffered_rule(std::string name, kind k, std::size_t a, std::size_t b)
-      : name_(std::move(name)), kind_(k), a_(a), b_(b) {}
+      : name_(std::move(name)), kind_(k), a_(a), b_(b), least_(least_updates(name_)) {}
   std::string name() const override { return name_; }
   void begin(const round_info& round) override {
     dim_ = round.dim;
@@ -51,6 +51,9 @@ public:
   }
   std::vector<float> finish() override {
     if (updates_.empty()) throw std::logic_error(name_ + ": no updates in this round");
+    if (updates_.size() < least_)
+      throw round_aborted(name_ + " needs at least " + std::to_string(least_) + " updates; this round has " +
+                          std::to_string(updates_.size()) + " (clients failed or were late)");
     const std::vector<update_view> views(updates_.begin(), updates_.end());
     switch (kind_) {
       case kind::median: return coordinate_median(views);
@@ -63,7 +66,7 @@ public:
 private:
   std::string name_;
   kind kind_;
-  std::size_t a_, b_, dim_ = 0;
+  std::size_t a_, b_, least_, dim_ = 0;
   std::vector<std::vector<float>> updates_;
 };
 
@@ -453,6 +456,15 @@ bool is_robust_rule(const std::string& spec) {
   return name == "median" || name == "trimmed-mean" || name == "krum" || name == "multi-krum";
 }
 
+std::size_t least_updates(const std::string& spec) {
+  const auto p = detail::split_spec(spec);
+  auto n = [&](std::size_t i) { return static_cast<std::size_t>(detail::spec_number(p.at(i), spec)); };
+  if (p[0] == "trimmed-mean") return 2 * n(1) + 1;
+  if (p[0] == "krum") return 2 * n(1) + 3;
+  if (p[0] == "multi-krum") return std::max(2 * n(1) + 3, n(2));
+  return 1;
+}
+
 std::unique_ptr<aggregator> make_robust_aggregator(const std::string& spec) {
   const auto p = detail::split_spec(spec);
   using k = buffered_rule::kind;
@@ -569,7 +581,12 @@ void install_mechanisms(simulation& sim, const simulation_options& o, double mea
     bad("differential privacy needs both --dp-clip and --dp-noise, positive");
   if (robust && o.secagg) bad("a robust rule needs each update and secure aggregation hides them: pick one");
   if (robust && dp) bad("a robust rule with differential privacy is not supported: the noise is calibrated to the mean");
-  if (robust) sim.set_aggregator(make_robust_aggregator(o.strategy));
+  if (robust) {
+    sim.set_aggregator(make_robust_aggregator(o.strategy));
+    if (sim.buffer_size() == 0 && sim.cohort_size() < least_updates(o.strategy))
+      bad("--strategy " + o.strategy + " needs at least " + std::to_string(least_updates(o.strategy)) +
+          " updates per round; rounds of " + std::to_string(sim.cohort_size()) + " clients never have them: raise --per-round");
+  }
   if (!o.attack.empty() && !is_data_attack(o.attack)) sim.add_transform(make_update_attack(o.attack, o.seed));
   if (!o.compress.empty()) sim.add_transform(make_compression(o.compress));
   const dp_options privacy{.clip = o.dp_clip,

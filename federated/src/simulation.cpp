@@ -416,12 +416,7 @@ void check_options(const simulation_options& o) {
 /// an idle client to send out after every arrival.
 void check_async_mechanisms(const simulation_options& o, std::size_t in_flight, std::size_t k) {
   if (is_robust_rule(o.strategy)) {
-    const auto p = detail::split_spec(o.strategy);
-    auto n = [&](std::size_t i) { return static_cast<std::size_t>(detail::spec_number(p.at(i), o.strategy)); };
-    std::size_t least = 1;
-    if (p[0] == "trimmed-mean") least = 2 * n(1) + 1;
-    if (p[0] == "krum") least = 2 * n(1) + 3;
-    if (p[0] == "multi-krum") least = std::max(2 * n(1) + 3, n(2));
+    const std::size_t least = least_updates(o.strategy);
     if (k < least)
       throw std::invalid_argument("--async " + o.async + " with --strategy " + o.strategy + ": the rule is applied to the " +
                                   std::to_string(k) + " buffered updates of each server step and needs at least " +
@@ -1023,6 +1018,7 @@ std::span<const float> simulation::global_model() const noexcept { return *impl_
 std::size_t simulation::population() const noexcept { return impl_->clients.size(); }
 std::size_t simulation::sample_size() const noexcept { return impl_->sample_size; }
 std::size_t simulation::buffer_size() const noexcept { return impl_->buffer; }
+std::size_t simulation::cohort_size() const noexcept { return impl_->keep; }
 std::size_t simulation::client_state_bytes() const noexcept { return impl_->engine.state_bytes.load(); }
 double simulation::simulated_seconds() const noexcept { return impl_->clock; }
 

@@ -74,6 +74,12 @@ dims check(const tensor& a, bool ta, const tensor& b, bool tb, const tensor& c, 
     throw std::invalid_argument("gemm: shapes do not agree: op(A) is " + std::to_string(m) + "x" +
                                 std::to_string(k) + ", op(B) " + std::to_string(kb) + "x" +
                                 std::to_string(n) + ", C " + c.str());
+  // The product reads A and B while it writes C: C sharing their storage gives garbage.
+  auto overlaps = [&](const tensor& t) {
+    return t.nbytes() > 0 && c.nbytes() > 0 && t.where() == c.where() && t.bytes() < c.bytes() + c.nbytes() &&
+           c.bytes() < t.bytes() + t.nbytes();
+  };
+  if (overlaps(a) || overlaps(b)) throw std::invalid_argument("gemm: C overlaps A or B: write the product to a tensor of its own");
   return {m, n, k};
 }
 

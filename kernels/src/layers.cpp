@@ -208,6 +208,7 @@ public:
         gamma_{"gamma", tensor::zeros({1, features}), tensor::zeros({1, features})},
         beta_{"beta", tensor::zeros({1, features}), tensor::zeros({1, features})} {
     if (features < 1) throw std::invalid_argument("layer_norm needs at least one feature");
+    if (!(eps > 0) || !std::isfinite(eps)) throw std::invalid_argument("layer_norm: eps must be a positive number");
     initialize(0);
   }
   std::string describe() const override { return "layer_norm(" + std::to_string(n_) + ")"; }
@@ -394,7 +395,9 @@ class residual final : public layer {
   }
 
 public:
-  explicit residual(std::unique_ptr<layer> inner) : inner_(std::move(inner)) {}
+  explicit residual(std::unique_ptr<layer> inner) : inner_(std::move(inner)) {
+    if (!inner_) throw std::invalid_argument("residual: the inner layer is null");
+  }
   std::string describe() const override { return "residual(" + inner_->describe() + ")"; }
   tensor forward(const tensor& x, saved_activations& keep, bool training) override {
     keep.clear();
@@ -442,6 +445,15 @@ std::unique_ptr<layer> make_layer_norm(std::int64_t features, float eps) {
 std::unique_ptr<layer> make_dropout(float p) { return std::make_unique<dropout>(p); }
 std::unique_ptr<layer> make_residual(std::unique_ptr<layer> inner) {
   return std::make_unique<residual>(std::move(inner));
+}
+
+sequential::sequential(std::vector<std::unique_ptr<layer>> layers) {
+  for (auto& l : layers) add(std::move(l));
+}
+
+void sequential::add(std::unique_ptr<layer> l) {
+  if (!l) throw std::invalid_argument("sequential: a null layer");
+  layers_.push_back(std::move(l));
 }
 
 std::string sequential::describe() const {
@@ -527,20 +539,34 @@ std::int64_t label_at(const tensor& labels, std::int64_t i) {
     default: throw std::invalid_argument("labels must be u8, i32 or i64, not " + labels.str());
   }
 }
+
+/// Logits f32 [N, C] with N, C >= 1 and labels [N]; `what` names the caller in the errors.
+void check_logits(const tensor& logits, const tensor& labels, const char* what) {
+  if (logits.rank() != 2 || logits.type() != dtype::f32 || logits.dim(0) < 1 || logits.dim(1) < 1)
+    throw std::invalid_argument(std::string(what) + " expects f32 logits [N, C] with N, C >= 1, got " + logits.str());
+  if (labels.rank() != 1 || labels.dim(0) != logits.dim(0))
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(logits.dim(0)) + " rows of logits but labels " +
+                                labels.str());
+}
+
+std::int64_t checked_label(const tensor& labels, std::int64_t i, std::int64_t classes) {
+  const std::int64_t y = label_at(labels, i);
+  if (y < 0 || y >= classes)
+    throw std::invalid_argument("label " + std::to_string(y) + " of row " + std::to_string(i) + " is outside 0.." +
+                                std::to_string(classes - 1));
+  return y;
+}
 }  // namespace
 
 double softmax_cross_entropy(const tensor& logits, const tensor& labels, tensor& dlogits) {
-  if (logits.rank() != 2 || logits.type() != dtype::f32)
-    throw std::invalid_argument("softmax_cross_entropy expects f32 logits [N, C], got " + logits.str());
+  check_logits(logits, labels, "softmax_cross_entropy");
   const std::int64_t n = logits.dim(0), c = logits.dim(1);
-  if (labels.rank() != 1 || labels.dim(0) != n)
-    throw std::invalid_argument("softmax_cross_entropy: " + std::to_string(n) + " rows of logits but labels " + labels.str());
   if (!dlogits.defined() || dlogits.shape() != logits.shape() || dlogits.where() != logits.where())
     dlogits = tensor::empty(logits.shape(), dtype::f32, logits.where());
   if (on_device(logits)) {
     // Labels as int64 on the logits' device.
     tensor host = labels.to(device::cpu()), wide = tensor::empty({n}, dtype::i64);
-    for (std::int64_t i = 0; i < n; ++i) wide.data<std::int64_t>()[i] = label_at(host, i);
+    for (std::int64_t i = 0; i < n; ++i) wide.data<std::int64_t>()[i] = checked_label(host, i, c);
     const tensor dev = wide.to(logits.where());
     return cuda::softmax_cross_entropy(logits.where().index, fp(logits),
                                        reinterpret_cast<const std::int64_t*>(dev.bytes()), fp(dlogits), n, c);
@@ -549,10 +575,7 @@ double softmax_cross_entropy(const tensor& logits, const tensor& labels, tensor&
   auto g = dlogits.data<float>();
   double loss = 0;
   for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t y = label_at(labels, i);
-    if (y < 0 || y >= c)
-      throw std::invalid_argument("label " + std::to_string(y) + " of row " + std::to_string(i) +
-                                  " is outside 0.." + std::to_string(c - 1));
+    const std::int64_t y = checked_label(labels, i, c);
     const float* row = z.data() + i * c;
     float top = row[0];
     for (std::int64_t j = 1; j < c; ++j) top = std::max(top, row[j]);
@@ -569,6 +592,7 @@ double softmax_cross_entropy(const tensor& logits, const tensor& labels, tensor&
 
 std::int64_t count_correct(const tensor& logits_in, const tensor& labels_in) {
   const tensor logits = logits_in.to(device::cpu()), labels = labels_in.to(device::cpu());
+  check_logits(logits, labels, "count_correct");
   const std::int64_t n = logits.dim(0), c = logits.dim(1);
   auto z = logits.data<float>();
   std::int64_t correct = 0;
@@ -576,7 +600,7 @@ std::int64_t count_correct(const tensor& logits_in, const tensor& labels_in) {
     std::int64_t best = 0;
     for (std::int64_t j = 1; j < c; ++j)
       if (z[i * c + j] > z[i * c + best]) best = j;
-    if (best == label_at(labels, i)) ++correct;
+    if (best == checked_label(labels, i, c)) ++correct;
   }
   return correct;
 }

@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <thread>
 #include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -72,6 +74,7 @@ void validate(optimizer_kind kind, const hyperparameters& hp, const state_option
   if (!(hp.weight_decay >= 0) || !std::isfinite(hp.weight_decay)) bad("weight_decay must be finite and >= 0");
   if (kind == optimizer_kind::sgd) {
     if (!(hp.momentum >= 0) || !std::isfinite(hp.momentum)) bad("momentum must be finite and >= 0");
+    if (!std::isfinite(hp.dampening)) bad("dampening must be finite");
     if (hp.nesterov && (hp.momentum <= 0 || hp.dampening != 0))
       bad("Nesterov momentum needs momentum > 0 and dampening 0");
   } else {
@@ -1132,22 +1135,46 @@ std::size_t chunk_of(const optimizer::slot& s) {
 
 optimizer::optimizer(optimizer_kind kind, std::vector<param_group> groups, optimizer_options options)
     : kind_(kind), groups_(std::move(groups)), options_(options) {
-  bool first = true;
+  for (const auto& g : groups_) {
+    validate(kind, g.hp, g.state);
+    for (const auto* p : g.params)
+      if (p) {
+        where_ = p->value.where();
+        break;
+      }
+  }
+  sync_slots();
+  prepare();
+}
+
+void optimizer::sync_slots() {
+  std::unordered_map<const parameter*, std::size_t> had;
+  for (std::size_t k = 0; k < slots_.size(); ++k) had.emplace(slots_[k].p, k);
+  std::unordered_set<const parameter*> listed;
+  std::vector<slot> next;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    validate(kind, groups_[g].hp, groups_[g].state);
     for (auto* p : groups_[g].params) {
       if (!p || p->value.type() != dtype::f32 || p->grad.type() != dtype::f32 || p->grad.shape() != p->value.shape())
-        bad("every parameter needs an f32 value and an f32 gradient of the same shape");
-      if (first) where_ = p->value.where();
-      first = false;
+        bad("every parameter needs an f32 value and an f32 gradient of the same shape" +
+            (p ? " ('" + p->name + "' has " + p->value.str() + " and " + p->grad.str() + ")" : std::string(" (a null one)")));
       if (p->value.where() != where_ || p->grad.where() != where_)
         bad("parameter '" + p->name + "' (value on " + p->value.where().str() + ", gradient on " +
             p->grad.where().str() + ") is not on " + where_.str() +
             ": every parameter and gradient of an optimizer must live on one device");
-      slots_.push_back(slot{p, g, {}, {}, {}, false, {}});
+      if (!listed.insert(p).second) bad("parameter '" + p->name + "' is listed twice (it would be stepped twice)");
+      if (auto it = had.find(p); it != had.end()) {
+        slot s = std::move(slots_[it->second]);
+        if (s.numel != p->value.numel())
+          bad("parameter '" + p->name + "' changed size from " + std::to_string(s.numel) + " to " +
+              std::to_string(p->value.numel()) + " elements since its state was made");
+        s.group = g;
+        next.push_back(std::move(s));
+      } else {
+        next.push_back(slot{p, g, p->value.numel(), {}, {}, {}, false, {}});
+      }
     }
   }
-  prepare();
+  slots_ = std::move(next);
 }
 
 namespace {
@@ -1163,9 +1190,10 @@ struct wanted {
 void optimizer::prepare() {
   // Re-check what changed since the last step; choose storage for automatic groups.
   const bool first = seen_hp_.empty();
-  bool resolve = first;
+  bool resolve = first || groups_.size() != seen_hp_.size();
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    if (!first && same(groups_[g].hp, seen_hp_[g]) && same(groups_[g].state, seen_state_[g])) continue;
+    if (!first && g < seen_hp_.size() && same(groups_[g].hp, seen_hp_[g]) && same(groups_[g].state, seen_state_[g]))
+      continue;
     validate(kind_, groups_[g].hp, groups_[g].state);
     if (!where_.is_cpu()) {
       const auto& so = groups_[g].state;
@@ -1178,7 +1206,7 @@ void optimizer::prepare() {
         bad("state block_size " + std::to_string(so.block_size) + " is above " +
             std::to_string(cuda::max_int8_block) + ", the largest 8-bit block on " + where_.str());
     }
-    if (!first && groups_[g].state.storage != seen_state_[g].storage) resolve = true;
+    if (!first && (g >= seen_state_.size() || groups_[g].state.storage != seen_state_[g].storage)) resolve = true;
   }
   if (resolve) {
     resolved_.assign(groups_.size(), state_storage::fp32);
@@ -1533,12 +1561,20 @@ bool optimizer::do_step(bool reference) {
   if (reference && !where_.is_cpu())
     bad("reference_step runs on host parameters only (these are on " + where_.str() +
         "): compare with an optimizer over host copies");
+  sync_slots();
   prepare();
   std::vector<double> squares;  // per slot, for percentile clipping
   if (!grads_finite(squares)) {
     ++skipped_;
     return false;
   }
+  if (schedule_)  // checked before anything changes
+    for (const auto& grp : groups_) {
+      const double lr = schedule_(steps_ + 1, grp.hp.lr);
+      if (!(lr >= 0) || !std::isfinite(lr))
+        bad("the lr schedule gave " + std::to_string(lr) + " at step " + std::to_string(steps_ + 1) +
+            " (it must be finite and >= 0)");
+    }
   const std::int64_t t = ++steps_;
 
   // Per tensor constants, and the gradient scale of percentile clipping.

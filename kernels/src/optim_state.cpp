@@ -10,6 +10,7 @@
 // tensor. Finally a u32 CRC-32 of everything before it. Loading checks everything before it
 // changes anything.
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -83,15 +84,17 @@ void optimizer::load(const std::string& path) {
                      std::to_string(static_cast<int>(kind_)) + ")");
     steps = r.read_raw<std::int64_t>();
     skipped = r.read_raw<std::int64_t>();
-    if (steps < 0 || skipped < 0) fail(path, "has a negative step count");
+    if (steps < 0 || skipped < 0 || steps > (std::int64_t{1} << 53) || skipped > (std::int64_t{1} << 53))
+      fail(path, "has a step count out of range (" + std::to_string(steps) + ", " + std::to_string(skipped) + " skipped)");
     const auto count = r.read_varint();
     if (count != slots_.size())
       fail(path, "holds " + std::to_string(count) + " tensors; the optimizer has " + std::to_string(slots_.size()));
     for (const auto& s : slots_) {
       const auto where = "tensor " + std::to_string(next.size()) + " ('" + s.p->name + "')";
       const auto name = codec<std::string>::decode(r);
-      tensor::shape_type shape(r.read_varint());
-      if (shape.size() > 16) fail(path, where + ": rank " + std::to_string(shape.size()));
+      const auto rank = r.read_varint();
+      if (rank > 16) fail(path, where + ": rank " + std::to_string(rank));
+      tensor::shape_type shape(rank);
       for (auto& d : shape) d = static_cast<std::int64_t>(r.read_varint());
       if (name != s.p->name || shape != s.p->value.shape())
         fail(path, where + " is '" + name + "' of another shape or name; the optimizer expects '" + s.p->name + "' " +
@@ -100,7 +103,11 @@ void optimizer::load(const std::string& path) {
       l.started = r.read_raw<std::uint8_t>() != 0;
       const auto norms = r.read_varint();
       if (norms > 100) fail(path, where + ": " + std::to_string(norms) + " gradient norms (at most 100)");
-      for (std::uint64_t i = 0; i < norms; ++i) l.gnorms.push_back(r.read_raw<float>());
+      for (std::uint64_t i = 0; i < norms; ++i) {
+        l.gnorms.push_back(r.read_raw<float>());
+        if (!(l.gnorms.back() >= 0) || !std::isfinite(l.gnorms.back()))
+          fail(path, where + ": a gradient norm of " + std::to_string(l.gnorms.back()));
+      }
       const std::int64_t n = s.p->value.numel();
       int which = 0;
       for (moment* mo : {&l.m, &l.v, &l.vmax}) {
@@ -117,6 +124,14 @@ void optimizer::load(const std::string& path) {
         if (mo->data.type() != want || mo->data.numel() != n)
           fail(path, where + " " + mname + " is " + mo->data.str() + "; expected " + std::to_string(n) + " of " +
                          name_of(want));
+        if (mo->mode == 1 || mo->mode == 2) {
+          // What a step could have written: finite, and the second moment and its maximum >= 0.
+          for (std::int64_t i = 0; i < n; ++i) {
+            const float x = mo->mode == 1 ? mo->data.data<float>()[i] : quant::from_bf16(mo->data.data<std::uint16_t>()[i]);
+            if (!std::isfinite(x) || (!is_signed && x < 0))
+              fail(path, where + " " + mname + " holds " + std::to_string(x) + " at element " + std::to_string(i));
+          }
+        }
         if (mo->mode == 3) {
           if (map != quant::qmap::dynamic(is_signed).id())
             fail(path, where + " " + mname + ": quantization map " + std::to_string(map) + " is not the one it needs");
@@ -125,6 +140,9 @@ void optimizer::load(const std::string& path) {
           if (mo->scales.type() != dtype::f32 || mo->scales.numel() != (n + mo->block - 1) / mo->block)
             fail(path, where + " " + mname + ": " + mo->scales.str() + " scales for blocks of " +
                            std::to_string(mo->block));
+          for (float sc : mo->scales.data<float>())
+            if (!(sc >= 0) || !std::isfinite(sc))
+              fail(path, where + " " + mname + ": a block scale of " + std::to_string(sc));
         } else {
           if (map != 0 || mo->block != 0) fail(path, where + " " + mname + ": a map or block size without 8-bit codes");
         }

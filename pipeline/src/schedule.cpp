@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -186,6 +187,9 @@ schedule from_csv(std::string_view text, std::string name) {
       stage_ranks[a->stage].insert(r);
       max_stage = std::max(max_stage, a->stage);
       max_mb = std::max(max_mb, a->microbatch);
+      if (max_stage == std::numeric_limits<int>::max() || max_mb == std::numeric_limits<int>::max())
+        throw std::invalid_argument("CSV schedule: stage or microbatch number " + std::to_string(std::max(max_stage, max_mb)) +
+                                    " is too large");
     }
   }
   if (max_stage < 0) throw std::invalid_argument("CSV schedule has no compute actions");
@@ -268,6 +272,8 @@ schedule with_checkpointing(const schedule& s, const checkpoint_policy& policy, 
 }
 
 schedule lower(const schedule& s) {
+  if (s.place.ranks < 1 || s.place.stages_per_rank < 1)
+    throw std::invalid_argument("lower: the schedule's placement needs at least one rank and one stage per rank");
   if (s.lowered()) return s;
   schedule out = s;
   const auto& pl = s.place;

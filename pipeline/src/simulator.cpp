@@ -15,16 +15,7 @@ namespace troupe::pipeline {
 
 // ---- rational ---------------------------------------------------------------------------
 
-rational::rational(std::int64_t num, std::int64_t den) {
-  if (den == 0) throw std::invalid_argument("rational with a zero denominator");
-  if (den < 0) {
-    num = -num;
-    den = -den;
-  }
-  const std::int64_t g = std::gcd(num < 0 ? -num : num, den);
-  num_ = g ? num / g : 0;
-  den_ = g ? den / g : 1;
-}
+rational::rational(std::int64_t num, std::int64_t den) { *this = reduce(num, den); }
 
 rational rational::reduce(wide num, wide den) {
   if (den == 0) throw std::invalid_argument("rational with a zero denominator");
@@ -32,17 +23,26 @@ rational rational::reduce(wide num, wide den) {
     num = -num;
     den = -den;
   }
-  wide a = num < 0 ? -num : num, b = den;
-  while (b != 0) {
-    const wide t = a % b;
-    a = b;
-    b = t;
-  }
-  if (a > 1) {
-    num /= a;
-    den /= a;
-  }
   constexpr wide most = INT64_MAX;
+  const wide magnitude = num < 0 ? -num : num;
+  if (magnitude <= most && den <= most) {  // the common case: 64-bit terms, the fast gcd
+    const auto g = static_cast<wide>(std::gcd(static_cast<std::uint64_t>(magnitude), static_cast<std::uint64_t>(den)));
+    if (g > 1) {
+      num /= g;
+      den /= g;
+    }
+  } else {
+    wide a = magnitude, b = den;
+    while (b != 0) {
+      const wide t = a % b;
+      a = b;
+      b = t;
+    }
+    if (a > 1) {
+      num /= a;
+      den /= a;
+    }
+  }
   if (num > most || num < -most || den > most)
     throw std::overflow_error("exact time overflows 64-bit fractions (costs too large or too finely divided)");
   rational r;
@@ -138,6 +138,14 @@ public:
       throw schedule_error("the schedule has " + std::to_string(s.ranks.size()) +
                            " rows of actions for " + std::to_string(p) + " ranks");
     if (s.microbatches < 1) throw schedule_error("a schedule needs at least one microbatch");
+    if (s.place.stages_per_rank < 1) throw schedule_error("a schedule needs at least one stage per rank");
+    // The index below has a cell per (kind, stage, microbatch): refuse sizes that cannot be
+    // real schedules (generate's limit) before allocating them.
+    constexpr std::int64_t most_cells = 4'000'000;
+    const std::int64_t stages = std::int64_t{p} * s.place.stages_per_rank;
+    if (stages * s.microbatches > most_cells)
+      throw schedule_error(std::to_string(stages) + " stages x " + std::to_string(s.microbatches) +
+                           " microbatches is more than " + std::to_string(most_cells) + " cells");
     stages_ = s.stages();
     if (!s.activation_kept.empty() && static_cast<int>(s.activation_kept.size()) != stages_)
       throw schedule_error("the schedule keeps activation shares for " +

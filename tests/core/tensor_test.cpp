@@ -96,6 +96,9 @@ TEST(Tensor, ReshapeKeepsElementsAndInfersOneDimension) {
   EXPECT_THROW(t.reshape({5, 5}), std::invalid_argument);
   EXPECT_THROW(t.reshape({-1, -1}), std::invalid_argument);
   EXPECT_THROW(t.reshape({-1, 5}), std::invalid_argument);
+  // Products that wrap around 2^64 to the element count are refused, not accepted.
+  EXPECT_THROW(tensor::zeros({16}).reshape({4, (std::int64_t{1} << 62) + 4}), std::invalid_argument);
+  EXPECT_THROW(tensor::zeros({0}).reshape({std::int64_t{1} << 32, std::int64_t{1} << 32}), std::invalid_argument);
 }
 
 TEST(Tensor, CodecRoundTripsEveryDtypeOnFreshData) {

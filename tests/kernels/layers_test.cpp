@@ -219,6 +219,24 @@ TEST(Loss, SoftmaxCrossEntropyMatchesItsDefinitionAndGradient) {
   EXPECT_EQ(count_correct(logits, labels), 2);  // row 1 ties: the first class wins
   auto bad = tensor::from<std::int64_t>({3, 0}, {2});
   EXPECT_THROW(softmax_cross_entropy(logits, bad, d), std::invalid_argument);
+  // count_correct checks what the loss checks: labels per row, in range, logits with classes.
+  EXPECT_THROW(count_correct(logits, bad), std::invalid_argument);
+  EXPECT_THROW(count_correct(logits, tensor::from<std::int64_t>({0}, {1})), std::invalid_argument);
+  EXPECT_THROW(count_correct(tensor::zeros({2, 0}), labels), std::invalid_argument);
+}
+
+TEST(Layers, RefuseNullLayersBadEpsAndAliasedProducts) {
+  EXPECT_THROW(make_residual(nullptr), std::invalid_argument);
+  sequential s;
+  EXPECT_THROW(s.add(nullptr), std::invalid_argument);
+  EXPECT_THROW(make_layer_norm(4, -1.0f), std::invalid_argument);
+  EXPECT_THROW(make_layer_norm(4, std::nanf("")), std::invalid_argument);
+  auto a = tensor::from<float>({1, 2, 3, 4}, {2, 2});
+  auto eye = tensor::from<float>({1, 0, 0, 1}, {2, 2});
+  EXPECT_THROW(gemm(a, false, eye, false, a), std::invalid_argument);  // C is A
+  auto c = tensor::zeros({2, 2});
+  gemm(a, false, eye, false, c);
+  EXPECT_EQ(c.data<float>()[3], 4.0f);
 }
 
 TEST(Layers, MlpSpecsAreParsedOrRefused) {

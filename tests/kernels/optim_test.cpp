@@ -195,6 +195,55 @@ TEST(Optimizer, RefusesHyperparametersTorchRefuses) {
                std::invalid_argument);
   EXPECT_THROW(parse_optimizer_kind("lamb"), std::invalid_argument);
   EXPECT_EQ(parse_optimizer_kind("adamw"), optimizer_kind::adamw);
+  EXPECT_THROW(optimizer(optimizer_kind::adam, {{f.ptrs(), {.lr = std::numeric_limits<double>::infinity()}}}),
+               std::invalid_argument);
+  EXPECT_THROW(optimizer(optimizer_kind::sgd, {{f.ptrs(), {.momentum = 0.9, .dampening = std::nan("")}}}),
+               std::invalid_argument);
+}
+
+TEST(Optimizer, RefusesAParameterListedTwice) {
+  fixture f(8, {4});
+  EXPECT_THROW(optimizer(optimizer_kind::sgd, {{{&f.params[0], &f.params[0]}, {.lr = 0.1}}}), std::invalid_argument);
+  EXPECT_THROW(optimizer(optimizer_kind::adam, {{{&f.params[0]}, {}}, {{&f.params[0]}, {}}}), std::invalid_argument);
+}
+
+TEST(Optimizer, FollowsItsGroupsMembershipAndRefusesResizedTensors) {
+  fixture f(9, {4, 6});
+  for (auto& p : f.params)
+    for (float& g : p.grad.data<float>()) g = 1;
+  optimizer opt(optimizer_kind::sgd, {{{&f.params[0]}, {.lr = 0.5}}});
+  ASSERT_TRUE(opt.step());
+  // A parameter added to a group, and a group added, are stepped from the next step on.
+  const float b0 = f.params[1].value.data<float>()[0];
+  opt.groups()[0].params.push_back(&f.params[1]);
+  ASSERT_TRUE(opt.step());
+  EXPECT_FLOAT_EQ(f.params[1].value.data<float>()[0], b0 - 0.5f);
+  parameter extra{"extra", tensor::zeros({3}), tensor::zeros({3})};
+  for (float& g : extra.grad.data<float>()) g = 1;
+  opt.groups().push_back({{&extra}, {.lr = 0.25}});
+  ASSERT_TRUE(opt.step());
+  EXPECT_FLOAT_EQ(extra.value.data<float>()[0], -0.25f);
+  // A gradient or value of another size: an error before anything changes.
+  const float a = f.params[0].value.data<float>()[0];
+  f.params[0].grad = tensor::zeros({2});
+  EXPECT_THROW(opt.step(), std::invalid_argument);
+  f.params[0].value = tensor::zeros({8});
+  f.params[0].grad = tensor::zeros({8});
+  EXPECT_THROW(opt.step(), std::invalid_argument);
+  EXPECT_EQ(opt.steps(), 3);
+  f.params[0].value = tensor::zeros({4});
+  (void)a;
+}
+
+TEST(Optimizer, RefusesAScheduleThatGivesABadLrAndChangesNothing) {
+  fixture f(10, {4});
+  for (float& g : f.params[0].grad.data<float>()) g = 1;
+  optimizer opt(optimizer_kind::sgd, {{f.ptrs(), {.lr = 0.1}}});
+  opt.set_lr_schedule([](std::int64_t, double) { return std::nan(""); });
+  const float before = f.params[0].value.data<float>()[0];
+  EXPECT_THROW(opt.step(), std::invalid_argument);
+  EXPECT_EQ(opt.steps(), 0);
+  EXPECT_EQ(f.params[0].value.data<float>()[0], before);
 }
 
 }  // namespace

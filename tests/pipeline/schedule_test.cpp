@@ -213,6 +213,21 @@ TEST(Rational, ArithmeticIsExactOrThrowsNeverWraps) {
   EXPECT_THROW(a * b * rational(1, 999'999'893), std::overflow_error);
   EXPECT_THROW(rational(std::int64_t{1} << 62) + rational(std::int64_t{1} << 62), std::overflow_error);
   EXPECT_THROW(rational(1) / rational(0), std::invalid_argument);
+  EXPECT_THROW(rational(INT64_MIN, -1), std::overflow_error);  // 2^63 does not fit
+  EXPECT_THROW(rational(1, INT64_MIN), std::overflow_error);
+}
+
+TEST(Validate, RefusesShapesBeyondMemoryAndPlacementsWithoutRanks) {
+  // Two actions that name microbatch 3e8: refused before a table of that size is allocated.
+  EXPECT_THROW(validate(from_csv("0F300000000,0B300000000\n")), std::invalid_argument);
+  EXPECT_THROW(from_csv("0F2147483647,0B2147483647\n"), std::invalid_argument);
+  schedule s = generate("gpipe", 2, 2);
+  s.place.ranks = 0;
+  EXPECT_THROW(lower(s), std::invalid_argument);
+  EXPECT_THROW(validate(s), std::invalid_argument);
+  s = generate("gpipe", 2, 2);
+  s.place.stages_per_rank = 0;
+  EXPECT_THROW(validate(s), std::invalid_argument);
 }
 
 TEST(Simulator, CommunicationDelaysCrossRankDependenciesOnly) {

@@ -29,7 +29,12 @@ struct mechanism {
 bool is_robust_rule(const std::string& spec);
 /// Throws std::invalid_argument for an unknown or malformed rule. The aggregators buffer the
 /// round's updates and ignore the clients' weights (a Byzantine client could lie about them).
+/// A round with fewer updates than least_updates(spec) (clients failed or were late) is given up
+/// (round_aborted).
 std::unique_ptr<aggregator> make_robust_aggregator(const std::string& spec);
+/// The fewest updates a rule can aggregate: 1 for median, 2B + 1 for trimmed-mean:B, 2F + 3 for
+/// krum:F, max(2F + 3, M) for multi-krum:F:M.
+std::size_t least_updates(const std::string& spec);
 
 // ---- differential privacy --------------------------------------------------------------------------
 

@@ -193,6 +193,8 @@ public:
   std::span<const float> global_model() const noexcept;
   std::size_t population() const noexcept;
   std::size_t sample_size() const noexcept;
+  /// The most updates a synchronous round aggregates (the sample before over-selection).
+  std::size_t cohort_size() const noexcept;
   /// FedBuff's K (updates per server step), or 0 for synchronous rounds.
   std::size_t buffer_size() const noexcept;
   /// The clients sampled in round `round` (1-based), in ascending order.

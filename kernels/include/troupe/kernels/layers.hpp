@@ -77,8 +77,9 @@ std::unique_ptr<layer> make_dropout(float p);
 class sequential : public layer {
 public:
   sequential() = default;
-  explicit sequential(std::vector<std::unique_ptr<layer>> layers) : layers_(std::move(layers)) {}
-  void add(std::unique_ptr<layer> l) { layers_.push_back(std::move(l)); }
+  /// Throws std::invalid_argument for a null layer.
+  explicit sequential(std::vector<std::unique_ptr<layer>> layers);
+  void add(std::unique_ptr<layer> l);
   std::size_t size() const noexcept { return layers_.size(); }
   layer& at(std::size_t i) { return *layers_.at(i); }
 

@@ -140,7 +140,10 @@ public:
   optimizer_kind kind() const noexcept { return kind_; }
   /// Where the parameters and the state live.
   device where() const noexcept { return where_; }
-  /// Changes take effect at the next step (state is converted as needed).
+  /// Changes take effect at the next step: hyperparameters and storage (state is converted as
+  /// needed), and membership (a parameter added starts with fresh state, one removed loses its
+  /// state). A parameter listed twice, or whose value or gradient changed size, is an
+  /// std::invalid_argument at that step.
   std::vector<param_group>& groups() noexcept { return groups_; }
   void set_threads(int threads) noexcept { options_.threads = threads; }
 
@@ -163,6 +166,7 @@ public:
   struct slot {
     parameter* p;
     std::size_t group;
+    std::int64_t numel;  // of the value the state was made for
     moment m, v, vmax;  // Adam: moments and the AMSGrad maximum; SGD: m is the momentum buffer
     bool momentum_started = false;
     std::vector<float> gnorms;  // percentile clipping: recent squared gradient norms
@@ -177,6 +181,8 @@ private:
   bool grads_finite(std::vector<double>& sums) const;
   bool do_step(bool reference);
   void prepare();
+  /// slots_ as groups_ list the parameters now, each checked; state kept for those still there.
+  void sync_slots();
   void allocate(slot& s);
   int thread_count(std::size_t elements) const;
 
