@@ -65,7 +65,8 @@ std::int64_t count_elements(const tensor::shape_type& shape, dtype t) {
     if (d != 0 && n > limit / d) throw std::invalid_argument("tensor has too many elements");
     n *= d;
   }
-  (void)t;
+  if (static_cast<std::uint8_t>(t) > static_cast<std::uint8_t>(dtype::u8))
+    throw std::invalid_argument("unknown tensor dtype " + std::to_string(static_cast<int>(t)));
   return n;
 }
 
@@ -212,7 +213,8 @@ tensor codec<tensor>::decode(byte_reader& r) {
   const auto element = size_of(static_cast<dtype>(type));
   for (std::uint64_t i = 0; i < rank; ++i) {
     const auto d = r.read_varint();
-    if (d != 0 && elements > (std::uint64_t{1} << 62) / d)
+    if (d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
+        (d != 0 && elements > (std::uint64_t{1} << 62) / d))
       byte_reader::fail("tensor shape overflows");
     elements *= d;
     shape.push_back(static_cast<std::int64_t>(d));

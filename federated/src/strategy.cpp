@@ -206,7 +206,7 @@ std::unique_ptr<server_strategy> make_strategy(const std::string& spec, const st
     no_argument();
     if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
       throw std::invalid_argument("the server betas must be in [0, 1)");
-    if (!(o.tau > 0)) throw std::invalid_argument("tau must be positive");
+    if (!(o.tau > 0) || !std::isfinite(o.tau)) throw std::invalid_argument("tau must be a positive number");
     const auto kind = name == "fedadagrad" ? adaptive_kind::adagrad
                       : name == "fedadam"  ? adaptive_kind::adam
                                            : adaptive_kind::yogi;
