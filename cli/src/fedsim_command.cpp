@@ -76,7 +76,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "seed of every random choice")->capture_default_str();
   cmd->add_option("--eval-every", o.eval_every, "evaluate every N rounds (and after the last)")->capture_default_str();
-  cmd->add_option("--threads", o.threads, "worker threads (0: one per core)")->capture_default_str()->check(CLI::Range(0, 4096));
+  cmd->add_option("--threads", o.threads, "worker threads (0: one per core)")->capture_default_str()->check(CLI::Range(0, 256));
   cmd->add_option("--data-dir", o.data_dir, "where the Fashion-MNIST files are (default: their Debian location)");
   cmd->add_option("--trainer", o.trainer, "mlp, or noop to measure the orchestration alone")->capture_default_str();
   cmd->add_flag("--json", f->json, "one JSON object per evaluated round and a final summary");

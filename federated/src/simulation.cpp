@@ -394,7 +394,8 @@ void check_options(const simulation_options& o) {
   if (!(o.dropout >= 0 && o.dropout < 1)) fail("--dropout must be in [0, 1)");
   if (!(o.deadline >= 0) || !std::isfinite(o.deadline)) fail("--deadline must be a non-negative number of seconds");
   if (!(o.over_select >= 0 && o.over_select <= 10)) fail("--over-select must be in [0, 10]");
-  if (!(o.sample_seconds >= 0) || !std::isfinite(o.sample_seconds)) fail("the simulated time per example must be non-negative");
+  if (!(o.sample_seconds >= 0 && o.sample_seconds <= 3600))
+    fail("the simulated time per example must be in [0, 3600] seconds");
   if (o.trainer != "mlp" && o.trainer != "noop") fail("unknown trainer '" + o.trainer + "' (use mlp or noop)");
   (void)parse_latency(o.latency);
   if (parse_async(o.async) > 0) {

@@ -635,7 +635,7 @@ std::optional<std::span<const std::int64_t>> batch_iterator::next() {
 
 std::int64_t batch_iterator::count() const noexcept {
   const auto n = static_cast<std::int64_t>(indices_.size());
-  return drop_last_ ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
+  return n / batch_size_ + (!drop_last_ && n % batch_size_ != 0 ? 1 : 0);  // no n + batch - 1: it can overflow
 }
 
 }  // namespace troupe

@@ -45,6 +45,9 @@ train_result train(const train_options& o, const std::function<void(const train_
 
   const auto start = clock_type::now();
   const auto data = load_fashion_mnist(o.data_dir.empty() ? fashion_mnist_dir : o.data_dir);
+  if (data.train.size() < 1 || data.test.size() < 1)
+    throw std::invalid_argument("the dataset has " + std::to_string(data.train.size()) + " training and " +
+                                std::to_string(data.test.size()) + " test examples: training needs both");
   const tensor train_x = normalize(data.train.images), test_x = normalize(data.test.images);
   if (train_x.dim(1) != model->parameters().front()->value.dim(1))
     throw std::invalid_argument("model '" + o.model + "' takes " +

@@ -1,6 +1,8 @@
 #include "troupe/kernels/data.hpp"
 
 #include <gtest/gtest.h>
+
+#include <limits>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -699,6 +701,8 @@ TEST(BatchIterator, WalksTheListInBatchesWithASmallerLastOne) {
   EXPECT_EQ(sizes, (std::vector<std::size_t>{4, 4, 2}));
   EXPECT_EQ(seen, indices);
   EXPECT_FALSE(batches.next().has_value());
+  // A batch larger than the list: one batch (the count must not overflow).
+  EXPECT_EQ(troupe::batch_iterator(indices, std::numeric_limits<std::int64_t>::max()).count(), 1);
 }
 
 TEST(BatchIterator, DropsThePartialLastBatchWhenAsked) {
