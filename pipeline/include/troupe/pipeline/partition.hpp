@@ -13,7 +13,9 @@
 /// The exact partitioners share one rule for ties, so their answers are reproducible:
 /// among the partitions with the smallest maximum stage cost, the one with the largest minimum
 /// stage cost; among those, the lexicographically largest boundaries (earlier stages take as
-/// many layers as the optimum allows). With equal costs this gives `partition_uniform`'s answer.
+/// many layers as the optimum allows). With equal positive costs this gives `partition_uniform`'s
+/// answer; with every cost zero all partitions tie, and the first stage takes all but one layer
+/// per later stage.
 ///
 /// All functions are pure and may be called from any thread. Bad input throws
 /// `std::invalid_argument` with a message that says what to change.
