@@ -583,8 +583,9 @@ void install_mechanisms(simulation& sim, const simulation_options& o, double mea
   if (robust && dp) bad("a robust rule with differential privacy is not supported: the noise is calibrated to the mean");
   if (robust) {
     sim.set_aggregator(make_robust_aggregator(o.strategy));
-    if (sim.buffer_size() == 0 && sim.cohort_size() < least_updates(o.strategy))
-      bad("--strategy " + o.strategy + " needs at least " + std::to_string(least_updates(o.strategy)) +
+    const std::size_t least = least_updates(o.strategy);
+    if (sim.buffer_size() == 0 && sim.cohort_size() < least)
+      bad("--strategy " + o.strategy + " needs at least " + std::to_string(least) +
           " updates per round; rounds of " + std::to_string(sim.cohort_size()) + " clients never have them: raise --per-round");
   }
   if (!o.attack.empty() && !is_data_attack(o.attack)) sim.add_transform(make_update_attack(o.attack, o.seed));

@@ -190,23 +190,8 @@ struct sgd_constants {
   bool nesterov;
 };
 
-template <bool Wd, bool Momentum>
-void sgd_fused_loop(float* __restrict p, const float* __restrict grad, float* __restrict buf, std::size_t n,
-                    const sgd_constants c, bool first) {
-  for (std::size_t i = 0; i < n; ++i) {
-    float g = grad[i] * c.gscale;
-    if constexpr (Wd) g = g + p[i] * c.wd;
-    if constexpr (Momentum) {
-      const float b = first ? g : buf[i] * c.momentum + g * c.one_minus_dampening;
-      buf[i] = b;
-      g = c.nesterov ? g + b * c.momentum : b;
-    }
-    p[i] = p[i] + g * (-c.lr);
-  }
-}
-
-/// One element of sgd_fused_loop with momentum, from the decoded old momentum `old` (8-bit
-/// kernels' tails): updates p, returns the new momentum.
+/// One element of SGD with momentum, from the old momentum `old` (the portable loop's buffer,
+/// or an 8-bit kernel's decoded value): updates p, returns the new momentum.
 template <bool Wd>
 inline float sgd_element(float& p, float grad, float old, const sgd_constants& c, bool first) {
   float g = grad * c.gscale;
@@ -215,6 +200,20 @@ inline float sgd_element(float& p, float grad, float old, const sgd_constants& c
   g = c.nesterov ? g + b * c.momentum : b;
   p = p + g * (-c.lr);
   return b;
+}
+
+template <bool Wd, bool Momentum>
+void sgd_fused_loop(float* __restrict p, const float* __restrict grad, float* __restrict buf, std::size_t n,
+                    const sgd_constants c, bool first) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if constexpr (Momentum) {
+      buf[i] = sgd_element<Wd>(p[i], grad[i], buf[i], c, first);
+    } else {
+      float g = grad[i] * c.gscale;
+      if constexpr (Wd) g = g + p[i] * c.wd;
+      p[i] = p[i] + g * (-c.lr);
+    }
+  }
 }
 
 void sgd_fused(float* p, const float* grad, float* buf, std::size_t n, const sgd_constants& c, bool first) {
@@ -1148,12 +1147,12 @@ optimizer::optimizer(optimizer_kind kind, std::vector<param_group> groups, optim
 }
 
 void optimizer::sync_slots() {
+  // Every check comes before any state moves, so that a refusal leaves the slots as they were.
   std::unordered_map<const parameter*, std::size_t> had;
   for (std::size_t k = 0; k < slots_.size(); ++k) had.emplace(slots_[k].p, k);
   std::unordered_set<const parameter*> listed;
-  std::vector<slot> next;
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    for (auto* p : groups_[g].params) {
+  for (const auto& group : groups_) {
+    for (const auto* p : group.params) {
       if (!p || p->value.type() != dtype::f32 || p->grad.type() != dtype::f32 || p->grad.shape() != p->value.shape())
         bad("every parameter needs an f32 value and an f32 gradient of the same shape" +
             (p ? " ('" + p->name + "' has " + p->value.str() + " and " + p->grad.str() + ")" : std::string(" (a null one)")));
@@ -1162,13 +1161,17 @@ void optimizer::sync_slots() {
             p->grad.where().str() + ") is not on " + where_.str() +
             ": every parameter and gradient of an optimizer must live on one device");
       if (!listed.insert(p).second) bad("parameter '" + p->name + "' is listed twice (it would be stepped twice)");
+      if (auto it = had.find(p); it != had.end() && slots_[it->second].numel != p->value.numel())
+        bad("parameter '" + p->name + "' changed size from " + std::to_string(slots_[it->second].numel) + " to " +
+            std::to_string(p->value.numel()) + " elements since its state was made");
+    }
+  }
+  std::vector<slot> next;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    for (auto* p : groups_[g].params) {
       if (auto it = had.find(p); it != had.end()) {
-        slot s = std::move(slots_[it->second]);
-        if (s.numel != p->value.numel())
-          bad("parameter '" + p->name + "' changed size from " + std::to_string(s.numel) + " to " +
-              std::to_string(p->value.numel()) + " elements since its state was made");
-        s.group = g;
-        next.push_back(std::move(s));
+        next.push_back(std::move(slots_[it->second]));
+        next.back().group = g;
       } else {
         next.push_back(slot{p, g, p->value.numel(), {}, {}, {}, false, {}});
       }

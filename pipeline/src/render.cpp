@@ -94,23 +94,32 @@ std::optional<rational> rational_gcd(rational a, rational b) {
   return rational(num, static_cast<std::int64_t>(den));
 }
 
-// ceil(a / b) for a >= 0, b > 0, as a cell count.
-std::int64_t ceil_div(rational a, rational b) {
+// ceil(a / b) for a >= 0, b > 0, as a cell count (in 128 bits: a tiny b gives a huge count).
+wide ceil_div(rational a, rational b) {
   const wide n = static_cast<wide>(a.num()) * b.den();
   const wide d = static_cast<wide>(a.den()) * b.num();
-  return static_cast<std::int64_t>((n + d - 1) / d);
+  return (n + d - 1) / d;
 }
 
-// The smallest k x 10^e (k = 1..9) not below `least` (> 0): a cell width a reader can use.
-rational round_unit_at_least(rational least) {
-  int e = static_cast<int>(std::floor(std::log10(least.to_double()))) - 1;
+// b - a as a long double, through 128-bit integers: the difference of two exact times can
+// leave 64-bit fractions even when both fit (costs like 1/1000000007 and 1/1000000009).
+long double difference(rational a, rational b) {
+  const wide num = static_cast<wide>(b.num()) * a.den() - static_cast<wide>(a.num()) * b.den();
+  const wide den = static_cast<wide>(a.den()) * b.den();
+  return static_cast<long double>(num) / static_cast<long double>(den);
+}
+
+// The smallest k x 10^e (k = 1..9) that cuts `makespan` (> 0) into at most max_cells cells: a
+// cell width a reader can use.
+rational round_unit(rational makespan, std::int64_t max_cells) {
+  int e = static_cast<int>(std::floor(std::log10(makespan.to_double() / static_cast<double>(max_cells)))) - 1;
   e = std::clamp(e, -15, 15);
   for (;; ++e) {
     std::int64_t power = 1;
     for (int i = 0; i < (e < 0 ? -e : e); ++i) power *= 10;
     const rational base = e < 0 ? rational(1, power) : rational(power);
     for (int k = 1; k <= 9; ++k)
-      if (rational(k) * base >= least) return rational(k) * base;
+      if (ceil_div(makespan, rational(k) * base) <= max_cells) return rational(k) * base;
   }
 }
 
@@ -151,10 +160,10 @@ std::string render_ascii(const schedule& s, const simulation& sim, const render_
     if (exact && ceil_div(sim.makespan, *exact) <= max_cells) {
       unit = *exact;
     } else {
-      unit = round_unit_at_least(sim.makespan / rational(max_cells));
+      unit = round_unit(sim.makespan, max_cells);
       scaled = true;
     }
-    cells = ceil_div(sim.makespan, unit);
+    cells = static_cast<std::int64_t>(ceil_div(sim.makespan, unit));
   }
 
   std::string out = summary(s, sim) + "\n";
@@ -181,9 +190,9 @@ std::string render_ascii(const schedule& s, const simulation& sim, const render_
       // The action that covers most of the cell; the earliest on a tie.
       const timed_action* best = nullptr;
       std::size_t best_index = 0;
-      rational best_overlap(0);
+      long double best_overlap = 0;
       for (std::size_t i = first; i < row.size() && row[i]->start < to; ++i) {
-        const rational overlap = std::min(row[i]->end, to) - std::max(row[i]->start, from);
+        const long double overlap = difference(std::max(row[i]->start, from), std::min(row[i]->end, to));
         if (overlap > best_overlap) best = row[i], best_index = i, best_overlap = overlap;
       }
       if (best != previous && open) {
@@ -472,10 +481,26 @@ render_format parse_render_format(std::string_view name) {
 
 std::string render(const schedule& s, const simulation& sim, render_format f,
                    const render_options& options) {
-  if (static_cast<int>(sim.timeline.size()) != s.place.ranks)
+  if (static_cast<int>(sim.timeline.size()) != s.place.ranks || static_cast<int>(s.ranks.size()) != s.place.ranks)
     throw std::invalid_argument("the simulation has " + std::to_string(sim.timeline.size()) +
                                 " timelines for a schedule of " + std::to_string(s.place.ranks) +
                                 " ranks: simulate this schedule first");
+  // The timeline of each rank lists that rank's actions in order (simulate()): anything else is
+  // the simulation of another schedule.
+  for (int r = 0; r < s.place.ranks; ++r) {
+    const auto& row = sim.timeline[static_cast<std::size_t>(r)];
+    std::size_t k = 0;
+    for (const auto& a : s.ranks[static_cast<std::size_t>(r)]) {
+      if (!a) continue;
+      if (k >= row.size() || !(row[k].what == *a))
+        throw std::invalid_argument("the simulation is not of this schedule (rank " + std::to_string(r) +
+                                    " differs at action " + std::to_string(k) + "): simulate this schedule first");
+      ++k;
+    }
+    if (k != row.size())
+      throw std::invalid_argument("the simulation is not of this schedule (rank " + std::to_string(r) + " has " +
+                                  std::to_string(row.size() - k) + " more actions): simulate this schedule first");
+  }
   switch (f) {
     case render_format::ascii: return render_ascii(s, sim, options);
     case render_format::csv: return to_csv(s);

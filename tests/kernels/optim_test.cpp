@@ -235,6 +235,35 @@ TEST(Optimizer, FollowsItsGroupsMembershipAndRefusesResizedTensors) {
   (void)a;
 }
 
+TEST(Optimizer, ARefusedResizeKeepsTheStateOfEveryOtherTensor) {
+  // Two runs with momentum from the same start; in one, a later tensor is resized (a refused
+  // step) and then restored. The earlier tensor's momentum must survive the refusal.
+  fixture a(11, {5, 7}), b(11, {5, 7});
+  optimizer oa(optimizer_kind::sgd, {{a.ptrs(), {.lr = 0.1, .momentum = 0.9}}});
+  optimizer ob(optimizer_kind::sgd, {{b.ptrs(), {.lr = 0.1, .momentum = 0.9}}});
+  std::mt19937 ra(3), rb(3);
+  for (int s = 0; s < 2; ++s) {
+    a.fresh_grads(ra);
+    b.fresh_grads(rb);
+    ASSERT_TRUE(oa.step());
+    ASSERT_TRUE(ob.step());
+  }
+  tensor kept = b.params[1].grad;
+  b.params[1].grad = tensor::zeros({3});
+  b.params[1].value = tensor::zeros({3});
+  tensor kept_value = a.params[1].value.clone();
+  EXPECT_THROW(ob.step(), std::invalid_argument);
+  b.params[1].value = kept_value.clone();
+  b.params[1].grad = kept;
+  a.fresh_grads(ra);
+  b.fresh_grads(rb);
+  ASSERT_TRUE(oa.step());
+  ASSERT_TRUE(ob.step());
+  for (int k = 0; k < 2; ++k)
+    for (std::int64_t i = 0; i < a.params[k].value.numel(); ++i)
+      ASSERT_EQ(a.params[k].value.data<float>()[i], b.params[k].value.data<float>()[i]) << "tensor " << k << " element " << i;
+}
+
 TEST(Optimizer, RefusesAScheduleThatGivesABadLrAndChangesNothing) {
   fixture f(10, {4});
   for (float& g : f.params[0].grad.data<float>()) g = 1;

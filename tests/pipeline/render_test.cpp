@@ -496,6 +496,29 @@ TEST(RenderFormat, ParsesEachNameAndRejectsOthersListingThem) {
 TEST(RenderFormat, RefusesASimulationOfAnotherSchedule) {
   const auto sim = simulate(generate("1f1b", 2, 2));
   EXPECT_THROW(render(generate("1f1b", 3, 2), sim, render_format::ascii), std::invalid_argument);
+  // The same rank count, other actions: every format refuses it too.
+  const auto other = simulate(generate("gpipe", 2, 3));
+  for (auto f : {render_format::ascii, render_format::svg, render_format::chrome, render_format::csv})
+    EXPECT_THROW(render(generate("1f1b", 2, 3), other, f), std::invalid_argument);
+  // And a simulation missing a rank's last action.
+  auto cut = simulate(generate("1f1b", 2, 3));
+  cut.timeline[1].pop_back();
+  EXPECT_THROW(render(generate("1f1b", 2, 3), cut, render_format::ascii), std::invalid_argument);
+}
+
+TEST(RenderAscii, ScalesDownTimesWhoseDifferencesLeave64BitFractions) {
+  // Costs over distinct large primes: the simulation is exact, and so are its times, but the
+  // difference of two of them needs more than 64 bits. The picture scales down instead of failing.
+  const auto s = generate("1f1b", 4, 8);
+  const auto sim = simulate(s, cost_model::parse("F=1/1000000007,B=1/1000000009,I=1/999999937,W=1/999999929"));
+  const auto lines = lines_of(render(s, sim, render_format::ascii));
+  ASSERT_GE(lines.size(), 6u);
+  EXPECT_NE(lines[1].find("scaled down"), std::string::npos) << lines[1];
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(lines[2 + r].rfind("rank " + std::to_string(r) + " |", 0), 0u) << lines[2 + r];
+    for (const char* label : {"F0", "F7", "B0", "B7"}) EXPECT_NE(lines[2 + r].find(label), std::string::npos) << lines[2 + r];
+    EXPECT_LE(lines[2 + r].size(), std::string("rank 0 |").size() + 400 + 1);
+  }
 }
 
 }  // namespace

@@ -148,7 +148,9 @@ public:
   void set_threads(int threads) noexcept { options_.threads = threads; }
 
   /// Writes the state (step count, per tensor storage and moments) to `path`: versioned,
-  /// checksummed. Throws std::runtime_error naming the file on I/O errors.
+  /// checksummed. Throws std::runtime_error naming the file on I/O errors. Like the state itself,
+  /// save() and load() follow the parameters as of the last step (membership changes since then
+  /// take effect at the next step).
   void save(const std::string& path) const;
   /// Reads state written by save(); throws std::runtime_error that says what is wrong (missing,
   /// truncated or corrupted file, another version, another model) and then changes nothing.
