@@ -21,6 +21,7 @@
 #include "troupe/kernels/optim.hpp"
 
 #include "checksum.hpp"
+#include "cuda_ops.hpp"
 #include "quantize.hpp"
 
 namespace troupe::kernels {
@@ -136,6 +137,9 @@ void optimizer::load(const std::string& path) {
           if (map != quant::qmap::dynamic(is_signed).id())
             fail(path, where + " " + mname + ": quantization map " + std::to_string(map) + " is not the one it needs");
           if (mo->block < 1) fail(path, where + " " + mname + ": block size 0");
+          if (!where_.is_cpu() && mo->block > cuda::max_int8_block)
+            fail(path, where + " " + mname + ": 8-bit blocks of " + std::to_string(mo->block) + " elements; on " +
+                           where_.str() + " the largest is " + std::to_string(cuda::max_int8_block));
           mo->scales = codec<tensor>::decode(r);
           if (mo->scales.type() != dtype::f32 || mo->scales.numel() != (n + mo->block - 1) / mo->block)
             fail(path, where + " " + mname + ": " + mo->scales.str() + " scales for blocks of " +

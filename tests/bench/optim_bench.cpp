@@ -298,12 +298,14 @@ int run_optim(const optim_options& o, std::ostream& out) {
           bpp * static_cast<double>(total) / seconds / anchor, where_name, vs[k].options);
     }
   }
-  for (const auto& p : params)
-    for (float v : p.value.to(device::cpu()).data<float>())
+  for (const auto& p : params) {
+    const tensor host = p.value.to(device::cpu());  // named: a temporary would die before the loop runs
+    for (float v : host.data<float>())
       if (!std::isfinite(v)) {
         std::cerr << "troupe bench optim: a parameter became non-finite\n";
         return 1;
       }
+  }
   return 0;
 }
 

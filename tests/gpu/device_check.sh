@@ -42,7 +42,7 @@ if [ -n "$bundle" ]; then
   bindir=$work/bundle/bin
   cat "$work/bundle/MANIFEST"
   need_glibc=$(sed -n 's/^glibc //p' "$work/bundle/MANIFEST")
-  have_glibc=$(ldd --version | head -n 1 | grep -o '[0-9][0-9.]*$')
+  have_glibc=$(getconf GNU_LIBC_VERSION | awk '{print $2}')
   if [ "$(printf '%s\n%s\n' "$need_glibc" "$have_glibc" | sort -V | head -n 1)" != "$need_glibc" ]; then
     echo "device_check: the bundle needs glibc $need_glibc, this machine has $have_glibc" >&2
     exit 1
@@ -51,7 +51,7 @@ if [ -n "$bundle" ]; then
   export TROUPE_OPENBLAS_LIBRARY=$work/bundle/lib/libopenblas.so.0
   if [ -z "${TROUPE_CUBLAS_LIBRARY:-}" ]; then
     major=$(sed -n 's/^cuda \([0-9]*\).*/\1/p' "$work/bundle/MANIFEST")
-    TROUPE_CUBLAS_LIBRARY=$(ldconfig -p 2>/dev/null | awk -v n="libcublas.so.$major" '$1 == n {print $NF; exit}')
+    TROUPE_CUBLAS_LIBRARY=$(ldconfig -p 2>/dev/null | awk -v n="libcublas.so.$major" '$1 == n && !found {print $NF; found = 1}')
     if [ -z "$TROUPE_CUBLAS_LIBRARY" ]; then
       roots=(/usr/local /usr/lib /usr/lib64 /opt)
       sites=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)

@@ -63,7 +63,7 @@ fi
 cp -L "$openblas" "$stage/bundle/lib/libopenblas.so.0"
 copy_needed "$openblas"
 
-glibc=$(ldd --version | head -n 1 | grep -o '[0-9][0-9.]*$')
+glibc=$(getconf GNU_LIBC_VERSION | awk '{print $2}')
 cuda=$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
 {
   echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
