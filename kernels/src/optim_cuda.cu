@@ -14,14 +14,17 @@
 // - elementwise_step: tensors without 8-bit moments, split into chunks of 4096 elements, a
 //   thread block per chunk, 4 elements per thread per iteration with 16-byte loads and stores
 //   when the tensor's arrays are aligned;
-// - blockwise_step: tensors with 8-bit moments, a thread block per quantization block: dequantize,
-//   update, keep the new values in shared memory, reduce the block's absmax, requantize.
+// - blockwise_step: tensors with 8-bit moments, a quantization block at a time per thread block
+//   (a grid of as many thread blocks as the SMs hold at once, looping over the quantization
+//   blocks): dequantize, update, keep the new values in shared memory, reduce the block's
+//   absmax, requantize.
 // Both read a device array of tensor descriptors and, per tensor, the index of its first thread
 // block (a prefix sum): a thread block finds its tensor by binary search, so a whole list of
 // tensors is one launch and what goes to the device per step is O(tensors), not O(blocks).
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -258,11 +261,11 @@ struct work_item {
   std::int64_t begin;
 };
 
-/// The work item of this thread block. first[k] is the first block of tensor k (count + 1
-/// entries, non-decreasing); a tensor without elements has no block.
-__device__ __forceinline__ work_item item_of(const std::int64_t* first, int count, const std::int64_t* sizes,
-                                             const tensor_update* tensors, std::int64_t step_if_fixed) {
-  const std::int64_t b = blockIdx.x;
+/// Work item b (the thread block's index, or the item a thread block loops to). first[k] is the
+/// first item of tensor k (count + 1 entries, non-decreasing); a tensor without elements has none.
+__device__ __forceinline__ work_item item_of(std::int64_t b, const std::int64_t* first, int count,
+                                             const std::int64_t* sizes, const tensor_update* tensors,
+                                             std::int64_t step_if_fixed) {
   int lo = 0, hi = count - 1;  // the last k with first[k] <= b
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
@@ -336,7 +339,7 @@ __device__ __forceinline__ void update4(const tensor_update& t, std::int64_t i) 
 template <bool Sgd>
 __global__ void elementwise_step(const tensor_update* tensors, const unsigned char* vector_ok, const std::int64_t* first,
                                  int count) {
-  const work_item w = item_of(first, count, nullptr, tensors, chunk);
+  const work_item w = item_of(blockIdx.x, first, count, nullptr, tensors, chunk);
   const tensor_update& t = tensors[w.tensor];
   const std::int64_t end = w.begin + w.length;
   if (vector_ok[w.tensor]) {
@@ -367,8 +370,11 @@ __device__ float block_max(float x, float* scratch) {
   return x;
 }
 
+/// The 8-bit step: each thread block copies the maps' tables to shared memory once, then steps
+/// quantization blocks items, items + gridDim.x, ... (a grid of a few thread blocks per SM: one
+/// thread block per quantization block would copy the 4.7 KiB of tables for every 256 elements).
 template <bool Sgd>
-__global__ void blockwise_step(const tensor_update* tensors, const std::int64_t* first, int count) {
+__global__ void blockwise_step(const tensor_update* tensors, const std::int64_t* first, int count, std::int64_t items) {
   extern __shared__ float values[];  // new values of the 8-bit moments: 3 x block
   __shared__ float scratch[32];
   __shared__ float maps[2][256], aboves[2][256];
@@ -381,39 +387,43 @@ __global__ void blockwise_step(const tensor_update* tensors, const std::int64_t*
   for (int w = threadIdx.x; w < static_cast<int>(sizeof estimates / sizeof(int)); w += blockDim.x)
     reinterpret_cast<int*>(estimates)[w] = reinterpret_cast<const int*>(map_estimate)[w];
   __syncthreads();
-  const work_item w = item_of(first, count, nullptr, tensors, 0);
-  const tensor_update& t = tensors[w.tensor];
-  const std::int64_t k = w.begin / t.block;
-  const moment_ref* mos[3] = {&t.m, &t.v, &t.x};
-  float scale[3], absmax[3] = {0, 0, 0};
-  for (int q = 0; q < 3; ++q) scale[q] = mos[q]->mode == store_int8 ? mos[q]->scales[k] : 0.0f;
-  for (int j = threadIdx.x; j < w.length; j += blockDim.x) {
-    float out[3];
-    update<Sgd>(t, w.begin + j, scale[0], scale[1], scale[2], maps, out[0], out[1], out[2]);
-    for (int q = 0; q < 3; ++q)
-      if (mos[q]->mode == store_int8) {
-        values[q * t.block + j] = out[q];
-        absmax[q] = fmaxf(absmax[q], fabsf(out[q]));
-      }
-  }
-  for (int q = 0; q < 3; ++q) {
-    const moment_ref& mo = *mos[q];
-    if (mo.mode != store_int8) continue;
-    const float s = block_max(absmax[q], scratch);  // synchronizes: every value is in shared memory
-    auto* codes = static_cast<std::uint8_t*>(mo.data);
-    const int map = mo.is_signed ? 0 : 1;
+  // The loop's bounds are the same for every thread of the block (block_max synchronizes).
+  for (std::int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const work_item w = item_of(item, first, count, nullptr, tensors, 0);
+    const tensor_update& t = tensors[w.tensor];
+    const std::int64_t k = w.begin / t.block;
+    const moment_ref* mos[3] = {&t.m, &t.v, &t.x};
+    float scale[3], absmax[3] = {0, 0, 0};
+    for (int q = 0; q < 3; ++q) scale[q] = mos[q]->mode == store_int8 ? mos[q]->scales[k] : 0.0f;
     for (int j = threadIdx.x; j < w.length; j += blockDim.x) {
-      const std::int64_t i = w.begin + j;
-      codes[i] = quantize(values[q * t.block + j], s, map, maps[map], aboves[map], estimates[map], t.stochastic, mo.key,
-                          static_cast<std::uint32_t>(i));
+      float out[3];
+      update<Sgd>(t, w.begin + j, scale[0], scale[1], scale[2], maps, out[0], out[1], out[2]);
+      for (int q = 0; q < 3; ++q)
+        if (mos[q]->mode == store_int8) {
+          values[q * t.block + j] = out[q];
+          absmax[q] = fmaxf(absmax[q], fabsf(out[q]));
+        }
     }
-    if (threadIdx.x == 0) mo.scales[k] = s;
+    for (int q = 0; q < 3; ++q) {
+      const moment_ref& mo = *mos[q];
+      if (mo.mode != store_int8) continue;
+      const float s = block_max(absmax[q], scratch);  // synchronizes: every value is in shared memory
+      auto* codes = static_cast<std::uint8_t*>(mo.data);
+      const int map = mo.is_signed ? 0 : 1;
+      for (int j = threadIdx.x; j < w.length; j += blockDim.x) {
+        const std::int64_t i = w.begin + j;
+        codes[i] = quantize(values[q * t.block + j], s, map, maps[map], aboves[map], estimates[map], t.stochastic,
+                            mo.key, static_cast<std::uint32_t>(i));
+      }
+      if (threadIdx.x == 0) mo.scales[k] = s;
+    }
+    __syncthreads();  // the next item's values overwrite these
   }
 }
 
 __global__ void finite_check(const float* const* grads, const std::int64_t* sizes, const std::int64_t* first, int count,
                              int* bad) {
-  const work_item w = item_of(first, count, sizes, nullptr, 4 * chunk);
+  const work_item w = item_of(blockIdx.x, first, count, sizes, nullptr, 4 * chunk);
   const float* g = grads[w.tensor];
   std::uint32_t any = 0;
   for (std::int64_t i = w.begin + threadIdx.x; i < w.begin + w.length; i += blockDim.x)
@@ -534,8 +544,17 @@ void optimizer_step(bool sgd, const std::vector<tensor_update>& tensors, int dev
     const auto* first = s.at<std::int64_t>(bf_at);
     const int count = static_cast<int>(blocked.size());
     const std::size_t shared = 3 * static_cast<std::size_t>(largest_block) * sizeof(float);
-    if (sgd) blockwise_step<true><<<grid, threads_per_block, shared>>>(dt, first, count);
-    else blockwise_step<false><<<grid, threads_per_block, shared>>>(dt, first, count);
+    // A few thread blocks per SM, as many as fit at once, loop over the items.
+    int per_sm = 0, sms = 0;
+    check(sgd ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, blockwise_step<true>, threads_per_block, shared)
+              : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, blockwise_step<false>, threads_per_block, shared),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    const auto items = static_cast<std::int64_t>(grid);
+    const auto resident = static_cast<std::int64_t>(std::max(1, per_sm) * std::max(1, sms));
+    const auto launched = static_cast<unsigned>(std::min(items, resident));
+    if (sgd) blockwise_step<true><<<launched, threads_per_block, shared>>>(dt, first, count, items);
+    else blockwise_step<false><<<launched, threads_per_block, shared>>>(dt, first, count, items);
     check(cudaGetLastError(), "blockwise_step launch");
   }
   // The staging buffer goes back to the cache when this returns; the kernels reading it are
