@@ -1,14 +1,10 @@
 #include "troupe/federated/simulation.hpp"
 
-#include <fcntl.h>
 #include <sys/resource.h>
-#include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -26,6 +22,7 @@
 #include "mlp.hpp"
 #include "spec.hpp"
 #include "troupe/actors/actor_system.hpp"
+#include "troupe/core/file.hpp"
 #include "troupe/federated/mechanisms.hpp"
 #include "troupe/federated/partition.hpp"
 #include "troupe/kernels/data.hpp"
@@ -477,14 +474,7 @@ constexpr char checkpoint_magic[8] = {'T', 'R', 'F', 'E', 'D', 'C', 'K', '\0'};
 constexpr std::uint32_t checkpoint_version = 2;
 
 std::uint32_t crc32_of(const char* data, std::size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  while (n > 0) {
-    const auto chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
-    data += chunk;
-    n -= chunk;
-  }
-  return static_cast<std::uint32_t>(crc);
+  return troupe::crc32(std::as_bytes(std::span<const char>(data, n)));
 }
 
 /// Appends values in the host's byte order (a checkpoint resumes on the machine that wrote it).
@@ -526,43 +516,6 @@ struct byte_reader {
     return v;
   }
 };
-
-/// Writes `bytes` to `file` through a temporary file beside it: write, fsync, rename, fsync of
-/// the directory. A crash at any point leaves the old file or the new one, never a mix.
-void write_atomically(const std::string& file, const std::string& bytes) {
-  auto fail = [&](const std::string& what) {
-    throw std::runtime_error("cannot " + what + " the checkpoint " + file + ": " + std::strerror(errno));
-  };
-  const std::string tmp = file + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("create");
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      errno = err;
-      fail("write");
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    errno = err;
-    fail("sync");
-  }
-  if (::close(fd) != 0) fail("close");
-  if (::rename(tmp.c_str(), file.c_str()) != 0) fail("rename");
-  const auto dir = std::filesystem::path(file).parent_path();
-  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
 
 /// Sizes each client's persistent state: SCAFFOLD's c_i, then every transform's slice.
 void size_client_state(engine_state& e) {
@@ -1082,7 +1035,11 @@ void simulation::save_checkpoint(const std::string& file) const {
     w.put_array(std::span<const std::uint32_t>(u.words));
   }
   w.put(crc32_of(w.bytes.data(), w.bytes.size()));
-  write_atomically(file, w.bytes);
+  try {
+    write_file_atomically(file, std::as_bytes(std::span<const char>(w.bytes)));
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("writing the checkpoint: ") + e.what());
+  }
 }
 
 void simulation::load_checkpoint(const std::string& file) {

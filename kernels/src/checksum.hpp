@@ -1,10 +1,7 @@
 #pragma once
 // Checksummed files, as weights and optimizer state are saved: a 4-byte magic, the body, and the
-// CRC-32 (zlib's) of everything before it, written through a neighbouring file and a rename.
+// CRC-32 (zlib's) of everything before it, written atomically (troupe/core/file.hpp).
 
-#include <zlib.h>
-
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -13,24 +10,14 @@
 #include <fstream>
 #include <iterator>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "troupe/core/codec.hpp"
+#include "troupe/core/file.hpp"
 
 namespace troupe::kernels {
-
-inline std::uint32_t checksum(const std::byte* data, std::size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  // zlib takes lengths as uInt: feed large buffers in pieces.
-  while (n > 0) {
-    const auto chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
-    data += chunk;
-    n -= chunk;
-  }
-  return static_cast<std::uint32_t>(crc);
-}
 
 /// Refuses a path that exists and is not a regular file (a directory, a device): saving over it
 /// would replace it, loading from it cannot work. Errors go to fail(why), which throws.
@@ -55,25 +42,18 @@ void check_writable(const std::string& path, Fail&& fail) {
   std::remove(tmp.c_str());
 }
 
-/// Appends the CRC-32 of what `w` holds (magic and body) and writes it all to `path` through
-/// `path.tmp` and a rename, so that a crash never leaves half a file under `path`. Errors go to
+/// Appends the CRC-32 of what `w` holds (magic and body) and replaces `path` with it atomically
+/// (write_file_atomically: a crash never leaves half a file under `path`). Errors go to
 /// fail(why), which throws.
 template <class Fail>
 void write_checksummed(const std::string& path, byte_writer& w, Fail&& fail) {
   check_regular(path, fail);
-  w.write_raw(checksum(w.buffer().data(), w.buffer().size()));
-  const std::string tmp = path + ".tmp";
-  check_regular(tmp, fail);
-  bool written = false;
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("cannot be written (check the directory exists and is writable)");
-    out.write(reinterpret_cast<const char*>(w.buffer().data()), static_cast<std::streamsize>(w.buffer().size()));
-    written = static_cast<bool>(out.flush());
-  }
-  if (!written || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());  // nothing half-written stays behind
-    fail(written ? "cannot replace the file" : "writing failed (disk full?)");
+  check_regular(path + ".tmp", fail);
+  w.write_raw(crc32(w.buffer()));
+  try {
+    write_file_atomically(path, w.buffer());
+  } catch (const std::runtime_error& e) {
+    fail(e.what());
   }
 }
 
@@ -101,7 +81,7 @@ checksummed_file read_checksummed(const std::string& path, const char (&magic)[4
   const std::size_t body_end = f.bytes.size() - 4;
   std::uint32_t stored;
   std::memcpy(&stored, f.bytes.data() + body_end, 4);
-  if (checksum(f.bytes.data(), body_end) != stored) fail("is corrupted or truncated (checksum mismatch)");
+  if (crc32(std::span(f.bytes).first(body_end)) != stored) fail("is corrupted or truncated (checksum mismatch)");
   return f;
 }
 

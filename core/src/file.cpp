@@ -1,0 +1,69 @@
+#include "troupe/core/file.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+namespace troupe {
+
+std::uint32_t crc32(std::span<const std::byte> bytes) noexcept {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  const std::byte* data = bytes.data();
+  std::size_t n = bytes.size();
+  while (n > 0) {
+    const auto chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
+    crc = ::crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
+    data += chunk;
+    n -= chunk;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+void write_file_atomically(const std::string& path, std::span<const std::byte> bytes) {
+  const std::string tmp = path + ".tmp";
+  int fd = -1;
+  bool created = false;
+  // Every failure closes what is open, removes the temporary file if this call made it (never
+  // what was there before, such as a directory of that name) and says which step failed.
+  auto fail = [&](const char* step, const std::string& file) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    if (created) std::remove(tmp.c_str());
+    throw std::runtime_error(std::string("cannot ") + step + " " + file + ": " + std::strerror(err));
+  };
+  fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("create", tmp);
+  created = true;
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;
+      fail("write", tmp);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) fail("sync", tmp);
+  const int closed = ::close(fd);
+  fd = -1;
+  if (closed != 0) fail("close", tmp);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename it to", path);
+  // The rename itself is durable once the directory is synced (best effort: some file systems
+  // refuse to open a directory for this).
+  const auto dir = std::filesystem::path(path).parent_path();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace troupe
