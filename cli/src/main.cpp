@@ -23,12 +23,19 @@ int main(int argc, char** argv) {
   const CLI::Validator no_sign(
       [](std::string& text) { return text.find('-') == 0 ? std::string("must not be negative") : std::string(); },
       "", "NONNEGATIVE");
-  std::function<void(CLI::App*)> refuse_signs = [&](CLI::App* a) {
-    for (CLI::Option* o : a->get_options())
+  // An empty text value is a mistake (an unset shell variable: `--tls-cert "$CERT"`), never a
+  // way to say "none": every text option refuses it instead of quietly running without it.
+  const CLI::Validator not_empty(
+      [](std::string& text) { return text.empty() ? std::string("must not be empty") : std::string(); }, "",
+      "NONEMPTY");
+  std::function<void(CLI::App*)> check_all = [&](CLI::App* a) {
+    for (CLI::Option* o : a->get_options()) {
       if (o->get_type_name() == "UINT") o->check(no_sign);
-    for (CLI::App* sub : a->get_subcommands(std::function<bool(CLI::App*)>{})) refuse_signs(sub);
+      if (o->get_type_name().rfind("TEXT", 0) == 0) o->check(not_empty);
+    }
+    for (CLI::App* sub : a->get_subcommands(std::function<bool(CLI::App*)>{})) check_all(sub);
   };
-  refuse_signs(&app);
+  check_all(&app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -5,14 +5,15 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <fstream>
 
 #include <unistd.h>
 
+#include <troupe/core/file.hpp>
 #include <troupe/pipeline/generators.hpp>
 #include <troupe/pipeline/render.hpp>
 #include <troupe/pipeline/simulator.hpp>
@@ -34,6 +35,7 @@ struct schedule_options {
   double memory_limit = 0;
   std::string checkpoint = "none";
   int layers = 1;
+  bool layers_given = false;
   std::string format = "ascii";
   std::string out;
   std::string stage_costs;
@@ -54,7 +56,10 @@ cost_model costs_of(const schedule_options& o) {
 /// The schedule with the requested activation checkpointing applied.
 schedule prepared(schedule s, const schedule_options& o) {
   const auto policy = checkpoint_policy::parse(o.checkpoint);
-  if (policy.mode == checkpoint_policy::kind::none) return s;
+  if (policy.mode == checkpoint_policy::kind::none) {
+    if (o.layers_given) throw std::invalid_argument("--layers counts the layers for --checkpoint: give both");
+    return s;
+  }
   return with_checkpointing(s, policy, o.layers);
 }
 
@@ -111,85 +116,90 @@ int show_command(const schedule_options& o) {
     std::cout << text;
     return 0;
   }
-  std::ofstream f(o.out, std::ios::binary);
-  if (!f) throw std::invalid_argument("cannot write '" + o.out + "'");
-  f << text;
-  if (!f.flush()) throw std::invalid_argument("writing '" + o.out + "' failed");
+  // Atomically: a failed write (a full disk) leaves the file that was there.
+  write_file_atomically(o.out, std::as_bytes(std::span<const char>(text)));
   std::cerr << "wrote " << o.out << " (" << text.size() << " bytes)\n";
   return 0;
-}
-
-/// Every (schedule, v) worth trying for p and m; refusals are skipped, and when every one is
-/// refused the first refusal is the error.
-std::vector<schedule> candidates(int p, int m) {
-  std::vector<schedule> out;
-  std::string first_refusal;
-  for (const auto& name : schedule_names()) {
-    for (int v = 1; v <= 4; ++v) {
-      try {
-        out.push_back(generate(name, p, m, v));
-      } catch (const std::invalid_argument& e) {
-        if (first_refusal.empty()) first_refusal = e.what();
-      }
-    }
-  }
-  if (out.empty()) throw std::invalid_argument("no schedule can be made: " + first_refusal);
-  return out;
 }
 
 int best_command(const schedule_options& o) {
   if (!(o.memory_limit > 0) || !std::isfinite(o.memory_limit))
     throw std::invalid_argument("--memory-limit must be positive (in microbatch activations per rank)");
+  // Every (schedule, v <= 4) is simulated, one at a time: bound the total work up front (the
+  // cells of all candidates together) instead of running for minutes.
+  const auto names = schedule_names();
+  constexpr std::int64_t budget = 16 * max_schedule_cells;
+  const std::int64_t per_v = std::int64_t{o.stages} * o.microbatches;
+  const std::int64_t all = per_v * (1 + 2 + 3 + 4) * static_cast<std::int64_t>(names.size());
+  if (per_v > budget || all > budget)
+    throw std::invalid_argument("schedule best simulates " + std::to_string(names.size()) +
+                                " schedules at v = 1..4: --stages x --microbatches must be at most " +
+                                std::to_string(budget / (10 * static_cast<std::int64_t>(names.size()))) +
+                                " (simulate a single schedule with `schedule simulate` for larger shapes)");
   const auto costs = costs_of(o);
   struct row {
-    schedule s;
-    simulation sim;
+    std::string name;
+    int v;
+    rational makespan;
+    double bubble, peak;
+  };
+  auto faster = [](const row& a, const row& b) {
+    if (a.makespan != b.makespan) return a.makespan < b.makespan;
+    return a.peak < b.peak;
   };
   std::vector<row> rows;
-  for (auto& c : candidates(o.stages, o.microbatches)) {
-    auto s = prepared(std::move(c), o);
-    auto sim = simulate(s, costs);
-    rows.push_back({std::move(s), std::move(sim)});
-  }
-  std::sort(rows.begin(), rows.end(), [](const row& a, const row& b) {
-    if (a.sim.makespan != b.sim.makespan) return a.sim.makespan < b.sim.makespan;
-    return peak_of(a.sim) < peak_of(b.sim);
-  });
-  const row* pick = nullptr;
-  for (const auto& r : rows)
-    if (peak_of(r.sim) <= o.memory_limit) {
-      pick = &r;
-      break;
+  std::optional<std::pair<schedule, simulation>> pick;  // the fastest that fits so far
+  std::optional<row> pick_row;
+  std::string first_refusal;
+  for (const auto& name : names) {
+    for (int v = 1; v <= 4; ++v) {
+      std::optional<schedule> c;
+      try {
+        c = generate(name, o.stages, o.microbatches, v);
+      } catch (const std::invalid_argument& e) {  // a shape this schedule cannot take
+        if (first_refusal.empty()) first_refusal = e.what();
+        continue;
+      }
+      auto sc = prepared(std::move(*c), o);
+      auto sim = simulate(sc, costs);
+      const row r{sc.name, sc.place.stages_per_rank, sim.makespan, sim.bubble, peak_of(sim)};
+      rows.push_back(r);
+      if (r.peak <= o.memory_limit && (!pick_row || faster(r, *pick_row))) {
+        pick_row = r;
+        pick.emplace(std::move(sc), std::move(sim));
+      }
     }
+  }
+  if (rows.empty()) throw std::invalid_argument("no schedule can be made: " + first_refusal);
+  std::stable_sort(rows.begin(), rows.end(), faster);
   if (o.json) {
     if (!pick) {
       std::cout << "{\"schedule\":null,\"reason\":\"no schedule fits the memory limit\"}\n";
       return 1;
     }
-    std::cout << simulation_json(pick->s, pick->sim) << "\n";
+    std::cout << simulation_json(pick->first, pick->second) << "\n";
     return 0;
   }
   std::printf("%-18s %3s %12s %9s %12s %6s\n", "schedule", "v", "makespan", "bubble", "peak_act",
               "fits");
   for (const auto& r : rows)
-    std::printf("%-18s %3d %12s %9.4f %12s %6s\n", r.s.name.c_str(), r.s.place.stages_per_rank,
-                number(r.sim.makespan.to_double()).c_str(), r.sim.bubble,
-                number(peak_of(r.sim)).c_str(), peak_of(r.sim) <= o.memory_limit ? "yes" : "no");
-  if (!pick) {
-    double smallest = peak_of(rows.front().sim);
-    for (const auto& r : rows) smallest = std::min(smallest, peak_of(r.sim));
+    std::printf("%-18s %3d %12s %9.4f %12s %6s\n", r.name.c_str(), r.v, number(r.makespan.to_double()).c_str(),
+                r.bubble, number(r.peak).c_str(), r.peak <= o.memory_limit ? "yes" : "no");
+  if (!pick_row) {
+    double smallest = rows.front().peak;
+    for (const auto& r : rows) smallest = std::min(smallest, r.peak);
     std::cout << "\nno schedule keeps its peak activations within " << number(o.memory_limit)
               << "; raise --memory-limit to at least " << number(smallest) << "\n";
     return 1;
   }
-  std::cout << "\nbest: " << pick->s.name << " (v=" << pick->s.place.stages_per_rank
-            << "): the shortest simulated makespan (" << number(pick->sim.makespan.to_double())
-            << ") among the schedules whose peak activations (" << number(peak_of(pick->sim))
+  std::cout << "\nbest: " << pick_row->name << " (v=" << pick_row->v
+            << "): the shortest simulated makespan (" << number(pick_row->makespan.to_double())
+            << ") among the schedules whose peak activations (" << number(pick_row->peak)
             << ") fit the limit of " << number(o.memory_limit) << "\n";
-  if (&rows.front() != pick)
-    std::cout << "      " << rows.front().s.name << " would be faster ("
-              << number(rows.front().sim.makespan.to_double()) << ") but holds "
-              << number(peak_of(rows.front().sim)) << " activations\n";
+  const row& fastest = rows.front();
+  if (fastest.makespan < pick_row->makespan)
+    std::cout << "      " << fastest.name << " would be faster (" << number(fastest.makespan.to_double())
+              << ") but holds " << number(fastest.peak) << " activations\n";
   return 0;
 }
 
@@ -205,7 +215,7 @@ auto guarded(F f) {
   };
 }
 
-void add_shape_options(CLI::App* c, schedule_options& o, bool with_name) {
+void add_shape_options(CLI::App* c, schedule_options& o, bool with_name, bool with_json) {
   if (with_name) {
     std::string names;
     for (const auto& n : schedule_names()) names += (names.empty() ? "" : ", ") + n;
@@ -223,8 +233,9 @@ void add_shape_options(CLI::App* c, schedule_options& o, bool with_name) {
       ->capture_default_str();
   c->add_option("--layers", o.layers, "layers per stage, for --checkpoint")
       ->capture_default_str()
-      ->check(positive_number);
-  c->add_flag("--json", o.json, "one JSON object");
+      ->check(positive_number)
+      ->each([&o](const std::string&) { o.layers_given = true; });
+  if (with_json) c->add_flag("--json", o.json, "one JSON object");
 }
 
 }  // namespace
@@ -235,13 +246,13 @@ void add_schedule_command(CLI::App& app, int& rc) {
 
   auto sim_opts = std::make_shared<schedule_options>();
   auto* sim = cmd->add_subcommand("simulate", "validate and simulate one schedule");
-  add_shape_options(sim, *sim_opts, true);
+  add_shape_options(sim, *sim_opts, true, true);
   sim->add_option("--virtual", sim_opts->virtual_stages, "stages per rank (default: the schedule's)");
   sim->callback([sim_opts, &rc] { guarded([sim_opts] { return simulate_command(*sim_opts); })(rc); });
 
   auto show_opts = std::make_shared<schedule_options>();
   auto* show = cmd->add_subcommand("show", "draw a schedule's timeline");
-  add_shape_options(show, *show_opts, true);
+  add_shape_options(show, *show_opts, true, false);
   show->add_option("--virtual", show_opts->virtual_stages, "stages per rank (default: the schedule's)");
   show->add_option("--format", show_opts->format, "ascii, csv, svg or chrome")->capture_default_str();
   show->add_option("--out", show_opts->out, "write to this file instead of the terminal");
@@ -250,7 +261,7 @@ void add_schedule_command(CLI::App& app, int& rc) {
   auto best_opts = std::make_shared<schedule_options>();
   auto* best = cmd->add_subcommand(
       "best", "the schedule with the shortest makespan whose peak activations fit a limit");
-  add_shape_options(best, *best_opts, false);
+  add_shape_options(best, *best_opts, false, true);
   best->add_option("--memory-limit", best_opts->memory_limit,
                    "most activations a rank may hold, in microbatches through its whole shard")
       ->required();

@@ -288,7 +288,7 @@ schedule generate(const std::string& name, int ranks, int microbatches, int virt
   const int v = virtual_stages == 0 ? g.default_v : virtual_stages;
   // Every (rank, microbatch, virtual stage) holds a few operations: refuse what would not fit
   // in memory instead of failing to allocate it.
-  constexpr std::int64_t most = 4'000'000;  // about 440 bytes each: under 2 GB
+  constexpr std::int64_t most = max_schedule_cells;
   const std::int64_t cells = std::int64_t{ranks} * microbatches * v;
   if (cells > most || cells / ranks / microbatches != v)
     refuse(name, std::to_string(ranks) + " stages x " + std::to_string(microbatches) + " microbatches x " +

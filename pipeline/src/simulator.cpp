@@ -88,6 +88,7 @@ std::string rational::str() const {
 cost_model cost_model::parse(std::string_view text) {
   cost_model m;
   bool b_given = false, iw_given = false;
+  std::vector<std::string> seen;
   std::string_view rest = text;
   while (!rest.empty()) {
     auto comma = rest.find(',');
@@ -98,6 +99,9 @@ cost_model cost_model::parse(std::string_view text) {
       throw std::invalid_argument("cost '" + std::string(item) + "' is not NAME=VALUE (e.g. F=1)");
     std::string key(item.substr(0, eq));
     for (auto& c : key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      throw std::invalid_argument("cost " + std::string(item.substr(0, eq)) + " is given twice");
+    seen.push_back(key);
     rational v = rational::parse(item.substr(eq + 1));
     if (v < rational(0)) throw std::invalid_argument("cost " + key + " must not be negative");
     if (key == "f") m.uniform.f = v;
@@ -141,7 +145,7 @@ public:
     if (s.place.stages_per_rank < 1) throw schedule_error("a schedule needs at least one stage per rank");
     // The index below has a cell per (kind, stage, microbatch): refuse sizes that cannot be
     // real schedules (generate's limit) before allocating them.
-    constexpr std::int64_t most_cells = 4'000'000;
+    constexpr std::int64_t most_cells = max_schedule_cells;
     const std::int64_t stages = std::int64_t{p} * s.place.stages_per_rank;
     if (stages * s.microbatches > most_cells)
       throw schedule_error(std::to_string(stages) + " stages x " + std::to_string(s.microbatches) +
@@ -181,36 +185,64 @@ public:
   }
 
   simulation run() {
+    // A worklist of ranks: a rank runs its actions in order until one waits for another rank's
+    // action; when an action ends, the ranks of the actions that depend on it go back on the
+    // list. Every node and dependency is looked at a bounded number of times (sweeping all ranks
+    // until nothing moves took p sweeps for the backward wave alone: quadratic in p). The times
+    // do not depend on the order: each action starts when its rank is free and its inputs are in.
     const int p = s_.place.ranks;
+    // Per node, the ranks of the nodes that depend on it (compressed rows).
+    std::vector<std::size_t> first(nodes_.size() + 1, 0);
+    for (const node& n : nodes_)
+      for (auto [d, remote] : n.deps) ++first[static_cast<std::size_t>(d) + 1];
+    for (std::size_t k = 0; k < nodes_.size(); ++k) first[k + 1] += first[k];
+    std::vector<int> waiting(first.back());
+    {
+      std::vector<std::size_t> at(first.begin(), first.end() - 1);
+      for (const node& n : nodes_)
+        for (auto [d, remote] : n.deps) waiting[at[static_cast<std::size_t>(d)]++] = n.rank;
+    }
     std::vector<std::size_t> next(p, 0);
     std::vector<rational> free(p);
+    std::vector<int> work;
+    std::vector<char> queued(p, 1);
+    for (int r = p - 1; r >= 0; --r) work.push_back(r);
+    auto wake = [&](const node& done) {
+      const auto id = static_cast<std::size_t>(&done - nodes_.data());
+      for (std::size_t k = first[id]; k < first[id + 1]; ++k)
+        if (!queued[waiting[k]]) {
+          queued[waiting[k]] = 1;
+          work.push_back(waiting[k]);
+        }
+    };
     std::size_t remaining = nodes_.size();
-    while (remaining > 0) {
-      bool progress = false;
-      for (int r = 0; r < p; ++r) {
-        while (next[r] < per_rank_[r].size()) {
-          node& n = nodes_[per_rank_[r][next[r]]];
-          node* partner = n.a.overlapped ? &nodes_[per_rank_[r][next[r] + 1]] : nullptr;
-          rational ready = free[r];
-          if (!ready_after(n, partner, ready) || (partner && !ready_after(*partner, &n, ready))) break;
-          n.start = ready;
-          n.end = ready + (partner ? pair_duration(n.a, partner->a) : duration(n.a));
-          n.done = true;
-          free[r] = n.end;
+    while (!work.empty()) {
+      const int r = work.back();
+      work.pop_back();
+      queued[r] = 0;
+      while (next[r] < per_rank_[r].size()) {
+        node& n = nodes_[per_rank_[r][next[r]]];
+        node* partner = n.a.overlapped ? &nodes_[per_rank_[r][next[r] + 1]] : nullptr;
+        rational ready = free[r];
+        if (!ready_after(n, partner, ready) || (partner && !ready_after(*partner, &n, ready))) break;
+        n.start = ready;
+        n.end = ready + (partner ? pair_duration(n.a, partner->a) : duration(n.a));
+        n.done = true;
+        free[r] = n.end;
+        ++next[r];
+        --remaining;
+        wake(n);
+        if (partner) {
+          partner->start = n.start;
+          partner->end = n.end;
+          partner->done = true;
           ++next[r];
           --remaining;
-          if (partner) {
-            partner->start = n.start;
-            partner->end = n.end;
-            partner->done = true;
-            ++next[r];
-            --remaining;
-          }
-          progress = true;
+          wake(*partner);
         }
       }
-      if (!progress) deadlock(next);
     }
+    if (remaining > 0) deadlock(next);
     return summarize();
   }
 

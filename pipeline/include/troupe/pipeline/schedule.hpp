@@ -67,6 +67,11 @@ struct placement {
 };
 
 /// A schedule: the data every other part (validator, simulator, pictures, runtime) reads.
+/// The most (stage, microbatch) cells a schedule may have (stages x microbatches, with v stages
+/// per rank counted v times): larger ones are refused by the generators and the simulator instead
+/// of taking gigabytes (a cell costs about 600 bytes through simulation).
+constexpr std::int64_t max_schedule_cells = 1'000'000;
+
 struct schedule {
   std::string name;
   placement place;
