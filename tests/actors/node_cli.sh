@@ -45,6 +45,22 @@ if "$troupe" node start >/dev/null 2>&1; then fail "node start without --head or
 if "$troupe" node start --head --port 70000 >/dev/null 2>&1; then fail "port 70000 was accepted"; fi
 if "$troupe" node start --head --load /nonexistent/lib.so >/dev/null 2>&1; then fail "a missing library was accepted"; fi
 
+# A head out of file descriptors waits between accepts and logs the failure once (it spun a core
+# and wrote a line per retry), then serves again once descriptors are free.
+(ulimit -n 64; exec "$troupe" node start --head --host 127.0.0.1 --port 0 --threads 1 >"$dir/small" 2>"$dir/small.err") &
+pids+=($!)
+wait_for "$dir/small" '"port"'
+small=$(sed -n 's/.*"port":\([0-9]*\).*/\1/p' "$dir/small")
+(
+  fds=()
+  for _ in $(seq 100); do exec {fd}<>"/dev/tcp/127.0.0.1/$small" && fds+=("$fd"); done
+  sleep 1
+  for fd in "${fds[@]}"; do exec {fd}>&-; done
+) 2>/dev/null
+failures=$(grep -c "accept failed" "$dir/small.err" || true)
+[ "$failures" -eq 1 ] || fail "a head out of descriptors logged $failures accept failures (want 1): $(head -c 2000 "$dir/small.err")"
+"$troupe" status --address "127.0.0.1:$small" >/dev/null || fail "the head did not serve again after running out of descriptors"
+
 # The worker leaves on SIGTERM; the head then reports one node alive.
 kill -TERM "${pids[1]}"
 wait "${pids[1]}" || fail "the worker did not stop cleanly on SIGTERM"

@@ -1,6 +1,7 @@
 #include "net/transport.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/asio/write.hpp>
 #include <openssl/crypto.h>
@@ -443,14 +445,33 @@ std::uint16_t transport::listen(const std::string& address, std::uint16_t port) 
   return bound;
 }
 
+namespace {
+constexpr std::chrono::milliseconds accept_retry{50};
+}  // namespace
+
 void transport::accept_next() {
   acceptor_->async_accept(asio::make_strand(io_), [this, alive = std::weak_ptr<bool>(alive_)](
                                                       boost::system::error_code ec, asio::ip::tcp::socket s) {
     if (alive.expired() || !acceptor_ || !acceptor_->is_open()) return;
-    if (!ec) adopt(std::move(s), false, 0);
-    else if (ec == asio::error::operation_aborted) return;
-    else log().warn("troupe net: accept failed: {}", ec.message());
-    accept_next();
+    if (ec == asio::error::operation_aborted) return;
+    if (!ec) {
+      if (accept_failures_ > 1) log().info("troupe net: accepting again after {} failed accepts", accept_failures_);
+      accept_failures_ = 0;
+      adopt(std::move(s), false, 0);
+      accept_next();
+      return;
+    }
+    // Out of descriptors (or another error that retrying at once cannot fix): wait a little
+    // before the next accept, and log the first failure only, instead of spinning a core and
+    // flooding the log while the condition lasts.
+    if (accept_failures_++ == 0)
+      log().warn("troupe net: accept failed: {} (retrying every {} ms; further failures are counted)", ec.message(),
+                 accept_retry.count());
+    auto timer = std::make_shared<asio::steady_timer>(acceptor_->get_executor(), accept_retry);
+    timer->async_wait([this, timer, alive](boost::system::error_code wait_ec) {
+      if (alive.expired() || wait_ec || !acceptor_ || !acceptor_->is_open()) return;
+      accept_next();
+    });
   });
 }
 

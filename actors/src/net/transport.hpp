@@ -229,6 +229,7 @@ private:
   transport_config config_;
   transport_handlers handlers_;
   std::unique_ptr<asio::ip::tcp::acceptor> acceptor_;
+  std::uint64_t accept_failures_ = 0;  // in a row (the acceptor's strand only)
   std::unique_ptr<asio::ssl::context> tls_;
   mutable std::mutex mutex_;
   std::unordered_map<std::uint64_t, std::shared_ptr<connection>> connections_;
