@@ -607,6 +607,9 @@ void install_mechanisms(simulation& sim, const simulation_options& o, double mea
     sim.set_aggregator(std::move(m.aggregator));
   }
   if (o.secagg) {
+    if (sim.cohort_size() < 2)
+      bad("--secagg needs at least two clients per round (a sum of one update hides nothing, and every round would be "
+          "given up): raise --per-round");
     // With DP the masking transform clips as well, and the server noises the unmasked sum.
     auto m = make_secure_aggregation({.mean_weight = mean_weight > 0 ? mean_weight : 1.0,
                                       .max_clients = sim.sample_size(),

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -374,7 +375,7 @@ std::size_t parse_async(const std::string& spec) {
 void check_options(const simulation_options& o) {
   auto fail = [](const std::string& m) { throw std::invalid_argument(m); };
   if (o.clients < 1) fail("--clients must be at least 1");
-  if (o.clients > 0xFFFFFFFFull) fail("--clients must be below 2^32");
+  if (o.clients > max_clients) fail("--clients must be at most " + std::to_string(max_clients));
   if (!(o.fraction >= 0 && o.fraction <= 1)) fail("--fraction must be in [0, 1]");
   if (o.fraction == 0) {
     if (o.per_round < 1) fail("--per-round must be at least 1");
@@ -394,6 +395,8 @@ void check_options(const simulation_options& o) {
   if (!(o.sample_seconds >= 0 && o.sample_seconds <= 3600))
     fail("the simulated time per example must be in [0, 3600] seconds");
   if (o.trainer != "mlp" && o.trainer != "noop") fail("unknown trainer '" + o.trainer + "' (use mlp or noop)");
+  if (o.trainer == "noop" && is_data_attack(o.attack))
+    fail("--attack " + o.attack + " poisons the training data, and the noop trainer trains on none: use --trainer mlp");
   (void)parse_latency(o.latency);
   if (parse_async(o.async) > 0) {
     // Failures (--dropout) are FedBuff's too: a failed client's slot is refilled. A deadline and
@@ -1141,6 +1144,26 @@ void simulation::load_checkpoint(const std::string& file) {
     }
   }
   if (r.at != r.end) throw std::runtime_error("checkpoint " + file + " has trailing bytes");
+  // Values a run never writes (a crafted or damaged file with a valid CRC): refused here, not
+  // found rounds later as a NaN accuracy or an infinite clock.
+  {
+    auto bad = [&](const std::string& what) {
+      throw std::runtime_error("checkpoint " + file + " is malformed: " + what);
+    };
+    auto finite = [](const auto& values) {
+      return std::all_of(values.begin(), values.end(), [](auto x) { return std::isfinite(x); });
+    };
+    if (!std::isfinite(clock) || clock < 0) bad("the simulated clock is " + std::to_string(clock));
+    if (!finite(*global)) bad("the model holds a value that is not finite");
+    if (!finite(strategy)) bad("the strategy's state holds a value that is not finite");
+    for (const auto& t : transform_state)
+      if (!finite(t)) bad("a transform's state holds a value that is not finite");
+    for (std::size_t c = 0; c < clients.size(); ++c)
+      if (!finite(clients[c].second)) bad("client " + std::to_string(c) + "'s state holds a value that is not finite");
+    for (const auto& f : flight)
+      if (f.done && (!finite(f.done->delta) || !std::isfinite(f.done->weight) || !std::isfinite(f.done->loss)))
+        bad("an update in flight holds a value that is not finite");
+  }
 
   // Everything parsed and checked: now the state changes. FedBuff's clients still in flight
   // finish first, so that their training cannot touch the state restored below.
@@ -1189,6 +1212,16 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     std::filesystem::create_directories(options.checkpoint, ec);
     if (ec) throw std::runtime_error("cannot create the checkpoint directory " + options.checkpoint + ": " + ec.message());
     file = (std::filesystem::path(options.checkpoint) / "fedsim.ckpt").string();
+    {
+      // Writable now, or refused before any round runs (not after the last one).
+      // The probe is the temporary file that every checkpoint write goes through.
+      const std::string probe = file + ".tmp";
+      const bool ok = static_cast<bool>(std::ofstream(probe, std::ios::binary | std::ios::trunc));
+      if (ok) std::remove(probe.c_str());
+      if (!ok)
+        throw std::runtime_error("cannot write the checkpoint " + file +
+                                 " (check that the directory exists and is writable)");
+    }
     if (std::filesystem::exists(file)) {
       sim.load_checkpoint(file);
       s.resumed_from = sim.rounds_done();

@@ -115,7 +115,8 @@ public:
     return out;
   }
   void load_state(std::span<const double> state) override {
-    if (state.empty() || (state.size() - 1) % 2 != 0 || !(state[0] >= 0) || state[0] != std::floor(state[0]))
+    if (state.empty() || (state.size() - 1) % 2 != 0 || !(state[0] >= 0) || !(state[0] <= 0x7fffffff) ||
+        state[0] != std::floor(state[0]))
       throw std::invalid_argument("strategy '" + name() + "': the checkpoint's state is malformed");
     const std::size_t n = (state.size() - 1) / 2;
     t_ = static_cast<int>(state[0]);
@@ -187,6 +188,11 @@ std::unique_ptr<server_strategy> make_strategy(const std::string& spec, const st
   };
   if (!(o.server_lr < 0 || (o.server_lr > 0 && std::isfinite(o.server_lr))))
     throw std::invalid_argument("the server learning rate must be positive");
+  // Checked whichever strategy reads them: a bad value is a mistake even where it is unused.
+  if (!(o.momentum >= 0 && o.momentum < 1)) throw std::invalid_argument("fedavgm's momentum must be in [0, 1)");
+  if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
+    throw std::invalid_argument("the server betas must be in [0, 1)");
+  if (!(o.tau > 0) || !std::isfinite(o.tau)) throw std::invalid_argument("tau must be a positive number");
   if (name == "fedavg") {
     no_argument();
     return std::make_unique<fedavg>(lr_or(o, 1.0), 0.0);
@@ -199,14 +205,10 @@ std::unique_ptr<server_strategy> make_strategy(const std::string& spec, const st
   }
   if (name == "fedavgm") {
     no_argument();
-    if (!(o.momentum >= 0 && o.momentum < 1)) throw std::invalid_argument("fedavgm's momentum must be in [0, 1)");
     return std::make_unique<fedavgm>(lr_or(o, 1.0), o.momentum);
   }
   if (name == "fedadagrad" || name == "fedadam" || name == "fedyogi") {
     no_argument();
-    if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
-      throw std::invalid_argument("the server betas must be in [0, 1)");
-    if (!(o.tau > 0) || !std::isfinite(o.tau)) throw std::invalid_argument("tau must be a positive number");
     const auto kind = name == "fedadagrad" ? adaptive_kind::adagrad
                       : name == "fedadam"  ? adaptive_kind::adam
                                            : adaptive_kind::yogi;

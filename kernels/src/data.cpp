@@ -526,7 +526,10 @@ std::vector<std::vector<std::int64_t>> shard_dirichlet(const tensor& labels, int
   const double share = static_cast<double>(n) / clients;
   std::vector<double> log_p(k);
   std::vector<double> p(k);
-  constexpr int max_draws = 1000;
+  // At most 1000 draws, and at most about 5 x 10^7 proportions in all (a few seconds): with
+  // millions of clients one draw is already 10^7 of them, and 1000 would run for an hour.
+  const std::int64_t per_draw = static_cast<std::int64_t>(k) * static_cast<std::int64_t>(classes.size());
+  const int max_draws = static_cast<int>(std::clamp<std::int64_t>(50'000'000 / std::max<std::int64_t>(per_draw, 1), 1, 1000));
   for (int draw = 0; draw < max_draws; ++draw) {
     std::vector<std::vector<std::int64_t>> shards(k);
     for (const auto& members : classes) {
@@ -568,8 +571,8 @@ std::vector<std::vector<std::int64_t>> shard_dirichlet(const tensor& labels, int
     if (static_cast<std::int64_t>(smallest->size()) >= min_size) return shards;
   }
   throw std::runtime_error("shard_dirichlet: " + std::to_string(max_draws) +
-                           " draws in a row left a client with fewer than " + std::to_string(min_size) +
-                           " examples: lower min_size, raise alpha or use fewer clients");
+                           (max_draws == 1 ? " draw" : " draws in a row") + " left a client with fewer than " +
+                           std::to_string(min_size) + " examples: lower min_size, raise alpha or use fewer clients");
 }
 
 void gather_rows(const tensor& source, std::span<const std::int64_t> rows, tensor& out) {

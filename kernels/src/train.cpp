@@ -85,7 +85,14 @@ train_result train(const train_options& o, const std::function<void(const train_
       saved_activations keep;
       opt.zero_grad();
       tensor logits = model->forward(x, keep, true);
-      loss_sum += softmax_cross_entropy(logits, y, dlogits);
+      const double loss = softmax_cross_entropy(logits, y, dlogits);
+      // A run that diverged (too large a learning rate) has nothing worth going on with or
+      // keeping: say so at once rather than train on NaN and save useless weights.
+      if (!std::isfinite(loss))
+        throw std::runtime_error("training diverged at epoch " + std::to_string(epoch) + ", step " +
+                                 std::to_string(step + 1) + ": the loss is not finite (lower --lr)" +
+                                 (o.save.empty() ? "" : "; nothing was saved"));
+      loss_sum += loss;
       model->backward(dlogits, keep);
       opt.step();
       ++step;

@@ -1,5 +1,7 @@
 #include "troupe/kernels/weights.hpp"
 
+#include <cmath>
+
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -52,6 +54,9 @@ void load_weights(layer& model, const std::string& path) {
       if (name != p->name || t.shape() != p->value.shape() || t.type() != p->value.type())
         fail(path, "parameter " + std::to_string(values.size()) + " is '" + name + "' " + t.str() +
                        "; the model expects '" + p->name + "' " + p->value.str());
+      if (t.type() == dtype::f32)
+        for (float x : t.data<float>())
+          if (!std::isfinite(x)) fail(path, "parameter '" + name + "' holds a value that is not finite");
       values.push_back(std::move(t));
     }
     if (r.remaining() != 0) fail(path, std::to_string(r.remaining()) + " unexpected bytes after the parameters");

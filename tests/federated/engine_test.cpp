@@ -1004,3 +1004,40 @@ TEST(Checkpoint, ReadsVersionOneFilesOfSynchronousRunsAndRefusesUnknownVersions)
   EXPECT_EQ(other.rounds_done(), 0);
   std::remove(file.c_str());
 }
+
+TEST(Checkpoint, RefusesValuesNoRunWritesEvenWithAValidChecksum) {
+  // A crafted file: a NaN or negative clock, a NaN in the model. Each is refused on load (it was
+  // found rounds later as a NaN accuracy or an infinite clock), and nothing changes.
+  auto o = small("fedadam", 2);
+  const std::string file = temp_file("forged.ckpt");
+  {
+    simulation first(o, fashion());
+    run_to(first, 1);
+    first.save_checkpoint(file);
+  }
+  const std::string bytes = file_bytes(file);
+  const std::string body = bytes.substr(0, bytes.size() - 4);
+  // Layout: magic (8), version (4), the options' fingerprint (u64 length, chars), rounds (i64),
+  // clock (f64), the model (u64 length, floats), ...
+  std::uint64_t fingerprint = 0;
+  std::memcpy(&fingerprint, body.data() + 12, 8);
+  const std::size_t clock_at = 12 + 8 + fingerprint + 8, model_at = clock_at + 8 + 8;
+  auto forged = [&](std::size_t at, auto value) {
+    std::string b = body;
+    std::memcpy(b.data() + at, &value, sizeof value);
+    write_file(file, reversioned(b, 2));
+  };
+  simulation other(o, fashion());
+  forged(clock_at, std::nan(""));
+  expect_error<std::runtime_error>([&] { other.load_checkpoint(file); }, "malformed: the simulated clock is nan");
+  forged(clock_at, -1e300);
+  expect_error<std::runtime_error>([&] { other.load_checkpoint(file); }, "malformed: the simulated clock is");
+  forged(model_at + 4 * 10, std::nanf(""));
+  expect_error<std::runtime_error>([&] { other.load_checkpoint(file); }, "malformed: the model holds a value that is not finite");
+  EXPECT_EQ(other.rounds_done(), 0);
+  // The untouched file still loads.
+  write_file(file, bytes);
+  other.load_checkpoint(file);
+  EXPECT_EQ(other.rounds_done(), 1);
+  std::remove(file.c_str());
+}

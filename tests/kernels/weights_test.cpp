@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -83,6 +84,32 @@ TEST(Weights, BadFilesAreClearErrorsAndLeaveTheModelUnchanged) {
   auto deeper = make_mlp("mlp:12-8-3-3");
   save_weights(*deeper, temp("weights_deeper.trpw"));
   expect_load_error(*model, temp("weights_deeper.trpw"), "parameters; the model has");
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Weights, NonFiniteValuesAreRefusedOnLoad) {
+  // A file that a diverged run could have written: loading it is an error that names the
+  // parameter, and the model keeps its weights.
+  auto a = troupe::kernels::make_mlp("mlp:12-8-3"), b = troupe::kernels::make_mlp("mlp:12-8-3");
+  a->initialize(1);
+  b->initialize(2);
+  a->parameters()[1]->value.data<float>()[3] = std::nanf("");
+  const std::string path = temp("nonfinite.trpw");
+  troupe::kernels::save_weights(*a, path);
+  auto c = troupe::kernels::make_mlp("mlp:12-8-3");
+  c->initialize(2);
+  try {
+    troupe::kernels::load_weights(*b, path);
+    ADD_FAILURE() << "loaded a NaN weight";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not finite"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(a->parameters()[1]->name), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(same_weights(*b, *c));
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -29,8 +29,12 @@ struct fashion_mnist;
 
 namespace troupe::federated {
 
+/// The largest population a simulation takes: each client is an actor with its own state, about
+/// 250 bytes even with the noop trainer (10 million: 2.5 GB).
+constexpr std::size_t max_clients = 10'000'000;
+
 struct simulation_options {
-  std::size_t clients = 100;
+  std::size_t clients = 100;  ///< at most max_clients
   std::size_t per_round = 10;     ///< clients sampled per round (unless fraction > 0)
   double fraction = 0;            ///< > 0: sample round(fraction * clients) ...
   std::size_t min_per_round = 1;  ///< ... but at least this many
