@@ -24,6 +24,16 @@ void check_stage_count(std::size_t layers, std::size_t stages) {
   }
 }
 
+// The exact partitioners keep two tables of (stages + 1) x (layers + 1) entries: refuse shapes
+// that would take gigabytes (and minutes) instead of allocating them.
+void check_table_size(std::size_t layers, std::size_t stages) {
+  constexpr std::size_t most = std::size_t{1} << 25;
+  if ((stages + 1) > most / (layers + 1))
+    throw std::invalid_argument("cutting " + std::to_string(layers) + " layers into " + std::to_string(stages) +
+                                " stages exactly needs tables of (stages + 1) x (layers + 1) entries, more than " +
+                                std::to_string(most) + ": use fewer layers (merge neighbours) or fewer stages");
+}
+
 void check_values(std::span<const double> values, const char* what) {
   for (std::size_t i = 0; i < values.size(); ++i) {
     if (!std::isfinite(values[i]) || values[i] < 0) {
@@ -194,6 +204,7 @@ partition partition_uniform(std::size_t layers, std::size_t stages) {
 
 partition partition_by_parameters(std::span<const std::uint64_t> params, std::size_t stages) {
   check_stage_count(params.size(), stages);
+  check_table_size(params.size(), stages);
   std::uint64_t total = 0;
   for (std::uint64_t v : params) {
     if (v > std::numeric_limits<std::uint64_t>::max() - total) {
@@ -213,6 +224,7 @@ partition partition_by_parameters(std::span<const std::uint64_t> params, std::si
 partition partition_balanced(std::span<const double> costs, std::size_t stages,
                              std::optional<memory_limit> limit) {
   check_stage_count(costs.size(), stages);
+  check_table_size(costs.size(), stages);
   check_values(costs, "cost");
   cutter<double> c{costs, {}, std::numeric_limits<double>::infinity()};
   if (limit) {
