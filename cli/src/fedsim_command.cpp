@@ -28,8 +28,9 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   auto& o = f->o;
   auto* cmd = app.add_subcommand("fedsim", "simulate federated learning on Fashion-MNIST: client actors, a server, strategies");
   cmd->add_option("--clients", o.clients, "clients in the population")->capture_default_str();
-  cmd->add_option("--per-round", o.per_round, "clients sampled per round")->capture_default_str();
-  cmd->add_option("--fraction", o.fraction, "sample this fraction of the clients per round instead (0: use --per-round)");
+  auto* per_round = cmd->add_option("--per-round", o.per_round, "clients sampled per round")->capture_default_str();
+  cmd->add_option("--fraction", o.fraction, "sample this fraction of the clients per round instead (0: use --per-round)")
+      ->excludes(per_round);
   cmd->add_option("--min-per-round", o.min_per_round, "at least this many clients per round")->capture_default_str();
   cmd->add_option("--rounds", o.rounds, "rounds to run")->capture_default_str();
   cmd->add_option("--local-epochs", o.local_epochs, "passes over its shard per client per round")->capture_default_str();
@@ -136,6 +137,9 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                     s.final_accuracy, s.rounds, s.rounds_per_s, s.peak_rss_mb, s.seconds,
                     static_cast<unsigned>(s.model_crc32));
       rc = 0;
+    } catch (const std::bad_alloc&) {
+      if (tty) std::fprintf(stderr, "\r\033[K");
+      fail("out of memory (the model, the clients or their state are too large for this machine)");
     } catch (const std::exception& e) {
       if (tty) std::fprintf(stderr, "\r\033[K");
       fail(e.what());

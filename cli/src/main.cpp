@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <charconv>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <iostream>
@@ -20,8 +22,15 @@ int main(int argc, char** argv) {
   troupe::cli::add_fedsim_command(app, rc);
   troupe::cli::add_node_command(app, rc);
   // CLI11 reads "-1" into an unsigned option as 2^64 - 1: every unsigned option refuses a sign.
+  // And a value beyond 2^64 - 1 is clamped to it by the conversion: refuse it instead.
   const CLI::Validator no_sign(
-      [](std::string& text) { return text.find('-') == 0 ? std::string("must not be negative") : std::string(); },
+      [](std::string& text) {
+        if (text.find('-') == 0) return std::string("must not be negative");
+        std::uint64_t v = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (ec == std::errc::result_out_of_range) return "is larger than " + std::to_string(UINT64_MAX);
+        return std::string();
+      },
       "", "NONNEGATIVE");
   // An empty text value is a mistake (an unset shell variable: `--tls-cert "$CERT"`), never a
   // way to say "none": every text option refuses it instead of quietly running without it.

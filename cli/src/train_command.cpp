@@ -25,7 +25,7 @@ void add_train_command(CLI::App& app, int& rc) {
   cmd->add_option("--batch", o->batch, "samples per step")->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of initialization and shuffling")->capture_default_str();
   cmd->add_option("--lr", o->lr, "learning rate")->capture_default_str();
-  cmd->add_option("--weight-decay", o->weight_decay, "weight decay (Adam, AdamW)")->capture_default_str();
+  cmd->add_option("--weight-decay", o->weight_decay, "weight decay (default: 0.01 for adam and adamw, 0 for sgd)");
   cmd->add_option("--save", o->save, "write the trained weights to this file");
   cmd->add_option("--load", o->load, "start from the weights in this file");
   cmd->add_flag("--json", *json, "print a final summary line as JSON");
@@ -51,6 +51,9 @@ void add_train_command(CLI::App& app, int& rc) {
         std::printf("test accuracy %.4f after %d epochs, %.0f samples/s, %.1f s\n", result.test_accuracy,
                     o->epochs, result.samples_per_s, result.seconds);
       rc = 0;
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr, "troupe train: out of memory (the model or --batch is too large for this machine)\n");
+      rc = 1;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "troupe train: %s\n", e.what());
       rc = 1;

@@ -28,6 +28,10 @@ double number(const std::string& text, const std::string& spec) { return detail:
 std::size_t count(const std::string& text, const std::string& spec) {
   const double v = number(text, spec);
   if (v < 0 || v != std::floor(v)) bad("'" + spec + "': '" + text + "' is not a whole number >= 0");
+  // A count of clients: never more than a simulation holds (and a double beyond 2^64 would not
+  // convert at all).
+  if (v > static_cast<double>(max_clients))
+    bad("'" + spec + "': " + text + " is more than the " + std::to_string(max_clients) + " clients a simulation holds");
   return static_cast<std::size_t>(v);
 }
 
@@ -458,7 +462,7 @@ bool is_robust_rule(const std::string& spec) {
 
 std::size_t least_updates(const std::string& spec) {
   const auto p = detail::split_spec(spec);
-  auto n = [&](std::size_t i) { return static_cast<std::size_t>(detail::spec_number(p.at(i), spec)); };
+  auto n = [&](std::size_t i) { return count(p.at(i), spec); };
   if (p[0] == "trimmed-mean") return 2 * n(1) + 1;
   if (p[0] == "krum") return 2 * n(1) + 3;
   if (p[0] == "multi-krum") return std::max(2 * n(1) + 3, n(2));

@@ -28,14 +28,8 @@ flat_mlp::flat_mlp(std::vector<int> sizes) : sizes_(std::move(sizes)) {
 }
 
 flat_mlp flat_mlp::from_spec(const std::string& spec) {
-  auto model = kernels::make_mlp(spec);
   std::vector<int> sizes;
-  auto params = model->parameters();
-  for (std::size_t i = 0; i < params.size(); i += 2) {
-    const auto& w = params[i]->value;
-    if (sizes.empty()) sizes.push_back(static_cast<int>(w.dim(1)));
-    sizes.push_back(static_cast<int>(w.dim(0)));
-  }
+  for (const std::int64_t s : kernels::mlp_sizes(spec)) sizes.push_back(static_cast<int>(s));  // at most 2^20 each
   return flat_mlp(std::move(sizes));
 }
 

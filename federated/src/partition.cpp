@@ -117,11 +117,15 @@ partition partition_shards(const tensor& labels, std::size_t clients, int per_cl
 partition partition_power_law(std::size_t examples, std::size_t clients, double exponent, std::uint64_t seed) {
   check_clients(clients, examples, "powerlaw", true);
   if (!(exponent > 0)) throw std::invalid_argument("powerlaw:A needs A > 0");
-  // Pareto(A) weights by inversion, then one example each and the rest in proportion.
+  // Pareto(A) weights by inversion, then one example each and the rest in proportion. In logs,
+  // scaled by the largest: a small A makes (1 - u)^(-1/A) overflow (every weight infinite, and
+  // the shares NaN), while the largest client simply takes nearly everything.
   splitmix64 g{seed ^ 0x5851F42D4C957F2Dull};
   std::vector<double> w(clients);
+  double top = 0;
+  for (auto& v : w) top = std::max(top, v = -std::log(1.0 - g.uniform01()) / exponent);
   double total = 0;
-  for (auto& v : w) total += (v = std::pow(1.0 - g.uniform01(), -1.0 / exponent));
+  for (auto& v : w) total += (v = std::exp(v - top));
   const std::size_t spare = examples - clients;
   std::vector<std::size_t> sizes(clients);
   std::size_t used = 0;

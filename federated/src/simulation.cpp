@@ -61,7 +61,7 @@ public:
     if (net_.inputs() != pixels_)
       throw std::invalid_argument("model '" + spec_ + "' takes " + std::to_string(net_.inputs()) + " inputs; the images have " +
                                   std::to_string(pixels_) + " pixels");
-    if (net_.outputs() < fashion_mnist_classes)
+    if (net_.outputs() != fashion_mnist_classes)
       throw std::invalid_argument("model '" + spec_ + "' has " + std::to_string(net_.outputs()) + " outputs; the data has " +
                                   std::to_string(fashion_mnist_classes) + " classes");
     for (int v = 0; v < 256; ++v) lut_[v] = (static_cast<float>(v) / 255.0f - fashion_mnist_mean) / fashion_mnist_std;
@@ -357,8 +357,11 @@ latency_model parse_latency(const std::string& spec) {
   if ((name != "lognormal" && name != "exponential") || arg.empty())
     throw std::invalid_argument("--latency '" + spec + "': use lognormal:SIGMA or exponential:MEAN");
   latency_model m{name == "exponential", spec_number(arg, "--latency '" + spec + "'")};
-  if (m.exponential ? !(m.parameter > 0) : !(m.parameter >= 0))
-    throw std::invalid_argument("--latency '" + spec + "': " + (m.exponential ? "the mean must be positive" : "sigma must be >= 0"));
+  // A client's speed factor: sigma up to 5 (factors of e^20 at four sigmas) or a mean up to
+  // 1000; beyond, simulated times leave the range of a double.
+  if (m.exponential ? !(m.parameter > 0 && m.parameter <= 1000) : !(m.parameter >= 0 && m.parameter <= 5))
+    throw std::invalid_argument("--latency '" + spec + "': " +
+                                (m.exponential ? "the mean must be in (0, 1000]" : "sigma must be in [0, 5]"));
   return m;
 }
 
@@ -1237,6 +1240,19 @@ summary run_simulation(const simulation_options& options, const std::function<vo
   for (int r = first; r <= options.rounds; ++r) {
     const round_report rr = sim.run_round();
     round_seconds += rr.seconds;
+    // A run that diverged (too large a learning rate, an attack or noise far beyond the model's
+    // scale) has nothing worth going on with or saving: stop before the checkpoint, so that the
+    // last one written can still be resumed.
+    {
+      const auto model = sim.global_model();
+      if (!std::all_of(model.begin(), model.end(), [](float x) { return std::isfinite(x); }))
+        throw std::runtime_error("round " + std::to_string(r) +
+                                 " diverged: the model is no longer finite (lower --lr or --server-lr, or check the "
+                                 "attack and noise settings)" +
+                                 (file.empty() ? "" : "; the checkpoint keeps the last finite round"));
+      if (!std::isfinite(sim.simulated_seconds()))
+        throw std::runtime_error("round " + std::to_string(r) + ": the simulated clock is no longer finite (lower --latency)");
+    }
     progress p;
     p.round = &rr;
     p.rounds = options.rounds;

@@ -1,5 +1,6 @@
 #include "troupe/kernels/layers.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <sstream>
@@ -503,25 +504,40 @@ void sequential::initialize(std::uint64_t seed) {
     layers_[i]->initialize(seed * 0x9E3779B97F4A7C15ull + (i + 1) * 0xBF58476D1CE4E5B9ull);
 }
 
-std::unique_ptr<sequential> make_mlp(const std::string& spec) {
+std::vector<std::int64_t> mlp_sizes(const std::string& spec) {
   const std::string prefix = "mlp:";
   if (spec.rfind(prefix, 0) != 0)
     throw std::invalid_argument("model '" + spec + "' is not of the form mlp:784-256-128-10");
+  constexpr std::int64_t widest = std::int64_t{1} << 20, most_params = std::int64_t{1} << 28;
   std::vector<std::int64_t> sizes;
-  std::string rest = spec.substr(prefix.size());
+  const std::string rest = spec.substr(prefix.size());
   std::size_t pos = 0;
-  while (pos <= rest.size()) {
-    auto dash = rest.find('-', pos);
-    auto item = rest.substr(pos, dash == std::string::npos ? std::string::npos : dash - pos);
-    char* end = nullptr;
-    long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 1)
-      throw std::invalid_argument("model '" + spec + "': '" + item + "' is not a positive layer size");
+  for (;;) {
+    const auto dash = rest.find('-', pos);
+    const auto item = rest.substr(pos, dash == std::string::npos ? std::string::npos : dash - pos);
+    // Digits only (strtoll would take spaces and signs); more than 7 is beyond the limit anyway.
+    const bool digits = !item.empty() && item.size() <= 7 &&
+                        std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const std::int64_t v = digits ? std::stoll(item) : 0;
+    if (v < 1) throw std::invalid_argument("model '" + spec + "': '" + item + "' is not a positive layer size");
+    if (v > widest)
+      throw std::invalid_argument("model '" + spec + "': a layer of " + item + " units (at most " +
+                                  std::to_string(widest) + ")");
     sizes.push_back(v);
     if (dash == std::string::npos) break;
     pos = dash + 1;
   }
   if (sizes.size() < 2) throw std::invalid_argument("model '" + spec + "' needs at least an input and an output size");
+  std::int64_t params = 0;
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) params += sizes[i] * sizes[i + 1] + sizes[i + 1];
+  if (params > most_params)
+    throw std::invalid_argument("model '" + spec + "' has " + std::to_string(params) + " parameters (at most " +
+                                std::to_string(most_params) + ")");
+  return sizes;
+}
+
+std::unique_ptr<sequential> make_mlp(const std::string& spec) {
+  const auto sizes = mlp_sizes(spec);
   auto m = std::make_unique<sequential>();
   for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
     if (i) m->add(make_relu());

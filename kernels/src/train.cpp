@@ -37,6 +37,9 @@ train_result train(const train_options& o, const std::function<void(const train_
     throw std::invalid_argument("dataset '" + o.dataset + "' is not known (use fashion-mnist)");
   if (o.epochs < 1) throw std::invalid_argument("--epochs must be at least 1");
   if (o.batch < 1) throw std::invalid_argument("--batch must be at least 1");
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) throw std::invalid_argument("--lr must be a positive number");
+  if (o.weight_decay && (!(*o.weight_decay >= 0) || !std::isfinite(*o.weight_decay)))
+    throw std::invalid_argument("--weight-decay must be a number >= 0");
   if (!o.save.empty())  // before training, not after it
     check_writable(o.save, [&](const std::string& why) { throw std::invalid_argument("--save " + o.save + ": " + why); });
   const auto storage = parse_state_storage(o.state);
@@ -49,6 +52,13 @@ train_result train(const train_options& o, const std::function<void(const train_
     throw std::invalid_argument("the dataset has " + std::to_string(data.train.size()) + " training and " +
                                 std::to_string(data.test.size()) + " test examples: training needs both");
   const tensor train_x = normalize(data.train.images), test_x = normalize(data.test.images);
+  if (o.batch > data.train.size())
+    throw std::invalid_argument("--batch " + std::to_string(o.batch) + " is larger than the " +
+                                std::to_string(data.train.size()) + " training examples");
+  const std::int64_t classes = 10;  // Fashion-MNIST
+  if (const auto outputs = mlp_sizes(o.model).back(); outputs != classes)
+    throw std::invalid_argument("model '" + o.model + "' has " + std::to_string(outputs) + " outputs; the dataset has " +
+                                std::to_string(classes) + " classes");
   if (train_x.dim(1) != model->parameters().front()->value.dim(1))
     throw std::invalid_argument("model '" + o.model + "' takes " +
                                 std::to_string(model->parameters().front()->value.dim(1)) +
@@ -58,7 +68,7 @@ train_result train(const train_options& o, const std::function<void(const train_
 
   hyperparameters hp;
   hp.lr = o.lr;
-  hp.weight_decay = kind == optimizer_kind::sgd ? 0.0 : o.weight_decay;
+  hp.weight_decay = o.weight_decay.value_or(kind == optimizer_kind::sgd ? 0.0 : 1e-2);
   if (kind == optimizer_kind::sgd) hp.momentum = 0.9;
   optimizer opt(kind, {{model->parameters(), hp, {.storage = storage}}});
   const std::int64_t n = data.train.size();

@@ -57,8 +57,11 @@ small=$(sed -n 's/.*"port":\([0-9]*\).*/\1/p' "$dir/small")
   sleep 1
   for fd in "${fds[@]}"; do exec {fd}>&-; done
 ) 2>/dev/null
+# Once per episode: an episode ends when an accept succeeds (the head may close a connection that
+# never authenticates while the others wait), so a few are possible, never thousands.
 failures=$(grep -c "accept failed" "$dir/small.err" || true)
-[ "$failures" -eq 1 ] || fail "a head out of descriptors logged $failures accept failures (want 1): $(head -c 2000 "$dir/small.err")"
+[ "$failures" -ge 1 ] && [ "$failures" -le 10 ] ||
+  fail "a head out of descriptors logged $failures accept failures (want 1 to 10): $(head -c 2000 "$dir/small.err")"
 "$troupe" status --address "127.0.0.1:$small" >/dev/null || fail "the head did not serve again after running out of descriptors"
 
 # The worker leaves on SIGTERM; the head then reports one node alive.

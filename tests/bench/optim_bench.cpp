@@ -169,6 +169,10 @@ int run_optim(const optim_options& o, std::ostream& out) {
     std::cerr << "troupe bench optim: need params >= tensors >= 1 and steps >= 1\n";
     return 1;
   }
+  if (o.tensors > 100000) {  // each holds a few KiB of bookkeeping besides its elements
+    std::cerr << "troupe bench optim: --tensors " << o.tensors << " is more than 100000\n";
+    return 1;
+  }
   if (!o.only.empty() && o.only != "sgd" && o.only != "adam" && o.only != "adamw") {
     std::cerr << "troupe bench optim: --only '" << o.only << "' is not one of: sgd, adam, adamw\n";
     return 1;

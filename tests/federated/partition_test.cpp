@@ -82,6 +82,21 @@ TEST(Partition, PowerLawSizesAreSkewedAndCoverTheData) {
   EXPECT_EQ(partition_power_law(10000, 100, 1.2, 9).offsets, p.offsets);
 }
 
+TEST(Partition, APowerLawOfTinyExponentGivesNearlyEverythingToOneClient) {
+  // (1 - u)^(-1/A) overflows for a tiny A; in logs the weights stay finite and the heaviest client
+  // takes all but the one example each of the others (it came out as an even split).
+  for (double a : {1e-300, 1e-5, 0.0014}) {
+    const auto p = partition_power_law(10000, 100, a, 9);
+    expect_each_index_at_most_once(p, 10000, true);
+    std::size_t largest = 0;
+    for (std::size_t c = 0; c < 100; ++c) {
+      EXPECT_GE(p.shard(c).size(), 1u);
+      largest = std::max(largest, p.shard(c).size());
+    }
+    EXPECT_GE(largest, 9000u) << "exponent " << a;
+  }
+}
+
 TEST(Partition, RejectsMalformedSpecsAndImpossibleSplits) {
   const tensor y = labels_cycling(100, 10);
   for (const char* bad : {"dirichlet", "dirichlet:", "dirichlet:x", "dirichlet:-1", "shards:0", "shards:1.5",

@@ -249,4 +249,13 @@ TEST(Layers, MlpSpecsAreParsedOrRefused) {
                std::invalid_argument);
 }
 
+TEST(Mlp, SpecsAreDecimalSizesWithinLimits) {
+  EXPECT_EQ(mlp_sizes("mlp:784-256-128-10"), (std::vector<std::int64_t>{784, 256, 128, 10}));
+  for (const char* bad : {"mlp:", "mlp:784", "mlp:784-", "mlp:-784-10", "mlp: 784-10", "mlp:784-+10", "mlp:784-0-10",
+                          "mlp:a-b", "mlp:784-2000000-10", "mlp:784-70000-70000-10", "mlp:99999999999999999999-1",
+                          "784-10"})
+    EXPECT_THROW(mlp_sizes(bad), std::invalid_argument) << bad;
+  EXPECT_THROW(make_mlp("mlp:784-70000-70000-10"), std::invalid_argument);  // refused before allocating
+}
+
 }  // namespace

@@ -102,6 +102,11 @@ void move_to(layer& l, device where);
 
 /// "mlp:784-256-128-10": linear layers with ReLU between them.
 std::unique_ptr<sequential> make_mlp(const std::string& spec);
+/// The layer sizes of an MLP spec ("mlp:784-256-128-10" -> 784, 256, 128, 10), as make_mlp reads
+/// them. Throws std::invalid_argument for anything but positive decimal sizes, for a layer above
+/// 2^20 units, and for more than 2^28 parameters in all (a gigabyte of weights, four with
+/// gradients and two Adam moments).
+std::vector<std::int64_t> mlp_sizes(const std::string& spec);
 
 /// Mean softmax cross-entropy of `logits` [N, C] against `labels` [N] (u8, i32 or i64 class
 /// indices); writes d loss / d logits into `dlogits` (allocated when empty). Throws on a label

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,7 @@ struct train_options {
   int batch = 64;
   std::uint64_t seed = 0;
   double lr = 1e-3;
-  double weight_decay = 1e-2;
+  std::optional<double> weight_decay;  ///< unset: 0.01 for adam and adamw, 0 for sgd
   bool cosine = true;  ///< decay the lr to zero along a half cosine over the run
   std::string save;    ///< write the trained weights here (see weights.hpp); empty: do not
   std::string load;    ///< start from these weights instead of a fresh initialization
