@@ -84,7 +84,10 @@ class thread_pool final : public scheduler {
 public:
   thread_pool(system_impl& sys, unsigned threads, unsigned throughput)
       : sys_(sys), throughput_(throughput) {
-    max_searching_ = std::max(1u, threads / 2);
+    // Half the workers may spin looking for work, but never more than half the cores: with more
+    // workers than cores (4096 on 2), spinning searchers only take the cores from those with work.
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    max_searching_ = std::max(1u, std::min(threads, cores) / 2);
     for (unsigned i = 0; i < threads; ++i) {
       auto w = std::make_unique<worker>();
       w->pool = this;
