@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-
 #include <unistd.h>
 
 #include <troupe/core/file.hpp>
@@ -129,12 +128,11 @@ int best_command(const schedule_options& o) {
   // cells of all candidates together) instead of running for minutes.
   const auto names = schedule_names();
   constexpr std::int64_t budget = 16 * max_schedule_cells;
-  const std::int64_t per_v = std::int64_t{o.stages} * o.microbatches;
-  const std::int64_t all = per_v * (1 + 2 + 3 + 4) * static_cast<std::int64_t>(names.size());
-  if (per_v > budget || all > budget)
+  const std::int64_t most = budget / ((1 + 2 + 3 + 4) * static_cast<std::int64_t>(names.size()));
+  if (std::int64_t{o.stages} * o.microbatches > most)
     throw std::invalid_argument("schedule best simulates " + std::to_string(names.size()) +
                                 " schedules at v = 1..4: --stages x --microbatches must be at most " +
-                                std::to_string(budget / (10 * static_cast<std::int64_t>(names.size()))) +
+                                std::to_string(most) +
                                 " (simulate a single schedule with `schedule simulate` for larger shapes)");
   const auto costs = costs_of(o);
   struct row {
