@@ -120,6 +120,9 @@ double sampled_gaussian_rdp(double q, double sigma, double alpha) {
   if (q == 1) return alpha / (2 * sigma * sigma);
   const double log_a = alpha == std::floor(alpha) ? log_a_integer(q, sigma, static_cast<int>(alpha))
                                                    : log_a_fractional(q, sigma, alpha);
+  // With the inputs checked above, NaN only comes of infinities cancelling in the sums, which
+  // happens when sigma is so small that the true value overflows: no privacy at this order.
+  if (std::isnan(log_a)) return std::numeric_limits<double>::infinity();
   return log_a / (alpha - 1);
 }
 
@@ -146,8 +149,10 @@ void rdp_accountant::restore(std::span<const double> rdp) {
   if (rdp.size() != orders_.size())
     throw std::invalid_argument("rdp_accountant: " + std::to_string(rdp.size()) + " values for " +
                                 std::to_string(orders_.size()) + " orders");
+  // +infinity is a value compose() makes (next to no noise: no privacy at that order), so a
+  // checkpoint of such a run resumes; NaN and negative values are never made.
   for (double v : rdp)
-    if (!(v >= 0) || !std::isfinite(v)) throw std::invalid_argument("rdp_accountant: a restored RDP value is not finite and >= 0");
+    if (!(v >= 0)) throw std::invalid_argument("rdp_accountant: a restored RDP value is not >= 0");
   rdp_.assign(rdp.begin(), rdp.end());
 }
 
