@@ -516,13 +516,13 @@ std::vector<std::int64_t> mlp_sizes(const std::string& spec) {
     const auto dash = rest.find('-', pos);
     const auto item = rest.substr(pos, dash == std::string::npos ? std::string::npos : dash - pos);
     // Digits only (strtoll would take spaces and signs); more than 7 is beyond the limit anyway.
-    const bool digits = !item.empty() && item.size() <= 7 &&
-                        std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; });
-    const std::int64_t v = digits ? std::stoll(item) : 0;
-    if (v < 1) throw std::invalid_argument("model '" + spec + "': '" + item + "' is not a positive layer size");
-    if (v > widest)
+    const bool digits =
+        !item.empty() && std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits && (item.size() > 7 || std::stoll(item) > widest))
       throw std::invalid_argument("model '" + spec + "': a layer of " + item + " units (at most " +
                                   std::to_string(widest) + ")");
+    const std::int64_t v = digits ? std::stoll(item) : 0;
+    if (v < 1) throw std::invalid_argument("model '" + spec + "': '" + item + "' is not a positive layer size");
     sizes.push_back(v);
     if (dash == std::string::npos) break;
     pos = dash + 1;
