@@ -66,4 +66,23 @@ void write_file_atomically(const std::string& path, std::span<const std::byte> b
   }
 }
 
+void check_regular(const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    throw std::runtime_error(std::filesystem::is_directory(st) ? "is a directory, not a file" : "is not a regular file");
+}
+
+void check_writable(const std::string& path) {
+  check_regular(path);
+  const std::string tmp = path + ".tmp";
+  check_regular(tmp);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw std::runtime_error(std::string("cannot be written (") + std::strerror(errno) +
+                             "; check the directory exists and is writable)");
+  ::close(fd);
+  std::remove(tmp.c_str());
+}
+
 }  // namespace troupe

@@ -1,5 +1,7 @@
 #include "troupe/core/tensor.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -226,5 +228,15 @@ tensor codec<tensor>::decode(byte_reader& r) {
   r.read_bytes(t.bytes(), t.nbytes());  // straight into the tensor's own buffer
   return t;
 }
+
+namespace {
+template <class T>
+bool finite_all(std::span<const T> values) noexcept {
+  return std::all_of(values.begin(), values.end(), [](T x) { return std::isfinite(x); });
+}
+}  // namespace
+
+bool all_finite(std::span<const float> values) noexcept { return finite_all(values); }
+bool all_finite(std::span<const double> values) noexcept { return finite_all(values); }
 
 }  // namespace troupe

@@ -1052,9 +1052,11 @@ void simulation::load_checkpoint(const std::string& file) {
   auto& e = impl_->engine;
   std::string bytes;
   {
-    std::error_code ec;
-    if (std::filesystem::is_directory(file, ec))
-      throw std::runtime_error("the checkpoint " + file + " is a directory, not a file");
+    try {
+      check_regular(file);
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error("the checkpoint " + file + " " + e.what());
+    }
     std::ifstream in(file, std::ios::binary);
     if (!in) throw std::runtime_error("cannot read the checkpoint " + file);
     bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -1153,18 +1155,15 @@ void simulation::load_checkpoint(const std::string& file) {
     auto bad = [&](const std::string& what) {
       throw std::runtime_error("checkpoint " + file + " is malformed: " + what);
     };
-    auto finite = [](const auto& values) {
-      return std::all_of(values.begin(), values.end(), [](auto x) { return std::isfinite(x); });
-    };
     if (!std::isfinite(clock) || clock < 0) bad("the simulated clock is " + std::to_string(clock));
-    if (!finite(*global)) bad("the model holds a value that is not finite");
-    if (!finite(strategy)) bad("the strategy's state holds a value that is not finite");
+    if (!all_finite(*global)) bad("the model holds a value that is not finite");
+    if (!all_finite(strategy)) bad("the strategy's state holds a value that is not finite");
     // (The transforms' state is theirs to check: a privacy accountant may hold an infinite
     // bound for a run with next to no noise.)
     for (std::size_t c = 0; c < clients.size(); ++c)
-      if (!finite(clients[c].second)) bad("client " + std::to_string(c) + "'s state holds a value that is not finite");
+      if (!all_finite(clients[c].second)) bad("client " + std::to_string(c) + "'s state holds a value that is not finite");
     for (const auto& f : flight)
-      if (f.done && (!finite(f.done->delta) || !std::isfinite(f.done->weight) || !std::isfinite(f.done->loss)))
+      if (f.done && (!all_finite(f.done->delta) || !std::isfinite(f.done->weight) || !std::isfinite(f.done->loss)))
         bad("an update in flight holds a value that is not finite");
   }
 
@@ -1215,15 +1214,10 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     std::filesystem::create_directories(options.checkpoint, ec);
     if (ec) throw std::runtime_error("cannot create the checkpoint directory " + options.checkpoint + ": " + ec.message());
     file = (std::filesystem::path(options.checkpoint) / "fedsim.ckpt").string();
-    {
-      // Writable now, or refused before any round runs (not after the last one).
-      // The probe is the temporary file that every checkpoint write goes through.
-      const std::string probe = file + ".tmp";
-      const bool ok = static_cast<bool>(std::ofstream(probe, std::ios::binary | std::ios::trunc));
-      if (ok) std::remove(probe.c_str());
-      if (!ok)
-        throw std::runtime_error("cannot write the checkpoint " + file +
-                                 " (check that the directory exists and is writable)");
+    try {  // writable now, or refused before any round runs (not after the last one)
+      check_writable(file);
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error("cannot write the checkpoint " + file + ": " + e.what());
     }
     if (std::filesystem::exists(file)) {
       sim.load_checkpoint(file);
@@ -1245,7 +1239,7 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     // last one written can still be resumed.
     {
       const auto model = sim.global_model();
-      if (!std::all_of(model.begin(), model.end(), [](float x) { return std::isfinite(x); }))
+      if (!all_finite(model))
         throw std::runtime_error("round " + std::to_string(r) +
                                  " diverged: the model is no longer finite (lower --lr or --server-lr, or check the "
                                  "attack and noise settings)" +

@@ -4,7 +4,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,27 +18,15 @@
 
 namespace troupe::kernels {
 
-/// Refuses a path that exists and is not a regular file (a directory, a device): saving over it
-/// would replace it, loading from it cannot work. Errors go to fail(why), which throws.
+/// Runs one of core's file checks (troupe::check_regular, troupe::check_writable) and hands its
+/// reason to fail(why), which throws with the caller's context.
 template <class Fail>
-void check_regular(const std::string& path, Fail&& fail) {
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
-    fail(std::filesystem::is_directory(st) ? "is a directory, not a file" : "is not a regular file");
-}
-
-/// Whether write_checksummed could write `path` now (a regular file or nothing there, in a
-/// writable directory): checked by creating and removing `path.tmp`, so that a long run refuses
-/// a bad path before it starts instead of after. Errors go to fail(why), which throws.
-template <class Fail>
-void check_writable(const std::string& path, Fail&& fail) {
-  check_regular(path, fail);
-  const std::string tmp = path + ".tmp";
-  check_regular(tmp, fail);
-  if (!std::ofstream(tmp, std::ios::binary | std::ios::trunc))
-    fail("cannot be written (check the directory exists and is writable)");
-  std::remove(tmp.c_str());
+void check_file(void (*check)(const std::string&), const std::string& path, Fail&& fail) {
+  try {
+    check(path);
+  } catch (const std::runtime_error& e) {
+    fail(e.what());
+  }
 }
 
 /// Appends the CRC-32 of what `w` holds (magic and body) and replaces `path` with it atomically
@@ -47,8 +34,8 @@ void check_writable(const std::string& path, Fail&& fail) {
 /// fail(why), which throws.
 template <class Fail>
 void write_checksummed(const std::string& path, byte_writer& w, Fail&& fail) {
-  check_regular(path, fail);
-  check_regular(path + ".tmp", fail);
+  check_file(check_regular, path, fail);
+  check_file(check_regular, path + ".tmp", fail);
   w.write_raw(crc32(w.buffer()));
   try {
     write_file_atomically(path, w.buffer());
@@ -67,7 +54,7 @@ struct checksummed_file {
 /// Errors go to fail(why), which throws.
 template <class Fail>
 checksummed_file read_checksummed(const std::string& path, const char (&magic)[4], const char* kind, Fail&& fail) {
-  check_regular(path, fail);
+  check_file(check_regular, path, fail);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("does not exist or cannot be read");
   checksummed_file f;

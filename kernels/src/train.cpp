@@ -41,9 +41,13 @@ train_result train(const train_options& o, const std::function<void(const train_
   if (o.weight_decay && (!(*o.weight_decay >= 0) || !std::isfinite(*o.weight_decay)))
     throw std::invalid_argument("--weight-decay must be a number >= 0");
   if (!o.save.empty())  // before training, not after it
-    check_writable(o.save, [&](const std::string& why) { throw std::invalid_argument("--save " + o.save + ": " + why); });
+    check_file(check_writable, o.save,
+               [&](const std::string& why) { throw std::invalid_argument("--save " + o.save + ": " + why); });
   const auto storage = parse_state_storage(o.state);
   const auto kind = parse_optimizer_kind(o.optimizer);
+  if (const auto outputs = mlp_sizes(o.model).back(); outputs != fashion_mnist_classes)
+    throw std::invalid_argument("model '" + o.model + "' has " + std::to_string(outputs) + " outputs; the dataset has " +
+                                std::to_string(fashion_mnist_classes) + " classes");
   auto model = make_mlp(o.model);
 
   const auto start = clock_type::now();
@@ -55,10 +59,6 @@ train_result train(const train_options& o, const std::function<void(const train_
   if (o.batch > data.train.size())
     throw std::invalid_argument("--batch " + std::to_string(o.batch) + " is larger than the " +
                                 std::to_string(data.train.size()) + " training examples");
-  const std::int64_t classes = 10;  // Fashion-MNIST
-  if (const auto outputs = mlp_sizes(o.model).back(); outputs != classes)
-    throw std::invalid_argument("model '" + o.model + "' has " + std::to_string(outputs) + " outputs; the dataset has " +
-                                std::to_string(classes) + " classes");
   if (train_x.dim(1) != model->parameters().front()->value.dim(1))
     throw std::invalid_argument("model '" + o.model + "' takes " +
                                 std::to_string(model->parameters().front()->value.dim(1)) +

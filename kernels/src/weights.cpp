@@ -54,9 +54,8 @@ void load_weights(layer& model, const std::string& path) {
       if (name != p->name || t.shape() != p->value.shape() || t.type() != p->value.type())
         fail(path, "parameter " + std::to_string(values.size()) + " is '" + name + "' " + t.str() +
                        "; the model expects '" + p->name + "' " + p->value.str());
-      if (t.type() == dtype::f32)
-        for (float x : t.data<float>())
-          if (!std::isfinite(x)) fail(path, "parameter '" + name + "' holds a value that is not finite");
+      if (t.type() == dtype::f32 && !all_finite(t.data<float>()))
+        fail(path, "parameter '" + name + "' holds a value that is not finite");
       values.push_back(std::move(t));
     }
     if (r.remaining() != 0) fail(path, std::to_string(r.remaining()) + " unexpected bytes after the parameters");

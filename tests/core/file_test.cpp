@@ -70,4 +70,36 @@ TEST(WriteFileAtomically, AFailureSaysWhyAndLeavesTheOldFile) {
   EXPECT_TRUE(fs::is_directory(path + ".tmp"));  // not ours to remove
 }
 
+TEST(FileChecks, RefuseDirectoriesAndUnwritablePlacesAndLeaveNothingBehind) {
+  const fs::path d = fresh_dir("troupe_file_checks");
+  auto reason = [](void (*check)(const std::string&), const fs::path& p) -> std::string {
+    try {
+      check(p.string());
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // Nothing there, or a regular file: both fine, and the probe leaves no file behind.
+  EXPECT_EQ(reason(troupe::check_regular, d / "absent"), "");
+  EXPECT_EQ(reason(troupe::check_writable, d / "absent"), "");
+  EXPECT_FALSE(fs::exists(d / "absent"));
+  EXPECT_FALSE(fs::exists(d / "absent.tmp"));
+  troupe::write_file_atomically((d / "old").string(), bytes_of("old"));
+  EXPECT_EQ(reason(troupe::check_writable, d / "old"), "");
+  EXPECT_EQ(read_all(d / "old"), "old");
+  // A directory where the file or its temporary file would go.
+  fs::create_directories(d / "dir");
+  EXPECT_EQ(reason(troupe::check_regular, d / "dir"), "is a directory, not a file");
+  EXPECT_EQ(reason(troupe::check_writable, d / "dir"), "is a directory, not a file");
+  fs::create_directories(d / "blocked.tmp");
+  EXPECT_EQ(reason(troupe::check_writable, d / "blocked"), "is a directory, not a file");
+  EXPECT_TRUE(fs::is_directory(d / "blocked.tmp"));
+  EXPECT_EQ(reason(troupe::check_regular, "/dev/null"), "is not a regular file");
+  // A directory that does not exist.
+  const std::string why = reason(troupe::check_writable, d / "missing" / "f");
+  EXPECT_NE(why.find("cannot be written"), std::string::npos) << why;
+  EXPECT_FALSE(fs::exists(d / "missing"));
+}
+
 }  // namespace

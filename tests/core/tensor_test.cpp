@@ -3,7 +3,9 @@
 #include <cstdint>
 #include <random>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include <troupe/core/device.hpp>
 #include <troupe/core/tensor.hpp>
@@ -181,6 +183,26 @@ TEST(Tensor, DeviceViewsCopyBothWaysAndFreedDeviceBlocksAreReused) {
   troupe::release_cached_device_memory();
   const tensor c = tensor::zeros({1 << 18}, dtype::f32, gpu).to(device::cpu());
   for (float v : c.data<float>()) ASSERT_EQ(v, 0.0f);
+}
+
+TEST(Tensor, AllFiniteFindsEveryNanAndInfinityAnywhere) {
+  std::vector<float> f(37, 1.5f);
+  std::vector<double> g(37, -2.0);
+  EXPECT_TRUE(troupe::all_finite(f));
+  EXPECT_TRUE(troupe::all_finite(g));
+  EXPECT_TRUE(troupe::all_finite(std::span<const float>()));
+  for (const std::size_t at : {std::size_t{0}, std::size_t{17}, std::size_t{36}})
+    for (const double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                             -std::numeric_limits<double>::infinity()}) {
+      auto f2 = f;
+      auto g2 = g;
+      f2[at] = static_cast<float>(bad);
+      g2[at] = bad;
+      EXPECT_FALSE(troupe::all_finite(f2)) << at << " " << bad;
+      EXPECT_FALSE(troupe::all_finite(g2)) << at << " " << bad;
+    }
+  EXPECT_TRUE(troupe::all_finite(std::vector<float>{std::numeric_limits<float>::max(), -0.0f,
+                                                    std::numeric_limits<float>::denorm_min()}));
 }
 
 }  // namespace

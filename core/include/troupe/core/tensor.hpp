@@ -193,4 +193,9 @@ tensor tensor::from(std::span<const T> values, shape_type shape) {
   return out;
 }
 
+/// Whether every value is finite (no NaN, no infinity): how loaders refuse crafted files and
+/// training loops notice divergence.
+bool all_finite(std::span<const float> values) noexcept;
+bool all_finite(std::span<const double> values) noexcept;
+
 }  // namespace troupe
