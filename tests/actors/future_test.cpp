@@ -3,6 +3,8 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include <troupe/actors/actor_system.hpp>
@@ -164,6 +166,87 @@ TEST(Future, BlockingGetFromManyThreadsSeesEveryReply) {
   for (int t = 0; t < 4; ++t)
     for (int i = 0; i < 2000; ++i) expected += t * 10000 + i;
   EXPECT_EQ(sum.load(), expected);
+}
+
+// ---- promise ------------------------------------------------------------------------
+
+TEST(Promise, SetOnAnotherThreadCompletesTheFuture) {
+  troupe::promise<std::string> p;
+  auto f = p.get_future();
+  std::thread t([&] { p.set_value("late"); });
+  EXPECT_EQ(f.get(), "late");
+  t.join();
+  EXPECT_FALSE(p.pending());
+}
+
+TEST(Promise, AnExceptionOrAnAbandonedPromiseFailsTheFuture) {
+  troupe::promise<int> p;
+  auto f = p.get_future();
+  p.set_exception(std::make_exception_ptr(std::runtime_error("no value")));
+  EXPECT_THROW(f.get(), std::runtime_error);
+
+  future<int> orphan;
+  {
+    troupe::promise<int> q;
+    orphan = q.get_future();
+  }
+  EXPECT_EQ(code_of([&] { orphan.get(); }), errc::broken_promise);
+
+  // Moving a promise over a pending one abandons the pending one.
+  troupe::promise<void> a, b;
+  auto fa = a.get_future();
+  auto fb = b.get_future();
+  a = std::move(b);
+  EXPECT_EQ(code_of([&] { fa.get(); }), errc::broken_promise);
+  a.set_value();
+  fb.get();
+}
+
+TEST(Promise, SettingTwiceOrTakingTwoFuturesIsAnError) {
+  troupe::promise<int> p;
+  auto f = p.get_future();
+  EXPECT_THROW(p.get_future(), std::logic_error);
+  p.set_value(1);
+  EXPECT_THROW(p.set_value(2), std::logic_error);
+  EXPECT_THROW(p.set_exception(std::make_exception_ptr(std::runtime_error("x"))), std::logic_error);
+  EXPECT_THROW(p.get_future(), std::logic_error);
+  EXPECT_EQ(f.get(), 1);
+}
+
+/// Waits in a coroutine for a value that a later message brings: the pattern of a pipeline
+/// stage waiting for its input.
+struct mailbox_slot {
+  troupe::task<int> wait_for_value() {
+    troupe::promise<int> p;
+    auto f = p.get_future();
+    waiting_ = std::move(p);
+    const int v = co_await std::move(f);
+    co_return v * 2;
+  }
+  void put(int v) {
+    if (waiting_.pending()) waiting_.set_value(v);
+  }
+  troupe::promise<int> waiting_;
+};
+
+TEST(Promise, AReentrantActorAwaitsAValueThatALaterMessageSets) {
+  troupe::actor_system sys{{.threads = 2}};
+  auto slot = sys.spawn<mailbox_slot>(troupe::spawn_options{.reentrant = true});
+  for (int i = 0; i < 200; ++i) {
+    auto f = slot.ask(&mailbox_slot::wait_for_value);
+    slot.tell(&mailbox_slot::put, i);
+    EXPECT_EQ(f.get(), 2 * i);
+  }
+}
+
+TEST(Promise, GetOutsideDrivesTheTestSystemThatMadeIt) {
+  test_system sys;
+  auto slot = sys.spawn<mailbox_slot>(troupe::spawn_options{.reentrant = true});
+  auto f = slot.ask(&mailbox_slot::wait_for_value);
+  sys.run_until_idle();
+  EXPECT_FALSE(f.ready());
+  slot.tell(&mailbox_slot::put, 21);
+  EXPECT_EQ(f.get(), 42);
 }
 
 }  // namespace

@@ -391,6 +391,75 @@ void future<T>::report_unhandled(std::exception_ptr e) noexcept {
   detail::report_callback_error(std::move(e));
 }
 
+/// The writing end of a future, for a reply that comes after the method that promised it: an
+/// actor keeps the promise, hands out its future, and sets it when messages from other actors
+/// have arrived (a pipeline stage's step ends when its last gradient is in).
+///
+///   troupe::promise<int> p;
+///   auto f = p.get_future();       // once
+///   p.set_value(42);               // or p.set_exception(e); once
+///
+/// The future is consumed as any other: get() outside actors, co_await or then() inside (a
+/// reentrant actor lets other messages in while a coroutine awaits it). A promise destroyed
+/// unset fails its future with errc::broken_promise. Move-only; set it from one thread at a
+/// time (an actor's own methods qualify).
+template <class T>
+class promise {
+public:
+  promise() : st_(detail::make_state<T>()) {
+    // Inside an actor (or a test_system's), get() outside it drives that system while waiting.
+    if (auto* cell = detail::tls_current_cell()) st_->set_system(&cell->system());
+  }
+  promise(promise&&) noexcept = default;
+  promise& operator=(promise&& other) noexcept {
+    if (this != &other) {
+      abandon();
+      st_ = std::move(other.st_);
+      future_taken_ = other.future_taken_;
+    }
+    return *this;
+  }
+  ~promise() { abandon(); }
+
+  /// The future this promise completes. Throws std::logic_error when called twice, or after
+  /// the promise was set or moved from.
+  future<T> get_future() {
+    if (!st_ || future_taken_) throw std::logic_error("troupe::promise: get_future() called twice or after set");
+    future_taken_ = true;
+    st_->add_ref();
+    return future<T>(detail::state_ptr<T>(st_.get()));
+  }
+
+  /// Completes the future with a value (nothing for promise<void>). Throws std::logic_error
+  /// when the promise was already set.
+  template <class... A>
+  void set_value(A&&... a) {
+    auto st = take_state();
+    st->complete_value(true, std::forward<A>(a)...);
+  }
+  /// Completes the future with an error, rethrown where it is consumed.
+  void set_exception(std::exception_ptr e) {
+    auto st = take_state();
+    st->fail(std::move(e), true);
+  }
+
+  /// False once set (or moved from).
+  bool pending() const noexcept { return st_ != nullptr; }
+
+private:
+  detail::state_ptr<T> take_state() {
+    if (!st_) throw std::logic_error("troupe::promise: already set (or moved from)");
+    return std::move(st_);
+  }
+  void abandon() noexcept {
+    // The state is ours alone until it is set, and never sits in a mailbox as a request.
+    if (st_) std::exchange(st_, nullptr)->fail(std::make_exception_ptr(error(errc::broken_promise)), true);
+  }
+
+  detail::state_ptr<T> st_;
+  bool future_taken_ = false;
+};
+
 /// A lazily started coroutine: the return type of coroutine methods (`task<int> m()`) and of
 /// helpers they co_await. Inside an actor, `co_await` of a future resumes in that actor.
 template <class T>
