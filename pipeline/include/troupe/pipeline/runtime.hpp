@@ -1,0 +1,93 @@
+#pragma once
+/// @file
+/// The pipeline runtime: one actor per rank runs a schedule's actions on real layers.
+///
+///   troupe::actor_system sys{{.threads = 2}};
+///   auto s = pipeline::make_schedule("1f1b", {.ranks = 4, .microbatches = 8});
+///   pipeline::trainer t(sys, s, std::move(stages), {.optimizer = kernels::optimizer_kind::adamw});
+///   auto r = t.step(x, labels);          // one training step on a batch
+///
+/// Each rank actor owns its stages' layers (kernels::sequential, one per stage, in model order)
+/// and one optimizer over their parameters. A step splits the batch into the schedule's
+/// microbatches and sends each rank its share; the rank walks its action list in order: F, B, I
+/// and W run its layers (the split backward of zero-bubble schedules is the layers' own
+/// backward_input/backward_weight), SEND_F/SEND_B move the activation or gradient tensor into
+/// the neighbour rank's mailbox, and RECV_F/RECV_B wait for it there. The last stage computes the
+/// softmax cross-entropy of its output. The loss is the batch mean: each microbatch's gradient
+/// is scaled by 1/microbatches, so a step equals one step on the whole batch.
+///
+/// A step is all or nothing: the optimizers run only once every rank has finished its actions
+/// and every gradient is finite. A rank that fails (a shape that does not fit, a bad label)
+/// aborts the step on every rank; step() then throws its error and no weight has changed.
+/// Schedules are validated first (pipeline::validate), so a step cannot deadlock.
+///
+/// Not yet: activation checkpointing (schedules with RECOMPUTE are refused), stages on CUDA
+/// devices, and ranks on other nodes.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "troupe/core/tensor.hpp"
+#include "troupe/kernels/layers.hpp"
+#include "troupe/kernels/optim.hpp"
+#include "troupe/pipeline/schedule.hpp"
+
+namespace troupe {
+class actor_system;
+}
+
+namespace troupe::pipeline {
+
+/// How every rank trains its stages.
+struct training_options {
+  kernels::optimizer_kind optimizer = kernels::optimizer_kind::adamw;
+  kernels::hyperparameters hp{};
+  kernels::state_options state{};
+};
+
+/// What one step did.
+struct step_result {
+  double loss = 0;       ///< mean softmax cross-entropy over the batch
+  bool applied = true;   ///< false: a gradient was not finite, and no weight changed
+  double seconds = 0;    ///< wall time of the step
+  /// Per rank: time spent in F, B, I and W, and the most activation bytes held at once.
+  std::vector<double> busy_seconds;
+  std::vector<std::size_t> peak_activation_bytes;
+};
+
+/// Trains a model split into stages with a pipeline schedule, one actor per rank.
+class trainer {
+public:
+  /// Spawns one actor per rank of `s` in `sys` and gives each its stages of `stages` (stage i is
+  /// the model's i-th piece; the last one's output are the logits). Throws
+  /// std::invalid_argument when the stage count differs from the schedule's, a stage is null,
+  /// the schedule recomputes activations, or the optimizer options are refused, and
+  /// pipeline::schedule_error when the schedule cannot run.
+  trainer(actor_system& sys, const schedule& s, std::vector<std::unique_ptr<kernels::sequential>> stages,
+          training_options options = {});
+  ~trainer();
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
+
+  /// One training step on the batch `x` [N, features] with class labels `labels` [N] (u8, i32 or
+  /// i64), split into the schedule's microbatches. Throws std::invalid_argument when N does not
+  /// divide into them, and the first error of a rank when a rank fails (nothing changed then).
+  step_result step(const tensor& x, const tensor& labels);
+
+  /// The model's output for `x` (no training: dropout off), through every stage in order.
+  tensor predict(const tensor& x);
+
+  /// Copies of every parameter value, stage by stage in model order.
+  std::vector<tensor> parameters();
+
+  const schedule& plan() const noexcept;
+  std::int64_t steps() const noexcept;
+
+private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace troupe::pipeline

@@ -1,0 +1,265 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <troupe/actors/actor_system.hpp>
+#include <troupe/kernels/layers.hpp>
+#include <troupe/kernels/optim.hpp>
+#include <troupe/pipeline/generators.hpp>
+#include <troupe/pipeline/runtime.hpp>
+#include <troupe/pipeline/simulator.hpp>
+
+namespace {
+
+using troupe::tensor;
+namespace kernels = troupe::kernels;
+namespace pipeline = troupe::pipeline;
+
+/// An MLP of `stages` linear layers (ReLU between them), 10 outputs, initialized from `seed`.
+std::vector<std::int64_t> sizes_for(int stages, std::int64_t in = 12, std::int64_t hidden = 16) {
+  std::vector<std::int64_t> sizes{in};
+  for (int i = 1; i < stages; ++i) sizes.push_back(hidden);
+  sizes.push_back(10);
+  return sizes;
+}
+
+std::string spec_of(const std::vector<std::int64_t>& sizes) {
+  std::string s = "mlp:";
+  for (std::size_t i = 0; i < sizes.size(); ++i) s += (i ? "-" : "") + std::to_string(sizes[i]);
+  return s;
+}
+
+/// The same model cut after every linear layer (with its ReLU): one stage per linear layer,
+/// holding copies of the whole model's initial values.
+std::vector<std::unique_ptr<kernels::sequential>> cut(kernels::sequential& whole, const std::vector<std::int64_t>& sizes) {
+  std::vector<std::unique_ptr<kernels::sequential>> stages;
+  auto source = whole.parameters();
+  std::size_t next = 0;
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
+    auto s = std::make_unique<kernels::sequential>();
+    s->add(kernels::make_linear(sizes[i], sizes[i + 1]));
+    if (i + 2 < sizes.size()) s->add(kernels::make_relu());
+    for (auto* p : s->parameters()) p->value = source.at(next++)->value.clone();
+    stages.push_back(std::move(s));
+  }
+  return stages;
+}
+
+tensor random_batch(std::int64_t n, std::int64_t features, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(static_cast<std::size_t>(n * features));
+  for (auto& x : v) x = d(rng);
+  return tensor::from<float>(v, {n, features});
+}
+
+tensor random_labels(std::int64_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+  for (auto& y : v) y = static_cast<std::int64_t>(rng() % 10);
+  return tensor::from<std::int64_t>(v, {n});
+}
+
+kernels::hyperparameters adamw_hp() {
+  kernels::hyperparameters hp;
+  hp.lr = 0.01;
+  hp.weight_decay = 0.01;
+  return hp;
+}
+
+/// One step on the whole model as the pipeline defines it: each microbatch in order, its mean
+/// loss scaled by 1/microbatches, the gradients summed, one optimizer step.
+double reference_step(kernels::sequential& model, kernels::optimizer& opt, const tensor& x, const tensor& y, int microbatches) {
+  opt.zero_grad();
+  const auto xs = x.split(microbatches), ys = y.split(microbatches);
+  double loss = 0;
+  for (int j = 0; j < microbatches; ++j) {
+    kernels::saved_activations keep;
+    tensor logits = model.forward(xs[static_cast<std::size_t>(j)], keep, true);
+    tensor dlogits;
+    loss += kernels::softmax_cross_entropy(logits, ys[static_cast<std::size_t>(j)], dlogits) / microbatches;
+    for (float& g : dlogits.data<float>()) g *= 1.0f / static_cast<float>(microbatches);
+    model.backward(dlogits, keep);
+  }
+  opt.step();
+  return loss;
+}
+
+bool same_bits(const tensor& a, const tensor& b) {
+  return a.shape() == b.shape() && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
+}
+
+struct RuntimeSchedules : ::testing::TestWithParam<std::string> {};
+
+// Every schedule the generators make trains exactly as the whole model does, to the bit: the
+// same operations per microbatch, and each stage adds its weight gradients in microbatch order.
+TEST_P(RuntimeSchedules, TrainLikeTheWholeModelToTheBit) {
+  const std::string name = GetParam();
+  const int ranks = 4, microbatches = 8;
+  const auto s = pipeline::generate(name, ranks, microbatches);
+  const auto sizes = sizes_for(s.stages());
+  auto whole = kernels::make_mlp(spec_of(sizes));
+  whole->initialize(7);
+
+  troupe::actor_system sys{{.threads = 2}};
+  pipeline::trainer t(sys, s, cut(*whole, sizes), {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()});
+  kernels::optimizer opt(kernels::optimizer_kind::adamw, {{whole->parameters(), adamw_hp()}},
+                         kernels::optimizer_options{.threads = 1});
+  for (int step = 0; step < 3; ++step) {
+    const tensor x = random_batch(32, sizes.front(), 100 + static_cast<std::uint64_t>(step));
+    const tensor y = random_labels(32, 200 + static_cast<std::uint64_t>(step));
+    const double expected_loss = reference_step(*whole, opt, x, y, microbatches);
+    const auto r = t.step(x, y);
+    EXPECT_TRUE(r.applied);
+    EXPECT_NEAR(r.loss, expected_loss, 1e-6 * std::abs(expected_loss)) << name << " step " << step;
+    ASSERT_EQ(r.busy_seconds.size(), static_cast<std::size_t>(ranks));
+    for (std::size_t k = 0; k < r.peak_activation_bytes.size(); ++k) EXPECT_GT(r.peak_activation_bytes[k], 0u) << k;
+  }
+  const auto got = t.parameters();
+  const auto want = whole->parameters();
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same_bits(got[i], want[i]->value)) << name << " parameter " << i;
+  // predict() runs the stages in order without training.
+  const tensor x = random_batch(5, sizes.front(), 9);
+  kernels::saved_activations keep;
+  EXPECT_TRUE(same_bits(t.predict(x), whole->forward(x, keep, false))) << name;
+  EXPECT_EQ(t.steps(), 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllGenerators, RuntimeSchedules, ::testing::ValuesIn(pipeline::schedule_names()),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (auto& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
+
+TEST(Runtime, OneStepEqualsOneStepOnTheWholeBatchWithOneMicrobatch) {
+  const auto s = pipeline::generate("gpipe", 2, 1);
+  const auto sizes = sizes_for(2);
+  auto whole = kernels::make_mlp(spec_of(sizes));
+  whole->initialize(3);
+  troupe::actor_system sys{{.threads = 2}};
+  pipeline::trainer t(sys, s, cut(*whole, sizes), {.optimizer = kernels::optimizer_kind::sgd, .hp = {.lr = 0.1}});
+  kernels::optimizer opt(kernels::optimizer_kind::sgd, {{whole->parameters(), {.lr = 0.1}}});
+  const tensor x = random_batch(6, sizes.front(), 1);
+  const tensor y = random_labels(6, 2);
+  reference_step(*whole, opt, x, y, 1);
+  t.step(x, y);
+  const auto got = t.parameters();
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same_bits(got[i], whole->parameters()[i]->value)) << i;
+}
+
+TEST(Runtime, LearnsASeparableProblem) {
+  const auto s = pipeline::generate("1f1b", 2, 4);
+  const auto sizes = sizes_for(2, 4, 32);
+  auto whole = kernels::make_mlp(spec_of(sizes));
+  whole->initialize(11);
+  troupe::actor_system sys{{.threads = 2}};
+  pipeline::trainer t(sys, s, cut(*whole, sizes), {.optimizer = kernels::optimizer_kind::adam, .hp = {.lr = 0.02}});
+  // The label is the sign pattern of the first two features (4 classes of 10).
+  const tensor x = random_batch(64, 4, 5);
+  std::vector<std::int64_t> labels;
+  for (std::int64_t i = 0; i < 64; ++i) {
+    const auto row = x.data<float>().subspan(static_cast<std::size_t>(i * 4), 4);
+    labels.push_back((row[0] > 0 ? 1 : 0) + (row[1] > 0 ? 2 : 0));
+  }
+  const tensor y = tensor::from<std::int64_t>(labels, {64});
+  const double first = t.step(x, y).loss;
+  double last = first;
+  for (int i = 0; i < 150; ++i) last = t.step(x, y).loss;
+  EXPECT_LT(last, 0.1 * first) << first << " -> " << last;
+  const tensor logits = t.predict(x);
+  EXPECT_GE(kernels::count_correct(logits, y), 60);
+}
+
+TEST(Runtime, ARankThatFailsAbortsTheStepOnEveryRankAndNothingChanges) {
+  const auto s = pipeline::generate("1f1b", 4, 8);
+  const auto sizes = sizes_for(4);
+  auto whole = kernels::make_mlp(spec_of(sizes));
+  whole->initialize(5);
+  troupe::actor_system sys{{.threads = 2}};
+  pipeline::trainer t(sys, s, cut(*whole, sizes), {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()});
+  const auto before = t.parameters();
+  const tensor x = random_batch(16, sizes.front(), 1);
+  // A label outside the model's 10 classes: the last stage fails in the middle of the step,
+  // while the other ranks wait for its gradients.
+  auto bad = random_labels(16, 2);
+  bad.data<std::int64_t>()[13] = 10;
+  try {
+    t.step(x, bad);
+    ADD_FAILURE() << "a bad label was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("label"), std::string::npos) << e.what();
+  }
+  auto after = t.parameters();
+  for (std::size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(same_bits(before[i], after[i])) << i;
+  // The next step starts clean and trains.
+  const auto r = t.step(x, random_labels(16, 2));
+  EXPECT_TRUE(r.applied);
+  after = t.parameters();
+  EXPECT_FALSE(same_bits(before[0], after[0]));
+}
+
+TEST(Runtime, StagesThatDoNotFitFailWithTheLayersError) {
+  const auto s = pipeline::generate("gpipe", 2, 2);
+  std::vector<std::unique_ptr<kernels::sequential>> stages;
+  stages.push_back(kernels::make_mlp("mlp:8-16"));
+  stages.push_back(kernels::make_mlp("mlp:15-10"));  // 15 inputs where 16 come
+  for (auto& st : stages) st->initialize(1);
+  troupe::actor_system sys{{.threads = 2}};
+  pipeline::trainer t(sys, s, std::move(stages));
+  EXPECT_THROW(t.step(random_batch(4, 8, 1), random_labels(4, 1)), std::invalid_argument);
+  EXPECT_THROW(t.step(random_batch(4, 8, 1), random_labels(4, 1)), std::invalid_argument);
+}
+
+TEST(Runtime, ANonFiniteGradientSkipsTheStepEverywhere) {
+  const auto s = pipeline::generate("zb-h1", 2, 4);
+  const auto sizes = sizes_for(2);
+  auto whole = kernels::make_mlp(spec_of(sizes));
+  whole->initialize(5);
+  troupe::actor_system sys{{.threads = 2}};
+  pipeline::trainer t(sys, s, cut(*whole, sizes));
+  const auto before = t.parameters();
+  tensor x = random_batch(8, sizes.front(), 1);
+  x.data<float>()[0] = std::nanf("");
+  const auto r = t.step(x, random_labels(8, 1));
+  EXPECT_FALSE(r.applied);  // (the ReLU hides the NaN from the loss, not from the first layer's gradient)
+  const auto after = t.parameters();
+  for (std::size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(same_bits(before[i], after[i])) << i;
+}
+
+TEST(Runtime, RefusesWhatCannotRun) {
+  troupe::actor_system sys{{.threads = 2}};
+  const auto sizes = sizes_for(2);
+  auto stages = [&] {
+    auto whole = kernels::make_mlp(spec_of(sizes));
+    whole->initialize(1);
+    return cut(*whole, sizes);
+  };
+  const auto s = pipeline::generate("1f1b", 2, 4);
+  EXPECT_THROW(pipeline::trainer(sys, pipeline::generate("1f1b", 4, 4), stages()), std::invalid_argument);
+  auto with_null = stages();
+  with_null[1].reset();
+  EXPECT_THROW(pipeline::trainer(sys, s, std::move(with_null)), std::invalid_argument);
+  const auto checkpointed = pipeline::with_checkpointing(s, pipeline::checkpoint_policy::parse("every:2"), 4);
+  EXPECT_THROW(pipeline::trainer(sys, checkpointed, stages()), std::invalid_argument);
+  auto broken = s;
+  broken.ranks[1].pop_back();  // a backward never runs
+  EXPECT_THROW(pipeline::trainer(sys, broken, stages()), pipeline::schedule_error);
+  EXPECT_THROW(pipeline::trainer(sys, s, stages(), {.hp = {.lr = -1}}), std::invalid_argument);
+
+  pipeline::trainer t(sys, s, stages());
+  EXPECT_THROW(t.step(random_batch(6, sizes.front(), 1), random_labels(6, 1)), std::invalid_argument);  // 6 % 4
+  EXPECT_THROW(t.step(random_batch(8, sizes.front(), 1), random_labels(4, 1)), std::invalid_argument);
+  EXPECT_THROW(t.step(random_batch(8, sizes.front(), 1).reshape({8, 3, 4}), random_labels(8, 1)), std::invalid_argument);
+  EXPECT_NO_THROW(t.step(random_batch(8, sizes.front(), 1), random_labels(8, 1)));
+}
+
+}  // namespace
