@@ -4,7 +4,7 @@
 #   make tour    the tour of the examples
 #   make test    build everything and run the tests
 #   make bench   run the benchmark suites (and the CAF anchor side by side when installed)
-#   make tsan    build and run the actor runtime's tests under ThreadSanitizer
+#   make tsan    build and run the actor runtime's and the pipeline runtime's tests under ThreadSanitizer
 #   make asan    build and run the unit tests under AddressSanitizer + UBSan
 #   make fuzz    build the frame decoder's libFuzzer target with clang and run it (FUZZ_SECONDS, 60)
 
@@ -55,9 +55,11 @@ $(TSAN_BUILD)/CMakeCache.txt:
 	  -DTROUPE_BUILD_EXAMPLES=OFF $(CMAKE_ARGS)
 
 tsan: deps $(TSAN_BUILD)/CMakeCache.txt
-	cmake --build $(TSAN_BUILD) -j $(JOBS) --target actors_test
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target actors_test pipeline_test
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" TROUPE_STRESS_SCALE=small \
 	  $(TSAN_BUILD)/bin/actors_test
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	  $(TSAN_BUILD)/bin/pipeline_test --gtest_filter='Runtime*:*RuntimeSchedules*'
 
 $(ASAN_BUILD)/CMakeCache.txt:
 	cmake -S . -B $(ASAN_BUILD) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -6,7 +6,10 @@
 
 #include <unistd.h>
 
+#include <troupe/actors/actor_system.hpp>
 #include <troupe/kernels/train.hpp>
+#include <troupe/pipeline/generators.hpp>
+#include <troupe/pipeline/runtime.hpp>
 
 #include "commands.hpp"
 
@@ -15,6 +18,11 @@ namespace troupe::cli {
 void add_train_command(CLI::App& app, int& rc) {
   auto o = std::make_shared<troupe::kernels::train_options>();
   auto json = std::make_shared<bool>(false);
+  struct pipeline_flags {
+    std::string schedule;
+    int ranks = 2, microbatches = 4, virtual_stages = 0;
+  };
+  auto pipe = std::make_shared<pipeline_flags>();
   auto* cmd = app.add_subcommand("train", "train a model on a dataset in this process");
   cmd->add_option("--dataset", o->dataset, "fashion-mnist")->capture_default_str();
   cmd->add_option("--data-dir", o->data_dir, "where the dataset's files are (default: its Debian location)");
@@ -29,9 +37,31 @@ void add_train_command(CLI::App& app, int& rc) {
   cmd->add_option("--save", o->save, "write the trained weights to this file");
   cmd->add_option("--load", o->load, "start from the weights in this file");
   cmd->add_flag("--json", *json, "print a final summary line as JSON");
-  cmd->callback([o, json, &rc] {
+  auto* schedule = cmd->add_option("--pipeline", pipe->schedule,
+                                   "train with the pipeline runtime: one stage actor per rank, this schedule (gpipe, "
+                                   "1f1b, interleaved-1f1b, zb-h1, zb-v, ...); the model's linear layers are cut "
+                                   "into the stages by parameter count");
+  cmd->add_option("--ranks", pipe->ranks, "pipeline ranks (stage actors, one or more stages each)")
+      ->capture_default_str()
+      ->needs(schedule);
+  cmd->add_option("--microbatches", pipe->microbatches,
+                  "microbatches per step (--batch must be a multiple; the last batch of an epoch is cut to one)")
+      ->capture_default_str()
+      ->needs(schedule);
+  cmd->add_option("--virtual-stages", pipe->virtual_stages, "stages per rank (0: the schedule's default)")
+      ->capture_default_str()
+      ->needs(schedule);
+  cmd->callback([o, json, pipe, &rc] {
     const bool tty = isatty(STDERR_FILENO);
     try {
+      // The pipeline's stage actors, when asked for; otherwise the model trains in this thread.
+      std::unique_ptr<troupe::actor_system> sys;
+      troupe::kernels::engine_factory engine;
+      if (!pipe->schedule.empty()) {
+        auto plan = troupe::pipeline::generate(pipe->schedule, pipe->ranks, pipe->microbatches, pipe->virtual_stages);
+        sys = std::make_unique<troupe::actor_system>(troupe::system_config{});
+        engine = troupe::pipeline::pipeline_engine(*sys, std::move(plan));
+      }
       auto result = troupe::kernels::train(*o, [&](const troupe::kernels::train_progress& p) {
         if (p.epoch_done) {
           std::fprintf(stderr, "%sepoch %d/%d  loss %.4f  %.0f samples/s  test accuracy %.4f\n",
@@ -43,7 +73,7 @@ void add_train_command(CLI::App& app, int& rc) {
                        p.samples_per_s);
         }
         std::fflush(stderr);
-      });
+      }, engine);
       if (*json)
         std::printf("{\"test_accuracy\":%.4f,\"samples_per_s\":%.1f,\"seconds\":%.2f}\n",
                     result.test_accuracy, result.samples_per_s, result.seconds);

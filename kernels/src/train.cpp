@@ -19,20 +19,47 @@ double since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-double evaluate(sequential& model, const tensor& x, const tensor& labels) {
+double evaluate(train_engine& engine, const tensor& x, const tensor& labels) {
   std::int64_t correct = 0;
   const std::int64_t n = x.dim(0), chunk = 1000;
   for (std::int64_t b = 0; b < n; b += chunk) {
     const std::int64_t e = std::min(n, b + chunk);
-    saved_activations keep;
-    tensor logits = model.forward(x.slice(b, e), keep, false);
-    correct += count_correct(logits, labels.slice(b, e));
+    correct += count_correct(engine.predict(x.slice(b, e)), labels.slice(b, e));
   }
   return static_cast<double>(correct) / static_cast<double>(n);
 }
+
+/// The whole model and its optimizer, in this thread.
+class local_engine final : public train_engine {
+public:
+  explicit local_engine(const engine_setup& s)
+      : model_(s.model), opt_(s.kind, {{s.model.parameters(), s.hp, s.state}}) {
+    if (s.lr_schedule) opt_.set_lr_schedule(s.lr_schedule);
+  }
+  double step(const tensor& x, const tensor& labels) override {
+    saved_activations keep;
+    opt_.zero_grad();
+    tensor logits = model_.forward(x, keep, true);
+    const double loss = softmax_cross_entropy(logits, labels, dlogits_);
+    model_.backward(dlogits_, keep);
+    opt_.step();
+    return loss;
+  }
+  tensor predict(const tensor& x) override {
+    saved_activations keep;
+    return model_.forward(x, keep, false);
+  }
+  void sync(layer&) override {}  // trained in place
+
+private:
+  sequential& model_;
+  optimizer opt_;
+  tensor dlogits_;
+};
 }  // namespace
 
-train_result train(const train_options& o, const std::function<void(const train_progress&)>& report) {
+train_result train(const train_options& o, const std::function<void(const train_progress&)>& report,
+                   const engine_factory& make_engine) {
   if (o.dataset != "fashion-mnist")
     throw std::invalid_argument("dataset '" + o.dataset + "' is not known (use fashion-mnist)");
   if (o.epochs < 1) throw std::invalid_argument("--epochs must be at least 1");
@@ -66,36 +93,40 @@ train_result train(const train_options& o, const std::function<void(const train_
   model->initialize(o.seed);
   if (!o.load.empty()) load_weights(*model, o.load);
 
-  hyperparameters hp;
-  hp.lr = o.lr;
-  hp.weight_decay = o.weight_decay.value_or(kind == optimizer_kind::sgd ? 0.0 : 1e-2);
-  if (kind == optimizer_kind::sgd) hp.momentum = 0.9;
-  optimizer opt(kind, {{model->parameters(), hp, {.storage = storage}}});
+  engine_setup setup{.model = *model, .sizes = mlp_sizes(o.model), .kind = kind, .hp = {}, .state = {.storage = storage},
+                     .lr_schedule = {}};
+  setup.hp.lr = o.lr;
+  setup.hp.weight_decay = o.weight_decay.value_or(kind == optimizer_kind::sgd ? 0.0 : 1e-2);
+  if (kind == optimizer_kind::sgd) setup.hp.momentum = 0.9;
   const std::int64_t n = data.train.size();
   const std::int64_t steps_per_epoch = (n + o.batch - 1) / o.batch;
   const double total_steps = static_cast<double>(steps_per_epoch) * o.epochs;
   if (o.cosine)
-    opt.set_lr_schedule([total_steps](std::int64_t step, double base) {
+    setup.lr_schedule = [total_steps](std::int64_t step, double base) {
       return base * 0.5 * (1 + std::cos(M_PI * static_cast<double>(step - 1) / total_steps));
-    });
+    };
+  std::unique_ptr<train_engine> engine = make_engine ? make_engine(setup) : std::make_unique<local_engine>(setup);
+  const std::int64_t granule = engine->granule();
+  if (o.batch % granule != 0)
+    throw std::invalid_argument("--batch " + std::to_string(o.batch) + " is not a multiple of " + std::to_string(granule) +
+                                " (the microbatches of a step)");
 
   train_result result;
   double training_seconds = 0;
   std::int64_t samples = 0;
-  tensor x, y, dlogits;
+  tensor x, y;
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     const auto order = shuffled_indices(n, o.seed * 1000003 + static_cast<std::uint64_t>(epoch));
     batch_iterator batches(order, o.batch);
     const auto t0 = clock_type::now();
     double loss_sum = 0;
     std::int64_t step = 0;
-    while (auto rows = batches.next()) {
-      x = gather_rows(train_x, *rows);
-      y = gather_rows(data.train.labels.reshape({n, 1}), *rows).reshape({-1});
-      saved_activations keep;
-      opt.zero_grad();
-      tensor logits = model->forward(x, keep, true);
-      const double loss = softmax_cross_entropy(logits, y, dlogits);
+    while (auto batch = batches.next()) {
+      const auto rows = batch->first(static_cast<std::size_t>(static_cast<std::int64_t>(batch->size()) / granule * granule));
+      if (rows.empty()) continue;  // a last batch smaller than the granule
+      x = gather_rows(train_x, rows);
+      y = gather_rows(data.train.labels.reshape({n, 1}), rows).reshape({-1});
+      const double loss = engine->step(x, y);
       // A run that diverged (too large a learning rate) has nothing worth going on with or
       // keeping: say so at once rather than train on NaN and save useless weights.
       if (!std::isfinite(loss))
@@ -103,10 +134,8 @@ train_result train(const train_options& o, const std::function<void(const train_
                                  std::to_string(step + 1) + ": the loss is not finite (lower --lr)" +
                                  (o.save.empty() ? "" : "; nothing was saved"));
       loss_sum += loss;
-      model->backward(dlogits, keep);
-      opt.step();
       ++step;
-      samples += static_cast<std::int64_t>(rows->size());
+      samples += static_cast<std::int64_t>(rows.size());
       if (report && (step % 50 == 0 || step == steps_per_epoch)) {
         train_progress p;
         p.epoch = epoch;
@@ -118,7 +147,7 @@ train_result train(const train_options& o, const std::function<void(const train_
       }
     }
     training_seconds += since(t0);
-    const double acc = evaluate(*model, test_x, data.test.labels);
+    const double acc = evaluate(*engine, test_x, data.test.labels);
     result.epoch_accuracy.push_back(acc);
     if (report) {
       train_progress p;
@@ -131,7 +160,10 @@ train_result train(const train_options& o, const std::function<void(const train_
       report(p);
     }
   }
-  if (!o.save.empty()) save_weights(*model, o.save);
+  if (!o.save.empty()) {
+    engine->sync(*model);
+    save_weights(*model, o.save);
+  }
   result.test_accuracy = result.epoch_accuracy.back();
   result.samples_per_s = static_cast<double>(samples) / training_seconds;
   result.seconds = since(start);

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "troupe/actors/actor_system.hpp"
+#include "troupe/pipeline/partition.hpp"
 #include "troupe/pipeline/simulator.hpp"
 
 namespace troupe::pipeline {
@@ -72,6 +73,7 @@ public:
     // One optimizer thread: the ranks are the parallelism (results do not depend on threads).
     optimizer_.emplace(options.optimizer, std::vector<kernels::param_group>{{params, options.hp, options.state}},
                        kernels::optimizer_options{.threads = 1});
+    if (options.lr_schedule) optimizer_->set_lr_schedule(options.lr_schedule);
   }
 
   void connect(std::vector<actor_ref<rank_actor>> ranks) { ranks_ = std::move(ranks); }
@@ -416,6 +418,67 @@ std::vector<tensor> trainer::parameters() {
          impl_->ranks[static_cast<std::size_t>(plan.place.rank_of(s))].ask(&rank_actor::parameter_values, s).get())
       out.push_back(std::move(t));
   return out;
+}
+
+std::vector<std::unique_ptr<kernels::sequential>> cut_mlp(kernels::sequential& model,
+                                                          const std::vector<std::int64_t>& sizes, int stages) {
+  const auto params = model.parameters();
+  const std::size_t layers = sizes.size() < 2 ? 0 : sizes.size() - 1;
+  auto bad = [&](const std::string& why) { throw std::invalid_argument("cut_mlp: " + why); };
+  if (params.size() != 2 * layers) bad("the model does not have the layers of its sizes");
+  for (std::size_t i = 0; i < layers; ++i)
+    if (params[2 * i]->value.shape() != tensor::shape_type{sizes[i + 1], sizes[i]} ||
+        params[2 * i + 1]->value.shape() != tensor::shape_type{1, sizes[i + 1]})
+      bad("layer " + std::to_string(i) + " is not linear(" + std::to_string(sizes[i]) + "->" +
+          std::to_string(sizes[i + 1]) + ")");
+  if (stages < 1 || static_cast<std::size_t>(stages) > layers)
+    bad("a model of " + std::to_string(layers) + " linear layers cannot fill " + std::to_string(stages) +
+        " stages (give it more layers, or use fewer ranks or stages per rank)");
+  std::vector<std::uint64_t> counts;
+  for (std::size_t i = 0; i < layers; ++i)
+    counts.push_back(static_cast<std::uint64_t>(sizes[i + 1] * sizes[i] + sizes[i + 1]));
+  const auto cuts = partition_by_parameters(counts, static_cast<std::size_t>(stages));
+  std::vector<std::unique_ptr<kernels::sequential>> out;
+  for (std::size_t s = 0; s < cuts.stages(); ++s) {
+    auto stage = std::make_unique<kernels::sequential>();
+    for (std::size_t i = cuts.boundaries[s]; i < cuts.boundaries[s + 1]; ++i) {
+      stage->add(kernels::make_linear(sizes[i], sizes[i + 1]));
+      if (i + 1 < layers) stage->add(kernels::make_relu());
+    }
+    const auto mine = stage->parameters();
+    for (std::size_t k = 0; k < mine.size(); ++k) mine[k]->value = params[2 * cuts.boundaries[s] + k]->value.clone();
+    out.push_back(std::move(stage));
+  }
+  return out;
+}
+
+namespace {
+class engine final : public kernels::train_engine {
+public:
+  engine(actor_system& sys, const schedule& s, const kernels::engine_setup& setup)
+      : microbatches_(s.microbatches),
+        trainer_(sys, s, cut_mlp(setup.model, setup.sizes, s.stages()),
+                 {.optimizer = setup.kind, .hp = setup.hp, .state = setup.state, .lr_schedule = setup.lr_schedule}) {}
+  double step(const tensor& x, const tensor& labels) override { return trainer_.step(x, labels).loss; }
+  tensor predict(const tensor& x) override { return trainer_.predict(x); }
+  void sync(kernels::layer& model) override {
+    const auto values = trainer_.parameters();
+    const auto params = model.parameters();
+    if (values.size() != params.size()) throw std::logic_error("pipeline engine: the model changed");
+    for (std::size_t i = 0; i < params.size(); ++i) params[i]->value = values[i];
+  }
+  std::int64_t granule() const override { return microbatches_; }
+
+private:
+  std::int64_t microbatches_;
+  trainer trainer_;
+};
+}  // namespace
+
+kernels::engine_factory pipeline_engine(actor_system& sys, schedule s) {
+  return [&sys, s = std::move(s)](const kernels::engine_setup& setup) -> std::unique_ptr<kernels::train_engine> {
+    return std::make_unique<engine>(sys, s, setup);
+  };
 }
 
 }  // namespace troupe::pipeline

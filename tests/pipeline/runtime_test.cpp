@@ -262,4 +262,38 @@ TEST(Runtime, RefusesWhatCannotRun) {
   EXPECT_NO_THROW(t.step(random_batch(8, sizes.front(), 1), random_labels(8, 1)));
 }
 
+TEST(CutMlp, BalancesParametersAndCopiesTheValues) {
+  const std::vector<std::int64_t> sizes{784, 256, 128, 64, 10};
+  auto whole = kernels::make_mlp("mlp:784-256-128-64-10");
+  whole->initialize(3);
+  const auto stages = pipeline::cut_mlp(*whole, sizes, 2);
+  ASSERT_EQ(stages.size(), 2u);
+  // 784x256 is most of the model: it stands alone.
+  EXPECT_EQ(stages[0]->describe().find("linear(256->128)"), std::string::npos) << stages[0]->describe();
+  EXPECT_NE(stages[1]->describe().find("linear(256->128)"), std::string::npos) << stages[1]->describe();
+  std::vector<kernels::parameter*> cut_params;
+  for (const auto& s : stages)
+    for (auto* p : s->parameters()) cut_params.push_back(p);
+  const auto params = whole->parameters();
+  ASSERT_EQ(cut_params.size(), params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(same_bits(cut_params[i]->value, params[i]->value)) << i;
+    EXPECT_NE(cut_params[i]->value.bytes(), params[i]->value.bytes()) << "a copy, not a view";
+  }
+  // The cut model computes what the whole one does.
+  const tensor x = random_batch(3, 784, 4);
+  kernels::saved_activations k0, k1, kw;
+  const tensor y = stages[1]->forward(stages[0]->forward(x, k0, false), k1, false);
+  EXPECT_TRUE(same_bits(y, whole->forward(x, kw, false)));
+}
+
+TEST(CutMlp, RefusesMoreStagesThanLayersAndAModelThatIsNotItsSizes) {
+  auto whole = kernels::make_mlp("mlp:8-4-2");
+  EXPECT_THROW(pipeline::cut_mlp(*whole, {8, 4, 2}, 3), std::invalid_argument);
+  EXPECT_THROW(pipeline::cut_mlp(*whole, {8, 4, 2}, 0), std::invalid_argument);
+  EXPECT_THROW(pipeline::cut_mlp(*whole, {8, 5, 2}, 2), std::invalid_argument);
+  EXPECT_THROW(pipeline::cut_mlp(*whole, {8, 4, 2, 2}, 2), std::invalid_argument);
+  EXPECT_EQ(pipeline::cut_mlp(*whole, {8, 4, 2}, 2).size(), 2u);
+}
+
 }  // namespace

@@ -1,14 +1,49 @@
 #pragma once
 /// @file
-/// Single-process training of a model on a dataset: what `troupe train` runs.
+/// Training of a model on a dataset: what `troupe train` runs. The loop (data, epochs, progress,
+/// test accuracy, saving) is here; how a step runs is an engine: the whole model in this thread
+/// by default, or a pipeline of stage actors (troupe/pipeline/runtime.hpp).
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "troupe/core/tensor.hpp"
+#include "troupe/kernels/optim.hpp"
+
 namespace troupe::kernels {
+
+class layer;
+class sequential;
+
+/// Runs train()'s steps.
+class train_engine {
+public:
+  virtual ~train_engine() = default;
+  /// One optimizer step on a batch (rows a multiple of granule()); returns its mean loss.
+  virtual double step(const tensor& x, const tensor& labels) = 0;
+  /// The logits of `x`, without training.
+  virtual tensor predict(const tensor& x) = 0;
+  /// Copies the trained values into the model train() built (before it saves them).
+  virtual void sync(layer& model) = 0;
+  /// Batches must have a multiple of this many rows (the last batch of an epoch is cut to one).
+  virtual std::int64_t granule() const { return 1; }
+};
+
+/// What an engine starts from: the model, initialized (or loaded), its layer sizes, and the
+/// optimizer train() configured from its options.
+struct engine_setup {
+  sequential& model;
+  std::vector<std::int64_t> sizes;  ///< mlp_sizes of the model spec
+  optimizer_kind kind = optimizer_kind::adamw;
+  hyperparameters hp;
+  state_options state;
+  std::function<double(std::int64_t step, double base_lr)> lr_schedule;  ///< empty: constant
+};
+using engine_factory = std::function<std::unique_ptr<train_engine>(const engine_setup&)>;
 
 struct train_options {
   std::string dataset = "fashion-mnist";
@@ -45,7 +80,8 @@ struct train_result {
 };
 
 /// Trains; throws std::invalid_argument for bad options and std::runtime_error for missing data.
-train_result train(const train_options& options,
-                   const std::function<void(const train_progress&)>& report = {});
+/// `make_engine` empty: the whole model steps in this thread.
+train_result train(const train_options& options, const std::function<void(const train_progress&)>& report = {},
+                   const engine_factory& make_engine = {});
 
 }  // namespace troupe::kernels

@@ -26,12 +26,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "troupe/core/tensor.hpp"
 #include "troupe/kernels/layers.hpp"
 #include "troupe/kernels/optim.hpp"
+#include "troupe/kernels/train.hpp"
 #include "troupe/pipeline/schedule.hpp"
 
 namespace troupe {
@@ -45,6 +47,8 @@ struct training_options {
   kernels::optimizer_kind optimizer = kernels::optimizer_kind::adamw;
   kernels::hyperparameters hp{};
   kernels::state_options state{};
+  /// The learning rate of each step (1-based) from the base one; empty: constant.
+  std::function<double(std::int64_t step, double base_lr)> lr_schedule;
 };
 
 /// What one step did.
@@ -89,5 +93,17 @@ private:
   struct impl;
   std::unique_ptr<impl> impl_;
 };
+
+/// Cuts an MLP laid out as kernels::make_mlp makes it (`sizes`: its layer sizes; linear layers
+/// with ReLU between them) into `stages` contiguous stages of whole linear layers, balanced by
+/// parameter count (partition_by_parameters), holding copies of `model`'s values. Throws
+/// std::invalid_argument when the model has fewer linear layers than stages or does not match
+/// `sizes`.
+std::vector<std::unique_ptr<kernels::sequential>> cut_mlp(kernels::sequential& model,
+                                                          const std::vector<std::int64_t>& sizes, int stages);
+
+/// An engine for kernels::train: the model cut into the schedule's stages (cut_mlp) and trained
+/// by a trainer whose rank actors live in `sys`; batches split into the schedule's microbatches.
+kernels::engine_factory pipeline_engine(actor_system& sys, schedule s);
 
 }  // namespace troupe::pipeline
