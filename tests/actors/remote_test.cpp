@@ -232,6 +232,50 @@ TEST(Remote, NamedActorsAreFoundFromAnyNode) {
   EXPECT_TRUE(head.lookup<kv>("local-store"));
 }
 
+TEST(Remote, ActorRefsTravelInMessagesAndCallBackFromAnyNode) {
+  troupe::actor_system head(head_config());
+  child_node w2({"--head", head_of(head), "--token", token});
+  const auto n2 = w2.joined();
+  child_node w3({"--head", head_of(head), "--token", token});
+  const auto n3 = w3.joined();
+  ASSERT_NE(n2, n3);
+  auto a = head.spawn_on<worker>(n2, std::int64_t{100});
+  auto b = head.spawn_on<worker>(n3, std::int64_t{1000});
+  auto c = head.spawn_on<worker>(n2, std::int64_t{10});
+  auto h = head.spawn<worker>(std::int64_t{5});  // in this process, the head
+  EXPECT_EQ(a.ask(&worker::add_via, b, 1).get(), 1001);  // node 2 calls node 3 directly
+  EXPECT_EQ(a.ask(&worker::add_via, c, 1).get(), 11);    // an actor of its own node
+  EXPECT_EQ(a.ask(&worker::add_via, h, 1).get(), 6);     // back to the head's own actor
+  // Refs come back in replies: a remote actor's own, and one of the head's, which arrives as the
+  // head's local actor again.
+  const auto back = a.ask(&worker::self_ref).get();
+  EXPECT_TRUE(back.is_remote());
+  EXPECT_EQ(back.node(), n2);
+  EXPECT_EQ(back.id(), a.id());
+  EXPECT_EQ(back.ask(&worker::add, 1).get(), 101);
+  const auto mine = a.ask(&worker::echo_ref, h).get();
+  EXPECT_FALSE(mine.is_remote());
+  EXPECT_EQ(mine.cell(), h.cell());
+  const auto third = a.ask(&worker::echo_ref, b).get();
+  EXPECT_EQ(third.node(), n3);
+  EXPECT_EQ(third.ask(&worker::add, 2).get(), 1002);
+  // A null ref travels as one: calling it there fails that call only.
+  EXPECT_FALSE(a.ask(&worker::echo_ref, troupe::actor_ref<worker>{}).get());
+  EXPECT_THROW(a.ask(&worker::add_via, troupe::actor_ref<worker>{}, 1).get(), troupe::error);
+  EXPECT_EQ(a.ask(&worker::add, 0).get(), 100);
+  // Outside a node's receiving, a ref's bytes do not decode.
+  const auto bytes = troupe::encode(b);
+  try {
+    troupe::decode<troupe::actor_ref<worker>>(bytes);
+    ADD_FAILURE() << "decoded outside a node";
+  } catch (const troupe::error& e) {
+    EXPECT_EQ(e.code_value(), troupe::errc::decode_error);
+  }
+  // A ref to a local actor cannot leave a system that is no node.
+  troupe::actor_system plain{{.threads = 1}};
+  EXPECT_THROW(troupe::encode(plain.spawn<worker>(std::int64_t{1})), troupe::error);
+}
+
 TEST(Remote, OrderPerSenderAndNoLoss) {
   troupe::actor_system head(head_config());
   child_node w({"--head", head_of(head), "--token", token});

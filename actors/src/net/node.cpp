@@ -235,6 +235,18 @@ std::exception_ptr error_from(const envelope& env) {
 
 // ---- the node ------------------------------------------------------------------------------
 
+class node_runtime;
+
+/// The node whose incoming payload this thread is decoding: what an actor_ref decodes against.
+thread_local node_runtime* tls_decoding_node = nullptr;
+struct decoding_scope {
+  explicit decoding_scope(node_runtime* n) noexcept : saved(std::exchange(tls_decoding_node, n)) {}
+  ~decoding_scope() { tls_decoding_node = saved; }
+  decoding_scope(const decoding_scope&) = delete;
+  decoding_scope& operator=(const decoding_scope&) = delete;
+  node_runtime* saved;
+};
+
 class remote_actor {
 public:
   remote_actor(std::shared_ptr<node_runtime> n, system_impl& s, node_id where, std::uint64_t wire)
@@ -390,6 +402,27 @@ public:
 
   remote_ptr make_remote(node_id where, std::uint64_t wire) {
     return remote_ptr::adopt(new remote_actor(shared_from_this(), sys_, where, wire));
+  }
+
+  /// The address other nodes reach a local actor at (exported under it from now on).
+  ref_address address_of_local(cell_base& c, std::string_view type) {
+    const auto* entry = find_type(type);
+    if (!entry) throw error(errc::type_mismatch, "an actor_ref of " + std::string(type) + ", which is no remote class");
+    return {self(), export_local(c, type)};
+  }
+
+  /// The actor at an address decoded here: this node's own actor, or a handle to another's.
+  spawned resolve(const ref_address& a, std::string_view type) {
+    if (a.where != self()) return {{}, make_remote(a.where, a.wire)};
+    std::lock_guard lock(mu_);
+    auto it = exported_.find(a.wire);
+    if (it == exported_.end() || !it->second.cell)
+      throw error(errc::actor_dead, "an actor_ref to actor " + std::to_string(a.wire) + " of node " +
+                                        std::to_string(a.where) + ", which is gone");
+    if (!it->second.type || it->second.type->name != type)
+      throw error(errc::decode_error, "an actor_ref of " + std::string(type) + " points to a " +
+                                          std::string(it->second.type ? it->second.type->name : "?"));
+    return {it->second.cell, {}};
   }
 
   spawned spawn(node_id where, std::string_view type, std::uint64_t ctor, std::vector<std::byte> args,
@@ -926,6 +959,7 @@ private:
         if (auto m = members_.find(from); m != members_.end()) m->second.heard = clock_type::now();
       }
     }
+    decoding_scope decoding(this);  // actor_refs in the payload resolve against this node
     try {
       switch (env.kind) {
         case envelope_kind::control: return on_control(c, from, std::move(env));
@@ -1167,6 +1201,7 @@ private:
 
   cell_ptr construct_local(std::string_view type, std::uint64_t ctor, std::span<const std::byte> args,
                            const spawn_options& opts) {
+    decoding_scope decoding(this);
     auto fn = find_ctor(type, ctor);
     if (!fn) {
       if (!find_type(type))
@@ -1179,7 +1214,13 @@ private:
     return fn(*sys_.facade, args, opts);
   }
 
+  /// The wire id other nodes call `c` by: the one it was spawned or first exported under, so
+  /// that every ref to it anywhere compares equal.
   std::uint64_t export_local(cell_base& c, std::string_view type) {
+    {
+      std::lock_guard lock(mu_);
+      if (auto it = wire_of_.find(&c); it != wire_of_.end()) return it->second;
+    }
     auto wire = (static_cast<std::uint64_t>(self()) << wire_shift) | c.id();
     export_at(wire, c, find_type(type));
     return wire;
@@ -1192,6 +1233,7 @@ private:
       if (!fresh && it->second.cell) return;
       it->second.cell = cell_ptr(&c);
       it->second.type = type;
+      wire_of_.try_emplace(&c, wire);
     }
     struct on_gone final : down_callback {
       std::weak_ptr<node_runtime> node;
@@ -1214,6 +1256,7 @@ private:
     for (auto w : it->second.watchers)
       if (auto m = members_.find(w); m != members_.end() && m->second.conn)
         m->second.conn->send(control(ctl::down, payload));
+    if (auto w = wire_of_.find(it->second.cell.get()); w != wire_of_.end() && w->second == wire) wire_of_.erase(w);
     exported_.erase(it);
     // Its cluster-wide names go too.
     if (self_ == head_id) {
@@ -1365,6 +1408,7 @@ private:
   std::unordered_map<std::uint64_t, std::shared_ptr<connection>> conns_;
   std::unordered_map<std::uint64_t, pending_call> pending_;
   std::unordered_map<std::uint64_t, exported> exported_;
+  std::unordered_map<const cell_base*, std::uint64_t> wire_of_;  // the first wire each exported cell got
   std::unordered_map<std::uint64_t, watched> watches_;  // remote actors monitored from here
   std::unordered_map<std::uint64_t, node_id> relocated_;  // actors re-created on another node
   std::unordered_map<std::uint64_t, restartable> restartable_;  // head: how to re-create them
@@ -1416,6 +1460,23 @@ void remote_call(remote_actor& a, std::uint64_t method, std::vector<std::byte> a
   a.node->call(a.where, std::move(env), std::move(sink));
 }
 void remote_stop(remote_actor& a) { a.node->stop_remote(a); }
+
+ref_address address_of(cell_base* local, remote_actor* remote, std::string_view type) {
+  if (remote) return {remote->node->location(remote->where, remote->wire), remote->wire};
+  if (!local) return {};
+  auto& sys = local->system();
+  if (!sys.node)
+    throw error(errc::decode_error, "an actor_ref can travel to another process only from a node "
+                                    "(set system_config::node.listen)");
+  return sys.node->address_of_local(*local, type);
+}
+
+spawned resolve(const ref_address& a, std::string_view type) {
+  if (a.where == 0 && a.wire == 0) return {};
+  if (!tls_decoding_node)
+    byte_reader::fail("an actor_ref can be decoded only by the node that receives it");
+  return tls_decoding_node->resolve(a, type);
+}
 
 spawned remote_spawn(system_impl& sys, node_id where, std::string_view type, std::uint64_t ctor,
                      std::vector<std::byte> args, const spawn_options& opts) {

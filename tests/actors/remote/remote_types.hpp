@@ -57,6 +57,12 @@ public:
   std::int64_t pid() const { return ::getpid(); }
   void sleep_ms(std::int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
   troupe::task<std::int64_t> twice(std::int64_t x) { co_return 2 * (base_ + x); }
+  /// Calls add on another worker whose ref came in the message (on any node).
+  troupe::task<std::int64_t> add_via(troupe::actor_ref<worker> other, std::int64_t x) {
+    co_return co_await other.ask(&worker::add, x);
+  }
+  troupe::actor_ref<worker> self_ref() const { return troupe::this_actor::self<worker>(); }
+  troupe::actor_ref<worker> echo_ref(troupe::actor_ref<worker> r) const { return r; }
 
 private:
   std::int64_t base_;
@@ -69,7 +75,7 @@ private:
 
 TROUPE_REMOTE(remote_test::kv, put, get, size)
 TROUPE_REMOTE(remote_test::worker, add, fail, echo, checksum, record, received, out_of_order, pid,
-              sleep_ms, twice)
+              sleep_ms, twice, add_via, self_ref, echo_ref)
 // The worker node never calls spawn_on<worker>(std::int64_t) itself, so it learns the
 // constructor here.
 TROUPE_REMOTE_CTOR(remote_test::worker, std::int64_t)

@@ -251,6 +251,19 @@ struct spawned {
 spawned remote_spawn(system_impl& sys, node_id where, std::string_view type, std::uint64_t ctor,
                      std::vector<std::byte> args, const spawn_options& opts);
 
+/// Where an actor lives, as an actor_ref travels: its node and its cluster-wide id there.
+struct ref_address {
+  node_id where = 0;
+  std::uint64_t wire = 0;
+};
+/// The address of a ref (a local actor is exported by its node from then on); {} for a null ref.
+/// Throws troupe::error when the actor is local and its system is no node.
+ref_address address_of(cell_base* local, remote_actor* remote, std::string_view type);
+/// The actor at `a`, seen from the node decoding the message that carries it: its own actor or a
+/// handle to another node's. Throws troupe::error (decode_error outside a node's decoding,
+/// actor_dead for an actor of this node that is gone).
+spawned resolve(const ref_address& a, std::string_view type);
+
 template <class T, class... A>
 actor_ref<T> spawn_on_typed(actor_system& sys, node_id where, const spawn_options& opts,
                             A&&... args) {
@@ -287,6 +300,30 @@ void publish_name_typed(system_impl& s, const std::string& name, const actor_ref
 }
 
 }  // namespace detail
+
+/// An actor_ref travels between nodes as its address: a ref to a local actor, sent in a call to
+/// another node, reaches there as a ref that calls back here, and a ref to a third node's actor
+/// stays one. The class name travels too and must match on arrival.
+template <class T>
+struct codec<actor_ref<T>, std::enable_if_t<detail::remote_capable<T>>> {
+  static void encode(byte_writer& w, const actor_ref<T>& ref) {
+    const auto a = detail::address_of(ref.cell(), ref.remote(), remote_interface<T>::type_name);
+    w.write_raw(a.where);
+    w.write_raw(a.wire);
+    codec<std::string>::encode(w, std::string(remote_interface<T>::type_name));
+  }
+  static actor_ref<T> decode(byte_reader& r) {
+    detail::ref_address a;
+    a.where = r.read_raw<node_id>();
+    a.wire = r.read_raw<std::uint64_t>();
+    if (codec<std::string>::decode(r) != remote_interface<T>::type_name)
+      byte_reader::fail("an actor_ref of another class than " + std::string(remote_interface<T>::type_name));
+    auto s = detail::resolve(a, remote_interface<T>::type_name);
+    if (s.local) return actor_ref<T>(std::move(s.local));
+    if (s.remote) return actor_ref<T>(std::move(s.remote));
+    return actor_ref<T>();
+  }
+};
 
 /// What a node knows about one member of its cluster.
 struct node_info {
