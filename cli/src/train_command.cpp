@@ -1,12 +1,16 @@
 // troupe train: single-process training with a progress bar and per-epoch test accuracy.
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
 #include <iostream>
 #include <memory>
 
 #include <unistd.h>
 
 #include <troupe/actors/actor_system.hpp>
+#include <troupe/actors/remote.hpp>
 #include <troupe/kernels/train.hpp>
 #include <troupe/pipeline/generators.hpp>
 #include <troupe/pipeline/runtime.hpp>
@@ -19,7 +23,7 @@ void add_train_command(CLI::App& app, int& rc) {
   auto o = std::make_shared<troupe::kernels::train_options>();
   auto json = std::make_shared<bool>(false);
   struct pipeline_flags {
-    std::string schedule;
+    std::string schedule, head;
     int ranks = 2, microbatches = 4, virtual_stages = 0;
   };
   auto pipe = std::make_shared<pipeline_flags>();
@@ -51,6 +55,10 @@ void add_train_command(CLI::App& app, int& rc) {
   cmd->add_option("--virtual-stages", pipe->virtual_stages, "stages per rank (0: the schedule's default)")
       ->capture_default_str()
       ->needs(schedule);
+  cmd->add_option("--head", pipe->head,
+                  "run the ranks on the other nodes of the cluster whose head is at HOST:PORT (`troupe node "
+                  "start`); this process joins it, with the token in TROUPE_CLUSTER_TOKEN")
+      ->needs(schedule);
   cmd->callback([o, json, pipe, &rc] {
     const bool tty = isatty(STDERR_FILENO);
     try {
@@ -59,8 +67,30 @@ void add_train_command(CLI::App& app, int& rc) {
       troupe::kernels::engine_factory engine;
       if (!pipe->schedule.empty()) {
         auto plan = troupe::pipeline::generate(pipe->schedule, pipe->ranks, pipe->microbatches, pipe->virtual_stages);
-        sys = std::make_unique<troupe::actor_system>(troupe::system_config{});
-        engine = troupe::pipeline::pipeline_engine(*sys, std::move(plan));
+        std::vector<std::uint32_t> nodes;
+        if (pipe->head.empty()) {
+          sys = std::make_unique<troupe::actor_system>(troupe::system_config{});
+        } else {
+          troupe::system_config cfg;
+          cfg.node.listen = "0.0.0.0:0";
+          cfg.node.head = pipe->head;
+          sys = std::make_unique<troupe::actor_system>(cfg);
+          // The ranks go round the cluster's other live nodes, in node order.
+          const char* token = std::getenv("TROUPE_CLUSTER_TOKEN");
+          std::vector<std::uint32_t> others;
+          for (const auto& n : troupe::cluster_status(pipe->head, token ? token : ""))
+            if (n.info.alive && n.info.id != sys->node()) others.push_back(n.info.id);
+          if (others.empty())
+            throw std::runtime_error("the cluster at " + pipe->head +
+                                     " has no other node to run the ranks on (start some with troupe node start)");
+          std::string where;
+          for (int r = 0; r < plan.place.ranks; ++r) {
+            nodes.push_back(others[static_cast<std::size_t>(r) % others.size()]);
+            where += (r ? ", " : "") + std::to_string(nodes.back());
+          }
+          std::fprintf(stderr, "pipeline %s: %d ranks on nodes %s\n", plan.name.c_str(), plan.place.ranks, where.c_str());
+        }
+        engine = troupe::pipeline::pipeline_engine(*sys, std::move(plan), std::move(nodes));
       }
       auto result = troupe::kernels::train(*o, [&](const troupe::kernels::train_progress& p) {
         if (p.epoch_done) {

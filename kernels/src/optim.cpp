@@ -1793,4 +1793,10 @@ bool optimizer::do_step(bool reference) {
   return true;
 }
 
+std::function<double(std::int64_t, double)> cosine_lr(double total_steps) {
+  return [total_steps](std::int64_t step, double base) {
+    return base * 0.5 * (1 + std::cos(M_PI * static_cast<double>(step - 1) / total_steps));
+  };
+}
+
 }  // namespace troupe::kernels

@@ -34,7 +34,7 @@ class local_engine final : public train_engine {
 public:
   explicit local_engine(const engine_setup& s)
       : model_(s.model), opt_(s.kind, {{s.model.parameters(), s.hp, s.state}}) {
-    if (s.lr_schedule) opt_.set_lr_schedule(s.lr_schedule);
+    if (s.cosine_steps > 0) opt_.set_lr_schedule(cosine_lr(s.cosine_steps));
   }
   double step(const tensor& x, const tensor& labels) override {
     saved_activations keep;
@@ -94,17 +94,13 @@ train_result train(const train_options& o, const std::function<void(const train_
   if (!o.load.empty()) load_weights(*model, o.load);
 
   engine_setup setup{.model = *model, .sizes = mlp_sizes(o.model), .kind = kind, .hp = {}, .state = {.storage = storage},
-                     .lr_schedule = {}};
+                     .cosine_steps = 0};
   setup.hp.lr = o.lr;
   setup.hp.weight_decay = o.weight_decay.value_or(kind == optimizer_kind::sgd ? 0.0 : 1e-2);
   if (kind == optimizer_kind::sgd) setup.hp.momentum = 0.9;
   const std::int64_t n = data.train.size();
   const std::int64_t steps_per_epoch = (n + o.batch - 1) / o.batch;
-  const double total_steps = static_cast<double>(steps_per_epoch) * o.epochs;
-  if (o.cosine)
-    setup.lr_schedule = [total_steps](std::int64_t step, double base) {
-      return base * 0.5 * (1 + std::cos(M_PI * static_cast<double>(step - 1) / total_steps));
-    };
+  if (o.cosine) setup.cosine_steps = static_cast<double>(steps_per_epoch) * o.epochs;
   std::unique_ptr<train_engine> engine = make_engine ? make_engine(setup) : std::make_unique<local_engine>(setup);
   const std::int64_t granule = engine->granule();
   if (o.batch % granule != 0)

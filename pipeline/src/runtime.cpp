@@ -2,21 +2,21 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
 
-#include "troupe/actors/actor_system.hpp"
+#include "troupe/actors/remote.hpp"
 #include "troupe/pipeline/partition.hpp"
 #include "troupe/pipeline/simulator.hpp"
 
-namespace troupe::pipeline {
-
-namespace {
+namespace troupe::pipeline::detail {
 
 using clock_type = std::chrono::steady_clock;
 
@@ -38,51 +38,94 @@ struct step_plan {
   std::vector<tensor> labels;
 };
 
+/// How a rank's part of a step ended.
+enum class outcome : std::uint8_t {
+  done,
+  bad_input,  ///< std::invalid_argument: a shape, a label (the driver rethrows it as such)
+  failed,     ///< any other error
+  aborted     ///< another rank failed first
+};
+
 struct rank_report {
   double loss_sum = 0;  ///< of the microbatch means, when the rank holds the last stage
   bool finite = true;   ///< every gradient of the rank's parameters
   double busy_seconds = 0;
-  std::size_t peak_activation_bytes = 0;
+  std::uint64_t peak_activation_bytes = 0;
+  outcome result = outcome::done;
+  std::string why;  ///< when not done
 };
 
-/// The error of a rank that stopped because another rank failed: the driver reports the
-/// failure itself, not its echoes.
-class step_aborted : public std::runtime_error {
-public:
-  using std::runtime_error::runtime_error;
-};
+/// A stage as it travels to another node: its layers' descriptions and its parameter values.
+using portable_stage = std::pair<std::vector<std::string>, std::vector<tensor>>;
 
 using cell_key = std::pair<int, int>;  // (stage, microbatch)
 using stage_holder = std::shared_ptr<std::vector<std::unique_ptr<kernels::sequential>>>;
 
+/// A stage made of layers that can travel: linear, relu, gelu.
+portable_stage to_portable(kernels::sequential& stage, int index) {
+  portable_stage out;
+  for (std::size_t i = 0; i < stage.size(); ++i) {
+    auto d = stage.at(i).describe();
+    if (d != "relu" && d != "gelu" && d.rfind("linear(", 0) != 0)
+      throw std::invalid_argument("stage " + std::to_string(index) + " holds " + d +
+                                  ", which cannot go to another node yet (linear, relu and gelu can)");
+    out.first.push_back(std::move(d));
+  }
+  for (auto* p : stage.parameters()) out.second.push_back(p->value);
+  return out;
+}
+
+std::unique_ptr<kernels::sequential> from_portable(const portable_stage& p) {
+  auto stage = std::make_unique<kernels::sequential>();
+  for (const auto& d : p.first) {
+    long long in = 0, out = 0;
+    char tail = 0;
+    if (d == "relu") stage->add(kernels::make_relu());
+    else if (d == "gelu") stage->add(kernels::make_gelu());
+    else if (std::sscanf(d.c_str(), "linear(%lld->%lld%c", &in, &out, &tail) == 3 && tail == ')' && in > 0 && out > 0)
+      stage->add(kernels::make_linear(in, out));
+    else throw std::invalid_argument("a stage's layer '" + d + "' is not known here");
+  }
+  const auto params = stage->parameters();
+  if (params.size() != p.second.size())
+    throw std::invalid_argument("a stage came with " + std::to_string(p.second.size()) + " values for " +
+                                std::to_string(params.size()) + " parameters");
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (p.second[i].shape() != params[i]->value.shape() || p.second[i].type() != params[i]->value.type())
+      throw std::invalid_argument("a stage's parameter " + std::to_string(i) + " came as " + p.second[i].str() +
+                                  ", not " + params[i]->value.str());
+    params[i]->value = p.second[i];
+  }
+  return stage;
+}
+
 /// One rank: its stages, its optimizer, and the state of the step in flight.
 class rank_actor {
 public:
-  /// `stages` holds the rank's stages in model order; the actor takes them (spawn keeps its
-  /// arguments copyable for restarts, so they travel in a shared holder that is emptied here).
-  rank_actor(int rank, std::shared_ptr<const schedule> plan, stage_holder holder, const training_options& options)
+  /// In this process: `holder` holds the rank's stages in model order; the actor takes them
+  /// (spawn keeps its arguments copyable for restarts, so they travel in a holder emptied here).
+  rank_actor(int rank, std::shared_ptr<const schedule> plan, stage_holder holder, training_options options)
       : rank_(rank), plan_(std::move(plan)) {
-    const auto mine = plan_->place.stages_of(rank);
     auto stages = std::move(*holder);
-    if (stages.size() != mine.size()) throw std::logic_error("a rank's stages can be taken once");
-    std::vector<kernels::parameter*> params;
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      stages_.emplace(mine[i], std::move(stages[i]));
-      for (auto* p : stages_.at(mine[i])->parameters()) params.push_back(p);
-    }
-    // One optimizer thread: the ranks are the parallelism (results do not depend on threads).
-    optimizer_.emplace(options.optimizer, std::vector<kernels::param_group>{{params, options.hp, options.state}},
-                       kernels::optimizer_options{.threads = 1});
-    if (options.lr_schedule) optimizer_->set_lr_schedule(options.lr_schedule);
+    setup(std::move(stages), options);
+  }
+
+  /// On another node: the schedule as its name and CSV, the stages as they travel.
+  rank_actor(int rank, std::string name, std::string csv, std::vector<portable_stage> stages, training_options options)
+      : rank_(rank), plan_(std::make_shared<const schedule>(lower(from_csv(csv, std::move(name))))) {
+    std::vector<std::unique_ptr<kernels::sequential>> built;
+    for (const auto& p : stages) built.push_back(from_portable(p));
+    setup(std::move(built), options);
   }
 
   void connect(std::vector<actor_ref<rank_actor>> ranks) { ranks_ = std::move(ranks); }
 
-  /// Runs the rank's actions for one step; the gradients wait for apply().
+  /// Runs the rank's actions for one step; the gradients wait for apply(). Never throws: how
+  /// it ended is in the report (so that it crosses nodes intact).
   task<rank_report> run(step_plan plan) {
-    begin(plan.step);
     rank_report report;
     try {
+      begin(plan.step);
       optimizer_->zero_grad();
       for (const auto& a : plan_->ranks[static_cast<std::size_t>(rank_)]) {
         if (!a) continue;
@@ -97,7 +140,7 @@ public:
             const auto t0 = clock_type::now();
             compute(*a, plan, report);
             report.busy_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
-            std::size_t held = 0;
+            std::uint64_t held = 0;
             for (const auto& [key, keep] : keeps_) held += keep.bytes();
             report.peak_activation_bytes = std::max(report.peak_activation_bytes, held);
           }
@@ -105,12 +148,19 @@ public:
       }
       if (!keeps_.empty() || !inputs_.empty() || !grads_.empty() || !outputs_.empty() || !input_grads_.empty())
         throw std::logic_error("rank " + std::to_string(rank_) + " ended its step with tensors left over");
+      for (const auto& [stage, layers] : stages_)
+        for (auto* p : layers->parameters()) report.finite = report.finite && all_finite(p->grad.data<float>());
+    } catch (const aborted& e) {
+      report.result = outcome::aborted;
+      report.why = e.what();
+    } catch (const std::invalid_argument& e) {
+      report.result = outcome::bad_input;
+      report.why = e.what();
     } catch (const std::exception& e) {
-      fail_step(e.what());
-      throw;
+      report.result = outcome::failed;
+      report.why = e.what();
     }
-    for (const auto& [stage, layers] : stages_)
-      for (auto* p : layers->parameters()) report.finite = report.finite && all_finite(p->grad.data<float>());
+    if (report.result != outcome::done && report.result != outcome::aborted) fail_step(report.why);
     end_step();
     co_return report;
   }
@@ -131,12 +181,12 @@ public:
     arrived_[{t.step, t.gradient, t.stage, t.microbatch}] = std::move(t.value);
   }
 
-  /// Another rank failed step `step`: stop this rank's part of it too.
+  /// Step `step` failed elsewhere: stop this rank's part of it too.
   void abort(std::uint64_t step, std::string why) {
     if (step < step_ || (step == step_ && !running_)) return;  // over already
     aborted_step_ = step;
-    aborted_why_ = why;
-    if (step == step_ && running_) fail_waiting();
+    aborted_why_ = std::move(why);
+    if (step == step_) fail_waiting();
   }
 
   /// After a step every rank finished: step the optimizer, or (`keep` false) drop the gradients.
@@ -147,20 +197,44 @@ public:
 
   tensor infer(int stage, tensor x) {
     kernels::saved_activations keep;
-    return stages_.at(stage)->forward(x, keep, false);
+    return stage_at(stage).forward(x, keep, false);
   }
 
   std::vector<tensor> parameter_values(int stage) {
     std::vector<tensor> out;
-    for (auto* p : stages_.at(stage)->parameters()) out.push_back(p->value.clone());
+    for (auto* p : stage_at(stage).parameters()) out.push_back(p->value.clone());
     return out;
   }
 
 private:
+  /// Why a rank stopped its part of a step that another rank failed.
+  class aborted : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+  };
+
+  void setup(std::vector<std::unique_ptr<kernels::sequential>> stages, const training_options& options) {
+    const auto mine = plan_->place.stages_of(rank_);
+    if (stages.size() != mine.size()) throw std::logic_error("a rank got the wrong number of stages");
+    std::vector<kernels::parameter*> params;
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      stages_.emplace(mine[i], std::move(stages[i]));
+      for (auto* p : stages_.at(mine[i])->parameters()) params.push_back(p);
+    }
+    // One optimizer thread: the ranks are the parallelism (results do not depend on threads).
+    optimizer_.emplace(options.optimizer, std::vector<kernels::param_group>{{params, options.hp, options.state}},
+                       kernels::optimizer_options{.threads = 1});
+    if (options.cosine_steps > 0) optimizer_->set_lr_schedule(kernels::cosine_lr(options.cosine_steps));
+  }
+
+  kernels::sequential& stage_at(int stage) {
+    auto it = stages_.find(stage);
+    if (it == stages_.end()) throw std::invalid_argument("rank " + std::to_string(rank_) + " holds no stage " + std::to_string(stage));
+    return *it->second;
+  }
+
   void begin(std::uint64_t step) {
     step_ = step;
-    if (aborted_step_ == step) throw step_aborted(aborted_why_);
-    running_ = true;
     keeps_.clear();
     inputs_.clear();
     grads_.clear();
@@ -169,6 +243,8 @@ private:
     weight_grads_.clear();
     // Tensors of earlier (aborted) steps are of no use now; those of this step stay.
     std::erase_if(arrived_, [step](const auto& kv) { return std::get<0>(kv.first) < step; });
+    if (aborted_step_ == step) throw aborted(aborted_why_);
+    running_ = true;
   }
 
   void end_step() {
@@ -177,27 +253,23 @@ private:
   }
 
   void fail_step(const std::string& why) {
-    // The other ranks may wait for what this one will never send: stop them (an echo of an
-    // abort is not sent on).
-    if (aborted_step_ != step_) {
-      aborted_step_ = step_;
-      aborted_why_ = "rank " + std::to_string(rank_) + " failed: " + why;
-      for (std::size_t r = 0; r < ranks_.size(); ++r)
-        if (static_cast<int>(r) != rank_) ranks_[r].tell(&rank_actor::abort, step_, aborted_why_);
-    }
+    // The other ranks may wait for what this one will never send: stop them.
+    aborted_step_ = step_;
+    aborted_why_ = "rank " + std::to_string(rank_) + " failed: " + why;
+    for (std::size_t r = 0; r < ranks_.size(); ++r)
+      if (static_cast<int>(r) != rank_) ranks_[r].tell(&rank_actor::abort, step_, aborted_why_);
     fail_waiting();
-    end_step();
   }
 
   void fail_waiting() {
     for (auto* waiting : {&waiting_inputs_, &waiting_grads_}) {
-      for (auto& [key, p] : *waiting) p.set_exception(std::make_exception_ptr(step_aborted(aborted_why_)));
+      for (auto& [key, p] : *waiting) p.set_exception(std::make_exception_ptr(aborted(aborted_why_)));
       waiting->clear();
     }
   }
 
   future<tensor> receive(bool gradient, cell_key at) {
-    if (aborted_step_ == step_) throw step_aborted(aborted_why_);
+    if (aborted_step_ == step_) throw aborted(aborted_why_);
     promise<tensor> p;
     auto f = p.get_future();
     const auto key = std::make_tuple(step_, gradient, at.first, at.second);
@@ -229,7 +301,7 @@ private:
   /// F, B, I or W of one (stage, microbatch).
   void compute(const action& a, const step_plan& plan, rank_report& report) {
     const cell_key at{a.stage, a.microbatch};
-    auto& layers = *stages_.at(a.stage);
+    auto& layers = stage_at(a.stage);
     const int last = plan_->stages() - 1;
     switch (a.kind) {
       case op::F: {
@@ -304,16 +376,107 @@ private:
   std::map<cell_key, promise<tensor>> waiting_inputs_, waiting_grads_;   // RECVs waiting
 };
 
-}  // namespace
+}  // namespace troupe::pipeline::detail
+
+// ---- how the rank's messages cross nodes ---------------------------------------------------
+
+namespace troupe {
+
+namespace pipeline::detail {
+template <class... F>
+void put(byte_writer& w, const F&... fields) {
+  (codec<F>::encode(w, fields), ...);
+}
+template <class F>
+void get(byte_reader& r, F& field) {
+  field = codec<F>::decode(r);
+}
+}  // namespace pipeline::detail
+
+template <>
+struct codec<pipeline::detail::transfer> {
+  static void encode(byte_writer& w, const pipeline::detail::transfer& t) {
+    pipeline::detail::put(w, t.step, t.gradient, t.stage, t.microbatch, t.value);
+  }
+  static pipeline::detail::transfer decode(byte_reader& r) {
+    pipeline::detail::transfer t;
+    using pipeline::detail::get;
+    get(r, t.step), get(r, t.gradient), get(r, t.stage), get(r, t.microbatch), get(r, t.value);
+    return t;
+  }
+};
+
+template <>
+struct codec<pipeline::detail::step_plan> {
+  static void encode(byte_writer& w, const pipeline::detail::step_plan& p) {
+    pipeline::detail::put(w, p.step, p.inputs, p.labels);
+  }
+  static pipeline::detail::step_plan decode(byte_reader& r) {
+    pipeline::detail::step_plan p;
+    using pipeline::detail::get;
+    get(r, p.step), get(r, p.inputs), get(r, p.labels);
+    return p;
+  }
+};
+
+template <>
+struct codec<pipeline::detail::rank_report> {
+  static void encode(byte_writer& w, const pipeline::detail::rank_report& p) {
+    pipeline::detail::put(w, p.loss_sum, p.finite, p.busy_seconds, p.peak_activation_bytes, p.result, p.why);
+  }
+  static pipeline::detail::rank_report decode(byte_reader& r) {
+    pipeline::detail::rank_report p;
+    using pipeline::detail::get;
+    get(r, p.loss_sum), get(r, p.finite), get(r, p.busy_seconds), get(r, p.peak_activation_bytes), get(r, p.result),
+        get(r, p.why);
+    if (p.result > pipeline::detail::outcome::aborted) byte_reader::fail("a rank's report has an unknown outcome");
+    return p;
+  }
+};
+
+template <>
+struct codec<pipeline::training_options> {
+  static void encode(byte_writer& w, const pipeline::training_options& o) {
+    const auto& h = o.hp;
+    const auto& s = o.state;
+    pipeline::detail::put(w, o.optimizer, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum, h.dampening,
+                          h.nesterov, h.amsgrad, s.storage, s.block_size, s.min_8bit_elements, s.first_moment_fp32,
+                          s.stochastic_rounding, s.percentile_scale, s.percentile_clipping, s.fp32_params,
+                          o.cosine_steps);
+  }
+  static pipeline::training_options decode(byte_reader& r) {
+    pipeline::training_options o;
+    auto& h = o.hp;
+    auto& s = o.state;
+    using pipeline::detail::get;
+    get(r, o.optimizer), get(r, h.lr), get(r, h.beta1), get(r, h.beta2), get(r, h.eps), get(r, h.weight_decay),
+        get(r, h.momentum), get(r, h.dampening), get(r, h.nesterov), get(r, h.amsgrad), get(r, s.storage),
+        get(r, s.block_size), get(r, s.min_8bit_elements), get(r, s.first_moment_fp32), get(r, s.stochastic_rounding),
+        get(r, s.percentile_scale), get(r, s.percentile_clipping), get(r, s.fp32_params), get(r, o.cosine_steps);
+    return o;
+  }
+};
+
+}  // namespace troupe
+
+TROUPE_REMOTE(troupe::pipeline::detail::rank_actor, connect, run, deliver, abort, apply, infer, parameter_values)
+
+namespace troupe::pipeline {
+
+using detail::clock_type;
+using detail::outcome;
+using detail::rank_actor;
+using detail::rank_report;
 
 struct trainer::impl {
+  actor_system* sys = nullptr;
   std::shared_ptr<const schedule> plan;
   std::vector<actor_ref<rank_actor>> ranks;
   std::uint64_t steps = 0;
 };
 
 trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_ptr<kernels::sequential>> stages,
-                 training_options options)
+                 training_options options, std::vector<std::uint32_t> nodes)
     : impl_(std::make_unique<impl>()) {
   if (static_cast<int>(stages.size()) != s.stages())
     throw std::invalid_argument("the schedule '" + s.name + "' has " + std::to_string(s.stages()) + " stages; " +
@@ -328,27 +491,64 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
                                     "use it without activation checkpointing");
   auto plan = std::make_shared<schedule>(lower(s));
   validate(*plan);
+  impl_->sys = &sys;
   impl_->plan = plan;
-
-  std::vector<stage_holder> per_rank;
-  for (int r = 0; r < plan->place.ranks; ++r) {
-    per_rank.push_back(std::make_shared<std::vector<std::unique_ptr<kernels::sequential>>>());
-    for (const int stage : plan->place.stages_of(r))
-      per_rank.back()->push_back(std::move(stages[static_cast<std::size_t>(stage)]));
-  }
+  const int ranks = plan->place.ranks;
+  if (!nodes.empty() && static_cast<int>(nodes.size()) != ranks)
+    throw std::invalid_argument("the schedule has " + std::to_string(ranks) + " ranks; " +
+                                std::to_string(nodes.size()) + " nodes were given");
   // The optimizer options are checked here, where a bad one is a clear error, not in an actor.
   {
     kernels::parameter probe{"probe", tensor::zeros({1}), tensor::zeros({1})};
     kernels::optimizer check(options.optimizer, {{{&probe}, options.hp, options.state}});
   }
-  for (int r = 0; r < plan->place.ranks; ++r)
-    impl_->ranks.push_back(sys.spawn<rank_actor>(spawn_options{.reentrant = true}, r,
-                                                 std::shared_ptr<const schedule>(plan),
-                                                 per_rank[static_cast<std::size_t>(r)], options));
-  for (auto& r : impl_->ranks) r.tell(&rank_actor::connect, impl_->ranks);
+  if (nodes.empty()) {
+    for (int r = 0; r < ranks; ++r) {
+      auto holder = std::make_shared<std::vector<std::unique_ptr<kernels::sequential>>>();
+      for (const int stage : plan->place.stages_of(r)) holder->push_back(std::move(stages[static_cast<std::size_t>(stage)]));
+      impl_->ranks.push_back(sys.spawn<rank_actor>(spawn_options{.reentrant = true}, r,
+                                                   std::shared_ptr<const schedule>(plan), holder, options));
+    }
+  } else {
+    // The schedule travels as CSV: check that it reads back as the same plan.
+    const std::string csv = to_csv(s);
+    if (lower(from_csv(csv, s.name)).ranks != plan->ranks)
+      throw std::invalid_argument("the schedule '" + s.name + "' does not survive its CSV form, so it cannot go to other nodes");
+    std::vector<std::vector<detail::portable_stage>> portable(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r)
+      for (const int stage : plan->place.stages_of(r))
+        portable[static_cast<std::size_t>(r)].push_back(
+            detail::to_portable(*stages[static_cast<std::size_t>(stage)], stage));
+    for (int r = 0; r < ranks; ++r)
+      impl_->ranks.push_back(sys.spawn_on<rank_actor>(nodes[static_cast<std::size_t>(r)], spawn_options{.reentrant = true},
+                                                      r, s.name, csv, std::move(portable[static_cast<std::size_t>(r)]),
+                                                      options));
+  }
+  // Every rank answers before any step: a rank on another node exists only once its node has
+  // handled the spawn, and a neighbour's first activation must not reach its node before that.
+  std::vector<future<void>> connected;
+  for (auto& r : impl_->ranks) connected.push_back(r.ask(&rank_actor::connect, impl_->ranks));
+  for (auto& f : connected) f.get();
 }
 
-trainer::~trainer() = default;
+trainer::~trainer() {
+  // The rank actors go with the trainer; on other nodes they would stay until their node stops,
+  // so wait (a little) until each is gone: a process that exits next must not drop the stops.
+  std::vector<future<down_notice>> gone;
+  for (auto& r : impl_->ranks) {
+    try {
+      gone.push_back(impl_->sys->monitor(r));
+      r.stop();
+    } catch (const std::exception&) {  // its node is gone already
+    }
+  }
+  for (auto& g : gone) {
+    try {
+      std::move(g).timeout(std::chrono::seconds(2)).get();
+    } catch (const std::exception&) {  // lost, or too slow to say
+    }
+  }
+}
 
 const schedule& trainer::plan() const noexcept { return *impl_->plan; }
 std::int64_t trainer::steps() const noexcept { return static_cast<std::int64_t>(impl_->steps); }
@@ -365,37 +565,84 @@ step_result trainer::step(const tensor& x, const tensor& labels) {
   const std::uint64_t id = ++impl_->steps;
   const auto xs = x.split(plan.microbatches);
   const auto ys = labels.split(plan.microbatches);
+  const int ranks = plan.place.ranks;
   const int first_rank = plan.place.rank_of(0), last_rank = plan.place.rank_of(plan.stages() - 1);
-  std::vector<future<rank_report>> running;
-  for (int r = 0; r < plan.place.ranks; ++r) {
-    step_plan p{.step = id, .inputs = {}, .labels = {}};
+
+  // Every rank answers, with its report or (its node lost, say) an error. An error aborts the
+  // step on the other ranks, which may be waiting for what the failed one would have sent; so
+  // the replies are collected as they come, not in rank order.
+  struct collected {
+    std::mutex mu;
+    std::condition_variable cv;
+    int pending = 0;
+    std::vector<std::optional<rank_report>> reports;
+    std::string error;  // the first call that failed outright
+  };
+  auto c = std::make_shared<collected>();
+  c->pending = ranks;
+  c->reports.resize(static_cast<std::size_t>(ranks));
+  auto all_ranks = impl_->ranks;
+  for (int r = 0; r < ranks; ++r) {
+    detail::step_plan p{.step = id, .inputs = {}, .labels = {}};
     if (r == first_rank) p.inputs = xs;
     if (r == last_rank) p.labels = ys;
-    running.push_back(impl_->ranks[static_cast<std::size_t>(r)].ask(&rank_actor::run, std::move(p)));
+    auto done = [c](int rank, std::optional<rank_report> report, std::string error) {
+      std::lock_guard lock(c->mu);
+      c->reports[static_cast<std::size_t>(rank)] = std::move(report);
+      if (!error.empty() && c->error.empty()) c->error = "rank " + std::to_string(rank) + ": " + error;
+      if (--c->pending == 0) c->cv.notify_all();
+    };
+    impl_->ranks[static_cast<std::size_t>(r)]
+        .ask(&rank_actor::run, std::move(p))
+        .then([done, r](rank_report report) { done(r, std::move(report), {}); },
+              [done, r, id, all_ranks](std::exception_ptr e) {
+                std::string why = "failed";
+                try {
+                  std::rethrow_exception(e);
+                } catch (const std::exception& ex) {
+                  why = ex.what();
+                }
+                for (const auto& other : all_ranks) other.tell(&rank_actor::abort, id, "rank " + std::to_string(r) + ": " + why);
+                done(r, std::nullopt, why);
+              });
   }
-  // Every rank answers: one that fails aborts the others, so none waits forever.
-  step_result result;
-  std::exception_ptr failure, echo;
-  std::vector<rank_report> reports;
-  for (auto& f : running) {
+  {
+    std::unique_lock lock(c->mu);
+    c->cv.wait(lock, [&] { return c->pending == 0; });
+  }
+
+  // The first rank that failed by itself names the error; the others only followed it.
+  std::optional<rank_report> failure;
+  for (const auto& r : c->reports)
+    if (r && r->result != outcome::done && r->result != outcome::aborted && !failure) failure = r;
+  bool finite = c->error.empty() && !failure;
+  for (const auto& r : c->reports) finite = finite && r && r->result == outcome::done && r->finite;
+  const bool failed = !c->error.empty() || failure ||
+                      std::any_of(c->reports.begin(), c->reports.end(),
+                                  [](const auto& r) { return !r || r->result != outcome::done; });
+  // Every rank that answered steps its optimizer or drops its gradients (a rank that could not
+  // answer is gone with its node).
+  std::vector<std::pair<int, future<void>>> applied;
+  for (int r = 0; r < ranks; ++r)
+    if (c->reports[static_cast<std::size_t>(r)])
+      applied.emplace_back(r, impl_->ranks[static_cast<std::size_t>(r)].ask(&rank_actor::apply, finite));
+  for (auto& [r, f] : applied) {
     try {
-      reports.push_back(f.get());
-    } catch (const step_aborted&) {
-      if (!echo) echo = std::current_exception();
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
+      f.get();
+    } catch (const std::exception& e) {
+      if (c->error.empty()) c->error = "rank " + std::to_string(r) + ": " + e.what();
     }
   }
-  if (!failure) failure = echo;
-  const bool finite = !failure && std::all_of(reports.begin(), reports.end(), [](const auto& r) { return r.finite; });
-  std::vector<future<void>> applied;
-  for (auto& r : impl_->ranks) applied.push_back(r.ask(&rank_actor::apply, finite));
-  for (auto& f : applied) f.get();
-  if (failure) std::rethrow_exception(failure);
-  for (const auto& r : reports) {
-    result.loss += r.loss_sum / plan.microbatches;
-    result.busy_seconds.push_back(r.busy_seconds);
-    result.peak_activation_bytes.push_back(r.peak_activation_bytes);
+  if (failure && failure->result == outcome::bad_input) throw std::invalid_argument(failure->why);
+  if (failure) throw std::runtime_error(failure->why);
+  if (!c->error.empty()) throw std::runtime_error("the step failed: " + c->error);
+  if (failed) throw std::runtime_error("the step was aborted");  // (an abort always has a cause above)
+
+  step_result result;
+  for (const auto& r : c->reports) {
+    result.loss += r->loss_sum / plan.microbatches;
+    result.busy_seconds.push_back(r->busy_seconds);
+    result.peak_activation_bytes.push_back(static_cast<std::size_t>(r->peak_activation_bytes));
   }
   result.applied = finite;
   result.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -455,10 +702,11 @@ std::vector<std::unique_ptr<kernels::sequential>> cut_mlp(kernels::sequential& m
 namespace {
 class engine final : public kernels::train_engine {
 public:
-  engine(actor_system& sys, const schedule& s, const kernels::engine_setup& setup)
+  engine(actor_system& sys, const schedule& s, const std::vector<std::uint32_t>& nodes, const kernels::engine_setup& setup)
       : microbatches_(s.microbatches),
         trainer_(sys, s, cut_mlp(setup.model, setup.sizes, s.stages()),
-                 {.optimizer = setup.kind, .hp = setup.hp, .state = setup.state, .lr_schedule = setup.lr_schedule}) {}
+                 {.optimizer = setup.kind, .hp = setup.hp, .state = setup.state, .cosine_steps = setup.cosine_steps},
+                 nodes) {}
   double step(const tensor& x, const tensor& labels) override { return trainer_.step(x, labels).loss; }
   tensor predict(const tensor& x) override { return trainer_.predict(x); }
   void sync(kernels::layer& model) override {
@@ -475,9 +723,10 @@ private:
 };
 }  // namespace
 
-kernels::engine_factory pipeline_engine(actor_system& sys, schedule s) {
-  return [&sys, s = std::move(s)](const kernels::engine_setup& setup) -> std::unique_ptr<kernels::train_engine> {
-    return std::make_unique<engine>(sys, s, setup);
+kernels::engine_factory pipeline_engine(actor_system& sys, schedule s, std::vector<std::uint32_t> nodes) {
+  return [&sys, s = std::move(s), nodes = std::move(nodes)](
+             const kernels::engine_setup& setup) -> std::unique_ptr<kernels::train_engine> {
+    return std::make_unique<engine>(sys, s, nodes, setup);
   };
 }
 

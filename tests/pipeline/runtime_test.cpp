@@ -255,6 +255,18 @@ TEST(Runtime, RefusesWhatCannotRun) {
   EXPECT_THROW(pipeline::trainer(sys, broken, stages()), pipeline::schedule_error);
   EXPECT_THROW(pipeline::trainer(sys, s, stages(), {.hp = {.lr = -1}}), std::invalid_argument);
 
+  // Ranks on other nodes: one node per rank, a system that is a node, stages that can travel.
+  EXPECT_THROW(pipeline::trainer(sys, s, stages(), {}, {2}), std::invalid_argument);
+  EXPECT_THROW(pipeline::trainer(sys, s, stages(), {}, {2, 3}), std::invalid_argument);  // sys is no node
+  auto with_norm = stages();
+  with_norm[0]->add(kernels::make_layer_norm(16));
+  try {
+    pipeline::trainer(sys, s, std::move(with_norm), {}, {2, 3});
+    ADD_FAILURE() << "a layer norm was sent to another node";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_norm(16), which cannot go to another node"), std::string::npos) << e.what();
+  }
+
   pipeline::trainer t(sys, s, stages());
   EXPECT_THROW(t.step(random_batch(6, sizes.front(), 1), random_labels(6, 1)), std::invalid_argument);  // 6 % 4
   EXPECT_THROW(t.step(random_batch(8, sizes.front(), 1), random_labels(4, 1)), std::invalid_argument);

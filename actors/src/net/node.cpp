@@ -1107,6 +1107,9 @@ private:
     if (!target)
       return refuse(errc::actor_dead, "no actor " + std::to_string(env.target) + " on node " +
                                           std::to_string(self()) + " (stopped, or never spawned)");
+    if (!type)
+      return refuse(errc::decode_error, "actor " + std::to_string(env.target) + " on node " + std::to_string(self()) +
+                                            " is of a class this program does not declare remote");
     dispatch_fn fn = nullptr;
     for (auto& [id, f] : type->methods)
       if (id == env.method) fn = f;

@@ -395,7 +395,10 @@ void run_node(const system_config& cfg, const std::function<bool()>& stop_reques
 #define TROUPE_DETAIL_REMOTE_METHOD(T, m) ::troupe::detail::remote_method<T, &T::m>{#m}
 
 /// Makes class T callable from other nodes through the listed methods (up to 16; none
-/// overloaded). Use at global namespace scope, right after the class, before any call.
+/// overloaded). Use at global namespace scope, right after the class, before any call. Each
+/// translation unit that sees it registers T (registering twice is harmless); the flag has
+/// internal linkage, because __COUNTER__ restarts in every translation unit and two inline
+/// flags of the same name in one program would be merged into one, leaving a class unregistered.
 #define TROUPE_REMOTE(T, ...)                                                                   \
   template <>                                                                                   \
   struct troupe::remote_interface<T> {                                                          \
@@ -403,11 +406,11 @@ void run_node(const system_config& cfg, const std::function<bool()>& stop_reques
     static constexpr auto methods =                                                             \
         std::tuple{TROUPE_DETAIL_FOR_EACH(TROUPE_DETAIL_REMOTE_METHOD, T, __VA_ARGS__)};        \
   };                                                                                            \
-  [[maybe_unused]] inline const bool TROUPE_DETAIL_CAT(troupe_remote_registered_, __COUNTER__) = \
+  [[maybe_unused]] static const bool TROUPE_DETAIL_CAT(troupe_remote_registered_, __COUNTER__) = \
       ::troupe::detail::register_remote_class<T>();
 
 /// Declares a constructor of T that other nodes may call through spawn_on (needed only where
 /// this program does not itself call spawn_on<T> with these argument types).
 #define TROUPE_REMOTE_CTOR(T, ...)                                                              \
-  [[maybe_unused]] inline const bool TROUPE_DETAIL_CAT(troupe_remote_ctor_, __COUNTER__) =      \
+  [[maybe_unused]] static const bool TROUPE_DETAIL_CAT(troupe_remote_ctor_, __COUNTER__) =      \
       ::troupe::detail::constructor_registrar<T, __VA_ARGS__>::registered;

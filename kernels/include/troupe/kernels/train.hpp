@@ -41,7 +41,7 @@ struct engine_setup {
   optimizer_kind kind = optimizer_kind::adamw;
   hyperparameters hp;
   state_options state;
-  std::function<double(std::int64_t step, double base_lr)> lr_schedule;  ///< empty: constant
+  double cosine_steps = 0;  ///< > 0: the lr follows cosine_lr(cosine_steps); 0: constant
 };
 using engine_factory = std::function<std::unique_ptr<train_engine>(const engine_setup&)>;
 

@@ -21,12 +21,14 @@
 /// aborts the step on every rank; step() then throws its error and no weight has changed.
 /// Schedules are validated first (pipeline::validate), so a step cannot deadlock.
 ///
-/// Not yet: activation checkpointing (schedules with RECOMPUTE are refused), stages on CUDA
-/// devices, and ranks on other nodes.
+/// The ranks may live on other nodes of a cluster (see the constructor): the same messages then
+/// cross TCP, and a rank whose node is lost fails the step (after aborting it everywhere).
+///
+/// Not yet: activation checkpointing (schedules with RECOMPUTE are refused) and stages on CUDA
+/// devices.
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -47,8 +49,8 @@ struct training_options {
   kernels::optimizer_kind optimizer = kernels::optimizer_kind::adamw;
   kernels::hyperparameters hp{};
   kernels::state_options state{};
-  /// The learning rate of each step (1-based) from the base one; empty: constant.
-  std::function<double(std::int64_t step, double base_lr)> lr_schedule;
+  /// > 0: the learning rate follows kernels::cosine_lr(cosine_steps); 0: constant.
+  double cosine_steps = 0;
 };
 
 /// What one step did.
@@ -69,8 +71,14 @@ public:
   /// std::invalid_argument when the stage count differs from the schedule's, a stage is null,
   /// the schedule recomputes activations, or the optimizer options are refused, and
   /// pipeline::schedule_error when the schedule cannot run.
+  ///
+  /// `nodes` empty: every rank lives in this process. Otherwise rank r is spawned on node
+  /// nodes[r] of `sys`'s cluster (0: the node the head picks), and the stages travel there as
+  /// descriptions and values: they must be made of linear, relu and gelu layers (anything else
+  /// is an std::invalid_argument). Activations and gradients then go straight from rank to rank.
   trainer(actor_system& sys, const schedule& s, std::vector<std::unique_ptr<kernels::sequential>> stages,
-          training_options options = {});
+          training_options options = {}, std::vector<std::uint32_t> nodes = {});
+  /// Stops the rank actors.
   ~trainer();
   trainer(const trainer&) = delete;
   trainer& operator=(const trainer&) = delete;
@@ -103,7 +111,8 @@ std::vector<std::unique_ptr<kernels::sequential>> cut_mlp(kernels::sequential& m
                                                           const std::vector<std::int64_t>& sizes, int stages);
 
 /// An engine for kernels::train: the model cut into the schedule's stages (cut_mlp) and trained
-/// by a trainer whose rank actors live in `sys`; batches split into the schedule's microbatches.
-kernels::engine_factory pipeline_engine(actor_system& sys, schedule s);
+/// by a trainer whose rank actors live in `sys` (on `nodes`, as the trainer's constructor
+/// takes them); batches split into the schedule's microbatches.
+kernels::engine_factory pipeline_engine(actor_system& sys, schedule s, std::vector<std::uint32_t> nodes = {});
 
 }  // namespace troupe::pipeline

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The pipeline runtime across processes: `troupe train --pipeline ... --head` puts its ranks on
+# `troupe node start` processes, which exchange activations and gradients over loopback TCP.
+#   - one microbatch per step: the weights equal those of training in one process, to the bit;
+#   - a zero-bubble V schedule (two stages per rank) trains to a sensible accuracy;
+#   - a node killed mid-run fails the run with a clear error, promptly, instead of hanging.
+#
+#   tests/pipeline/pipeline_nodes.sh PATH/TO/troupe
+set -euo pipefail
+troupe=${1:?usage: $0 PATH/TO/troupe}
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+export TROUPE_CLUSTER_TOKEN=pipeline-nodes-test-token
+export TROUPE_LOG_LEVEL=${TROUPE_LOG_LEVEL:-error}
+
+fail() { echo "pipeline_nodes: $*" >&2; exit 1; }
+wait_for() {  # FILE PATTERN
+  for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
+  fail "no '$2' in $1: $(cat "$1" 2>/dev/null)"
+}
+
+"$troupe" node start --head --host 127.0.0.1 --port 0 --threads 1 >"$dir/head" 2>"$dir/head.err" &
+pids+=($!)
+wait_for "$dir/head" '"port"'
+head="127.0.0.1:$(sed -n 's/.*"port":\([0-9]*\).*/\1/p' "$dir/head")"
+for w in 2 3; do
+  "$troupe" node start --address "$head" --host 127.0.0.1 --threads 1 >"$dir/worker$w" 2>"$dir/worker$w.err" &
+  pids+=($!)
+  wait_for "$dir/worker$w" '"node"'
+done
+
+# One microbatch per step: the same weights as the whole model trained here.
+"$troupe" train --epochs 1 --seed 5 --save "$dir/local.trpw" >/dev/null 2>&1 || fail "training in one process failed"
+"$troupe" train --epochs 1 --seed 5 --pipeline gpipe --ranks 2 --microbatches 1 --head "$head" \
+  --save "$dir/nodes.trpw" >"$dir/gpipe.out" 2>"$dir/gpipe.err" || fail "training on nodes failed: $(cat "$dir/gpipe.err")"
+grep -q "2 ranks on nodes" "$dir/gpipe.err" || fail "no placement reported: $(cat "$dir/gpipe.err")"
+cmp -s "$dir/local.trpw" "$dir/nodes.trpw" || fail "the weights trained on nodes differ from those trained here"
+
+# Zero bubble with a V placement: each rank holds two stages and hands one to the other itself.
+"$troupe" train --epochs 1 --json --pipeline zb-v --ranks 2 --microbatches 8 --model mlp:784-256-128-64-10 \
+  --head "$head" >"$dir/zbv.out" 2>"$dir/zbv.err" || fail "zb-v on nodes failed: $(cat "$dir/zbv.err")"
+grep -q '^{"test_accuracy":0\.[89]' "$dir/zbv.out" || fail "zb-v on nodes trained badly: $(cat "$dir/zbv.out")"
+
+# A worker killed mid-run: the run fails with the reason within seconds.
+"$troupe" train --epochs 5 --pipeline 1f1b --ranks 3 --microbatches 4 --model mlp:784-256-128-64-10 \
+  --head "$head" >"$dir/killed.out" 2>"$dir/killed.err" &
+run=$!
+pids+=($run)
+wait_for "$dir/killed.err" 'ranks on nodes'
+sleep 1
+kill -KILL "${pids[2]}"
+start=$(date +%s)
+if wait "$run"; then fail "the run went on after its node was killed"; fi
+elapsed=$(( $(date +%s) - start ))
+[ "$elapsed" -le 15 ] || fail "the run took $elapsed s to notice its node was gone"
+grep -q "the step failed: rank [0-9]: .*lost" "$dir/killed.err" || fail "no clear reason: $(cat "$dir/killed.err")"
+echo "pipeline_nodes: ok"
