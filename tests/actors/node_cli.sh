@@ -5,27 +5,12 @@
 #   tests/actors/node_cli.sh PATH/TO/troupe
 set -euo pipefail
 troupe=${1:?usage: $0 PATH/TO/troupe}
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+name=node_cli
+source "$(dirname "$0")/../nodes_lib.sh"
 export TROUPE_CLUSTER_TOKEN=node-cli-test-token
 export TROUPE_LOG_LEVEL=warn
 
-fail() { echo "node_cli: $*" >&2; exit 1; }
-wait_for() {  # FILE PATTERN
-  for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
-  fail "no '$2' in $1: $(cat "$1" 2>/dev/null)"
-}
-
-"$troupe" node start --head --host 127.0.0.1 --port 0 --threads 1 >"$dir/head" 2>"$dir/head.err" &
-pids+=($!)
-wait_for "$dir/head" '"port"'
-port=$(sed -n 's/.*"port":\([0-9]*\).*/\1/p' "$dir/head")
+start_head "$troupe"
 "$troupe" node start --address "127.0.0.1:$port" --host 127.0.0.1 --threads 1 >"$dir/worker" 2>"$dir/worker.err" &
 pids+=($!)
 wait_for "$dir/worker" '"node":2'

@@ -35,20 +35,15 @@ std::string spec_of(const std::vector<std::int64_t>& sizes) {
   return s;
 }
 
-/// The same model cut after every linear layer (with its ReLU): one stage per linear layer,
-/// holding copies of the whole model's initial values.
+std::unique_ptr<kernels::sequential> initialized(const std::vector<std::int64_t>& sizes, std::uint64_t seed) {
+  auto m = kernels::make_mlp(spec_of(sizes));
+  m->initialize(seed);
+  return m;
+}
+
+/// The same model as stages of one linear layer each (with its ReLU), holding copies of its values.
 std::vector<std::unique_ptr<kernels::sequential>> cut(kernels::sequential& whole, const std::vector<std::int64_t>& sizes) {
-  std::vector<std::unique_ptr<kernels::sequential>> stages;
-  auto source = whole.parameters();
-  std::size_t next = 0;
-  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
-    auto s = std::make_unique<kernels::sequential>();
-    s->add(kernels::make_linear(sizes[i], sizes[i + 1]));
-    if (i + 2 < sizes.size()) s->add(kernels::make_relu());
-    for (auto* p : s->parameters()) p->value = source.at(next++)->value.clone();
-    stages.push_back(std::move(s));
-  }
-  return stages;
+  return pipeline::cut_mlp(whole, sizes, static_cast<int>(sizes.size()) - 1);
 }
 
 tensor random_batch(std::int64_t n, std::int64_t features, std::uint64_t seed) {
@@ -104,8 +99,7 @@ TEST_P(RuntimeSchedules, TrainLikeTheWholeModelToTheBit) {
   const int ranks = 4, microbatches = 8;
   const auto s = pipeline::generate(name, ranks, microbatches);
   const auto sizes = sizes_for(s.stages());
-  auto whole = kernels::make_mlp(spec_of(sizes));
-  whole->initialize(7);
+  auto whole = initialized(sizes, 7);
 
   troupe::actor_system sys{{.threads = 2}};
   pipeline::trainer t(sys, s, cut(*whole, sizes), {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()});
@@ -143,8 +137,7 @@ INSTANTIATE_TEST_SUITE_P(AllGenerators, RuntimeSchedules, ::testing::ValuesIn(pi
 TEST(Runtime, OneStepEqualsOneStepOnTheWholeBatchWithOneMicrobatch) {
   const auto s = pipeline::generate("gpipe", 2, 1);
   const auto sizes = sizes_for(2);
-  auto whole = kernels::make_mlp(spec_of(sizes));
-  whole->initialize(3);
+  auto whole = initialized(sizes, 3);
   troupe::actor_system sys{{.threads = 2}};
   pipeline::trainer t(sys, s, cut(*whole, sizes), {.optimizer = kernels::optimizer_kind::sgd, .hp = {.lr = 0.1}});
   kernels::optimizer opt(kernels::optimizer_kind::sgd, {{whole->parameters(), {.lr = 0.1}}});
@@ -159,8 +152,7 @@ TEST(Runtime, OneStepEqualsOneStepOnTheWholeBatchWithOneMicrobatch) {
 TEST(Runtime, LearnsASeparableProblem) {
   const auto s = pipeline::generate("1f1b", 2, 4);
   const auto sizes = sizes_for(2, 4, 32);
-  auto whole = kernels::make_mlp(spec_of(sizes));
-  whole->initialize(11);
+  auto whole = initialized(sizes, 11);
   troupe::actor_system sys{{.threads = 2}};
   pipeline::trainer t(sys, s, cut(*whole, sizes), {.optimizer = kernels::optimizer_kind::adam, .hp = {.lr = 0.02}});
   // The label is the sign pattern of the first two features (4 classes of 10).
@@ -182,8 +174,7 @@ TEST(Runtime, LearnsASeparableProblem) {
 TEST(Runtime, ARankThatFailsAbortsTheStepOnEveryRankAndNothingChanges) {
   const auto s = pipeline::generate("1f1b", 4, 8);
   const auto sizes = sizes_for(4);
-  auto whole = kernels::make_mlp(spec_of(sizes));
-  whole->initialize(5);
+  auto whole = initialized(sizes, 5);
   troupe::actor_system sys{{.threads = 2}};
   pipeline::trainer t(sys, s, cut(*whole, sizes), {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()});
   const auto before = t.parameters();
@@ -222,8 +213,7 @@ TEST(Runtime, StagesThatDoNotFitFailWithTheLayersError) {
 TEST(Runtime, ANonFiniteGradientSkipsTheStepEverywhere) {
   const auto s = pipeline::generate("zb-h1", 2, 4);
   const auto sizes = sizes_for(2);
-  auto whole = kernels::make_mlp(spec_of(sizes));
-  whole->initialize(5);
+  auto whole = initialized(sizes, 5);
   troupe::actor_system sys{{.threads = 2}};
   pipeline::trainer t(sys, s, cut(*whole, sizes));
   const auto before = t.parameters();
@@ -239,8 +229,7 @@ TEST(Runtime, RefusesWhatCannotRun) {
   troupe::actor_system sys{{.threads = 2}};
   const auto sizes = sizes_for(2);
   auto stages = [&] {
-    auto whole = kernels::make_mlp(spec_of(sizes));
-    whole->initialize(1);
+    auto whole = initialized(sizes, 1);
     return cut(*whole, sizes);
   };
   const auto s = pipeline::generate("1f1b", 2, 4);
@@ -276,8 +265,7 @@ TEST(Runtime, RefusesWhatCannotRun) {
 
 TEST(CutMlp, BalancesParametersAndCopiesTheValues) {
   const std::vector<std::int64_t> sizes{784, 256, 128, 64, 10};
-  auto whole = kernels::make_mlp("mlp:784-256-128-64-10");
-  whole->initialize(3);
+  auto whole = initialized(sizes, 3);
   const auto stages = pipeline::cut_mlp(*whole, sizes, 2);
   ASSERT_EQ(stages.size(), 2u);
   // 784x256 is most of the model: it stands alone.

@@ -66,11 +66,11 @@ struct step_result {
 /// Trains a model split into stages with a pipeline schedule, one actor per rank.
 class trainer {
 public:
-  /// Spawns one actor per rank of `s` in `sys` and gives each its stages of `stages` (stage i is
-  /// the model's i-th piece; the last one's output are the logits). Throws
-  /// std::invalid_argument when the stage count differs from the schedule's, a stage is null,
-  /// the schedule recomputes activations, or the optimizer options are refused, and
-  /// pipeline::schedule_error when the schedule cannot run.
+  /// Spawns one actor per rank of `s` in `sys` (which must outlive the trainer) and gives each
+  /// its stages of `stages` (stage i is the model's i-th piece; the last one's output are the
+  /// logits). Throws std::invalid_argument when the stage count differs from the schedule's, a
+  /// stage is null, the schedule recomputes activations, or the optimizer options are refused,
+  /// and pipeline::schedule_error when the schedule cannot run.
   ///
   /// `nodes` empty: every rank lives in this process. Otherwise rank r is spawned on node
   /// nodes[r] of `sys`'s cluster (0: the node the head picks), and the stages travel there as
