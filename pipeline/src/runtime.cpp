@@ -473,6 +473,26 @@ struct trainer::impl {
   std::shared_ptr<const schedule> plan;
   std::vector<actor_ref<rank_actor>> ranks;
   std::uint64_t steps = 0;
+
+  /// The rank actors go with the trainer. On other nodes they would stay until their node
+  /// stops, so this waits (a little) until each is gone: a process that exits next must not
+  /// drop the stops.
+  void stop_ranks() noexcept {
+    std::vector<future<down_notice>> gone;
+    for (auto& r : ranks) {
+      try {
+        gone.push_back(sys->monitor(r));
+        r.stop();
+      } catch (const std::exception&) {  // its node is gone already
+      }
+    }
+    for (auto& g : gone) {
+      try {
+        std::move(g).timeout(std::chrono::seconds(2)).get();
+      } catch (const std::exception&) {  // lost, or too slow to say
+      }
+    }
+  }
 };
 
 trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_ptr<kernels::sequential>> stages,
@@ -502,53 +522,43 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
     kernels::parameter probe{"probe", tensor::zeros({1}), tensor::zeros({1})};
     kernels::optimizer check(options.optimizer, {{{&probe}, options.hp, options.state}});
   }
-  if (nodes.empty()) {
-    for (int r = 0; r < ranks; ++r) {
-      auto holder = std::make_shared<std::vector<std::unique_ptr<kernels::sequential>>>();
-      for (const int stage : plan->place.stages_of(r)) holder->push_back(std::move(stages[static_cast<std::size_t>(stage)]));
-      impl_->ranks.push_back(sys.spawn<rank_actor>(spawn_options{.reentrant = true}, r,
-                                                   std::shared_ptr<const schedule>(plan), holder, options));
+  // A rank that cannot be spawned or does not answer fails the constructor; the ranks made so
+  // far are stopped (no destructor will).
+  try {
+    if (nodes.empty()) {
+      for (int r = 0; r < ranks; ++r) {
+        auto holder = std::make_shared<std::vector<std::unique_ptr<kernels::sequential>>>();
+        for (const int stage : plan->place.stages_of(r)) holder->push_back(std::move(stages[static_cast<std::size_t>(stage)]));
+        impl_->ranks.push_back(sys.spawn<rank_actor>(spawn_options{.reentrant = true}, r,
+                                                     std::shared_ptr<const schedule>(plan), holder, options));
+      }
+    } else {
+      // The schedule travels as CSV: check that it reads back as the same plan.
+      const std::string csv = to_csv(s);
+      if (lower(from_csv(csv, s.name)).ranks != plan->ranks)
+        throw std::invalid_argument("the schedule '" + s.name + "' does not survive its CSV form, so it cannot go to other nodes");
+      std::vector<std::vector<detail::portable_stage>> portable(static_cast<std::size_t>(ranks));
+      for (int r = 0; r < ranks; ++r)
+        for (const int stage : plan->place.stages_of(r))
+          portable[static_cast<std::size_t>(r)].push_back(
+              detail::to_portable(*stages[static_cast<std::size_t>(stage)], stage));
+      for (int r = 0; r < ranks; ++r)
+        impl_->ranks.push_back(sys.spawn_on<rank_actor>(nodes[static_cast<std::size_t>(r)], spawn_options{.reentrant = true},
+                                                        r, s.name, csv, std::move(portable[static_cast<std::size_t>(r)]),
+                                                        options));
     }
-  } else {
-    // The schedule travels as CSV: check that it reads back as the same plan.
-    const std::string csv = to_csv(s);
-    if (lower(from_csv(csv, s.name)).ranks != plan->ranks)
-      throw std::invalid_argument("the schedule '" + s.name + "' does not survive its CSV form, so it cannot go to other nodes");
-    std::vector<std::vector<detail::portable_stage>> portable(static_cast<std::size_t>(ranks));
-    for (int r = 0; r < ranks; ++r)
-      for (const int stage : plan->place.stages_of(r))
-        portable[static_cast<std::size_t>(r)].push_back(
-            detail::to_portable(*stages[static_cast<std::size_t>(stage)], stage));
-    for (int r = 0; r < ranks; ++r)
-      impl_->ranks.push_back(sys.spawn_on<rank_actor>(nodes[static_cast<std::size_t>(r)], spawn_options{.reentrant = true},
-                                                      r, s.name, csv, std::move(portable[static_cast<std::size_t>(r)]),
-                                                      options));
+    // Every rank answers before any step: a rank on another node exists only once its node has
+    // handled the spawn, and a neighbour's first activation must not reach its node before that.
+    std::vector<future<void>> connected;
+    for (auto& r : impl_->ranks) connected.push_back(r.ask(&rank_actor::connect, impl_->ranks));
+    for (auto& f : connected) f.get();
+  } catch (...) {
+    impl_->stop_ranks();
+    throw;
   }
-  // Every rank answers before any step: a rank on another node exists only once its node has
-  // handled the spawn, and a neighbour's first activation must not reach its node before that.
-  std::vector<future<void>> connected;
-  for (auto& r : impl_->ranks) connected.push_back(r.ask(&rank_actor::connect, impl_->ranks));
-  for (auto& f : connected) f.get();
 }
 
-trainer::~trainer() {
-  // The rank actors go with the trainer; on other nodes they would stay until their node stops,
-  // so wait (a little) until each is gone: a process that exits next must not drop the stops.
-  std::vector<future<down_notice>> gone;
-  for (auto& r : impl_->ranks) {
-    try {
-      gone.push_back(impl_->sys->monitor(r));
-      r.stop();
-    } catch (const std::exception&) {  // its node is gone already
-    }
-  }
-  for (auto& g : gone) {
-    try {
-      std::move(g).timeout(std::chrono::seconds(2)).get();
-    } catch (const std::exception&) {  // lost, or too slow to say
-    }
-  }
-}
+trainer::~trainer() { impl_->stop_ranks(); }
 
 const schedule& trainer::plan() const noexcept { return *impl_->plan; }
 std::int64_t trainer::steps() const noexcept { return static_cast<std::int64_t>(impl_->steps); }

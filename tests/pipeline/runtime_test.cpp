@@ -263,6 +263,38 @@ TEST(Runtime, RefusesWhatCannotRun) {
   EXPECT_NO_THROW(t.step(random_batch(8, sizes.front(), 1), random_labels(8, 1)));
 }
 
+// A node's own ranks go the way ranks on other nodes go: spawned from their portable form (layer
+// descriptions and values, the schedule as CSV), and still bit-identical to the whole model.
+TEST(Runtime, RanksSpawnedThroughTheirPortableFormTrainTheSame) {
+  troupe::system_config cfg{.threads = 2};
+  cfg.node.listen = "127.0.0.1:0";
+  cfg.node.token = "runtime-test-token";
+  troupe::actor_system head(cfg);
+  ASSERT_EQ(head.node(), 1u);
+  const auto s = pipeline::generate("zb-v", 2, 4);
+  const auto sizes = sizes_for(s.stages());
+  auto whole = initialized(sizes, 9);
+  {
+    pipeline::trainer t(head, s, cut(*whole, sizes), {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()},
+                        {1, 1});
+    kernels::optimizer opt(kernels::optimizer_kind::adamw, {{whole->parameters(), adamw_hp()}},
+                           kernels::optimizer_options{.threads = 1});
+    for (int step = 0; step < 2; ++step) {
+      const tensor x = random_batch(8, sizes.front(), 40 + static_cast<std::uint64_t>(step));
+      const tensor y = random_labels(8, 50 + static_cast<std::uint64_t>(step));
+      reference_step(*whole, opt, x, y, 4);
+      t.step(x, y);
+    }
+    const auto got = t.parameters();
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same_bits(got[i], whole->parameters()[i]->value)) << i;
+    EXPECT_EQ(head.live_actors(), 2u);
+  }
+  EXPECT_EQ(head.live_actors(), 0u);  // the trainer stopped its ranks
+  // A rank that cannot be placed fails the constructor, and the ranks made before it go.
+  EXPECT_THROW(pipeline::trainer(head, s, cut(*whole, sizes), {}, {1, 9}), troupe::error);
+  EXPECT_EQ(head.live_actors(), 0u);
+}
+
 TEST(CutMlp, BalancesParametersAndCopiesTheValues) {
   const std::vector<std::int64_t> sizes{784, 256, 128, 64, 10};
   auto whole = initialized(sizes, 3);
