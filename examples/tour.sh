@@ -14,7 +14,7 @@ if [[ -z $bin_dir ]]; then
   exit 2
 fi
 
-examples=(hello ping_pong supervision fork_join bounded fedsim_custom cluster)
+examples=(hello ping_pong supervision fork_join bounded fedsim_custom pipeline cluster)
 about=(
   "spawn, tell, ask, exceptions and timeouts"
   "coroutine methods that await replies without blocking a thread; reentrancy"
@@ -22,6 +22,7 @@ about=(
   "a parallel sum: fork asks to workers, join their replies"
   "bounded mailboxes: back-pressure (wait) and refusal (reject)"
   "federated simulation with your own client model and server strategy"
+  "a model cut into stages, one actor per rank, trained with a 1F1B schedule"
   "a head, two worker nodes and a driver as separate processes: remote spawn, calls, names"
 )
 here=$(cd "$(dirname "$0")" && pwd)

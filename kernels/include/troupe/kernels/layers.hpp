@@ -48,7 +48,7 @@ public:
   virtual tensor forward(const tensor& x, saved_activations& keep, bool training) = 0;
   virtual tensor backward_input(const tensor& dy, saved_activations& keep) = 0;
   /// Layers without parameters have nothing to do here but forget.
-  virtual void backward_weight(const tensor& dy, saved_activations& keep) { keep.clear(); }
+  virtual void backward_weight(const tensor& /*dy*/, saved_activations& keep) { keep.clear(); }
   tensor backward(const tensor& dy, saved_activations& keep) {
     tensor dx = backward_input(dy, keep);
     backward_weight(dy, keep);
