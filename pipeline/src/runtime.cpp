@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -124,6 +123,12 @@ public:
   /// it ended is in the report (so that it crosses nodes intact).
   task<rank_report> run(step_plan plan) {
     rank_report report;
+    if (running_ || plan.step <= step_) {
+      // A second run while one waits, or one older than the last: not a step to take part in.
+      report.result = outcome::aborted;
+      report.why = "rank " + std::to_string(rank_) + " is already past step " + std::to_string(plan.step);
+      co_return report;
+    }
     try {
       begin(plan.step);
       optimizer_->zero_grad();
@@ -474,6 +479,35 @@ struct trainer::impl {
   std::vector<actor_ref<rank_actor>> ranks;
   std::uint64_t steps = 0;
 
+  /// What the monitors of ranks on other nodes share with the driver: a rank whose node is lost
+  /// may already have reported its part of the step while a neighbour still waits for its last
+  /// tensor; its monitor aborts the step in flight on every rank and says why.
+  struct watch_state {
+    std::mutex mu;
+    std::uint64_t step = 0;  // in flight
+    std::string lost;        // the first rank lost, and how
+  };
+  std::shared_ptr<watch_state> watch = std::make_shared<watch_state>();
+
+  void watch_remote_ranks() {
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      if (!ranks[r].is_remote()) continue;
+      sys->monitor(ranks[r]).then(
+          [w = watch, all = ranks, r](const down_notice& n) {
+            std::uint64_t step;
+            std::string why;
+            {
+              std::lock_guard lock(w->mu);
+              if (w->lost.empty()) w->lost = "rank " + std::to_string(r) + " is gone: " + n.what;
+              step = w->step;
+              why = w->lost;
+            }
+            for (const auto& other : all) other.tell(&rank_actor::abort, step, why);
+          },
+          [](std::exception_ptr) {});
+    }
+  }
+
   /// The rank actors go with the trainer. On other nodes they would stay until their node
   /// stops, so this waits (a little) until each is gone: a process that exits next must not
   /// drop the stops.
@@ -552,6 +586,7 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
     std::vector<future<void>> connected;
     for (auto& r : impl_->ranks) connected.push_back(r.ask(&rank_actor::connect, impl_->ranks));
     for (auto& f : connected) f.get();
+    impl_->watch_remote_ranks();
   } catch (...) {
     impl_->stop_ranks();
     throw;
@@ -571,8 +606,14 @@ step_result trainer::step(const tensor& x, const tensor& labels) {
   if (x.dim(0) % plan.microbatches != 0)
     throw std::invalid_argument("a batch of " + std::to_string(x.dim(0)) + " does not split into " +
                                 std::to_string(plan.microbatches) + " equal microbatches");
+  if (troupe::detail::tls_current_cell() != nullptr || troupe::detail::tls_on_worker())
+    throw error(errc::would_deadlock, "pipeline::trainer::step blocks until the step ends: call it outside actors");
   const auto t0 = clock_type::now();
   const std::uint64_t id = ++impl_->steps;
+  {
+    std::lock_guard lock(impl_->watch->mu);
+    impl_->watch->step = id;
+  }
   const auto xs = x.split(plan.microbatches);
   const auto ys = labels.split(plan.microbatches);
   const int ranks = plan.place.ranks;
@@ -583,14 +624,16 @@ step_result trainer::step(const tensor& x, const tensor& labels) {
   // the replies are collected as they come, not in rank order.
   struct collected {
     std::mutex mu;
-    std::condition_variable cv;
     int pending = 0;
     std::vector<std::optional<rank_report>> reports;
     std::string error;  // the first call that failed outright
+    promise<void> all_in;
   };
   auto c = std::make_shared<collected>();
   c->pending = ranks;
   c->reports.resize(static_cast<std::size_t>(ranks));
+  c->all_in = impl_->sys->make_promise<void>();
+  auto all_in = c->all_in.get_future();
   auto all_ranks = impl_->ranks;
   for (int r = 0; r < ranks; ++r) {
     detail::step_plan p{.step = id, .inputs = {}, .labels = {}};
@@ -600,26 +643,27 @@ step_result trainer::step(const tensor& x, const tensor& labels) {
       std::lock_guard lock(c->mu);
       c->reports[static_cast<std::size_t>(rank)] = std::move(report);
       if (!error.empty() && c->error.empty()) c->error = "rank " + std::to_string(rank) + ": " + error;
-      if (--c->pending == 0) c->cv.notify_all();
+      if (--c->pending == 0) c->all_in.set_value();
     };
-    impl_->ranks[static_cast<std::size_t>(r)]
-        .ask(&rank_actor::run, std::move(p))
-        .then([done, r](rank_report report) { done(r, std::move(report), {}); },
-              [done, r, id, all_ranks](std::exception_ptr e) {
-                std::string why = "failed";
-                try {
-                  std::rethrow_exception(e);
-                } catch (const std::exception& ex) {
-                  why = ex.what();
-                }
-                for (const auto& other : all_ranks) other.tell(&rank_actor::abort, id, "rank " + std::to_string(r) + ": " + why);
-                done(r, std::nullopt, why);
-              });
+    auto fail = [done, r, id, all_ranks](std::exception_ptr e) {
+      std::string why = "failed";
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        why = ex.what();
+      }
+      for (const auto& other : all_ranks) other.tell(&rank_actor::abort, id, "rank " + std::to_string(r) + ": " + why);
+      done(r, std::nullopt, why);
+    };
+    try {
+      impl_->ranks[static_cast<std::size_t>(r)]
+          .ask(&rank_actor::run, std::move(p))
+          .then([done, r](rank_report report) { done(r, std::move(report), {}); }, fail);
+    } catch (...) {  // the call could not even be sent: the ranks already running stop too
+      fail(std::current_exception());
+    }
   }
-  {
-    std::unique_lock lock(c->mu);
-    c->cv.wait(lock, [&] { return c->pending == 0; });
-  }
+  all_in.get();  // drives a test_system while it waits; the callbacks' writes come before it
 
   // The first rank that failed by itself names the error; the others only followed it.
   std::optional<rank_report> failure;
@@ -646,7 +690,10 @@ step_result trainer::step(const tensor& x, const tensor& labels) {
   if (failure && failure->result == outcome::bad_input) throw std::invalid_argument(failure->why);
   if (failure) throw std::runtime_error(failure->why);
   if (!c->error.empty()) throw std::runtime_error("the step failed: " + c->error);
-  if (failed) throw std::runtime_error("the step was aborted");  // (an abort always has a cause above)
+  if (failed) {
+    std::lock_guard lock(impl_->watch->mu);
+    throw std::runtime_error("the step failed: " + (impl_->watch->lost.empty() ? std::string("aborted") : impl_->watch->lost));
+  }
 
   step_result result;
   for (const auto& r : c->reports) {

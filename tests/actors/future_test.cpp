@@ -249,4 +249,20 @@ TEST(Promise, GetOutsideDrivesTheTestSystemThatMadeIt) {
   EXPECT_EQ(f.get(), 42);
 }
 
+struct promise_setter {
+  void set(troupe::promise<int>* p) { p->set_value(7); }
+};
+
+TEST(Promise, OfATestSystemIsAwaitedByDrivingItAndANullExceptionIsRefused) {
+  test_system sys;
+  auto p = sys.make_promise<int>();
+  auto f = p.get_future();
+  auto a = sys.spawn<promise_setter>();
+  a.tell(&promise_setter::set, &p);  // runs only when the system is driven
+  EXPECT_EQ(f.get(), 7);
+  troupe::promise<int> q;
+  EXPECT_THROW(q.set_exception(nullptr), std::invalid_argument);
+  EXPECT_TRUE(q.pending());
+}
+
 }  // namespace

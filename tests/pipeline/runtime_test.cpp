@@ -295,6 +295,35 @@ TEST(Runtime, RanksSpawnedThroughTheirPortableFormTrainTheSame) {
   EXPECT_EQ(head.live_actors(), 0u);
 }
 
+// On a test_system, step() drives the system while it waits; inside an actor it refuses to block.
+struct stepper {
+  pipeline::trainer* t;
+  int step(tensor x, tensor y) {
+    t->step(x, y);
+    return 0;
+  }
+};
+
+TEST(Runtime, StepsOnATestSystemAndRefusesToBlockAnActor) {
+  troupe::test_system sys;
+  const auto s = pipeline::generate("1f1b", 2, 2);
+  const auto sizes = sizes_for(2);
+  auto whole = initialized(sizes, 2);
+  pipeline::trainer t(sys, s, cut(*whole, sizes));
+  const tensor x = random_batch(4, sizes.front(), 1);
+  const tensor y = random_labels(4, 1);
+  EXPECT_TRUE(t.step(x, y).applied);
+  EXPECT_EQ(t.steps(), 1);
+  auto a = sys.spawn<stepper>(&t);
+  try {
+    a.ask(&stepper::step, x, y).get();
+    ADD_FAILURE() << "step() blocked an actor";
+  } catch (const troupe::error& e) {
+    EXPECT_EQ(e.code_value(), troupe::errc::would_deadlock) << e.what();
+  }
+  EXPECT_TRUE(t.step(x, y).applied);
+}
+
 TEST(CutMlp, BalancesParametersAndCopiesTheValues) {
   const std::vector<std::int64_t> sizes{784, 256, 128, 64, 10};
   auto whole = initialized(sizes, 3);

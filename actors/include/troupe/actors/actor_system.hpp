@@ -183,6 +183,13 @@ public:
     return actor_ref<T>(std::move(ref));
   }
 
+  /// A promise whose future, waited on with get() outside actors, drives this system while it
+  /// waits when this is a test_system (see promise<T>).
+  template <class T>
+  promise<T> make_promise() {
+    return promise<T>(impl_);
+  }
+
   /// Names an actor so that others find it with lookup<T>(name). Throws
   /// troupe::error(errc::name_taken) when the name belongs to another live actor. On a node,
   /// an actor of a TROUPE_REMOTE class is named cluster-wide: every node finds it.

@@ -410,6 +410,11 @@ public:
     // Inside an actor (or a test_system's), get() outside it drives that system while waiting.
     if (auto* cell = detail::tls_current_cell()) st_->set_system(&cell->system());
   }
+  /// A promise of `sys` (actor_system::make_promise): get() on its future drives `sys` while
+  /// waiting when it is a test_system.
+  explicit promise(detail::system_impl* sys) : promise() {
+    if (sys) st_->set_system(sys);
+  }
   promise(promise&&) noexcept = default;
   promise& operator=(promise&& other) noexcept {
     if (this != &other) {
@@ -437,8 +442,10 @@ public:
     auto st = take_state();
     st->complete_value(true, std::forward<A>(a)...);
   }
-  /// Completes the future with an error, rethrown where it is consumed.
+  /// Completes the future with an error, rethrown where it is consumed. Throws
+  /// std::invalid_argument for a null exception_ptr (nothing could be rethrown).
   void set_exception(std::exception_ptr e) {
+    if (!e) throw std::invalid_argument("troupe::promise::set_exception: a null exception_ptr");
     auto st = take_state();
     st->fail(std::move(e), true);
   }

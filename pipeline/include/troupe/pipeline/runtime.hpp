@@ -3,7 +3,7 @@
 /// The pipeline runtime: one actor per rank runs a schedule's actions on real layers.
 ///
 ///   troupe::actor_system sys{{.threads = 2}};
-///   auto s = pipeline::make_schedule("1f1b", {.ranks = 4, .microbatches = 8});
+///   auto s = pipeline::generate("1f1b", 4, 8);   // 4 ranks, 8 microbatches
 ///   pipeline::trainer t(sys, s, std::move(stages), {.optimizer = kernels::optimizer_kind::adamw});
 ///   auto r = t.step(x, labels);          // one training step on a batch
 ///
@@ -19,7 +19,9 @@
 /// A step is all or nothing: the optimizers run only once every rank has finished its actions
 /// and every gradient is finite. A rank that fails (a shape that does not fit, a bad label)
 /// aborts the step on every rank; step() then throws its error and no weight has changed.
-/// Schedules are validated first (pipeline::validate), so a step cannot deadlock.
+/// (One exception: a rank whose node is lost between reporting its actions done and stepping
+/// its optimizer; the others have stepped, and step() says which rank was lost.) Schedules are
+/// validated first (pipeline::validate), so a step cannot deadlock.
 ///
 /// The ranks may live on other nodes of a cluster (see the constructor): the same messages then
 /// cross TCP, and a rank whose node is lost fails the step (after aborting it everywhere).
@@ -86,6 +88,8 @@ public:
   /// One training step on the batch `x` [N, features] with class labels `labels` [N] (u8, i32 or
   /// i64), split into the schedule's microbatches. Throws std::invalid_argument when N does not
   /// divide into them, and the first error of a rank when a rank fails (nothing changed then).
+  /// It blocks until the step ends: troupe::error(errc::would_deadlock) on an actor's thread.
+  /// On a test_system it drives the system while it waits.
   step_result step(const tensor& x, const tensor& labels);
 
   /// The model's output for `x` (no training: dropout off), through every stage in order.
