@@ -410,6 +410,9 @@ void cell_base::fail(std::exception_ptr e) noexcept {
   if (ex->restarts <= 10 || ex->restarts % 1000 == 0)
     log().warn("actor {} ({}) failed: {}; restart {} in {} ms", id_, type_name(), what, ex->restarts,
                std::chrono::duration_cast<std::chrono::milliseconds>(delay).count());
+  // Continuations that still point into this incarnation (a coroutine about to be destroyed, a
+  // callback on the old object) are dropped when they arrive.
+  incarnation_.fetch_add(1, std::memory_order_relaxed);
   if (life == life_running) {
     destroy_frames(ex, lock_, suspended_);
     call_on_stop();

@@ -53,6 +53,12 @@ void state_base::run(cell_base& self) {
     run_request(self);
     return;
   }
+  if (self.incarnation() != cont_incarnation_) {
+    // The actor restarted since: the coroutine frame is gone and the callback's object too.
+    cont_handle_ = {};
+    cont_callback_.reset();
+    return;
+  }
   continue_now();  // the continuation phase, in the awaiting actor's context
 }
 
@@ -95,6 +101,7 @@ bool state_base::install(cell_base* cell) noexcept {
   if (cell) {
     cell->add_ref();
     cont_cell_ = cell;
+    cont_incarnation_ = cell->incarnation();
   }
   auto prev = status_.fetch_or(st_cont, std::memory_order_acq_rel);
   if ((prev & st_ready) == 0) return false;

@@ -4,6 +4,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <troupe/actors/actor_system.hpp>
@@ -225,6 +226,50 @@ TEST(Supervision, RestartNeedsCopyableArguments) {
   EXPECT_THROW(sys.spawn<owner>(spawn_options{.restart = {.max_restarts = 1}}, std::make_unique<int>(1)),
                std::invalid_argument);
   EXPECT_NO_THROW(sys.spawn<owner>(std::make_unique<int>(1)));
+}
+
+/// Holds asks unanswered until told to answer them.
+struct late_answer {
+  std::vector<troupe::promise<int>> held;
+  troupe::task<int> answer() {
+    held.emplace_back();
+    co_return co_await held.back().get_future();
+  }
+  void release(int v) {
+    for (auto& h : held) h.set_value(v);
+    held.clear();
+  }
+};
+
+/// Awaits, in a coroutine, a value that its own promise or another actor's reply brings.
+struct awaiter {
+  explicit awaiter(actor_ref<late_answer> o) : other(std::move(o)) {}
+  troupe::promise<int> p;
+  actor_ref<late_answer> other;
+  troupe::task<int> wait_own() { co_return co_await p.get_future(); }
+  troupe::task<int> wait_other() { co_return co_await other.ask(&late_answer::answer); }
+  void boom() { throw std::runtime_error("boom"); }
+  int ping() { return 1; }
+};
+
+// A restart destroys the coroutines the old object had suspended; a reply that arrives afterwards,
+// or the old object's own promise failed as it goes, must not resume them.
+TEST(Supervision, ARestartDropsTheContinuationsOfTheOldObject) {
+  troupe::actor_system sys{{.threads = 2}};
+  auto answers = sys.spawn<late_answer>(spawn_options{.reentrant = true});
+  spawn_options o{.reentrant = true};
+  o.restart.max_restarts = 5;
+  auto a = sys.spawn<awaiter>(o, answers);
+  auto own = a.ask(&awaiter::wait_own);
+  auto other = a.ask(&awaiter::wait_other);
+  ASSERT_EQ(a.ask(&awaiter::ping).get(), 1);  // both are suspended now
+  a.tell(&awaiter::boom);
+  EXPECT_EQ(a.ask(&awaiter::ping).get(), 1);  // the new object answers
+  answers.tell(&late_answer::release, 5);     // the reply reaches the new incarnation
+  EXPECT_EQ(a.ask(&awaiter::ping).get(), 1);
+  EXPECT_THROW(own.get(), troupe::error);
+  EXPECT_THROW(other.get(), troupe::error);
+  EXPECT_TRUE(a.alive());
 }
 
 TEST(Registry, NamedActorsAreFoundByNameAndType) {

@@ -125,6 +125,7 @@ private:
   std::uint8_t phase_ = phase_request;
   system_impl* sys_ = nullptr;
   cell_base* cont_cell_ = nullptr;  // holds a reference while set
+  std::uint32_t cont_incarnation_ = 0;  // of cont_cell_ when the continuation was installed
   std::coroutine_handle<> cont_handle_;
   std::unique_ptr<callback_base> cont_callback_;
 };

@@ -210,6 +210,9 @@ public:
   system_impl& system() const noexcept { return *system_; }
   /// False once the actor has stopped for good. @threadsafe
   bool alive() const noexcept { return life_.load(std::memory_order_acquire) != life_dead; }
+  /// Counts the restarts that destroyed the object and its suspended coroutines: a
+  /// continuation installed before a restart must not run after it.
+  std::uint32_t incarnation() const noexcept { return incarnation_.load(std::memory_order_relaxed); }
 
   /// Queues a normal message, applying the mailbox's capacity policy. @threadsafe
   void enqueue(message_ptr m);
@@ -320,6 +323,7 @@ private:
   std::uint32_t capacity_;
   std::uint32_t suspended_ = 0;  // root coroutines suspended (actor context only)
   std::atomic<std::uint8_t> life_{life_running};
+  std::atomic<std::uint32_t> incarnation_{0};
   overflow_policy overflow_;
   bool reentrant_;
   bool fail_on_ask_exception_;
