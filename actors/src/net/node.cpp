@@ -321,6 +321,7 @@ public:
         for (auto& x : entry.list) watches.push_back(std::move(x));
       watches_.clear();
       exported_.clear();
+      wire_of_.clear();
       for (auto& [id, m] : members_) {
         if (m.conn && self_ != 0) m.conn->send(control(ctl::leave));  // not lost: gone on purpose
         m.conn.reset();
@@ -1232,6 +1233,7 @@ private:
   void export_at(std::uint64_t wire, cell_base& c, const remote_type_entry* type) {
     {
       std::lock_guard lock(mu_);
+      if (stopped_) return;  // nothing is exported by a node that is stopping
       auto [it, fresh] = exported_.try_emplace(wire);
       if (!fresh && it->second.cell) return;
       it->second.cell = cell_ptr(&c);

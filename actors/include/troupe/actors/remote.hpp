@@ -303,7 +303,9 @@ void publish_name_typed(system_impl& s, const std::string& name, const actor_ref
 
 /// An actor_ref travels between nodes as its address: a ref to a local actor, sent in a call to
 /// another node, reaches there as a ref that calls back here, and a ref to a third node's actor
-/// stays one. The class name travels too and must match on arrival.
+/// stays one. The class name travels too and must match on arrival. A ref to an actor that is
+/// gone, arriving at the node it lived on, does not decode (troupe::error(errc::actor_dead)), so
+/// the call carrying it fails (a tell becomes a dead letter).
 template <class T>
 struct codec<actor_ref<T>, std::enable_if_t<detail::remote_capable<T>>> {
   static void encode(byte_writer& w, const actor_ref<T>& ref) {
