@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -447,7 +448,7 @@ struct codec<pipeline::training_options> {
     pipeline::detail::put(w, o.optimizer, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum, h.dampening,
                           h.nesterov, h.amsgrad, s.storage, s.block_size, s.min_8bit_elements, s.first_moment_fp32,
                           s.stochastic_rounding, s.percentile_scale, s.percentile_clipping, s.fp32_params,
-                          o.cosine_steps);
+                          o.cosine_steps, o.step_timeout);
   }
   static pipeline::training_options decode(byte_reader& r) {
     pipeline::training_options o;
@@ -457,7 +458,8 @@ struct codec<pipeline::training_options> {
     get(r, o.optimizer), get(r, h.lr), get(r, h.beta1), get(r, h.beta2), get(r, h.eps), get(r, h.weight_decay),
         get(r, h.momentum), get(r, h.dampening), get(r, h.nesterov), get(r, h.amsgrad), get(r, s.storage),
         get(r, s.block_size), get(r, s.min_8bit_elements), get(r, s.first_moment_fp32), get(r, s.stochastic_rounding),
-        get(r, s.percentile_scale), get(r, s.percentile_clipping), get(r, s.fp32_params), get(r, o.cosine_steps);
+        get(r, s.percentile_scale), get(r, s.percentile_clipping), get(r, s.fp32_params), get(r, o.cosine_steps),
+        get(r, o.step_timeout);
     return o;
   }
 };
@@ -475,6 +477,7 @@ using detail::rank_report;
 
 struct trainer::impl {
   actor_system* sys = nullptr;
+  double step_timeout = 0;
   std::shared_ptr<const schedule> plan;
   std::vector<actor_ref<rank_actor>> ranks;
   std::uint64_t steps = 0;
@@ -547,6 +550,9 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
   validate(*plan);
   impl_->sys = &sys;
   impl_->plan = plan;
+  if (!(options.step_timeout >= 0) || !std::isfinite(options.step_timeout))
+    throw std::invalid_argument("step_timeout must be a number of seconds >= 0 (0: no limit)");
+  impl_->step_timeout = options.step_timeout;
   const int ranks = plan->place.ranks;
   if (!nodes.empty() && static_cast<int>(nodes.size()) != ranks)
     throw std::invalid_argument("the schedule has " + std::to_string(ranks) + " ranks; " +
@@ -663,7 +669,23 @@ step_result trainer::step(const tensor& x, const tensor& labels) {
       fail(std::current_exception());
     }
   }
-  all_in.get();  // drives a test_system while it waits; the callbacks' writes come before it
+  try {
+    // (get() drives a test_system while it waits; the callbacks' writes come before it.)
+    if (impl_->step_timeout > 0)
+      std::move(all_in).timeout(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::duration<double>(impl_->step_timeout)))
+          .get();
+    else
+      all_in.get();
+  } catch (const error& e) {
+    if (e.code_value() != errc::timeout) throw;
+    // Some rank did not answer in time: stop the step everywhere. Nothing is applied; the next
+    // step starts afresh on every rank (a rank still in this one leaves it on the abort).
+    const std::string why = "step " + std::to_string(id) + " did not finish within " +
+                            std::to_string(impl_->step_timeout) + " s";
+    for (const auto& r : impl_->ranks) r.tell(&rank_actor::abort, id, why);
+    throw std::runtime_error("the step failed: " + why + "; it was aborted on every rank");
+  }
 
   // The first rank that failed by itself names the error; the others only followed it.
   std::optional<rank_report> failure;

@@ -1,11 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <troupe/actors/actor_system.hpp>
@@ -322,6 +324,44 @@ TEST(Runtime, StepsOnATestSystemAndRefusesToBlockAnActor) {
     EXPECT_EQ(e.code_value(), troupe::errc::would_deadlock) << e.what();
   }
   EXPECT_TRUE(t.step(x, y).applied);
+}
+
+/// Passes its input through; its first forward takes a second.
+class slow_once final : public kernels::layer {
+public:
+  std::string describe() const override { return "slow_once"; }
+  tensor forward(const tensor& x, kernels::saved_activations&, bool) override {
+    if (first_) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    first_ = false;
+    return x;
+  }
+  tensor backward_input(const tensor& dy, kernels::saved_activations&) override { return dy; }
+
+private:
+  bool first_ = true;
+};
+
+TEST(Runtime, AStepPastItsDeadlineIsAbortedEverywhereAndTheNextOneRuns) {
+  const auto s = pipeline::generate("1f1b", 2, 2);
+  const auto sizes = sizes_for(2);
+  auto whole = initialized(sizes, 4);
+  auto stages = cut(*whole, sizes);
+  stages[1]->add(std::make_unique<slow_once>());
+  troupe::actor_system sys{{.threads = 2}};
+  pipeline::trainer t(sys, s, std::move(stages), {.step_timeout = 0.3});
+  const auto before = t.parameters();
+  const tensor x = random_batch(4, sizes.front(), 1);
+  const tensor y = random_labels(4, 1);
+  try {
+    t.step(x, y);
+    ADD_FAILURE() << "a step past its deadline returned";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("did not finish within"), std::string::npos) << e.what();
+  }
+  const auto after = t.parameters();  // (waits behind the slow rank's step)
+  for (std::size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(same_bits(before[i], after[i])) << i;
+  EXPECT_TRUE(t.step(x, y).applied);
+  EXPECT_THROW(pipeline::trainer(sys, s, cut(*whole, sizes), {.step_timeout = -1}), std::invalid_argument);
 }
 
 TEST(CutMlp, BalancesParametersAndCopiesTheValues) {
