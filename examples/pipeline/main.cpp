@@ -62,25 +62,6 @@ void make_batch(std::mt19937_64& rng, std::int64_t n, tensor& x, tensor& y) {
   y = tensor::from<std::int64_t>(ys, {n});
 }
 
-/// What one pipeline step means, written out for the whole model: each microbatch in order, its
-/// mean loss counted 1/microbatches, the gradients summed, one optimizer step.
-double whole_model_step(kernels::sequential& model, kernels::optimizer& opt, const tensor& x, const tensor& y,
-                        int microbatches) {
-  opt.zero_grad();
-  const auto xs = x.split(microbatches), ys = y.split(microbatches);
-  double loss = 0;
-  for (int j = 0; j < microbatches; ++j) {
-    kernels::saved_activations keep;
-    tensor logits = model.forward(xs[static_cast<std::size_t>(j)], keep, true);
-    tensor dlogits;
-    loss += kernels::softmax_cross_entropy(logits, ys[static_cast<std::size_t>(j)], dlogits) / microbatches;
-    for (float& g : dlogits.data<float>()) g *= 1.0f / static_cast<float>(microbatches);
-    model.backward(dlogits, keep);
-  }
-  opt.step();
-  return loss;
-}
-
 int run() {
   // The schedule: 4 ranks, 8 microbatches per step. Each row is one rank's program.
   const auto schedule = pipeline::generate("1f1b", 4, 8);
@@ -105,7 +86,8 @@ int run() {
   for (int step = 1; step <= 300; ++step) {
     make_batch(rng, 64, x, y);
     const auto r = trainer.step(x, y);  // 4 rank actors, 8 microbatches, activations as messages
-    const double expected = whole_model_step(*whole, whole_opt, x, y, schedule.microbatches);
+    // What a step means, run plainly on the whole model in this thread (the reference).
+    const double expected = pipeline::whole_model_step(*whole, whole_opt, x, y, schedule.microbatches);
     check(r.applied, "every gradient was finite");
     check(r.loss == expected, "the pipeline's loss equals the whole model's");
     if (step % 60 == 0)

@@ -746,6 +746,25 @@ std::vector<tensor> trainer::parameters() {
   return out;
 }
 
+double whole_model_step(kernels::sequential& model, kernels::optimizer& opt, const tensor& x, const tensor& labels,
+                        int microbatches) {
+  if (microbatches < 1) throw std::invalid_argument("whole_model_step: microbatches must be at least 1");
+  opt.zero_grad();
+  const auto xs = x.split(microbatches), ys = labels.split(microbatches);
+  const float scale = 1.0f / static_cast<float>(microbatches);
+  double loss = 0;
+  for (int j = 0; j < microbatches; ++j) {
+    kernels::saved_activations keep;
+    tensor logits = model.forward(xs[static_cast<std::size_t>(j)], keep, true);
+    tensor dlogits;
+    loss += kernels::softmax_cross_entropy(logits, ys[static_cast<std::size_t>(j)], dlogits) / microbatches;
+    for (float& g : dlogits.data<float>()) g *= scale;
+    model.backward(dlogits, keep);
+  }
+  opt.step();
+  return loss;
+}
+
 std::vector<std::unique_ptr<kernels::sequential>> cut_mlp(kernels::sequential& model,
                                                           const std::vector<std::int64_t>& sizes, int stages) {
   const auto params = model.parameters();

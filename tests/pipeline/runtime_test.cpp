@@ -70,24 +70,6 @@ kernels::hyperparameters adamw_hp() {
   return hp;
 }
 
-/// One step on the whole model as the pipeline defines it: each microbatch in order, its mean
-/// loss scaled by 1/microbatches, the gradients summed, one optimizer step.
-double reference_step(kernels::sequential& model, kernels::optimizer& opt, const tensor& x, const tensor& y, int microbatches) {
-  opt.zero_grad();
-  const auto xs = x.split(microbatches), ys = y.split(microbatches);
-  double loss = 0;
-  for (int j = 0; j < microbatches; ++j) {
-    kernels::saved_activations keep;
-    tensor logits = model.forward(xs[static_cast<std::size_t>(j)], keep, true);
-    tensor dlogits;
-    loss += kernels::softmax_cross_entropy(logits, ys[static_cast<std::size_t>(j)], dlogits) / microbatches;
-    for (float& g : dlogits.data<float>()) g *= 1.0f / static_cast<float>(microbatches);
-    model.backward(dlogits, keep);
-  }
-  opt.step();
-  return loss;
-}
-
 bool same_bits(const tensor& a, const tensor& b) {
   return a.shape() == b.shape() && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
 }
@@ -110,7 +92,7 @@ TEST_P(RuntimeSchedules, TrainLikeTheWholeModelToTheBit) {
   for (int step = 0; step < 3; ++step) {
     const tensor x = random_batch(32, sizes.front(), 100 + static_cast<std::uint64_t>(step));
     const tensor y = random_labels(32, 200 + static_cast<std::uint64_t>(step));
-    const double expected_loss = reference_step(*whole, opt, x, y, microbatches);
+    const double expected_loss = pipeline::whole_model_step(*whole, opt, x, y, microbatches);
     const auto r = t.step(x, y);
     EXPECT_TRUE(r.applied);
     EXPECT_NEAR(r.loss, expected_loss, 1e-6 * std::abs(expected_loss)) << name << " step " << step;
@@ -145,7 +127,7 @@ TEST(Runtime, OneStepEqualsOneStepOnTheWholeBatchWithOneMicrobatch) {
   kernels::optimizer opt(kernels::optimizer_kind::sgd, {{whole->parameters(), {.lr = 0.1}}});
   const tensor x = random_batch(6, sizes.front(), 1);
   const tensor y = random_labels(6, 2);
-  reference_step(*whole, opt, x, y, 1);
+  pipeline::whole_model_step(*whole, opt, x, y, 1);
   t.step(x, y);
   const auto got = t.parameters();
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same_bits(got[i], whole->parameters()[i]->value)) << i;
@@ -284,7 +266,7 @@ TEST(Runtime, RanksSpawnedThroughTheirPortableFormTrainTheSame) {
     for (int step = 0; step < 2; ++step) {
       const tensor x = random_batch(8, sizes.front(), 40 + static_cast<std::uint64_t>(step));
       const tensor y = random_labels(8, 50 + static_cast<std::uint64_t>(step));
-      reference_step(*whole, opt, x, y, 4);
+      pipeline::whole_model_step(*whole, opt, x, y, 4);
       t.step(x, y);
     }
     const auto got = t.parameters();

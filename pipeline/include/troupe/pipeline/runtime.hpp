@@ -109,6 +109,14 @@ private:
   std::unique_ptr<impl> impl_;
 };
 
+/// What one trainer step means, run plainly on the whole model in this thread: each of the
+/// `microbatches` equal microbatches of `x` in order, its mean softmax cross-entropy counted
+/// 1/microbatches, the gradients summed, one step of `opt`. Returns the batch's mean loss. The
+/// reference the runtime is tested against (to the bit when each stage adds its weight gradients
+/// in microbatch order, as every generated schedule does).
+double whole_model_step(kernels::sequential& model, kernels::optimizer& opt, const tensor& x, const tensor& labels,
+                        int microbatches);
+
 /// Cuts an MLP laid out as kernels::make_mlp makes it (`sizes`: its layer sizes; linear layers
 /// with ReLU between them) into `stages` contiguous stages of whole linear layers, balanced by
 /// parameter count (partition_by_parameters), holding copies of `model`'s values. Throws
