@@ -1,4 +1,5 @@
-// troupe train: single-process training with a progress bar and per-epoch test accuracy.
+// troupe train: training with a progress bar and per-epoch test accuracy, in this thread or with
+// the pipeline runtime's stage actors (--pipeline), here or on a cluster's nodes (--head).
 
 #include <cstdio>
 #include <cstdlib>
@@ -27,7 +28,7 @@ void add_train_command(CLI::App& app, int& rc) {
     int ranks = 2, microbatches = 4, virtual_stages = 0;
   };
   auto pipe = std::make_shared<pipeline_flags>();
-  auto* cmd = app.add_subcommand("train", "train a model on a dataset in this process");
+  auto* cmd = app.add_subcommand("train", "train a model on a dataset, whole or as a pipeline of stage actors");
   cmd->add_option("--dataset", o->dataset, "fashion-mnist")->capture_default_str();
   cmd->add_option("--data-dir", o->data_dir, "where the dataset's files are (default: its Debian location)");
   cmd->add_option("--model", o->model, "mlp:IN-H1-...-OUT")->capture_default_str();
