@@ -691,11 +691,11 @@ step_result trainer::step(const tensor& x, const tensor& labels) {
   std::optional<rank_report> failure;
   for (const auto& r : c->reports)
     if (r && r->result != outcome::done && r->result != outcome::aborted && !failure) failure = r;
-  bool finite = c->error.empty() && !failure;
-  for (const auto& r : c->reports) finite = finite && r && r->result == outcome::done && r->finite;
-  const bool failed = !c->error.empty() || failure ||
-                      std::any_of(c->reports.begin(), c->reports.end(),
-                                  [](const auto& r) { return !r || r->result != outcome::done; });
+  // (A call that failed outright left its report empty; a rank that failed reported so.)
+  const bool all_done = std::all_of(c->reports.begin(), c->reports.end(),
+                                    [](const auto& r) { return r && r->result == outcome::done; });
+  const bool finite =
+      all_done && std::all_of(c->reports.begin(), c->reports.end(), [](const auto& r) { return r->finite; });
   // Every rank that answered steps its optimizer or drops its gradients (a rank that could not
   // answer is gone with its node).
   std::vector<std::pair<int, future<void>>> applied;
@@ -712,7 +712,7 @@ step_result trainer::step(const tensor& x, const tensor& labels) {
   if (failure && failure->result == outcome::bad_input) throw std::invalid_argument(failure->why);
   if (failure) throw std::runtime_error(failure->why);
   if (!c->error.empty()) throw std::runtime_error("the step failed: " + c->error);
-  if (failed) {
+  if (!all_done) {
     std::lock_guard lock(impl_->watch->mu);
     throw std::runtime_error("the step failed: " + (impl_->watch->lost.empty() ? std::string("aborted") : impl_->watch->lost));
   }
