@@ -5,6 +5,7 @@
 #include "actors_bench.hpp"
 #include "nn_bench.hpp"
 #include "optim_bench.hpp"
+#include "pipeline_bench.hpp"
 #include "remote_bench.hpp"
 #include "commands.hpp"
 
@@ -43,6 +44,16 @@ void add_bench_command(CLI::App& app, int& rc) {
   nn->add_flag("--quick", nn_opts->quick, "shorter timings (for CI)");
   nn->add_option("--only", nn_opts->only, "gemm, train, or one GEMM shape");
   nn->callback([nn_opts, &rc] { rc = troupe::bench::run_nn(*nn_opts, std::cout); });
+
+  auto pipeline_opts = std::make_shared<troupe::bench::options>();
+  auto* pipe = bench->add_subcommand(
+      "pipeline", "pipeline runtime steps per schedule, with and without recomputed activations, against the whole model");
+  pipe->add_flag("--json", pipeline_opts->json, "one JSON object per line");
+  pipe->add_flag("--quick", pipeline_opts->quick, "3 timed steps per row (for CI)");
+  pipe->add_option("--only", pipeline_opts->only, "whole, or one schedule (gpipe, 1f1b, zb-v, ...)");
+  pipe->add_option("--threads", pipeline_opts->threads, "the ranks' worker threads (default: hardware threads)")
+      ->check(CLI::Range(0, 4096));
+  pipe->callback([pipeline_opts, &rc] { rc = troupe::bench::run_pipeline(*pipeline_opts, std::cout); });
 
   auto optim_opts = std::make_shared<troupe::bench::optim_options>();
   auto* optim = bench->add_subcommand("optim", "fused optimizer steps per state storage, against memory bandwidth");

@@ -1,6 +1,7 @@
 // troupe train: training with a progress bar and per-epoch test accuracy, in this thread or with
 // the pipeline runtime's stage actors (--pipeline), here or on a cluster's nodes (--head).
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include <troupe/actors/actor_system.hpp>
 #include <troupe/actors/remote.hpp>
+#include <troupe/kernels/layers.hpp>
 #include <troupe/kernels/train.hpp>
 #include <troupe/pipeline/generators.hpp>
 #include <troupe/pipeline/runtime.hpp>
@@ -26,6 +28,7 @@ void add_train_command(CLI::App& app, int& rc) {
   struct pipeline_flags {
     std::string schedule, head;
     int ranks = 2, microbatches = 4, virtual_stages = 0;
+    bool recompute = false;
   };
   auto pipe = std::make_shared<pipeline_flags>();
   auto* cmd = app.add_subcommand("train", "train a model on a dataset, whole or as a pipeline of stage actors");
@@ -56,6 +59,10 @@ void add_train_command(CLI::App& app, int& rc) {
   cmd->add_option("--virtual-stages", pipe->virtual_stages, "stages per rank (0: the schedule's default)")
       ->capture_default_str()
       ->needs(schedule);
+  cmd->add_flag("--recompute", pipe->recompute,
+               "activation checkpointing: a stage keeps only its input from a forward to the backward, "
+               "and runs the forward again before the backward (the same weights, less memory)")
+      ->needs(schedule);
   cmd->add_option("--head", pipe->head,
                   "run the ranks on the other nodes of the cluster whose head is at HOST:PORT (`troupe node "
                   "start`); this process joins it, with the token in TROUPE_CLUSTER_TOKEN")
@@ -68,6 +75,14 @@ void add_train_command(CLI::App& app, int& rc) {
       troupe::kernels::engine_factory engine;
       if (!pipe->schedule.empty()) {
         auto plan = troupe::pipeline::generate(pipe->schedule, pipe->ranks, pipe->microbatches, pipe->virtual_stages);
+        if (pipe->recompute) {
+          // Every stage keeps one layer input of its L (linear and ReLU layers, as cut_mlp cuts
+          // them; L counted as the model's layers over the stages).
+          const auto layers = 2 * static_cast<int>(troupe::kernels::mlp_sizes(o->model).size() - 1) - 1;
+          const int per_stage = std::max(2, (layers + plan.stages() - 1) / plan.stages());
+          plan = troupe::pipeline::with_checkpointing(
+              plan, troupe::pipeline::checkpoint_policy::parse("every:" + std::to_string(per_stage)), per_stage);
+        }
         std::vector<std::uint32_t> nodes;
         if (pipe->head.empty()) {
           sys = std::make_unique<troupe::actor_system>(troupe::system_config{});

@@ -1,6 +1,8 @@
 #include "troupe/kernels/layers.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <cmath>
 #include <random>
 #include <sstream>
@@ -56,6 +58,13 @@ void check_device(const tensor& x, device where, const std::string& who) {
   if (x.where() != where)
     throw std::invalid_argument(who + ": the input " + x.str() + " is not on " + where.str() +
                                 ", where the parameters are: move it with .to()");
+}
+
+/// The shortest text that reads back as `v` (descriptions are exact, so make_layer rebuilds them).
+std::string exact(float v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 /// Writes host values into t, wherever t lives.
@@ -212,7 +221,9 @@ public:
     if (!(eps > 0) || !std::isfinite(eps)) throw std::invalid_argument("layer_norm: eps must be a positive number");
     initialize(0);
   }
-  std::string describe() const override { return "layer_norm(" + std::to_string(n_) + ")"; }
+  std::string describe() const override {
+    return "layer_norm(" + std::to_string(n_) + (eps_ == 1e-5f ? "" : ", eps=" + exact(eps_)) + ")";
+  }
   tensor forward(const tensor& x, saved_activations& keep, bool) override {
     check_rows(x, n_, describe());
     const std::int64_t rows = x.dim(0);
@@ -324,11 +335,7 @@ public:
   explicit dropout(float p) : p_(p) {
     if (!(p >= 0.0f && p < 1.0f)) throw std::invalid_argument("dropout probability must be in [0, 1)");
   }
-  std::string describe() const override {
-    std::ostringstream s;
-    s << "dropout(" << p_ << ")";
-    return s.str();
-  }
+  std::string describe() const override { return "dropout(" + exact(p_) + ")"; }
   tensor forward(const tensor& x, saved_activations& keep, bool training) override {
     if (!training || p_ == 0.0f) {
       keep.clear();
@@ -373,6 +380,21 @@ public:
     return dx;
   }
   void initialize(std::uint64_t seed) override { rng_.seed(seed); }
+  void save_random_state(std::vector<std::string>& out) const override {
+    std::ostringstream s;
+    s << rng_;
+    out.push_back(s.str());
+  }
+  void load_random_state(const std::vector<std::string>& in, std::size_t& next) override {
+    if (next >= in.size()) throw std::invalid_argument(describe() + ": no random state left to load");
+    std::istringstream s(in[next]);
+    std::mt19937_64 g;
+    s >> g;
+    if (!s || (s >> std::ws, !s.eof()))
+      throw std::invalid_argument(describe() + ": entry " + std::to_string(next) + " is not a generator's state");
+    rng_ = g;
+    ++next;
+  }
 
 private:
   float p_;
@@ -419,6 +441,10 @@ public:
   }
   std::vector<parameter*> parameters() override { return inner_->parameters(); }
   void initialize(std::uint64_t seed) override { inner_->initialize(seed); }
+  void save_random_state(std::vector<std::string>& out) const override { inner_->save_random_state(out); }
+  void load_random_state(const std::vector<std::string>& in, std::size_t& next) override {
+    inner_->load_random_state(in, next);
+  }
 
 private:
   std::unique_ptr<layer> inner_;
@@ -498,6 +524,25 @@ std::vector<parameter*> sequential::parameters() {
   return out;
 }
 
+void sequential::save_random_state(std::vector<std::string>& out) const {
+  for (const auto& l : layers_) l->save_random_state(out);
+}
+
+void sequential::load_random_state(const std::vector<std::string>& in, std::size_t& next) {
+  // All or nothing: a bad entry leaves every layer as it was.
+  std::vector<std::string> before;
+  save_random_state(before);
+  std::size_t at = next;
+  try {
+    for (auto& l : layers_) l->load_random_state(in, at);
+  } catch (...) {
+    std::size_t back = 0;
+    for (auto& l : layers_) l->load_random_state(before, back);
+    throw;
+  }
+  next = at;
+}
+
 void sequential::initialize(std::uint64_t seed) {
   // One generator stream per layer, derived from the seed and the layer's position.
   for (std::size_t i = 0; i < layers_.size(); ++i)
@@ -534,6 +579,115 @@ std::vector<std::int64_t> mlp_sizes(const std::string& spec) {
     throw std::invalid_argument("model '" + spec + "' has " + std::to_string(params) + " parameters (at most " +
                                 std::to_string(most_params) + ")");
   return sizes;
+}
+
+namespace {
+
+/// Reads what describe() writes (make_layer's grammar), one layer at a time.
+class description_reader {
+public:
+  explicit description_reader(std::string_view text) : text_(text) {}
+
+  std::unique_ptr<layer> whole() {
+    auto l = next_layer(0);
+    if (pos_ != text_.size()) fail("unexpected text after the layer");
+    return l;
+  }
+
+private:
+  static constexpr int deepest = 64;
+  static constexpr std::int64_t widest = std::int64_t{1} << 20, most_params = std::int64_t{1} << 28;
+
+  [[noreturn]] void fail(const std::string& why) const {
+    throw std::invalid_argument("layer description '" + std::string(text_) + "': " + why + " (at character " +
+                                std::to_string(pos_) + ")");
+  }
+  bool eat(std::string_view s) {
+    if (text_.substr(pos_, s.size()) != s) return false;
+    pos_ += s.size();
+    return true;
+  }
+  void expect(std::string_view s) {
+    if (!eat(s)) fail("expected '" + std::string(s) + "'");
+  }
+  std::string_view word() {
+    const auto start = pos_;
+    while (pos_ < text_.size() && (std::isalpha(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_')) ++pos_;
+    return text_.substr(start, pos_ - start);
+  }
+  std::int64_t size() {
+    std::int64_t v = 0;
+    const auto r = std::from_chars(text_.data() + pos_, text_.data() + text_.size(), v);
+    if (r.ec != std::errc() || v < 1 || v > widest)
+      fail("expected a size from 1 to " + std::to_string(widest));
+    pos_ = static_cast<std::size_t>(r.ptr - text_.data());
+    return v;
+  }
+  float number() {
+    float v = 0;
+    const auto r = std::from_chars(text_.data() + pos_, text_.data() + text_.size(), v);
+    if (r.ec != std::errc() || !std::isfinite(v)) fail("expected a number");
+    pos_ = static_cast<std::size_t>(r.ptr - text_.data());
+    return v;
+  }
+
+  std::unique_ptr<layer> next_layer(int depth) {
+    if (depth > deepest) fail("layers nested more than " + std::to_string(deepest) + " deep");
+    const auto name = word();
+    if (name == "relu") return make_relu();
+    if (name == "gelu") return make_gelu();
+    if (name == "linear") {
+      expect("(");
+      const auto in = size();
+      expect("->");
+      const auto out = size();
+      expect(")");
+      if (in * out > most_params) fail("a linear layer of more than " + std::to_string(most_params) + " weights");
+      return make_linear(in, out);
+    }
+    if (name == "layer_norm") {
+      expect("(");
+      const auto n = size();
+      float eps = 1e-5f;
+      if (eat(", eps=")) eps = number();
+      expect(")");
+      if (!(eps > 0)) fail("eps must be positive");
+      return make_layer_norm(n, eps);
+    }
+    if (name == "dropout") {
+      expect("(");
+      const float p = number();
+      expect(")");
+      if (!(p >= 0.0f && p < 1.0f)) fail("a dropout probability must be in [0, 1)");
+      return make_dropout(p);
+    }
+    if (name == "residual") {
+      expect("(");
+      auto inner = next_layer(depth + 1);
+      expect(")");
+      return make_residual(std::move(inner));
+    }
+    if (name == "sequential") {
+      expect("(");
+      auto seq = std::make_unique<sequential>();
+      if (!eat(")")) {
+        do seq->add(next_layer(depth + 1));
+        while (eat(", "));
+        expect(")");
+      }
+      return seq;
+    }
+    fail(name.empty() ? std::string("expected a layer") : "'" + std::string(name) + "' is not a layer troupe knows");
+  }
+
+  std::string_view text_;
+  std::size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<layer> make_layer(std::string_view description) {
+  return description_reader(description).whole();
 }
 
 std::unique_ptr<sequential> make_mlp(const std::string& spec) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -55,48 +56,54 @@ struct rank_report {
   std::string why;  ///< when not done
 };
 
-/// A stage as it travels to another node: its layers' descriptions and its parameter values.
-using portable_stage = std::pair<std::vector<std::string>, std::vector<tensor>>;
+/// A stage as it travels to another node: its description (what make_layer reads), its
+/// parameter values and its generators' state.
+struct portable_stage {
+  std::string layers;
+  std::vector<tensor> values;
+  std::vector<std::string> random;
+};
 
 using cell_key = std::pair<int, int>;  // (stage, microbatch)
 using stage_holder = std::shared_ptr<std::vector<std::unique_ptr<kernels::sequential>>>;
 
-/// A stage made of layers that can travel: linear, relu, gelu.
-portable_stage to_portable(kernels::sequential& stage, int index) {
-  portable_stage out;
-  for (std::size_t i = 0; i < stage.size(); ++i) {
-    auto d = stage.at(i).describe();
-    if (d != "relu" && d != "gelu" && d.rfind("linear(", 0) != 0)
-      throw std::invalid_argument("stage " + std::to_string(index) + " holds " + d +
-                                  ", which cannot go to another node yet (linear, relu and gelu can)");
-    out.first.push_back(std::move(d));
-  }
-  for (auto* p : stage.parameters()) out.second.push_back(p->value);
-  return out;
-}
-
+/// The stage rebuilt from its portable form (the same layers, values and random state).
 std::unique_ptr<kernels::sequential> from_portable(const portable_stage& p) {
-  auto stage = std::make_unique<kernels::sequential>();
-  for (const auto& d : p.first) {
-    long long in = 0, out = 0;
-    char tail = 0;
-    if (d == "relu") stage->add(kernels::make_relu());
-    else if (d == "gelu") stage->add(kernels::make_gelu());
-    else if (std::sscanf(d.c_str(), "linear(%lld->%lld%c", &in, &out, &tail) == 3 && tail == ')' && in > 0 && out > 0)
-      stage->add(kernels::make_linear(in, out));
-    else throw std::invalid_argument("a stage's layer '" + d + "' is not known here");
-  }
+  auto built = kernels::make_layer(p.layers);
+  auto* seq = dynamic_cast<kernels::sequential*>(built.get());
+  if (seq == nullptr) throw std::invalid_argument("a stage came as '" + p.layers + "', which is not a sequential");
+  std::unique_ptr<kernels::sequential> stage(seq);
+  built.release();
   const auto params = stage->parameters();
-  if (params.size() != p.second.size())
-    throw std::invalid_argument("a stage came with " + std::to_string(p.second.size()) + " values for " +
+  if (params.size() != p.values.size())
+    throw std::invalid_argument("a stage came with " + std::to_string(p.values.size()) + " values for " +
                                 std::to_string(params.size()) + " parameters");
   for (std::size_t i = 0; i < params.size(); ++i) {
-    if (p.second[i].shape() != params[i]->value.shape() || p.second[i].type() != params[i]->value.type())
-      throw std::invalid_argument("a stage's parameter " + std::to_string(i) + " came as " + p.second[i].str() +
+    if (p.values[i].shape() != params[i]->value.shape() || p.values[i].type() != params[i]->value.type())
+      throw std::invalid_argument("a stage's parameter " + std::to_string(i) + " came as " + p.values[i].str() +
                                   ", not " + params[i]->value.str());
-    params[i]->value = p.second[i];
+    params[i]->value = p.values[i];
   }
+  std::size_t next = 0;
+  stage->load_random_state(p.random, next);
+  if (next != p.random.size())
+    throw std::invalid_argument("a stage came with " + std::to_string(p.random.size()) + " random states for " +
+                                std::to_string(next) + " generators");
   return stage;
+}
+
+/// The stage as it travels. Throws std::invalid_argument for a layer that make_layer cannot
+/// rebuild (one defined outside troupe's kernels).
+portable_stage to_portable(kernels::sequential& stage, int index) {
+  portable_stage out{stage.describe(), {}, {}};
+  for (auto* p : stage.parameters()) out.values.push_back(p->value);
+  stage.save_random_state(out.random);
+  try {
+    (void)from_portable(out);  // it must come back as it went
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("stage " + std::to_string(index) + " cannot go to another node: " + e.what());
+  }
+  return out;
 }
 
 /// One rank: its stages, its optimizer, and the state of the step in flight.
@@ -141,18 +148,16 @@ public:
           case op::recv_b: grads_[at] = co_await receive(true, at); break;
           case op::send_f: send(false, a->stage + 1, a->microbatch, take(outputs_, at, "SEND_F")); break;
           case op::send_b: send(true, a->stage - 1, a->microbatch, take(input_grads_, at, "SEND_B")); break;
-          case op::recompute: throw std::logic_error("RECOMPUTE reached a rank");  // refused by the trainer
           default: {
             const auto t0 = clock_type::now();
             compute(*a, plan, report);
             report.busy_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
-            std::uint64_t held = 0;
-            for (const auto& [key, keep] : keeps_) held += keep.bytes();
-            report.peak_activation_bytes = std::max(report.peak_activation_bytes, held);
+            report.peak_activation_bytes = std::max(report.peak_activation_bytes, held_bytes());
           }
         }
       }
-      if (!keeps_.empty() || !inputs_.empty() || !grads_.empty() || !outputs_.empty() || !input_grads_.empty())
+      if (!keeps_.empty() || !checkpoints_.empty() || !inputs_.empty() || !grads_.empty() || !outputs_.empty() ||
+          !input_grads_.empty())
         throw std::logic_error("rank " + std::to_string(rank_) + " ended its step with tensors left over");
       for (const auto& [stage, layers] : stages_)
         for (auto* p : layers->parameters()) report.finite = report.finite && all_finite(p->grad.data<float>());
@@ -222,6 +227,8 @@ private:
   void setup(std::vector<std::unique_ptr<kernels::sequential>> stages, const training_options& options) {
     const auto mine = plan_->place.stages_of(rank_);
     if (stages.size() != mine.size()) throw std::logic_error("a rank got the wrong number of stages");
+    for (const auto& a : plan_->ranks.at(static_cast<std::size_t>(rank_)))
+      if (a && a->kind == op::recompute) recomputed_.insert({a->stage, a->microbatch});
     std::vector<kernels::parameter*> params;
     for (std::size_t i = 0; i < mine.size(); ++i) {
       stages_.emplace(mine[i], std::move(stages[i]));
@@ -242,6 +249,7 @@ private:
   void begin(std::uint64_t step) {
     step_ = step;
     keeps_.clear();
+    checkpoints_.clear();
     inputs_.clear();
     grads_.clear();
     outputs_.clear();
@@ -256,6 +264,16 @@ private:
   void end_step() {
     running_ = false;
     keeps_.clear();
+    checkpoints_.clear();
+  }
+
+  /// Activation bytes held between forwards and backwards: what the layers keep, and the
+  /// inputs that checkpointed forwards keep instead.
+  std::uint64_t held_bytes() const {
+    std::uint64_t held = 0;
+    for (const auto& [key, keep] : keeps_) held += keep.bytes();
+    for (const auto& [key, c] : checkpoints_) held += c.input.nbytes();
+    return held;
   }
 
   void fail_step(const std::string& why) {
@@ -294,12 +312,12 @@ private:
   }
 
   template <class Map>
-  static tensor take(Map& m, cell_key at, const char* what) {
+  static typename Map::mapped_type take(Map& m, cell_key at, const char* what) {
     auto it = m.find(at);
     if (it == m.end())
       throw std::logic_error(std::string(what) + " of stage " + std::to_string(at.first) + ", microbatch " +
                              std::to_string(at.second) + " has nothing to work on");
-    tensor t = std::move(it->second);
+    auto t = std::move(it->second);
     m.erase(it);
     return t;
   }
@@ -312,7 +330,18 @@ private:
     switch (a.kind) {
       case op::F: {
         tensor x = a.stage == 0 ? plan.inputs.at(static_cast<std::size_t>(a.microbatch)) : take(inputs_, at, "F");
-        tensor y = layers.forward(x, keeps_[at], true);
+        tensor y;
+        if (recomputed_.count(at)) {
+          // Activation checkpointing: keep only the input (and where the random draws stood);
+          // RECOMPUTE runs the forward again before the backward.
+          checkpoint c{x, {}};
+          layers.save_random_state(c.random);
+          kernels::saved_activations dropped;
+          y = layers.forward(x, dropped, true);
+          checkpoints_.emplace(at, std::move(c));
+        } else {
+          y = layers.forward(x, keeps_[at], true);
+        }
         if (a.stage == last) {
           // The loss is the batch mean: each microbatch's mean counts 1/microbatches.
           const tensor logits = y.to(device::cpu());
@@ -350,6 +379,26 @@ private:
           input_grads_[at] = std::move(dx);
         break;
       }
+      case op::recompute: {
+        // The same forward again, drawing what it drew (dropout), now keeping what the backward
+        // needs; the output is the one F sent on already.
+        checkpoint c = take(checkpoints_, at, "RECOMPUTE");
+        std::vector<std::string> now;
+        layers.save_random_state(now);
+        auto restore = [&layers](const std::vector<std::string>& state) {
+          std::size_t next = 0;
+          layers.load_random_state(state, next);
+        };
+        restore(c.random);
+        try {
+          layers.forward(c.input, keeps_[at], true);
+        } catch (...) {
+          restore(now);
+          throw;
+        }
+        restore(now);
+        break;
+      }
       case op::W: {
         tensor dy = take(weight_grads_, at, "W");
         auto keep = keeps_.find(at);
@@ -372,7 +421,14 @@ private:
   bool running_ = false;
   std::optional<std::uint64_t> aborted_step_;
   std::string aborted_why_;
-  std::map<cell_key, kernels::saved_activations> keeps_;  // F until B or W
+  /// What a checkpointed forward keeps for its RECOMPUTE.
+  struct checkpoint {
+    tensor input;
+    std::vector<std::string> random;  // the stage's random state before the forward
+  };
+  std::set<cell_key> recomputed_;  // this rank's cells whose forward is recomputed
+  std::map<cell_key, kernels::saved_activations> keeps_;  // F (or RECOMPUTE) until B or W
+  std::map<cell_key, checkpoint> checkpoints_;            // checkpointed F until RECOMPUTE
   std::map<cell_key, tensor> inputs_;                     // a stage's input, before its F
   std::map<cell_key, tensor> grads_;                      // a stage's output gradient, before B or I
   std::map<cell_key, tensor> outputs_;                    // F's output, before SEND_F
@@ -409,6 +465,19 @@ struct codec<pipeline::detail::transfer> {
     using pipeline::detail::get;
     get(r, t.step), get(r, t.gradient), get(r, t.stage), get(r, t.microbatch), get(r, t.value);
     return t;
+  }
+};
+
+template <>
+struct codec<pipeline::detail::portable_stage> {
+  static void encode(byte_writer& w, const pipeline::detail::portable_stage& p) {
+    pipeline::detail::put(w, p.layers, p.values, p.random);
+  }
+  static pipeline::detail::portable_stage decode(byte_reader& r) {
+    pipeline::detail::portable_stage p;
+    using pipeline::detail::get;
+    get(r, p.layers), get(r, p.values), get(r, p.random);
+    return p;
   }
 };
 
@@ -540,12 +609,6 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
                                 std::to_string(stages.size()) + " were given");
   for (std::size_t i = 0; i < stages.size(); ++i)
     if (!stages[i]) throw std::invalid_argument("stage " + std::to_string(i) + " is null");
-  for (const auto& row : s.ranks)
-    for (const auto& a : row)
-      if (a && a->kind == op::recompute)
-        throw std::invalid_argument("the schedule '" + s.name +
-                                    "' recomputes activations (RECOMPUTE), which the runtime does not run yet: "
-                                    "use it without activation checkpointing");
   auto plan = std::make_shared<schedule>(lower(s));
   validate(*plan);
   impl_->sys = &sys;

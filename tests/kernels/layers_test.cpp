@@ -207,6 +207,86 @@ TEST(Layers, DropoutIsSeededAndScales) {
   EXPECT_THROW(make_dropout(1.0f), std::invalid_argument);
 }
 
+// Activation checkpointing replays a forward: the saved random state draws the same masks again.
+TEST(Layers, ASavedRandomStateReplaysTheSameDropoutMasks) {
+  sequential s;
+  s.add(make_linear(6, 8));
+  s.add(make_dropout(0.4f));
+  s.add(make_residual(make_dropout(0.2f)));
+  s.initialize(3);
+  tensor x = tensor::zeros({5, 6});
+  auto xd = x.data<float>();
+  for (std::size_t i = 0; i < xd.size(); ++i) xd[i] = static_cast<float>(i % 7) - 3.0f;
+  std::vector<std::string> state;
+  s.save_random_state(state);
+  ASSERT_EQ(state.size(), 2u);  // one per dropout, the one inside the residual too
+  saved_activations k1, k2, k3;
+  const tensor y1 = s.forward(x, k1, true);
+  const tensor y2 = s.forward(x, k2, true);  // fresh masks
+  EXPECT_NE(std::memcmp(y1.bytes(), y2.bytes(), y1.nbytes()), 0);
+  std::size_t next = 0;
+  s.load_random_state(state, next);
+  EXPECT_EQ(next, state.size());
+  const tensor y3 = s.forward(x, k3, true);
+  EXPECT_EQ(std::memcmp(y1.bytes(), y3.bytes(), y1.nbytes()), 0);
+
+  // A bad or missing entry is refused and changes nothing.
+  std::vector<std::string> after;
+  s.save_random_state(after);
+  std::vector<std::string> bad{state[0], "not a generator"};
+  next = 0;
+  EXPECT_THROW(s.load_random_state(bad, next), std::invalid_argument);
+  EXPECT_EQ(next, 0u);
+  std::vector<std::string> short_one{state[0]};
+  EXPECT_THROW(s.load_random_state(short_one, next), std::invalid_argument);
+  std::vector<std::string> unchanged;
+  s.save_random_state(unchanged);
+  EXPECT_EQ(unchanged, after);
+  // Layers that draw nothing save nothing.
+  std::vector<std::string> none;
+  make_linear(2, 2)->save_random_state(none);
+  EXPECT_TRUE(none.empty());
+}
+
+// make_layer reads back what describe() writes, exactly (numbers included), and nothing else.
+TEST(Layers, MakeLayerRebuildsWhatDescribeWrites) {
+  sequential s;
+  s.add(make_linear(6, 8));
+  s.add(make_layer_norm(8, 1e-6f));
+  s.add(make_gelu());
+  s.add(make_dropout(0.123456789f));
+  auto inner = std::make_unique<sequential>();
+  inner->add(make_layer_norm(8));
+  inner->add(make_relu());
+  s.add(make_residual(std::move(inner)));
+  s.add(make_residual(make_dropout(0.3f)));
+  s.add(std::make_unique<sequential>());
+  s.add(make_linear(8, 3));
+  const std::string d = s.describe();
+  EXPECT_EQ(d,
+            "sequential(linear(6->8), layer_norm(8, eps=1e-06), gelu, dropout(0.12345679), "
+            "residual(sequential(layer_norm(8), relu)), residual(dropout(0.3)), sequential(), linear(8->3))");
+  auto back = make_layer(d);
+  EXPECT_EQ(back->describe(), d);
+  EXPECT_EQ(back->parameters().size(), s.parameters().size());
+  EXPECT_EQ(make_layer("relu")->describe(), "relu");
+
+  for (const char* bad : {"", "relu ", "linear(0->3)", "linear(3->)", "linear(2000000->1)", "linear(1048576->1048576)",
+                          "dropout(1)", "dropout(nan)", "layer_norm(4, eps=0)", "sequential(relu,gelu)",
+                          "sequential(relu", "residual()", "conv(3)", "Relu"}) {
+    EXPECT_THROW(make_layer(bad), std::invalid_argument) << bad;
+  }
+  std::string deep;
+  for (int i = 0; i < 100; ++i) deep += "residual(";
+  deep += "relu" + std::string(100, ')');
+  try {
+    make_layer(deep);
+    ADD_FAILURE() << "nesting 100 deep was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("nested more than 64 deep"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Loss, SoftmaxCrossEntropyMatchesItsDefinitionAndGradient) {
   auto logits = tensor::from<float>({1, 2, 3, 0, 0, 0}, {2, 3});
   auto labels = tensor::from<std::int64_t>({2, 0}, {2});

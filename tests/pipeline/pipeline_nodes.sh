@@ -28,9 +28,10 @@ done
 grep -q "2 ranks on nodes" "$dir/gpipe.err" || fail "no placement reported: $(cat "$dir/gpipe.err")"
 cmp -s "$dir/local.trpw" "$dir/nodes.trpw" || fail "the weights trained on nodes differ from those trained here"
 
-# Zero bubble with a V placement: each rank holds two stages and hands one to the other itself.
+# Zero bubble with a V placement: each rank holds two stages and hands one to the other itself;
+# the stages recompute their activations (RECOMPUTE travels in the schedule).
 "$troupe" train --epochs 1 --json --pipeline zb-v --ranks 2 --microbatches 8 --model mlp:784-256-128-64-10 \
-  --head "$head" >"$dir/zbv.out" 2>"$dir/zbv.err" || fail "zb-v on nodes failed: $(cat "$dir/zbv.err")"
+  --recompute --head "$head" >"$dir/zbv.out" 2>"$dir/zbv.err" || fail "zb-v on nodes failed: $(cat "$dir/zbv.err")"
 grep -q '^{"test_accuracy":0\.[89]' "$dir/zbv.out" || fail "zb-v on nodes trained badly: $(cat "$dir/zbv.out")"
 
 # A worker killed mid-run: the run fails with the reason within seconds.

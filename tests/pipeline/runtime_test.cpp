@@ -110,6 +110,48 @@ TEST_P(RuntimeSchedules, TrainLikeTheWholeModelToTheBit) {
   EXPECT_EQ(t.steps(), 3);
 }
 
+// Activation checkpointing changes what a rank holds between F and the backward, never the
+// result: every generator's schedule with RECOMPUTE inserted trains to the same bits, and each
+// rank holds at most what it held without.
+TEST_P(RuntimeSchedules, RecomputeActivationsToTheSameBitsHoldingLess) {
+  const std::string name = GetParam();
+  const int ranks = 4, microbatches = 8;
+  const auto plain = pipeline::generate(name, ranks, microbatches);
+  // Every stage counted as two layers (linear + ReLU), of which every:2 keeps one input.
+  const auto s = pipeline::with_checkpointing(plain, pipeline::checkpoint_policy::parse("every:2"), 2);
+  int recomputes = 0;
+  for (const auto& row : s.ranks)
+    for (const auto& a : row) recomputes += a && a->kind == pipeline::op::recompute;
+  ASSERT_EQ(recomputes, s.stages() * microbatches);
+  const auto sizes = sizes_for(s.stages());
+  auto whole = initialized(sizes, 11);
+
+  troupe::actor_system sys{{.threads = 2}};
+  pipeline::trainer t(sys, s, cut(*whole, sizes), {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()});
+  pipeline::trainer base(sys, plain, cut(*whole, sizes), {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()});
+  kernels::optimizer opt(kernels::optimizer_kind::adamw, {{whole->parameters(), adamw_hp()}},
+                         kernels::optimizer_options{.threads = 1});
+  std::size_t held = 0, held_plain = 0;
+  for (int step = 0; step < 2; ++step) {
+    const tensor x = random_batch(32, sizes.front(), 300 + static_cast<std::uint64_t>(step));
+    const tensor y = random_labels(32, 400 + static_cast<std::uint64_t>(step));
+    const double expected_loss = pipeline::whole_model_step(*whole, opt, x, y, microbatches);
+    const auto r = t.step(x, y);
+    const auto b = base.step(x, y);
+    EXPECT_NEAR(r.loss, expected_loss, 1e-6 * std::abs(expected_loss)) << name;
+    for (std::size_t k = 0; k < r.peak_activation_bytes.size(); ++k) {
+      EXPECT_LE(r.peak_activation_bytes[k], b.peak_activation_bytes[k]) << name << " rank " << k;
+      held += r.peak_activation_bytes[k];
+      held_plain += b.peak_activation_bytes[k];
+    }
+  }
+  EXPECT_LT(held, held_plain) << name;
+  const auto got = t.parameters();
+  const auto want = whole->parameters();
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same_bits(got[i], want[i]->value)) << name << " parameter " << i;
+}
+
 INSTANTIATE_TEST_SUITE_P(AllGenerators, RuntimeSchedules, ::testing::ValuesIn(pipeline::schedule_names()),
                          [](const auto& info) {
                            std::string n = info.param;
@@ -209,6 +251,13 @@ TEST(Runtime, ANonFiniteGradientSkipsTheStepEverywhere) {
   for (std::size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(same_bits(before[i], after[i])) << i;
 }
 
+/// A layer defined outside troupe's kernels: it runs in this process, and cannot travel.
+struct custom_layer : kernels::layer {
+  std::string describe() const override { return "custom"; }
+  tensor forward(const tensor& x, kernels::saved_activations&, bool) override { return x; }
+  tensor backward_input(const tensor& dy, kernels::saved_activations&) override { return dy; }
+};
+
 TEST(Runtime, RefusesWhatCannotRun) {
   troupe::actor_system sys{{.threads = 2}};
   const auto sizes = sizes_for(2);
@@ -221,8 +270,6 @@ TEST(Runtime, RefusesWhatCannotRun) {
   auto with_null = stages();
   with_null[1].reset();
   EXPECT_THROW(pipeline::trainer(sys, s, std::move(with_null)), std::invalid_argument);
-  const auto checkpointed = pipeline::with_checkpointing(s, pipeline::checkpoint_policy::parse("every:2"), 4);
-  EXPECT_THROW(pipeline::trainer(sys, checkpointed, stages()), std::invalid_argument);
   auto broken = s;
   broken.ranks[1].pop_back();  // a backward never runs
   EXPECT_THROW(pipeline::trainer(sys, broken, stages()), pipeline::schedule_error);
@@ -231,13 +278,15 @@ TEST(Runtime, RefusesWhatCannotRun) {
   // Ranks on other nodes: one node per rank, a system that is a node, stages that can travel.
   EXPECT_THROW(pipeline::trainer(sys, s, stages(), {}, {2}), std::invalid_argument);
   EXPECT_THROW(pipeline::trainer(sys, s, stages(), {}, {2, 3}), std::invalid_argument);  // sys is no node
-  auto with_norm = stages();
-  with_norm[0]->add(kernels::make_layer_norm(16));
+  auto with_custom = stages();
+  with_custom[1]->add(std::make_unique<custom_layer>());
   try {
-    pipeline::trainer(sys, s, std::move(with_norm), {}, {2, 3});
-    ADD_FAILURE() << "a layer norm was sent to another node";
+    pipeline::trainer(sys, s, std::move(with_custom), {}, {2, 3});
+    ADD_FAILURE() << "a layer defined outside troupe was sent to another node";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("layer_norm(16), which cannot go to another node"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("stage 1 cannot go to another node: layer description"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("'custom' is not a layer troupe knows"), std::string::npos) << e.what();
   }
 
   pipeline::trainer t(sys, s, stages());
@@ -245,6 +294,37 @@ TEST(Runtime, RefusesWhatCannotRun) {
   EXPECT_THROW(t.step(random_batch(8, sizes.front(), 1), random_labels(4, 1)), std::invalid_argument);
   EXPECT_THROW(t.step(random_batch(8, sizes.front(), 1).reshape({8, 3, 4}), random_labels(8, 1)), std::invalid_argument);
   EXPECT_NO_THROW(t.step(random_batch(8, sizes.front(), 1), random_labels(8, 1)));
+}
+
+// A recomputed forward draws the same dropout masks as the first: checkpointed stages with
+// dropout train exactly as the same stages without checkpointing.
+TEST(Runtime, RecomputedDropoutDrawsTheSameMasks) {
+  auto stages = [] {
+    std::vector<std::unique_ptr<kernels::sequential>> out(2);
+    out[0] = std::make_unique<kernels::sequential>();
+    out[0]->add(kernels::make_linear(12, 16));
+    out[0]->add(kernels::make_gelu());
+    out[0]->add(kernels::make_dropout(0.3f));
+    out[0]->add(kernels::make_residual(kernels::make_dropout(0.2f)));
+    out[1] = std::make_unique<kernels::sequential>();
+    out[1]->add(kernels::make_linear(16, 10));
+    out[1]->add(kernels::make_dropout(0.1f));
+    for (std::size_t i = 0; i < out.size(); ++i) out[i]->initialize(20 + i);
+    return out;
+  };
+  const auto plain = pipeline::generate("1f1b", 2, 4);
+  const auto s = pipeline::with_checkpointing(plain, pipeline::checkpoint_policy::parse("sqrt"), 4);
+  troupe::actor_system sys{{.threads = 2}};
+  pipeline::trainer t(sys, s, stages(), {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()});
+  pipeline::trainer base(sys, plain, stages(), {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()});
+  for (int step = 0; step < 3; ++step) {
+    const tensor x = random_batch(16, 12, 500 + static_cast<std::uint64_t>(step));
+    const tensor y = random_labels(16, 600 + static_cast<std::uint64_t>(step));
+    EXPECT_EQ(t.step(x, y).loss, base.step(x, y).loss) << step;
+  }
+  const auto got = t.parameters(), want = base.parameters();
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same_bits(got[i], want[i])) << i;
 }
 
 // A node's own ranks go the way ranks on other nodes go: spawned from their portable form (layer
@@ -277,6 +357,42 @@ TEST(Runtime, RanksSpawnedThroughTheirPortableFormTrainTheSame) {
   // A rank that cannot be placed fails the constructor, and the ranks made before it go.
   EXPECT_THROW(pipeline::trainer(head, s, cut(*whole, sizes), {}, {1, 9}), troupe::error);
   EXPECT_EQ(head.live_actors(), 0u);
+}
+
+// Any of troupe's layers travel, with their random state, and a checkpointed schedule with them:
+// ranks spawned through the portable form train as the same stages do in this process.
+TEST(Runtime, StagesOfEveryLayerKindTravelWithTheirRandomStateAndRecompute) {
+  troupe::system_config cfg{.threads = 2};
+  cfg.node.listen = "127.0.0.1:0";
+  cfg.node.token = "runtime-test-token";
+  troupe::actor_system head(cfg);
+  auto stages = [] {
+    std::vector<std::unique_ptr<kernels::sequential>> out;
+    for (int i = 0; i < 4; ++i) {
+      auto st = std::make_unique<kernels::sequential>();
+      st->add(kernels::make_linear(i == 0 ? 12 : 16, i == 3 ? 10 : 16));
+      if (i < 3) {
+        st->add(kernels::make_layer_norm(16, i == 1 ? 1e-3f : 1e-5f));
+        st->add(kernels::make_gelu());
+        st->add(kernels::make_residual(kernels::make_dropout(0.25f)));
+      }
+      st->initialize(70 + static_cast<std::uint64_t>(i));
+      out.push_back(std::move(st));
+    }
+    return out;
+  };
+  const auto s = pipeline::with_checkpointing(pipeline::generate("zb-v", 2, 4), pipeline::checkpoint_policy::parse("sqrt"), 4);
+  const pipeline::training_options o{.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()};
+  pipeline::trainer here(head, s, stages(), o);
+  pipeline::trainer there(head, s, stages(), o, {1, 1});
+  for (int step = 0; step < 2; ++step) {
+    const tensor x = random_batch(8, 12, 80 + static_cast<std::uint64_t>(step));
+    const tensor y = random_labels(8, 90 + static_cast<std::uint64_t>(step));
+    EXPECT_EQ(here.step(x, y).loss, there.step(x, y).loss) << step;
+  }
+  const auto a = here.parameters(), b = there.parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i], b[i])) << i;
 }
 
 // On a test_system, step() drives the system while it waits; inside an actor it refuses to block.

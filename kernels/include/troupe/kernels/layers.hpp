@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "troupe/core/tensor.hpp"
@@ -57,6 +58,16 @@ public:
   virtual std::vector<parameter*> parameters() { return {}; }
   /// Deterministic initialization from a seed (PyTorch's defaults where it has one).
   virtual void initialize(std::uint64_t seed) { (void)seed; }
+  /// Appends the state of the layer's random generators (dropout's), one entry per generator in
+  /// layer order, so that a forward can draw the same again: activation checkpointing replays a
+  /// forward this way. Layers that draw nothing append nothing.
+  virtual void save_random_state(std::vector<std::string>& out) const { (void)out; }
+  /// Restores, from `in` at `next`, what save_random_state appended, and moves `next` past it.
+  /// Throws std::invalid_argument when an entry is missing or is not a generator's state.
+  virtual void load_random_state(const std::vector<std::string>& in, std::size_t& next) {
+    (void)in;
+    (void)next;
+  }
   /// True when backward_weight needs `dy` (the layer has parameters).
   bool needs_output_grad() { return !parameters().empty(); }
 };
@@ -89,6 +100,8 @@ public:
   void backward_weight(const tensor& dy, saved_activations& keep) override;
   std::vector<parameter*> parameters() override;
   void initialize(std::uint64_t seed) override;
+  void save_random_state(std::vector<std::string>& out) const override;
+  void load_random_state(const std::vector<std::string>& in, std::size_t& next) override;
 
 private:
   std::vector<std::unique_ptr<layer>> layers_;
@@ -96,6 +109,14 @@ private:
 
 /// y = x + f(x).
 std::unique_ptr<layer> make_residual(std::unique_ptr<layer> inner);
+
+/// The layer that `description` describes, as describe() writes it: "relu", "gelu",
+/// "linear(784->256)", "layer_norm(16)" (", eps=1e-06" when not the default), "dropout(0.1)",
+/// "residual(...)", "sequential(a, b, ...)". Its parameters are freshly initialized (seed 0) and
+/// its generators seeded with 0: values and random state go separately. Throws
+/// std::invalid_argument, saying where, for anything else (sizes above 2^20, a linear layer
+/// above 2^28 weights, nesting deeper than 64).
+std::unique_ptr<layer> make_layer(std::string_view description);
 
 /// Moves every parameter (value and gradient) of `l` to `where`.
 void move_to(layer& l, device where);

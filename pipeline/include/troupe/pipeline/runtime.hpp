@@ -26,8 +26,12 @@
 /// The ranks may live on other nodes of a cluster (see the constructor): the same messages then
 /// cross TCP, and a rank whose node is lost fails the step (after aborting it everywhere).
 ///
-/// Not yet: activation checkpointing (schedules with RECOMPUTE are refused) and stages on CUDA
-/// devices.
+/// Activation checkpointing (pipeline::with_checkpointing): a stage's forward of a microbatch
+/// that the schedule recomputes keeps only its input; RECOMPUTE runs that forward again, drawing
+/// the same random numbers (dropout), right before the backward. The weights come out the same,
+/// to the bit, and the rank holds less between the two.
+///
+/// Not yet: stages on CUDA devices.
 
 #include <cstddef>
 #include <cstdint>
@@ -74,13 +78,14 @@ public:
   /// Spawns one actor per rank of `s` in `sys` (which must outlive the trainer) and gives each
   /// its stages of `stages` (stage i is the model's i-th piece; the last one's output are the
   /// logits). Throws std::invalid_argument when the stage count differs from the schedule's, a
-  /// stage is null, the schedule recomputes activations, or the optimizer options are refused,
+  /// stage is null, or the optimizer options are refused,
   /// and pipeline::schedule_error when the schedule cannot run.
   ///
   /// `nodes` empty: every rank lives in this process. Otherwise rank r is spawned on node
   /// nodes[r] of `sys`'s cluster (0: the node the head picks), and the stages travel there as
-  /// descriptions and values: they must be made of linear, relu and gelu layers (anything else
-  /// is an std::invalid_argument). Activations and gradients then go straight from rank to rank.
+  /// their descriptions, parameter values and random state: they must be made of layers that
+  /// kernels::make_layer rebuilds (any of troupe's; a layer defined elsewhere is an
+  /// std::invalid_argument). Activations and gradients then go straight from rank to rank.
   trainer(actor_system& sys, const schedule& s, std::vector<std::unique_ptr<kernels::sequential>> stages,
           training_options options = {}, std::vector<std::uint32_t> nodes = {});
   /// Stops the rank actors.
