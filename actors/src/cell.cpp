@@ -69,6 +69,7 @@ public:
   void reject(errc) noexcept override {}
   void dispose() noexcept override { std::unique_ptr<down_message>{this}; }
   const char* kind() const noexcept override { return "system"; }
+  bool dropped_silently() const noexcept override { return true; }
 
 private:
   down_notice notice_;
@@ -134,7 +135,7 @@ void deliver(cell_base& c, message_ptr m) { c.enqueue(std::move(m)); }
 
 void cell_base::enqueue(message_ptr m) {
   if (!alive()) {
-    system_->dead_letter(*this, m->kind(), errc::actor_dead);
+    if (!m->dropped_silently()) system_->dead_letter(*this, m->kind(), errc::actor_dead);
     m->reject(errc::actor_dead);
     return;
   }
@@ -160,7 +161,7 @@ void cell_base::enqueue(message_ptr m) {
       size_.fetch_sub(1, std::memory_order_seq_cst);
       wait_for_room();
       if (!alive()) {
-        system_->dead_letter(*this, m->kind(), errc::actor_dead);
+        if (!m->dropped_silently()) system_->dead_letter(*this, m->kind(), errc::actor_dead);
         m->reject(errc::actor_dead);
         return;
       }
@@ -332,7 +333,7 @@ void cell_base::reject_all(errc why) noexcept {
     }
     if (l == nullptr) break;
     auto* m = static_cast<message*>(l);
-    if (!m->is_continuation()) system_->dead_letter(*this, m->kind(), why);
+    if (!m->dropped_silently()) system_->dead_letter(*this, m->kind(), why);
     m->reject(why);
     m->dispose();
   }

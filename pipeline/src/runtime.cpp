@@ -106,6 +106,13 @@ portable_stage to_portable(kernels::sequential& stage, int index) {
   return out;
 }
 
+/// Lives with the trainer, in the driver's process: the ranks watch it, and a rank whose driver
+/// is gone (its process killed, its node lost) stops, instead of staying on its node for good.
+struct driver_actor {
+  /// Nothing to do: a rank needs only to know that the driver is there.
+  void here() {}
+};
+
 /// One rank: its stages, its optimizer, and the state of the step in flight.
 class rank_actor {
 public:
@@ -125,7 +132,14 @@ public:
     setup(std::move(built), options);
   }
 
-  void connect(std::vector<actor_ref<rank_actor>> ranks) { ranks_ = std::move(ranks); }
+  /// The other ranks, and the driver to watch.
+  void connect(std::vector<actor_ref<rank_actor>> ranks, actor_ref<driver_actor> driver) {
+    ranks_ = std::move(ranks);
+    this_actor::monitor(driver);
+  }
+
+  /// The driver is gone (the only actor a rank watches): no step will come, so stop.
+  void on_down(const down_notice&) { this_actor::stop(); }
 
   /// Runs the rank's actions for one step; the gradients wait for apply(). Never throws: how
   /// it ended is in the report (so that it crosses nodes intact).
@@ -536,6 +550,7 @@ struct codec<pipeline::training_options> {
 }  // namespace troupe
 
 TROUPE_REMOTE(troupe::pipeline::detail::rank_actor, connect, run, deliver, abort, apply, infer, parameter_values)
+TROUPE_REMOTE(troupe::pipeline::detail::driver_actor, here)
 
 namespace troupe::pipeline {
 
@@ -549,6 +564,7 @@ struct trainer::impl {
   double step_timeout = 0;
   std::shared_ptr<const schedule> plan;
   std::vector<actor_ref<rank_actor>> ranks;
+  actor_ref<detail::driver_actor> driver;  // the ranks watch it
   std::uint64_t steps = 0;
 
   /// What the monitors of ranks on other nodes share with the driver: a rank whose node is lost
@@ -580,18 +596,20 @@ struct trainer::impl {
     }
   }
 
-  /// The rank actors go with the trainer. On other nodes they would stay until their node
-  /// stops, so this waits (a little) until each is gone: a process that exits next must not
-  /// drop the stops.
+  /// The rank actors go with the trainer, and the driver actor they watch. This stops each and
+  /// waits (a little) until it is gone: a process that exits next must not drop the stops (its
+  /// ranks on other nodes would stop only once their nodes lost this one).
   void stop_ranks() noexcept {
     std::vector<future<down_notice>> gone;
-    for (auto& r : ranks) {
+    auto stop = [&](const auto& actor) {
       try {
-        gone.push_back(sys->monitor(r));
-        r.stop();
+        gone.push_back(sys->monitor(actor));
+        actor.stop();
       } catch (const std::exception&) {  // its node is gone already
       }
-    }
+    };
+    for (auto& r : ranks) stop(r);
+    if (driver) stop(driver);
     for (auto& g : gone) {
       try {
         std::move(g).timeout(std::chrono::seconds(2)).get();
@@ -628,6 +646,7 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
   // A rank that cannot be spawned or does not answer fails the constructor; the ranks made so
   // far are stopped (no destructor will).
   try {
+    impl_->driver = sys.spawn<detail::driver_actor>();
     if (nodes.empty()) {
       for (int r = 0; r < ranks; ++r) {
         auto holder = std::make_shared<std::vector<std::unique_ptr<kernels::sequential>>>();
@@ -653,7 +672,7 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
     // Every rank answers before any step: a rank on another node exists only once its node has
     // handled the spawn, and a neighbour's first activation must not reach its node before that.
     std::vector<future<void>> connected;
-    for (auto& r : impl_->ranks) connected.push_back(r.ask(&rank_actor::connect, impl_->ranks));
+    for (auto& r : impl_->ranks) connected.push_back(r.ask(&rank_actor::connect, impl_->ranks, impl_->driver));
     for (auto& f : connected) f.get();
     impl_->watch_remote_ranks();
   } catch (...) {

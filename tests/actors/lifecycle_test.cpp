@@ -148,6 +148,22 @@ TEST(Monitor, WatchingAnActorThatIsAlreadyGoneNotifiesAtOnce) {
   EXPECT_EQ(f.get().reason, exit_reason::stopped);
 }
 
+TEST(Monitor, ADownNoticeForAWatcherThatIsGoneIsNoDeadLetter) {
+  test_system sys;
+  auto w = sys.spawn<watcher>();
+  auto a = sys.spawn<fragile>();
+  w.tell(&watcher::watch<fragile>, a);
+  sys.run_until_idle();
+  w.stop();
+  sys.run_until_idle();
+  a.stop();
+  sys.run_until_idle();
+  EXPECT_EQ(sys.dead_letters(), 0u);
+  w.tell(&watcher::watch<fragile>, a);  // a message to the dead watcher still is one
+  sys.run_until_idle();
+  EXPECT_EQ(sys.dead_letters(), 1u);
+}
+
 TEST(Monitor, AClassWithoutOnDownCannotMonitor) {
   struct blind {
     void watch(actor_ref<fragile> t) { troupe::this_actor::monitor(t); }

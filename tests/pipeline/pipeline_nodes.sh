@@ -3,6 +3,7 @@
 # `troupe node start` processes, which exchange activations and gradients over loopback TCP.
 #   - one microbatch per step: the weights equal those of training in one process, to the bit;
 #   - a zero-bubble V schedule (two stages per rank) trains to a sensible accuracy;
+#   - a driver killed mid-run leaves no ranks behind on the nodes;
 #   - a node killed mid-run fails the run with a clear error, promptly, instead of hanging.
 #
 #   tests/pipeline/pipeline_nodes.sh PATH/TO/troupe
@@ -33,6 +34,19 @@ cmp -s "$dir/local.trpw" "$dir/nodes.trpw" || fail "the weights trained on nodes
 "$troupe" train --epochs 1 --json --pipeline zb-v --ranks 2 --microbatches 8 --model mlp:784-256-128-64-10 \
   --recompute --head "$head" >"$dir/zbv.out" 2>"$dir/zbv.err" || fail "zb-v on nodes failed: $(cat "$dir/zbv.err")"
 grep -q '^{"test_accuracy":0\.[89]' "$dir/zbv.out" || fail "zb-v on nodes trained badly: $(cat "$dir/zbv.out")"
+
+# A driver killed mid-run: its ranks see it go and stop, instead of staying on their nodes.
+ranks_left() { "$troupe" status --address "$head" --json | grep -o 'rank_actor' | wc -l; }
+"$troupe" train --epochs 5 --pipeline 1f1b --ranks 2 --microbatches 4 --head "$head" \
+  >"$dir/orphan.out" 2>"$dir/orphan.err" &
+driver=$!
+pids+=($driver)
+wait_for "$dir/orphan.err" 'ranks on nodes'
+sleep 1
+[ "$(ranks_left)" -eq 2 ] || fail "the two ranks are not on the nodes: $("$troupe" status --address "$head")"
+kill -KILL "$driver"
+for _ in $(seq 150); do [ "$(ranks_left)" -eq 0 ] && break; sleep 0.1; done
+[ "$(ranks_left)" -eq 0 ] || fail "ranks stayed on their nodes after their driver was killed: $("$troupe" status --address "$head")"
 
 # A worker killed mid-run: the run fails with the reason within seconds.
 "$troupe" train --epochs 5 --pipeline 1f1b --ranks 3 --microbatches 4 --model mlp:784-256-128-64-10 \

@@ -351,7 +351,7 @@ TEST(Runtime, RanksSpawnedThroughTheirPortableFormTrainTheSame) {
     }
     const auto got = t.parameters();
     for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same_bits(got[i], whole->parameters()[i]->value)) << i;
-    EXPECT_EQ(head.live_actors(), 2u);
+    EXPECT_EQ(head.live_actors(), 3u);  // two ranks and the driver they watch
   }
   EXPECT_EQ(head.live_actors(), 0u);  // the trainer stopped its ranks
   // A rank that cannot be placed fails the constructor, and the ranks made before it go.

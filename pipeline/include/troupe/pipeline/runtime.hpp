@@ -24,7 +24,8 @@
 /// validated first (pipeline::validate), so a step cannot deadlock.
 ///
 /// The ranks may live on other nodes of a cluster (see the constructor): the same messages then
-/// cross TCP, and a rank whose node is lost fails the step (after aborting it everywhere).
+/// cross TCP, and a rank whose node is lost fails the step (after aborting it everywhere). The
+/// ranks watch the trainer's driver actor and stop when it is gone (its process killed, say).
 ///
 /// Activation checkpointing (pipeline::with_checkpointing): a stage's forward of a microbatch
 /// that the schedule recomputes keeps only its input; RECOMPUTE runs that forward again, drawing

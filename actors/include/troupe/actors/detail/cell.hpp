@@ -125,6 +125,9 @@ public:
   /// Continuations (coroutine resumptions, then-callbacks) run even while the actor has a
   /// suspended coroutine; they are dropped silently when the actor is dead.
   virtual bool is_continuation() const noexcept { return false; }
+  /// Dropped without a dead letter when the actor is dead: continuations, and down notices (a
+  /// watcher that is gone has nothing left to learn).
+  virtual bool dropped_silently() const noexcept { return is_continuation(); }
 
 protected:
   ~message() = default;
