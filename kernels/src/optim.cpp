@@ -1519,6 +1519,11 @@ double sum_of_squares(const float* x, std::size_t n) {
 
 }  // namespace
 
+bool optimizer::gradients_finite() const {
+  std::vector<double> sums;
+  return grads_finite(sums);
+}
+
 bool optimizer::grads_finite(std::vector<double>& sums) const {
   sums.assign(slots_.size(), 0.0);
   if (!where_.is_cpu()) {

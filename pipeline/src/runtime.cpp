@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "troupe/actors/remote.hpp"
+#include "troupe/core/device.hpp"
 #include "troupe/pipeline/partition.hpp"
 #include "troupe/pipeline/simulator.hpp"
 
@@ -57,12 +58,24 @@ struct rank_report {
 };
 
 /// A stage as it travels to another node: its description (what make_layer reads), its
-/// parameter values and its generators' state.
+/// parameter values (as host copies) and its generators' state, and the device its parameters
+/// live on (the same device number there).
 struct portable_stage {
   std::string layers;
   std::vector<tensor> values;
   std::vector<std::string> random;
+  bool on_cuda = false;
+  int cuda_index = 0;
 };
+
+/// Where a stage computes: where its parameters live (the host when it has none).
+device device_of(kernels::sequential& stage) {
+  const auto params = stage.parameters();
+  return params.empty() ? device::cpu() : params.front()->value.where();
+}
+
+/// A copy of `t` on the host.
+tensor host_copy(const tensor& t) { return t.where().is_cpu() ? t.clone() : t.to(device::cpu()); }
 
 using cell_key = std::pair<int, int>;  // (stage, microbatch)
 using stage_holder = std::shared_ptr<std::vector<std::unique_ptr<kernels::sequential>>>;
@@ -89,17 +102,26 @@ std::unique_ptr<kernels::sequential> from_portable(const portable_stage& p) {
   if (next != p.random.size())
     throw std::invalid_argument("a stage came with " + std::to_string(p.random.size()) + " random states for " +
                                 std::to_string(next) + " generators");
+  if (p.on_cuda) {
+    if (p.cuda_index < 0 || p.cuda_index >= cuda_device_count())
+      throw std::invalid_argument("a stage's parameters live on cuda:" + std::to_string(p.cuda_index) +
+                                  ", and this node has " + std::to_string(cuda_device_count()) + " CUDA devices");
+    kernels::move_to(*stage, device::cuda(p.cuda_index));
+  }
   return stage;
 }
 
 /// The stage as it travels. Throws std::invalid_argument for a layer that make_layer cannot
 /// rebuild (one defined outside troupe's kernels).
 portable_stage to_portable(kernels::sequential& stage, int index) {
-  portable_stage out{stage.describe(), {}, {}};
-  for (auto* p : stage.parameters()) out.values.push_back(p->value);
+  const device where = device_of(stage);
+  portable_stage out{stage.describe(), {}, {}, !where.is_cpu(), where.index};
+  for (auto* p : stage.parameters()) out.values.push_back(p->value.to(device::cpu()));
   stage.save_random_state(out.random);
   try {
-    (void)from_portable(out);  // it must come back as it went
+    auto here = out;
+    here.on_cuda = false;  // (the device is the other node's to check)
+    (void)from_portable(here);  // it must come back as it went
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument("stage " + std::to_string(index) + " cannot go to another node: " + e.what());
   }
@@ -173,8 +195,7 @@ public:
       if (!keeps_.empty() || !checkpoints_.empty() || !inputs_.empty() || !grads_.empty() || !outputs_.empty() ||
           !input_grads_.empty())
         throw std::logic_error("rank " + std::to_string(rank_) + " ended its step with tensors left over");
-      for (const auto& [stage, layers] : stages_)
-        for (auto* p : layers->parameters()) report.finite = report.finite && all_finite(p->grad.data<float>());
+      report.finite = optimizer_->gradients_finite();
     } catch (const aborted& e) {
       report.result = outcome::aborted;
       report.why = e.what();
@@ -222,12 +243,13 @@ public:
 
   tensor infer(int stage, tensor x) {
     kernels::saved_activations keep;
-    return stage_at(stage).forward(x, keep, false);
+    return stage_at(stage).forward(x.to(where_), keep, false);
   }
 
+  /// Host copies.
   std::vector<tensor> parameter_values(int stage) {
     std::vector<tensor> out;
-    for (auto* p : stage_at(stage).parameters()) out.push_back(p->value.clone());
+    for (auto* p : stage_at(stage).parameters()) out.push_back(host_copy(p->value));
     return out;
   }
 
@@ -251,6 +273,7 @@ private:
     // One optimizer thread: the ranks are the parallelism (results do not depend on threads).
     optimizer_.emplace(options.optimizer, std::vector<kernels::param_group>{{params, options.hp, options.state}},
                        kernels::optimizer_options{.threads = 1});
+    where_ = params.empty() ? device::cpu() : optimizer_->where();
     if (options.cosine_steps > 0) optimizer_->set_lr_schedule(kernels::cosine_lr(options.cosine_steps));
   }
 
@@ -343,7 +366,8 @@ private:
     const int last = plan_->stages() - 1;
     switch (a.kind) {
       case op::F: {
-        tensor x = a.stage == 0 ? plan.inputs.at(static_cast<std::size_t>(a.microbatch)) : take(inputs_, at, "F");
+        const tensor x =
+            (a.stage == 0 ? plan.inputs.at(static_cast<std::size_t>(a.microbatch)) : take(inputs_, at, "F")).to(where_);
         tensor y;
         if (recomputed_.count(at)) {
           // Activation checkpointing: keep only the input (and where the random draws stood);
@@ -375,7 +399,7 @@ private:
       }
       case op::B:
       case op::I: {
-        tensor dy = take(grads_, at, a.kind == op::B ? "B" : "I");
+        tensor dy = take(grads_, at, a.kind == op::B ? "B" : "I").to(where_);
         auto keep = keeps_.find(at);
         if (keep == keeps_.end()) throw std::logic_error("backward before forward");
         tensor dx;
@@ -426,6 +450,7 @@ private:
   }
 
   int rank_;
+  device where_;  // where the rank's stages compute (they share one device)
   std::shared_ptr<const schedule> plan_;
   std::map<int, std::unique_ptr<kernels::sequential>> stages_;
   std::optional<kernels::optimizer> optimizer_;
@@ -485,12 +510,12 @@ struct codec<pipeline::detail::transfer> {
 template <>
 struct codec<pipeline::detail::portable_stage> {
   static void encode(byte_writer& w, const pipeline::detail::portable_stage& p) {
-    pipeline::detail::put(w, p.layers, p.values, p.random);
+    pipeline::detail::put(w, p.layers, p.values, p.random, p.on_cuda, p.cuda_index);
   }
   static pipeline::detail::portable_stage decode(byte_reader& r) {
     pipeline::detail::portable_stage p;
     using pipeline::detail::get;
-    get(r, p.layers), get(r, p.values), get(r, p.random);
+    get(r, p.layers), get(r, p.values), get(r, p.random), get(r, p.on_cuda), get(r, p.cuda_index);
     return p;
   }
 };
@@ -627,6 +652,19 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
                                 std::to_string(stages.size()) + " were given");
   for (std::size_t i = 0; i < stages.size(); ++i)
     if (!stages[i]) throw std::invalid_argument("stage " + std::to_string(i) + " is null");
+  // One optimizer per rank, over parameters that live on one device.
+  for (int r = 0; r < s.place.ranks; ++r) {
+    std::optional<std::pair<int, device>> first;  // (stage, device)
+    for (const int stage : s.place.stages_of(r))
+      for (auto* p : stages[static_cast<std::size_t>(stage)]->parameters()) {
+        if (!first) first.emplace(stage, p->value.where());
+        if (p->value.where() != first->second || p->grad.where() != first->second)
+          throw std::invalid_argument("rank " + std::to_string(r) + " holds stage " + std::to_string(first->first) +
+                                      " on " + first->second.str() + " and stage " + std::to_string(stage) +
+                                      " with parameter '" + p->name + "' on " + p->value.where().str() +
+                                      ": a rank's stages must live on one device");
+      }
+  }
   auto plan = std::make_shared<schedule>(lower(s));
   validate(*plan);
   impl_->sys = &sys;
@@ -815,7 +853,7 @@ tensor trainer::predict(const tensor& x) {
   tensor y = x;
   for (int s = 0; s < plan.stages(); ++s)
     y = impl_->ranks[static_cast<std::size_t>(plan.place.rank_of(s))].ask(&rank_actor::infer, s, y).get();
-  return y;
+  return y.to(device::cpu());
 }
 
 std::vector<tensor> trainer::parameters() {

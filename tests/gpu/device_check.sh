@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Checks the CUDA paths on a machine with an NVIDIA GPU, in one go (within 8 minutes):
 #   1. configures a build with TROUPE_WITH_CUDA=ON for sm_90 (examples off) and builds only
-#      kernels_test, core_test and the troupe CLI, or, with --bundle, unpacks those programs as
-#      tests/gpu/pack.sh built them on another machine (for a GPU machine without troupe's build
-#      dependencies; its own cuBLAS is found and used);
-#   2. runs the CUDA tests (kernels_test --gtest_filter='Cuda*', and core_test's device memory and
-#      device count tests): a skipped test is a failure here;
+#      kernels_test, core_test, pipeline_test and the troupe CLI, or, with --bundle, unpacks those
+#      programs as tests/gpu/pack.sh built them on another machine (for a GPU machine without
+#      troupe's build dependencies; its own cuBLAS is found and used);
+#   2. runs the CUDA tests (kernels_test --gtest_filter='Cuda*', pipeline_test's stages on CUDA
+#      devices, and core_test's device memory and device count tests): a skipped test is a
+#      failure here;
 #   3. runs `troupe bench optim --json --device cuda` (50 M parameters in 100 tensors per optimizer
 #      and state storage, against a device-to-device copy) and prints a table.
 # Exits non-zero on any failure, and with 2 and a message when no GPU is present.
@@ -82,9 +83,9 @@ else
       echo "device_check: configure failed (without troupe's build dependencies here, build with tests/gpu/pack.sh elsewhere and pass --bundle)" >&2
       exit 1; }
 
-  echo "== build kernels_test core_test troupe"
+  echo "== build kernels_test core_test pipeline_test troupe"
   limit=$(left) || exit 1
-  timeout "$limit" cmake --build "$build" --target kernels_test core_test troupe -j "$(nproc)" >"$build/build.log" 2>&1 ||
+  timeout "$limit" cmake --build "$build" --target kernels_test core_test pipeline_test troupe -j "$(nproc)" >"$build/build.log" 2>&1 ||
     { grep -E "error|FAILED" "$build/build.log" | head -n 40 || true; echo "device_check: build failed" >&2; exit 1; }
   bindir=$build/bin
 fi
@@ -103,6 +104,7 @@ run_tests() {
 
 echo "== CUDA tests"
 run_tests kernels_test 'Cuda*'
+run_tests pipeline_test 'Runtime.StagesOnCudaDevices*'
 # Device.CountsNoCudaDeviceWhenBuiltWithoutCuda skips in a CUDA build by design: not listed.
 run_tests core_test 'Device.ReportsADeviceOnlyWhenBuiltWithCuda:Device.CountsTheSameFromManyThreads:Device.CountsNoDeviceWhenCudaVisibleDevicesIsEmpty:Tensor.Device*'
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <troupe/actors/actor_system.hpp>
+#include <troupe/core/device.hpp>
 #include <troupe/kernels/layers.hpp>
 #include <troupe/kernels/optim.hpp>
 #include <troupe/pipeline/generators.hpp>
@@ -393,6 +394,59 @@ TEST(Runtime, StagesOfEveryLayerKindTravelWithTheirRandomStateAndRecompute) {
   const auto a = here.parameters(), b = there.parameters();
   ASSERT_EQ(a.size(), b.size());
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i], b[i])) << i;
+}
+
+// Stages on CUDA devices: a rank moves what arrives to its device and steps its optimizer there;
+// the training follows the same stages on the host within float rounding (cuBLAS sums in another
+// order), here and through the portable form (values cross as host copies and go back to the
+// device on the other side).
+TEST(Runtime, StagesOnCudaDevicesTrainAsOnTheHost) {
+  if (troupe::cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  troupe::system_config cfg{.threads = 2};
+  cfg.node.listen = "127.0.0.1:0";
+  cfg.node.token = "runtime-test-token";
+  troupe::actor_system head(cfg);
+  const auto s = pipeline::with_checkpointing(pipeline::generate("zb-v", 2, 4), pipeline::checkpoint_policy::parse("every:2"), 2);
+  const auto sizes = sizes_for(s.stages(), 12, 64);
+  auto whole = initialized(sizes, 13);
+  auto on_devices = [&] {
+    auto stages = cut(*whole, sizes);
+    for (int st = 0; st < s.stages(); ++st)  // rank r on device r (or 0 when there is one)
+      kernels::move_to(*stages[static_cast<std::size_t>(st)],
+                       troupe::device::cuda(s.place.rank_of(st) % troupe::cuda_device_count()));
+    return stages;
+  };
+  const pipeline::training_options o{.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()};
+  pipeline::trainer host(head, s, cut(*whole, sizes), o);
+  pipeline::trainer here(head, s, on_devices(), o);
+  pipeline::trainer there(head, s, on_devices(), o, {1, 1});
+  for (int step = 0; step < 3; ++step) {
+    const tensor x = random_batch(16, sizes.front(), 700 + static_cast<std::uint64_t>(step));
+    const tensor y = random_labels(16, 800 + static_cast<std::uint64_t>(step));
+    const double want = host.step(x, y).loss;
+    EXPECT_NEAR(here.step(x, y).loss, want, 1e-4 * std::abs(want)) << step;
+    EXPECT_NEAR(there.step(x, y).loss, want, 1e-4 * std::abs(want)) << step;
+  }
+  const auto want = host.parameters();
+  for (auto* t : {&here, &there}) {
+    const auto got = t->parameters();
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(got[i].where().is_cpu());
+      const auto a = got[i].data<float>(), b = want[i].data<float>();
+      for (std::size_t j = 0; j < a.size(); ++j) ASSERT_NEAR(a[j], b[j], 1e-4 + 1e-3 * std::abs(b[j])) << i << " " << j;
+    }
+    EXPECT_TRUE(t->predict(random_batch(3, sizes.front(), 1)).where().is_cpu());
+  }
+  // A rank's stages share its optimizer, so they must share a device.
+  auto split = cut(*whole, sizes);
+  kernels::move_to(*split[0], troupe::device::cuda(0));  // rank 0 holds stages 0 and 3 under zb-v
+  try {
+    pipeline::trainer(head, s, std::move(split), o);
+    ADD_FAILURE() << "a rank's stages on two devices were accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("a rank's stages must live on one device"), std::string::npos) << e.what();
+  }
 }
 
 // On a test_system, step() drives the system while it waits; inside an actor it refuses to block.

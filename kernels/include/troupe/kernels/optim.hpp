@@ -129,6 +129,10 @@ public:
   bool reference_step();
   /// Sets every gradient to zero.
   void zero_grad();
+  /// True when every gradient is finite, checked where the parameters live (one pass on the
+  /// device for CUDA ones): what step() checks first. Of the parameters as of the last step (or
+  /// the construction).
+  bool gradients_finite() const;
 
   /// Called before each step with the step number (1-based) and the group's base lr; returns the
   /// lr to use. Unset: the base lr.

@@ -32,7 +32,10 @@
 /// the same random numbers (dropout), right before the backward. The weights come out the same,
 /// to the bit, and the rank holds less between the two.
 ///
-/// Not yet: stages on CUDA devices.
+/// Stages may live on CUDA devices (kernels::move_to before they are given): a rank computes
+/// where its stages' parameters live (they must share one device, as its one optimizer does),
+/// moves what arrives there, and its optimizer steps there. Tensors between ranks go through
+/// host memory (no NCCL yet).
 
 #include <cstddef>
 #include <cstdint>
