@@ -28,4 +28,8 @@ std::uint64_t to_ns(std::uint64_t ticks) noexcept {
   return static_cast<std::uint64_t>(static_cast<double>(ticks) * ns_per_tick());
 }
 
+std::uint64_t from_ns(std::uint64_t ns) noexcept {
+  return static_cast<std::uint64_t>(static_cast<double>(ns) / ns_per_tick());
+}
+
 }  // namespace troupe::detail::cycle_clock

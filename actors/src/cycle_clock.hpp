@@ -17,5 +17,7 @@ inline std::uint64_t now() noexcept {
 
 /// Converts a tick count to nanoseconds (calibrated on first use over about a millisecond).
 std::uint64_t to_ns(std::uint64_t ticks) noexcept;
+/// The tick count of `ns` nanoseconds.
+std::uint64_t from_ns(std::uint64_t ns) noexcept;
 
 }  // namespace troupe::detail::cycle_clock

@@ -8,6 +8,11 @@
 // second runnable actor, the global queue) wakes an idle worker, and only when no worker
 // is already searching for work.
 //
+// Except behind a long slice: an actor woken by one that has already run for a while (a
+// pipeline stage that computed for milliseconds and then sent its activation) would wait in
+// the slot until the sender's slice ends, with idle workers about. Past `long_slice` the
+// woken actor goes to the local queue instead, where an idle worker is woken to take it.
+//
 // Idle protocol. A worker without work first spins for a while as the one "searching"
 // worker (at most half of the pool searches), then parks on its futex after announcing
 // itself in the idle list and re-checking every queue. A producer publishes its work
@@ -15,6 +20,7 @@
 // operations, so either the producer sees the sleeper or the sleeper sees the work.
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -22,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "cycle_clock.hpp"
 #include "sync.hpp"
 #include "system.hpp"
 #include "troupe/core/log.hpp"
@@ -66,6 +73,7 @@ struct worker {
   std::thread thread;
   cell_base* lifo = nullptr;  // owner only
   unsigned lifo_streak = 0;
+  std::uint64_t slice_start = 0;  // owner only: cycle_clock ticks when the running slice began
   unsigned tick = 0;
   std::uint64_t rng = 0;
   spinlock qlock;
@@ -79,6 +87,7 @@ thread_local worker* tls_worker = nullptr;
 constexpr unsigned max_lifo_streak = 16;
 constexpr unsigned global_check_interval = 61;
 constexpr int spin_rounds = 4000;
+constexpr std::chrono::microseconds long_slice{50};
 
 class thread_pool final : public scheduler {
 public:
@@ -112,7 +121,10 @@ public:
     }
     worker* w = tls_worker;
     if (w != nullptr && w->pool == this) {
-      if (w->lifo != nullptr) {
+      if (cycle_clock::now() - w->slice_start > long_slice_ticks_) {
+        push_local(*w, c);
+        notify_if_needed();
+      } else if (w->lifo != nullptr) {
         push_local(*w, w->lifo);
         w->lifo = c;
         notify_if_needed();
@@ -324,6 +336,7 @@ private:
       cell_base* c = next(w);
       if (c == nullptr) c = search(w);
       if (c != nullptr) {
+        w.slice_start = cycle_clock::now();
         c->run_slice(throughput_);
         continue;
       }
@@ -336,6 +349,7 @@ private:
   system_impl& sys_;
   unsigned throughput_;
   unsigned max_searching_;
+  std::uint64_t long_slice_ticks_ = cycle_clock::from_ns(std::chrono::nanoseconds(long_slice).count());
   std::vector<std::unique_ptr<worker>> workers_;
   std::mutex global_mutex_;
   ring global_;

@@ -45,7 +45,7 @@ void add_bench_command(CLI::App& app, int& rc) {
   nn->add_option("--only", nn_opts->only, "gemm, train, or one GEMM shape");
   nn->callback([nn_opts, &rc] { rc = troupe::bench::run_nn(*nn_opts, std::cout); });
 
-  auto pipeline_opts = std::make_shared<troupe::bench::options>();
+  auto pipeline_opts = std::make_shared<troupe::bench::pipeline_options>();
   auto* pipe = bench->add_subcommand(
       "pipeline", "pipeline runtime steps per schedule, with and without recomputed activations, against the whole model");
   pipe->add_flag("--json", pipeline_opts->json, "one JSON object per line");
@@ -53,6 +53,12 @@ void add_bench_command(CLI::App& app, int& rc) {
   pipe->add_option("--only", pipeline_opts->only, "whole, or one schedule (gpipe, 1f1b, zb-v, ...)");
   pipe->add_option("--threads", pipeline_opts->threads, "the ranks' worker threads (default: hardware threads)")
       ->check(CLI::Range(0, 4096));
+  pipe->add_option("--model", pipeline_opts->model, "mlp:IN-H1-...-OUT, cut into the stages by parameter count")
+      ->capture_default_str();
+  pipe->add_option("--batch", pipeline_opts->batch, "samples per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  pipe->add_option("--microbatches", pipeline_opts->microbatches, "microbatches per step (divides --batch)")
+      ->capture_default_str()->check(CLI::Range(1, 4096));
+  pipe->add_option("--ranks", pipeline_opts->ranks, "pipeline ranks")->capture_default_str()->check(CLI::Range(1, 64));
   pipe->callback([pipeline_opts, &rc] { rc = troupe::bench::run_pipeline(*pipeline_opts, std::cout); });
 
   auto optim_opts = std::make_shared<troupe::bench::optim_options>();

@@ -256,3 +256,44 @@ TEST(Stress, CoroutinePingPongAcrossManyPairs) {
 }
 
 }  // namespace
+
+namespace {
+
+// An actor woken by one deep into a long handler runs on another worker at once, instead of
+// waiting for that handler to end in the sender's slot (what pipeline stages need: a stage sends
+// its activation after computing and computes on).
+struct stamp {
+  std::atomic<long long>* ran_at;
+  void note() {
+    ran_at->store(std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+};
+
+struct long_worker {
+  actor_ref<stamp> next;
+  std::atomic<long long>* done_at;
+  void work() {
+    auto spin = [](std::chrono::milliseconds d) {
+      const auto end = std::chrono::steady_clock::now() + d;
+      while (std::chrono::steady_clock::now() < end) {
+      }
+    };
+    spin(2ms);  // well past the slot's limit
+    next.tell(&stamp::note);
+    spin(300ms);
+    done_at->store(std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+};
+
+}  // namespace
+
+TEST(Scheduler, AnActorWokenLateInALongHandlerRunsElsewhereMeanwhile) {
+  troupe::actor_system sys{{.threads = 2}};
+  std::atomic<long long> ran_at{0}, done_at{0};
+  auto s = sys.spawn<stamp>(&ran_at);
+  auto w = sys.spawn<long_worker>(s, &done_at);
+  w.ask(&long_worker::work).get();
+  for (int i = 0; i < 200 && ran_at.load() == 0; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_NE(ran_at.load(), 0);
+  EXPECT_LT(ran_at.load(), done_at.load()) << "the woken actor waited for the sender's handler to end";
+}
