@@ -11,7 +11,9 @@
 // Except behind a long slice: an actor woken by one that has already run for a while (a
 // pipeline stage that computed for milliseconds and then sent its activation) would wait in
 // the slot until the sender's slice ends, with idle workers about. Past `long_slice` the
-// woken actor goes to the local queue instead, where an idle worker is woken to take it.
+// woken actor goes to the local queue instead, where an idle worker is woken to take it (when
+// none is idle it merely waits in the queue rather than the slot; locality matters little
+// after a slice that long); a searcher that finds work and leaves more behind wakes the next.
 //
 // Idle protocol. A worker without work first spins for a while as the one "searching"
 // worker (at most half of the pool searches), then parks on its futex after announcing
@@ -306,6 +308,8 @@ private:
       if ((i & 63) == 63) std::this_thread::yield();
     }
     searching_.fetch_sub(1, std::memory_order_seq_cst);
+    // Work left behind (a long slice woke two actors, say) needs a worker too.
+    if (found != nullptr && work_visible()) notify_if_needed();
     return found;
   }
 

@@ -658,11 +658,13 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
     for (const int stage : s.place.stages_of(r))
       for (auto* p : stages[static_cast<std::size_t>(stage)]->parameters()) {
         if (!first) first.emplace(stage, p->value.where());
-        if (p->value.where() != first->second || p->grad.where() != first->second)
-          throw std::invalid_argument("rank " + std::to_string(r) + " holds stage " + std::to_string(first->first) +
-                                      " on " + first->second.str() + " and stage " + std::to_string(stage) +
-                                      " with parameter '" + p->name + "' on " + p->value.where().str() +
-                                      ": a rank's stages must live on one device");
+        for (const auto* t : {&p->value, &p->grad})
+          if (t->where() != first->second)
+            throw std::invalid_argument("rank " + std::to_string(r) + " holds stage " + std::to_string(first->first) +
+                                        " on " + first->second.str() + " and stage " + std::to_string(stage) +
+                                        " with the " + (t == &p->value ? "value" : "gradient") + " of parameter '" +
+                                        p->name + "' on " + t->where().str() +
+                                        ": a rank's stages must live on one device");
       }
   }
   auto plan = std::make_shared<schedule>(lower(s));

@@ -36,7 +36,12 @@ cmp -s "$dir/local.trpw" "$dir/nodes.trpw" || fail "the weights trained on nodes
 grep -q '^{"test_accuracy":0\.[89]' "$dir/zbv.out" || fail "zb-v on nodes trained badly: $(cat "$dir/zbv.out")"
 
 # A driver killed mid-run: its ranks see it go and stop, instead of staying on their nodes.
-ranks_left() { "$troupe" status --address "$head" --json | grep -o 'rank_actor' | wc -l; }
+ranks_left() {  # the rank actors the cluster lists (a failed status fails the test)
+  local status
+  status=$("$troupe" status --address "$head" --json) || fail "troupe status failed"
+  grep -q '"nodes":\[{"node"' <<<"$status" || fail "troupe status listed no nodes: $status"
+  grep -o 'rank_actor' <<<"$status" | wc -l
+}
 "$troupe" train --epochs 5 --pipeline 1f1b --ranks 2 --microbatches 4 --head "$head" \
   >"$dir/orphan.out" 2>"$dir/orphan.err" &
 driver=$!

@@ -315,6 +315,10 @@ TEST(Runtime, RecomputedDropoutDrawsTheSameMasks) {
   };
   const auto plain = pipeline::generate("1f1b", 2, 4);
   const auto s = pipeline::with_checkpointing(plain, pipeline::checkpoint_policy::parse("sqrt"), 4);
+  int recomputes = 0;
+  for (const auto& row : s.ranks)
+    for (const auto& a : row) recomputes += a && a->kind == pipeline::op::recompute;
+  ASSERT_EQ(recomputes, s.stages() * s.microbatches);
   troupe::actor_system sys{{.threads = 2}};
   pipeline::trainer t(sys, s, stages(), {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()});
   pipeline::trainer base(sys, plain, stages(), {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()});
