@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <cmath>
 #include <exception>
 #include <map>
@@ -11,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "troupe/actors/remote.hpp"
@@ -484,91 +486,62 @@ private:
 namespace troupe {
 
 namespace pipeline::detail {
-template <class... F>
-void put(byte_writer& w, const F&... fields) {
-  (codec<F>::encode(w, fields), ...);
-}
-template <class F>
-void get(byte_reader& r, F& field) {
-  field = codec<F>::decode(r);
-}
-}  // namespace pipeline::detail
 
-template <>
-struct codec<pipeline::detail::transfer> {
-  static void encode(byte_writer& w, const pipeline::detail::transfer& t) {
-    pipeline::detail::put(w, t.step, t.gradient, t.stage, t.microbatch, t.value);
+// The fields of each message type, in wire order: one list serves encoding and decoding.
+template <class T>
+auto fields(T& t) requires std::same_as<std::remove_const_t<T>, transfer> {
+  return std::tie(t.step, t.gradient, t.stage, t.microbatch, t.value);
+}
+template <class T>
+auto fields(T& p) requires std::same_as<std::remove_const_t<T>, portable_stage> {
+  return std::tie(p.layers, p.values, p.random, p.on_cuda, p.cuda_index);
+}
+template <class T>
+auto fields(T& p) requires std::same_as<std::remove_const_t<T>, step_plan> {
+  return std::tie(p.step, p.inputs, p.labels);
+}
+template <class T>
+auto fields(T& p) requires std::same_as<std::remove_const_t<T>, rank_report> {
+  return std::tie(p.loss_sum, p.finite, p.busy_seconds, p.peak_activation_bytes, p.result, p.why);
+}
+template <class T>
+auto fields(T& o) requires std::same_as<std::remove_const_t<T>, training_options> {
+  auto& h = o.hp;
+  auto& s = o.state;
+  return std::tie(o.optimizer, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum, h.dampening, h.nesterov,
+                  h.amsgrad, s.storage, s.block_size, s.min_8bit_elements, s.first_moment_fp32, s.stochastic_rounding,
+                  s.percentile_scale, s.percentile_clipping, s.fp32_params, o.cosine_steps, o.step_timeout);
+}
+
+/// Encodes and decodes T field by field, in the order fields() lists them.
+template <class T>
+struct field_codec {
+  static void encode(byte_writer& w, const T& t) {
+    std::apply([&w](const auto&... f) { (codec<std::decay_t<decltype(f)>>::encode(w, f), ...); }, fields(t));
   }
-  static pipeline::detail::transfer decode(byte_reader& r) {
-    pipeline::detail::transfer t;
-    using pipeline::detail::get;
-    get(r, t.step), get(r, t.gradient), get(r, t.stage), get(r, t.microbatch), get(r, t.value);
+  static T decode(byte_reader& r) {
+    T t;
+    std::apply([&r](auto&... f) { ((f = codec<std::decay_t<decltype(f)>>::decode(r)), ...); }, fields(t));
     return t;
   }
 };
 
-template <>
-struct codec<pipeline::detail::portable_stage> {
-  static void encode(byte_writer& w, const pipeline::detail::portable_stage& p) {
-    pipeline::detail::put(w, p.layers, p.values, p.random, p.on_cuda, p.cuda_index);
-  }
-  static pipeline::detail::portable_stage decode(byte_reader& r) {
-    pipeline::detail::portable_stage p;
-    using pipeline::detail::get;
-    get(r, p.layers), get(r, p.values), get(r, p.random), get(r, p.on_cuda), get(r, p.cuda_index);
-    return p;
-  }
-};
+}  // namespace pipeline::detail
 
 template <>
-struct codec<pipeline::detail::step_plan> {
-  static void encode(byte_writer& w, const pipeline::detail::step_plan& p) {
-    pipeline::detail::put(w, p.step, p.inputs, p.labels);
-  }
-  static pipeline::detail::step_plan decode(byte_reader& r) {
-    pipeline::detail::step_plan p;
-    using pipeline::detail::get;
-    get(r, p.step), get(r, p.inputs), get(r, p.labels);
-    return p;
-  }
-};
-
+struct codec<pipeline::detail::transfer> : pipeline::detail::field_codec<pipeline::detail::transfer> {};
 template <>
-struct codec<pipeline::detail::rank_report> {
-  static void encode(byte_writer& w, const pipeline::detail::rank_report& p) {
-    pipeline::detail::put(w, p.loss_sum, p.finite, p.busy_seconds, p.peak_activation_bytes, p.result, p.why);
-  }
+struct codec<pipeline::detail::portable_stage> : pipeline::detail::field_codec<pipeline::detail::portable_stage> {};
+template <>
+struct codec<pipeline::detail::step_plan> : pipeline::detail::field_codec<pipeline::detail::step_plan> {};
+template <>
+struct codec<pipeline::training_options> : pipeline::detail::field_codec<pipeline::training_options> {};
+template <>
+struct codec<pipeline::detail::rank_report> : pipeline::detail::field_codec<pipeline::detail::rank_report> {
   static pipeline::detail::rank_report decode(byte_reader& r) {
-    pipeline::detail::rank_report p;
-    using pipeline::detail::get;
-    get(r, p.loss_sum), get(r, p.finite), get(r, p.busy_seconds), get(r, p.peak_activation_bytes), get(r, p.result),
-        get(r, p.why);
+    auto p = field_codec::decode(r);
     if (p.result > pipeline::detail::outcome::aborted) byte_reader::fail("a rank's report has an unknown outcome");
     return p;
-  }
-};
-
-template <>
-struct codec<pipeline::training_options> {
-  static void encode(byte_writer& w, const pipeline::training_options& o) {
-    const auto& h = o.hp;
-    const auto& s = o.state;
-    pipeline::detail::put(w, o.optimizer, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum, h.dampening,
-                          h.nesterov, h.amsgrad, s.storage, s.block_size, s.min_8bit_elements, s.first_moment_fp32,
-                          s.stochastic_rounding, s.percentile_scale, s.percentile_clipping, s.fp32_params,
-                          o.cosine_steps, o.step_timeout);
-  }
-  static pipeline::training_options decode(byte_reader& r) {
-    pipeline::training_options o;
-    auto& h = o.hp;
-    auto& s = o.state;
-    using pipeline::detail::get;
-    get(r, o.optimizer), get(r, h.lr), get(r, h.beta1), get(r, h.beta2), get(r, h.eps), get(r, h.weight_decay),
-        get(r, h.momentum), get(r, h.dampening), get(r, h.nesterov), get(r, h.amsgrad), get(r, s.storage),
-        get(r, s.block_size), get(r, s.min_8bit_elements), get(r, s.first_moment_fp32), get(r, s.stochastic_rounding),
-        get(r, s.percentile_scale), get(r, s.percentile_clipping), get(r, s.fp32_params), get(r, o.cosine_steps),
-        get(r, o.step_timeout);
-    return o;
   }
 };
 

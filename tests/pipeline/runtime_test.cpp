@@ -71,6 +71,14 @@ kernels::hyperparameters adamw_hp() {
   return hp;
 }
 
+/// How many of the schedule's actions are of `kind`.
+int count_actions(const pipeline::schedule& s, pipeline::op kind) {
+  int n = 0;
+  for (const auto& row : s.ranks)
+    for (const auto& a : row) n += a && a->kind == kind;
+  return n;
+}
+
 bool same_bits(const tensor& a, const tensor& b) {
   return a.shape() == b.shape() && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
 }
@@ -120,10 +128,7 @@ TEST_P(RuntimeSchedules, RecomputeActivationsToTheSameBitsHoldingLess) {
   const auto plain = pipeline::generate(name, ranks, microbatches);
   // Every stage counted as two layers (linear + ReLU), of which every:2 keeps one input.
   const auto s = pipeline::with_checkpointing(plain, pipeline::checkpoint_policy::parse("every:2"), 2);
-  int recomputes = 0;
-  for (const auto& row : s.ranks)
-    for (const auto& a : row) recomputes += a && a->kind == pipeline::op::recompute;
-  ASSERT_EQ(recomputes, s.stages() * microbatches);
+  ASSERT_EQ(count_actions(s, pipeline::op::recompute), s.stages() * microbatches);
   const auto sizes = sizes_for(s.stages());
   auto whole = initialized(sizes, 11);
 
@@ -315,10 +320,7 @@ TEST(Runtime, RecomputedDropoutDrawsTheSameMasks) {
   };
   const auto plain = pipeline::generate("1f1b", 2, 4);
   const auto s = pipeline::with_checkpointing(plain, pipeline::checkpoint_policy::parse("sqrt"), 4);
-  int recomputes = 0;
-  for (const auto& row : s.ranks)
-    for (const auto& a : row) recomputes += a && a->kind == pipeline::op::recompute;
-  ASSERT_EQ(recomputes, s.stages() * s.microbatches);
+  ASSERT_EQ(count_actions(s, pipeline::op::recompute), s.stages() * s.microbatches);
   troupe::actor_system sys{{.threads = 2}};
   pipeline::trainer t(sys, s, stages(), {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()});
   pipeline::trainer base(sys, plain, stages(), {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()});
