@@ -92,9 +92,12 @@ public:
     double loss = 0;
     for (int e = 0; e < job.epochs; ++e) {
       for (std::size_t i = n; i > 1; --i) std::swap(order_[i - 1], order_[rng.below(i)]);
+      prefetch(images, labels, order_.data(), std::min(batch, n));
       for (std::size_t s = 0; s < n; s += batch) {
         const std::size_t rows = std::min(batch, n - s);
         gather(images, labels, order_.data() + s, rows);
+        // The rows are scattered over 47 MB: ask for the next batch's while this one trains.
+        if (s + batch < n) prefetch(images, labels, order_.data() + s + batch, std::min(batch, n - s - batch));
         loss += net_.step(model.data(), x_.data(), y_.data(), static_cast<int>(rows), static_cast<float>(job.lr), extras);
         ++r.steps;
         r.samples += static_cast<std::int64_t>(rows);
@@ -126,11 +129,23 @@ public:
 private:
   void gather(const std::uint8_t* images, const std::uint8_t* labels, const std::uint32_t* rows, std::size_t m) {
     const std::size_t d = static_cast<std::size_t>(pixels_);
+    const float* lut = lut_;  // locals: stores to x_ could otherwise alias the members
+    float* x = x_.data();
     for (std::size_t i = 0; i < m; ++i) {
       const std::uint8_t* src = images + static_cast<std::size_t>(rows[i]) * d;
-      float* dst = x_.data() + i * d;
-      for (std::size_t k = 0; k < d; ++k) dst[k] = lut_[src[k]];
+      float* dst = x + i * d;
+      for (std::size_t k = 0; k < d; ++k) dst[k] = lut[src[k]];
       y_[i] = labels[rows[i]];
+    }
+  }
+  /// Starts loading m rows (and their labels) into the cache.
+  void prefetch(const std::uint8_t* images, const std::uint8_t* labels, const std::uint32_t* rows, std::size_t m) const {
+    const std::size_t d = static_cast<std::size_t>(pixels_);
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::uint8_t* src = images + static_cast<std::size_t>(rows[i]) * d;
+      for (std::size_t k = 0; k < d; k += 64) __builtin_prefetch(src + k, 0, 2);
+      __builtin_prefetch(src + d - 1, 0, 2);
+      __builtin_prefetch(labels + rows[i], 0, 2);
     }
   }
 
