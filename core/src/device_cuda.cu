@@ -103,12 +103,20 @@ void device_free(void* p, std::size_t bytes, int index) noexcept {
 }
 
 void device_copy(void* dst, device dw, const void* src, device sw, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (!dw.is_cpu() && !sw.is_cpu() && dw.index != sw.index) {
+    // Between two devices: a peer copy, documented to wait for the work pending on both.
+    select(dw.index);
+    check(cudaMemcpyPeer(dst, dw.index, src, sw.index, bytes), "cudaMemcpyPeer");
+    return;
+  }
   if (!dw.is_cpu()) select(dw.index);
   else if (!sw.is_cpu()) select(sw.index);
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
 }
 
 void device_zero(void* p, std::size_t bytes, int index) {
+  if (bytes == 0) return;  // (an empty tensor has no storage)
   select(index);
   check(cudaMemset(p, 0, bytes), "cudaMemset");
 }
