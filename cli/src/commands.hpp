@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 namespace troupe::cli {
@@ -26,6 +27,15 @@ inline const CLI::Validator open_unit_interval(
                                                                   : "must be above 0 and below 1, not " + text;
     },
     "(0, 1)");
+
+/// A number for a JSON line: printf's `format` ("%.4f") for a finite value, null otherwise (JSON
+/// has no inf or NaN: a privacy bound can be infinite, a diverged loss NaN).
+inline std::string json_number(double v, const char* format) {
+  if (!std::isfinite(v)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
 
 void add_bench_command(CLI::App& app, int& rc);
 void add_schedule_command(CLI::App& app, int& rc);

@@ -90,8 +90,10 @@ void add_fedsim_command(CLI::App& app, int& rc) {
     const bool tty = isatty(STDERR_FILENO);
     const bool json = f->json;
     try {
+      int empty_rounds = 0;  // rounds in which no update arrived (all late or failed)
       auto s = troupe::federated::run_simulation(f->o, [&](const troupe::federated::progress& p) {
         const int r = p.round->round;
+        if (p.round->aborted.empty() && p.round->sampled > 0 && p.round->participants == 0) ++empty_rounds;
         if (!p.round->aborted.empty()) {
           if (tty) std::fprintf(stderr, "\r\033[K");
           std::fprintf(stderr, "troupe fedsim: round %d aborted, the model unchanged: %s\n", r, p.round->aborted.c_str());
@@ -99,19 +101,30 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         if (p.evaluated) {
           if (tty) std::fprintf(stderr, "\r\033[K");
           std::string extra;
-          if (p.round->sampled != p.round->participants && !json)
+          // The counts, when some sampled client failed or was late (JSON: only then, so that the
+          // usual line keeps its fields).
+          if (json && p.round->dropped + p.round->late > 0)
+            extra += ",\"updates\":" + std::to_string(p.round->participants) + ",\"sampled\":" +
+                     std::to_string(p.round->sampled) + ",\"failed\":" + std::to_string(p.round->dropped) +
+                     ",\"late\":" + std::to_string(p.round->late);
+          else if (!json && p.round->sampled != p.round->participants)
             extra += "  " + std::to_string(p.round->participants) + "/" + std::to_string(p.round->sampled) + " updates (" +
                      std::to_string(p.round->dropped) + " failed, " + std::to_string(p.round->late) + " late)";
           auto metrics = p.round->metrics;
           metrics.insert(metrics.end(), p.eval.metrics.begin(), p.eval.metrics.end());
           for (const auto& [name, value] : metrics) {
-            char buf[96];
-            std::snprintf(buf, sizeof buf, json ? ",\"%s\":%.6g" : "  %s %.4g", name.c_str(), value);
-            extra += buf;
+            if (json) {
+              extra += ",\"" + name + "\":" + json_number(value, "%.6g");
+            } else {
+              char buf[96];
+              std::snprintf(buf, sizeof buf, "  %s %.4g", name.c_str(), value);
+              extra += buf;
+            }
           }
           if (json)
-            std::printf("{\"round\":%d,\"test_accuracy\":%.4f,\"test_loss\":%.4f,\"seconds\":%.3f,\"simulated_seconds\":%.3f%s}\n",
-                        r, p.eval.accuracy, p.eval.loss, p.seconds, p.simulated_seconds, extra.c_str());
+            std::printf("{\"round\":%d,\"test_accuracy\":%s,\"test_loss\":%s,\"seconds\":%.3f,\"simulated_seconds\":%.3f%s}\n",
+                        r, json_number(p.eval.accuracy, "%.4f").c_str(), json_number(p.eval.loss, "%.4f").c_str(),
+                        p.seconds, p.simulated_seconds, extra.c_str());
           else
             std::printf("round %d/%d  test accuracy %.4f  test loss %.4f  train loss %.4f  %.1f rounds/s  %.1f s  simulated %.1f s%s\n",
                         r, p.rounds, p.eval.accuracy, p.eval.loss, p.round->train_loss, p.rounds_per_s, p.seconds,
@@ -126,11 +139,17 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         }
       });
       if (tty) std::fprintf(stderr, "\r\033[K");
+      if (empty_rounds > 0)
+        std::fprintf(stderr,
+                     "troupe fedsim: warning: in %d of %d rounds no update arrived (every sampled client was late or "
+                     "failed), so the model did not change in them; see --deadline and --dropout\n",
+                     empty_rounds, s.rounds - s.resumed_from);
       if (s.resumed_from > 0) std::fprintf(stderr, "troupe fedsim: resumed from the checkpoint of round %d\n", s.resumed_from);
       if (json)
-        std::printf("{\"final_accuracy\":%.4f,\"rounds_per_s\":%.2f,\"peak_rss_mb\":%.1f,\"rounds\":%d,\"seconds\":%.2f,"
-                    "\"final_loss\":%.9g,\"model_crc32\":\"%08x\",\"resumed_from\":%d}\n",
-                    s.final_accuracy, s.rounds_per_s, s.peak_rss_mb, s.rounds, s.seconds, s.final_loss,
+        std::printf("{\"final_accuracy\":%s,\"rounds_per_s\":%.2f,\"peak_rss_mb\":%.1f,\"rounds\":%d,\"seconds\":%.2f,"
+                    "\"final_loss\":%s,\"model_crc32\":\"%08x\",\"resumed_from\":%d}\n",
+                    json_number(s.final_accuracy, "%.4f").c_str(), s.rounds_per_s, s.peak_rss_mb, s.rounds, s.seconds,
+                    json_number(s.final_loss, "%.9g").c_str(),
                     static_cast<unsigned>(s.model_crc32), s.resumed_from);
       else
         std::printf("final test accuracy %.4f after %d rounds, %.1f rounds/s, peak memory %.0f MB, %.1f s, model CRC-32 %08x\n",

@@ -450,6 +450,9 @@ void check_async_mechanisms(const simulation_options& o, std::size_t in_flight, 
 
 shared_data load_data(const simulation_options& o) {
   auto all = load_fashion_mnist(o.data_dir.empty() ? fashion_mnist_dir : o.data_dir);
+  if (all.train.size() < 1 || all.test.size() < 1)
+    throw std::invalid_argument("the dataset has " + std::to_string(all.train.size()) + " training and " +
+                                std::to_string(all.test.size()) + " test examples: a simulation needs both");
   if (o.train_limit && static_cast<std::int64_t>(o.train_limit) < all.train.size()) {
     const auto n = static_cast<std::int64_t>(o.train_limit);
     all.train.images = all.train.images.slice(0, n).clone();

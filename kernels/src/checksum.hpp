@@ -35,7 +35,6 @@ void check_file(void (*check)(const std::string&), const std::string& path, Fail
 template <class Fail>
 void write_checksummed(const std::string& path, byte_writer& w, Fail&& fail) {
   check_file(check_regular, path, fail);
-  check_file(check_regular, path + ".tmp", fail);
   w.write_raw(crc32(w.buffer()));
   try {
     write_file_atomically(path, w.buffer());

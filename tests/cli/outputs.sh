@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# What the troupe command writes: files it replaces and JSON it prints.
+#
+#   tests/cli/outputs.sh PATH/TO/troupe
+#
+# - An output path that is not a regular file (a FIFO) is refused and left as it was; a symbolic
+#   link is written through (the file it points to changes, the link stays).
+# - A refused command leaves alone a file of the user's named like a temporary file.
+# - fedsim refuses a dataset without test examples, and its --json lines stay valid JSON when a
+#   value is not finite (an infinite privacy bound), and show the update counts of a round in
+#   which clients failed or were late.
+set -euo pipefail
+
+troupe="$(realpath "$1")"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+show=(schedule show --schedule 1f1b --stages 2 --microbatches 2)
+mkfifo fifo
+if "$troupe" "${show[@]}" --out fifo 2>err; then fail "wrote into a FIFO"; fi
+grep -q "is not a regular file" err || fail "the FIFO's refusal says: $(cat err)"
+[[ -p fifo ]] || fail "the FIFO was replaced"
+
+echo old >real.txt
+ln -s real.txt link.txt
+"$troupe" "${show[@]}" --out link.txt >/dev/null
+[[ -L link.txt ]] || fail "the link was replaced by a file"
+grep -q "F" real.txt || fail "the link's file was not written"
+
+echo precious >out.w.tmp
+if "$troupe" train --save out.w --optimizer no_such_optimizer 2>err; then fail "train accepted a bad optimizer"; fi
+[[ "$(cat out.w.tmp)" == precious ]] || fail "a refused train touched out.w.tmp"
+[[ ! -e out.w ]] || fail "a refused train wrote out.w"
+[[ "$(ls)" == "$(printf 'err\nfifo\nlink.txt\nout.w.tmp\nreal.txt')" ]] || fail "files left behind: $(ls | tr '\n' ' ')"
+
+# A dataset whose test split holds no example (valid IDX files of zero images and labels).
+data=/usr/share/datasets/fashion-mnist
+mkdir empty_test
+ln -s "$data/train-images-idx3-ubyte.gz" "$data/train-labels-idx1-ubyte.gz" empty_test/
+printf '\x00\x00\x08\x03\x00\x00\x00\x00\x00\x00\x00\x1c\x00\x00\x00\x1c' | gzip >empty_test/t10k-images-idx3-ubyte.gz
+printf '\x00\x00\x08\x01\x00\x00\x00\x00' | gzip >empty_test/t10k-labels-idx1-ubyte.gz
+if "$troupe" fedsim --data-dir empty_test --clients 2 --per-round 1 --rounds 1 --json >out 2>err; then
+  fail "fedsim ran without test examples: $(cat out)"
+fi
+grep -q "60000 training and 0 test examples" err || fail "the empty test split's refusal says: $(cat err)"
+
+# Noise so small that the privacy bound is infinite: epsilon is null, every line parses.
+"$troupe" fedsim --clients 10 --per-round 3 --rounds 2 --dp-clip 1 --dp-noise 1e-300 --json >out
+# A deadline no client meets: each round says so, and so does a warning at the end.
+"$troupe" fedsim --clients 10 --per-round 3 --rounds 2 --deadline 1e-9 --json >late 2>err
+grep -q "in 2 of 2 rounds no update arrived" err || fail "no warning about the empty rounds: $(cat err)"
+python3 - out late <<'PY'
+import json, sys
+out = [json.loads(l) for l in open(sys.argv[1])]
+rounds = [l for l in out if "round" in l]
+assert rounds and all(l["epsilon"] is None for l in rounds), out
+assert all("updates" not in l for l in rounds), rounds  # nobody failed or was late
+assert "final_accuracy" in out[-1], out
+late = [json.loads(l) for l in open(sys.argv[2])]
+rounds = [l for l in late if "round" in l]
+assert rounds and all((l["updates"], l["sampled"], l["failed"], l["late"]) == (0, 3, 0, 3) for l in rounds), rounds
+PY
+echo "outputs: all checks passed"
