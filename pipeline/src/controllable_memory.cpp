@@ -18,7 +18,9 @@
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <functional>
 #include <map>
+#include <queue>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -45,19 +47,23 @@ int last_slot(const lists& l) {
 }
 
 /// Visits every pass in ascending (slot, rank, type, microbatch) order; `visit` may move the
-/// visited pass to an earlier slot.
+/// visited pass to an earlier slot (never another pass). A heap holds each (rank, type) list's
+/// next pass.
 template <class F>
 void in_slot_order(plan& s, int types, F visit) {
   const int p = static_cast<int>(s.size());
+  using entry = std::tuple<int, int, int>;  // slot, rank, type
+  std::priority_queue<entry, std::vector<entry>, std::greater<>> heads;
   std::vector<std::vector<std::size_t>> next(p, std::vector<std::size_t>(types, 0));
-  for (;;) {
-    std::tuple<int, int, int> best{none, 0, 0};
-    for (int r = 0; r < p; ++r)
-      for (int t = 0; t < types; ++t)
-        if (next[r][t] < s[r][t].size()) best = std::min(best, {s[r][t][next[r][t]], r, t});
-    auto [slot, r, t] = best;
-    if (slot == none) return;
-    visit(r, t, static_cast<int>(next[r][t]++));
+  for (int r = 0; r < p; ++r)
+    for (int t = 0; t < types; ++t)
+      if (!s[r][t].empty()) heads.emplace(s[r][t][0], r, t);
+  while (!heads.empty()) {
+    const auto [slot, r, t] = heads.top();
+    heads.pop();
+    const std::size_t j = next[r][t]++;
+    visit(r, t, static_cast<int>(j));
+    if (j + 1 < s[r][t].size()) heads.emplace(s[r][t][j + 1], r, t);
   }
 }
 
@@ -90,30 +96,77 @@ void put_w(lists& l, bool split) {
     while (owed[w]-- > 0) l[w_any + w].push_back(++slot);
 }
 
-/// Peak activations of one rank in stage units: +1 per F, -1 per W; without W lists the W's
-/// are assumed to take the free slots after their I.
-int peak_of(const lists& l) {
-  const int types = static_cast<int>(l.size());
-  const bool has_w = types > 4;
-  const int bound = last_slot(l);
-  std::vector<std::size_t> next(types, 0);
-  int held = 0, peak = 0, owed = 0;
-  for (int slot = 0; slot <= bound; ++slot) {
-    int at = -1;
-    for (int t = 0; t < types; ++t)
-      if (next[t] < l[t].size() && l[t][next[t]] == slot) at = t;
-    if (at >= 0) {
-      ++next[at];
-      if (at == f0 || at == f1) ++held;
-      if (at >= w_any) --held;
-      if (at == i1 || at == i0) ++owed;
-    } else if (!has_w && owed) {
-      --held;
-      --owed;
-    }
-    peak = std::max(peak, held);
+/// One slot of a rank's memory: the pass there (or -1) moves what it holds (+1 per F, -1 per
+/// W) and what it owes (+1 per I: a W to come); without W lists (`has_w` false) the W's are
+/// assumed to take the free slots after their I.
+inline void account(int at, bool has_w, int& held, int& owed) {
+  if (at >= 0) {
+    if (at == f0 || at == f1) ++held;
+    if (at >= w_any) --held;
+    if (at == i1 || at == i0) ++owed;
+  } else if (!has_w && owed) {
+    --held;
+    --owed;
   }
-  return peak;
+}
+
+/// One rank's passes by slot and its memory after each slot 0..last_slot, in stage units.
+struct profile {
+  std::vector<int> at;           // the pass type in each slot, or -1
+  std::vector<int> held, owed;   // after each slot
+  bool has_w = false;
+
+  explicit profile(const lists& l) : has_w(l.size() > 4) {
+    const std::size_t slots = static_cast<std::size_t>(last_slot(l)) + 1;
+    at.assign(slots, -1);
+    for (int t = 0; t < static_cast<int>(l.size()); ++t)
+      for (const int slot : l[t]) at[static_cast<std::size_t>(slot)] = t;
+    held.resize(slots);
+    owed.resize(slots);
+    int h = 0, o = 0;
+    for (std::size_t slot = 0; slot < slots; ++slot) {
+      account(at[slot], has_w, h, o);
+      held[slot] = h;
+      owed[slot] = o;
+    }
+  }
+  int peak() const { return std::max(0, held.empty() ? 0 : *std::max_element(held.begin(), held.end())); }
+
+  /// Whether moving the pass in slot `from` to the free slot `to` < from keeps every slot within
+  /// `cap` (which it is now); with `commit`, makes the move. Only slots from `to` on change, and
+  /// once past `from` the memory is again what it was, the rest is as it was.
+  bool move(int to, int from, int cap, bool commit) {
+    const int type = at[static_cast<std::size_t>(from)];
+    int h = to > 0 ? held[static_cast<std::size_t>(to) - 1] : 0, o = to > 0 ? owed[static_cast<std::size_t>(to) - 1] : 0;
+    for (std::size_t slot = static_cast<std::size_t>(to); slot < at.size(); ++slot) {
+      const int pass = slot == static_cast<std::size_t>(to) ? type : slot == static_cast<std::size_t>(from) ? -1 : at[slot];
+      account(pass, has_w, h, o);
+      if (h > cap) return false;
+      if (slot >= static_cast<std::size_t>(from) && h == held[slot] && o == owed[slot]) break;
+      if (commit) {
+        held[slot] = h;
+        owed[slot] = o;
+      }
+    }
+    if (commit) {
+      at[static_cast<std::size_t>(to)] = type;
+      at[static_cast<std::size_t>(from)] = -1;
+    }
+    return true;
+  }
+};
+
+/// Peak activations of one rank in stage units (profile's accounting).
+int peak_of(const lists& l) { return profile(l).peak(); }
+
+/// The j-th smallest of two ascending lists together.
+int nth_of_both(const std::vector<int>& a, const std::vector<int>& b, std::size_t j) {
+  std::size_t x = 0, y = 0;
+  for (;;) {
+    const bool from_a = y >= b.size() || (x < a.size() && a[x] <= b[y]);
+    const int v = from_a ? a[x++] : b[y++];
+    if (j-- == 0) return v;
+  }
 }
 
 /// The rank a pass of type t depends on (F0 and I1 travel down the ranks, F1 and I0 up), or -1.
@@ -150,8 +203,12 @@ plan reorder(plan s, bool with_w) {
   const int m = static_cast<int>(s[0][f0].size());
   if (with_w)
     for (auto& l : s) put_w(l, false);
+  std::vector<profile> memory;
   int cap = 0;
-  for (const auto& l : s) cap = std::max(cap, peak_of(l));
+  for (const auto& l : s) {
+    memory.emplace_back(l);
+    cap = std::max(cap, memory.back().peak());
+  }
   std::vector<std::vector<bool>> taken(p);
   for (int r = 0; r < p; ++r) taken[r].assign(static_cast<std::size_t>(last_slot(s[r])) + 1, false);
   int phase = 0;  // 0 warm-up, 1 steady state, 2 cool-down
@@ -164,21 +221,28 @@ plan reorder(plan s, bool with_w) {
       int earliest = -1;
       if (int u = upstream(r, t, p); u >= 0) earliest = std::max(earliest, s[u][t][j]);
       if (t > f0 && t < 4) earliest = std::max(earliest, s[r][t - 1][j]);
-      if (t == w_any) {
-        std::vector<int> backwards = s[r][i1];
-        backwards.insert(backwards.end(), s[r][i0].begin(), s[r][i0].end());
-        std::sort(backwards.begin(), backwards.end());
-        earliest = std::max(earliest, backwards[j]);
-      }
+      if (t == w_any) earliest = std::max(earliest, nth_of_both(s[r][i1], s[r][i0], static_cast<std::size_t>(j)));
       if (j > 0) earliest = std::max(earliest, s[r][t][j - 1]);
+      // The earliest free slot that keeps the rank's peak within cap.
+      profile& mem = memory[static_cast<std::size_t>(r)];
       const int current = slot;
-      bool moved = false;
-      for (int candidate = earliest + 1; candidate < current && !moved; ++candidate) {
-        if (taken[r][candidate]) continue;
-        slot = candidate;
-        moved = peak_of(s[r]) <= cap;
+      int lowest = earliest + 1;
+      if (with_w && (t == f0 || t == f1)) {
+        // With the W passes in their lists, an F moved from `current` to c holds one more in
+        // [c, current) and nothing else changes: slots past the last one that already holds
+        // cap are the ones that keep the peak (and a W or an I moved earlier never raises it).
+        for (int c = current - 1; c > earliest; --c)
+          if (mem.held[static_cast<std::size_t>(c)] + 1 > cap) {
+            lowest = c + 1;
+            break;
+          }
       }
-      if (!moved) slot = current;
+      for (int candidate = lowest; candidate < current; ++candidate) {
+        if (taken[r][candidate] || !mem.move(candidate, current, cap, false)) continue;
+        mem.move(candidate, current, cap, true);
+        slot = candidate;
+        break;
+      }
     }
     taken[r][slot] = true;
   });
