@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <thread>
 
 #include "cycle_clock.hpp"
@@ -157,7 +158,22 @@ void cell_base::enqueue(message_ptr m) {
         if (sender != this && !sender->throttled_on_) sender->throttle_on(this);
         break;
       }
-      if (tls_on_worker()) break;  // a worker outside any actor must not block either
+      if (tls_on_worker()) break;  // nor a worker outside any actor, nor the timer thread
+      if (system_->manual != nullptr) {
+        // A test_system runs on the sender's thread: drain here, deterministically, or refuse.
+        size_.fetch_sub(1, std::memory_order_seq_cst);
+        while (size_.load(std::memory_order_seq_cst) >= static_cast<std::int64_t>(capacity_) && alive())
+          if (!system_->manual->run_something())
+            throw error(errc::would_deadlock,
+                        "a tell to a full mailbox in a test_system would wait for good: nothing runnable "
+                        "drains it (advance the clock, or use overflow_policy::reject)");
+        if (!alive()) {
+          if (!m->dropped_silently()) system_->dead_letter(*this, m->kind(), errc::actor_dead);
+          m->reject(errc::actor_dead);
+          return;
+        }
+        continue;
+      }
       size_.fetch_sub(1, std::memory_order_seq_cst);
       wait_for_room();
       if (!alive()) {
@@ -181,7 +197,12 @@ void cell_base::enqueue_urgent(message_ptr m) noexcept {
       status_.exchange(scheduled, std::memory_order_seq_cst) == idle) {
     add_ref();
     system_->schedule(this);
+    return;
   }
+  // Scheduled, running, or parked on a full mailbox: a parked actor must not make its stop
+  // wait for another actor's mailbox to drain.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (parked_on_.load(std::memory_order_seq_cst) != nullptr) unpark_for_urgent();
 }
 
 void cell_base::stop(exit_reason why) noexcept {
@@ -204,6 +225,45 @@ bool cell_base::add_waiter(cell_base* sender) noexcept {
   }
   extras().waiters.push_back({cell_ptr(sender), nullptr});
   return true;
+}
+
+bool cell_base::remove_waiter(cell_base* sender) noexcept {
+  cell_ptr found;  // released after the lock
+  flag_guard g(lock_);
+  if (!extras_) return false;
+  auto& w = extras_->waiters;
+  auto it = std::find_if(w.begin(), w.end(), [sender](const cell_extras::waiter& x) { return x.sender.get() == sender; });
+  if (it == w.end()) return false;
+  found = std::move(it->sender);
+  w.erase(it);
+  return true;
+}
+
+bool cell_base::park_on(cell_base* receiver) noexcept {
+  std::lock_guard lock(system_->park_mutex);
+  // Parking would close a cycle of actors each waiting for the next one's mailbox (two
+  // actors filling each other's): none would run again. This one runs on instead; its
+  // message is in, one past the receiver's capacity.
+  for (cell_base* c = receiver; c != nullptr; c = c->parked_on_.load(std::memory_order_relaxed))
+    if (c == this) return false;
+  if (!receiver->add_waiter(this)) return false;  // drained already
+  parked_on_.store(receiver, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // An urgent message (a stop) that came meanwhile runs first: either it is seen here, or
+  // its sender sees parked_on_ and unparks (enqueue_urgent: push, fence, load).
+  if (!urgent_.empty() && receiver->remove_waiter(this)) {
+    parked_on_.store(nullptr, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
+void cell_base::unpark_for_urgent() noexcept {
+  std::lock_guard lock(system_->park_mutex);
+  cell_base* receiver = parked_on_.load(std::memory_order_relaxed);
+  // Still on the receiver's list: take it off and run (the cell is still "scheduled" and owns
+  // its scheduler reference). Off the list already: the receiver has released it.
+  if (receiver != nullptr && receiver->remove_waiter(this)) system_->reschedule(this);
 }
 
 void cell_base::wait_for_room() noexcept {
@@ -265,6 +325,15 @@ void cell_base::handle(message* m) noexcept {
 }
 
 void cell_base::run_slice(unsigned budget) noexcept {
+  if (parked_on_.load(std::memory_order_relaxed) != nullptr) {
+    // Released (the receiver drained, or an urgent message came): no longer parked.
+    cell_base* receiver;
+    {
+      std::lock_guard lock(system_->park_mutex);
+      receiver = parked_on_.exchange(nullptr, std::memory_order_relaxed);
+    }
+    receiver->release();
+  }
   auto& current = tls_current_cell();
   cell_base* const outer = current;
   current = this;
@@ -304,9 +373,10 @@ void cell_base::run_slice(unsigned budget) noexcept {
 
   if (throttled_on_ != nullptr) {
     cell_base* receiver = std::exchange(throttled_on_, nullptr);
-    bool parked = alive() && receiver->add_waiter(this);
+    // Parked: the receiver reschedules us once it has drained (or a stop does); the reference
+    // to it stays in parked_on_ until then.
+    if (alive() && park_on(receiver)) return;
     receiver->release();
-    if (parked) return;  // the receiver reschedules us once it has drained
   }
   const bool accepts = accepts_normal();
   if (!urgent_.empty() || (accepts && !normal_.empty())) {

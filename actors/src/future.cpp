@@ -157,9 +157,24 @@ void arm_timeout(state_base& st, std::chrono::nanoseconds d) {
   if (st.ready()) return;
   if (st.system() == nullptr) throw std::logic_error("future::timeout on a future without a system");
   st.add_ref();
-  std::shared_ptr<state_base> hold(&st, [](state_base* s) { s->release(); });
+  // A timeout the timers never fire (the system shut down before it was due, or before it was
+  // armed) fails the future with system_shutdown when the timer drops it: never a get() that
+  // waits for good.
+  struct pending {
+    state_base* st;
+    bool fired = false;
+    explicit pending(state_base* s) : st(s) {}
+    pending(const pending&) = delete;
+    pending& operator=(const pending&) = delete;
+    ~pending() {
+      if (!fired) st->fail(std::make_exception_ptr(error(errc::system_shutdown)), false);
+      st->release();
+    }
+  };
+  auto hold = std::make_shared<pending>(&st);
   add_timer(*st.system(), d, std::chrono::nanoseconds{0}, [hold] {
-    hold->fail(std::make_exception_ptr(error(errc::timeout)), false);
+    hold->fired = true;
+    hold->st->fail(std::make_exception_ptr(error(errc::timeout)), false);
     return false;
   });
 }

@@ -97,6 +97,9 @@ public:
   unsigned throughput;
 
   std::mutex names_mutex;
+  /// Guards every cell's parked_on_ (actors paused by a full mailbox): parking, the cycle
+  /// check, and the unparking of an actor that an urgent message reached.
+  std::mutex park_mutex;
   std::unordered_map<std::string, cell_ptr> names;
 
   spinlock live_lock;  // guards the list; short sections on the spawn/stop paths
@@ -122,6 +125,9 @@ public:
   void schedule(cell_base* c) noexcept override { queue_.push_back(c); }
   void reschedule(cell_base* c) noexcept override { queue_.push_back(c); }
   void stop() noexcept override;
+  /// Runs one slice, or else fires one timer due at the current virtual time; false when
+  /// neither was there (what a sender waiting for room in a mailbox does on this runtime).
+  bool run_something() { return run_one() || fire_next(now_); }
   void add(std::chrono::nanoseconds delay, std::chrono::nanoseconds period,
            std::function<bool()> fire, std::shared_ptr<std::atomic<bool>> cancelled) override;
 

@@ -48,6 +48,9 @@ private:
   };
 
   void run() {
+    // A callback must not block this thread (every timer and timeout would wait): a tell to a
+    // full mailbox gets in past its capacity, a get() is refused.
+    tls_on_worker() = true;
     std::unique_lock lock(mutex_);
     while (!stopped_) {
       if (entries_.empty()) {

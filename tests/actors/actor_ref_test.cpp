@@ -142,4 +142,21 @@ TEST(ActorRef, AFutureCanBeConsumedOnlyOnce) {
   EXPECT_THROW(f.get(), std::logic_error);
 }
 
+struct watcher_of_nobody {
+  void on_down(const troupe::down_notice&) {}
+  void watch(troupe::actor_ref<watcher_of_nobody> r) { troupe::this_actor::monitor(r); }
+};
+
+TEST(ActorRef, AnEmptyRefIsRefusedByEveryCallThatTakesOne) {
+  troupe::actor_system sys{{.threads = 1}};
+  troupe::actor_ref<watcher_of_nobody> empty;
+  EXPECT_THROW(sys.monitor(empty), std::invalid_argument);
+  EXPECT_THROW(sys.stats(empty), std::invalid_argument);
+  EXPECT_THROW(sys.tell_after(std::chrono::milliseconds(1), empty, &watcher_of_nobody::watch, empty),
+               std::invalid_argument);
+  auto w = sys.spawn<watcher_of_nobody>();
+  EXPECT_THROW(w.ask(&watcher_of_nobody::watch, empty).get(), std::invalid_argument);
+  EXPECT_TRUE(w.alive());
+}
+
 }  // namespace

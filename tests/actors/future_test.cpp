@@ -265,4 +265,23 @@ TEST(Promise, OfATestSystemIsAwaitedByDrivingItAndANullExceptionIsRefused) {
   EXPECT_TRUE(q.pending());
 }
 
+TEST(Future, ATimeoutTheTimersNeverFireFailsWithSystemShutdown) {
+  // Armed before the shutdown (the timer thread stops with it pending) or after it.
+  for (const bool armed_first : {true, false}) {
+    troupe::actor_system sys{{.threads = 1}};
+    auto p = sys.make_promise<int>();
+    auto f = p.get_future();
+    troupe::future<int> g;
+    if (armed_first) g = std::move(f).timeout(10min);
+    sys.shutdown();
+    if (!armed_first) g = std::move(f).timeout(10min);
+    try {
+      (void)std::move(g).get();
+      ADD_FAILURE() << "a value from nowhere";
+    } catch (const troupe::error& e) {
+      EXPECT_EQ(e.code(), troupe::errc::system_shutdown) << armed_first;
+    }
+  }
+}
+
 }  // namespace

@@ -128,4 +128,98 @@ TEST(Mailbox, BoundedFanInOnThreadsKeepsEveryMessageInOrderPerSender) {
   EXPECT_EQ(sys.dead_letters(), 0u);
 }
 
+struct peer {
+  actor_ref<peer> other;
+  int handled = 0;
+  void set(actor_ref<peer> o) { other = o; }
+  void noop() { ++handled; }
+  void spray(int n) {
+    for (int i = 0; i < n; ++i) other.tell(&peer::noop);
+  }
+  int count() const { return handled; }
+};
+
+TEST(Mailbox, TwoActorsFillingEachOthersMailboxesNeverWaitForEachOtherForGood) {
+  // Each would park until the other drains: a cycle. One of them runs on instead.
+  troupe::actor_system sys{{.threads = 2}};
+  auto a = sys.spawn<peer>(spawn_options{.mailbox_capacity = 4});
+  auto b = sys.spawn<peer>(spawn_options{.mailbox_capacity = 4});
+  a.ask(&peer::set, b).get();
+  b.ask(&peer::set, a).get();
+  a.tell(&peer::spray, 100);
+  b.tell(&peer::spray, 100);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  auto count = [](actor_ref<peer>& p) { return p.ask(&peer::count).timeout(std::chrono::seconds(20)).get(); };
+  while ((count(a) < 100 || count(b) < 100) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(count(a), 100);
+  EXPECT_EQ(count(b), 100);
+  EXPECT_EQ(sys.dead_letters(), 0u);
+  sys.shutdown();
+}
+
+struct held_sink {
+  troupe::promise<void> gate;
+  troupe::task<void> hold() { co_await gate.get_future(); }  // takes no other message meanwhile
+  void noop() {}
+};
+struct filler {
+  actor_ref<held_sink> to;
+  void fill(int n) {
+    for (int i = 0; i < n; ++i) to.tell(&held_sink::noop);
+  }
+};
+
+TEST(Mailbox, AStopOvertakesASenderParkedOnAFullMailbox) {
+  troupe::actor_system sys{{.threads = 2}};
+  auto s = sys.spawn<held_sink>(spawn_options{.mailbox_capacity = 2});
+  s.tell(&held_sink::hold);
+  auto f = sys.spawn<filler>(s);
+  f.ask(&filler::fill, 10).get();  // f is parked after this call until s drains, which it never does
+  auto down = sys.monitor(f);
+  f.stop();
+  EXPECT_EQ(std::move(down).timeout(std::chrono::seconds(10)).get().reason, troupe::exit_reason::stopped);
+  EXPECT_TRUE(s.alive());
+}
+
+struct ticked {
+  int ticks = 0;
+  void tick() { ++ticks; }
+};
+
+TEST(Mailbox, ATimerNeverWaitsForRoomSoTimeoutsStillFire) {
+  // A tick to a full mailbox from the timer thread gets in past the capacity instead of
+  // blocking the thread that also fires every timeout.
+  troupe::actor_system sys{{.threads = 2}};
+  auto s = sys.spawn<held_sink>(spawn_options{.mailbox_capacity = 2});
+  s.tell(&held_sink::hold);
+  auto f = sys.spawn<filler>(s);
+  f.tell(&filler::fill, 4);
+  auto t = sys.tell_every(std::chrono::milliseconds(1), s, &held_sink::noop);
+  auto p = sys.make_promise<int>();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(p.get_future().timeout(std::chrono::milliseconds(100)).get(), troupe::error);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  t.cancel();
+  sys.shutdown();
+}
+
+TEST(Mailbox, ATellToAFullMailboxInATestSystemDrainsItOrSaysItWouldWaitForGood) {
+  test_system sys;
+  auto s = sys.spawn<sink>(spawn_options{.mailbox_capacity = 1});
+  for (int i = 0; i < 5; ++i) s.tell(&sink::take, i);  // runs the sink to make room
+  sys.run_until_idle();
+  EXPECT_EQ(s.ask(&sink::count).get(), 5u);
+  auto h = sys.spawn<held_sink>(spawn_options{.mailbox_capacity = 1});
+  h.tell(&held_sink::hold);
+  sys.run_until_idle();
+  h.tell(&held_sink::noop);
+  try {
+    h.tell(&held_sink::noop);
+    ADD_FAILURE() << "a tell waited for room that never comes";
+  } catch (const troupe::error& e) {
+    EXPECT_EQ(e.code(), errc::would_deadlock);
+  }
+}
+
 }  // namespace

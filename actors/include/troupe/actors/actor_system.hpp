@@ -224,6 +224,7 @@ public:
   /// A future that completes with the down notice when `target` is gone for good.
   template <class T>
   future<down_notice> monitor(const actor_ref<T>& target) {
+    if (!target) throw std::invalid_argument("monitor: the actor_ref is empty");
     if (target.is_remote()) return detail::monitor_remote(*target.remote());
     return monitor_cell(*target.cell());
   }
@@ -252,6 +253,7 @@ public:
   /// Counters of one actor. @threadsafe
   template <class T>
   actor_stats stats(const actor_ref<T>& ref) const {
+    if (!ref) throw std::invalid_argument("stats: the actor_ref is empty");
     if (ref.is_remote())
       throw std::logic_error("stats() reads local actors; `troupe status` reports remote ones");
     return detail::stats_of(*ref.cell());
@@ -276,6 +278,7 @@ private:
 
   template <class T, class M, class... Args>
   static std::function<bool()> make_sender(const actor_ref<T>& ref, M method, Args&&... args) {
+    if (!ref) throw std::invalid_argument("tell_after / tell_every: the actor_ref is empty");
     return [ref, method, ... a = std::decay_t<Args>(std::forward<Args>(args))]() {
       if (!ref.alive()) return false;
       ref.tell(method, a...);
@@ -336,6 +339,7 @@ actor_ref<T> self() {
 template <class T>
 void monitor(const actor_ref<T>& target) {
   auto& c = detail::current_cell_or_throw("this_actor::monitor");
+  if (!target) throw std::invalid_argument("this_actor::monitor: the actor_ref is empty");
   if (target.is_remote()) return detail::watch_remote(*target.remote(), c);
   target.cell()->add_watcher(&c);
 }

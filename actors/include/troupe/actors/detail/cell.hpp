@@ -92,7 +92,8 @@ inline cell_base*& tls_current_cell() noexcept {
   thread_local cell_base* current = nullptr;
   return current;
 }
-/// True on a scheduler worker thread (inside an actor or not).
+/// True on a thread of the runtime that must never block: a scheduler worker (inside an actor
+/// or not) and the timer thread.
 inline bool& tls_on_worker() noexcept {
   thread_local bool on_worker = false;
   return on_worker;
@@ -298,6 +299,8 @@ public:
   }
   /// Registers a throttled sender; false when the mailbox has already drained.
   bool add_waiter(cell_base* sender) noexcept;
+  /// Takes a throttled sender off the waiter list; false when it was not on it.
+  bool remove_waiter(cell_base* sender) noexcept;
   /// Blocks a thread outside the actors until this bounded mailbox has room.
   void wait_for_room() noexcept;
 
@@ -335,6 +338,11 @@ private:
   exit_reason exit_reason_ = exit_reason::stopped;  // guarded by lock_
   std::atomic_flag lock_ = ATOMIC_FLAG_INIT;  // guards extras_
   cell_base* throttled_on_ = nullptr;         // actor context only
+  // The receiver this actor is parked on (holding a reference), until it runs again; written
+  // in the actor's context under system_impl::park_mutex, read by others under it.
+  std::atomic<cell_base*> parked_on_{nullptr};
+  bool park_on(cell_base* receiver) noexcept;
+  void unpark_for_urgent() noexcept;
   std::unique_ptr<cell_extras> extras_;
 };
 
