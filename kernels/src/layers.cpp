@@ -102,6 +102,7 @@ public:
   tensor backward_input(const tensor& dy, saved_activations& keep) override {
     check_kept(keep, 1, describe());
     check_rows(dy, out_, describe() + " backward");
+    check_batch(dy, keep.tensors[0]);
     check_device(dy, w_.value.where(), describe() + " backward");
     tensor dx = tensor::empty({dy.dim(0), in_}, dtype::f32, w_.value.where());
     gemm(dy, false, w_.value, false, dx);
@@ -110,6 +111,7 @@ public:
   void backward_weight(const tensor& dy, saved_activations& keep) override {
     check_kept(keep, 1, describe());
     check_rows(dy, out_, describe() + " backward");
+    check_batch(dy, keep.tensors[0]);
     check_device(dy, w_.value.where(), describe() + " backward");
     gemm(dy, true, keep.tensors[0], false, w_.grad, 1.0f, 1.0f);
     if (on_device(dy)) {
@@ -136,6 +138,12 @@ public:
   }
 
 private:
+  /// dy has a row per row of the kept input x.
+  void check_batch(const tensor& dy, const tensor& x) const {
+    if (dy.dim(0) != x.dim(0))
+      throw std::invalid_argument(describe() + " backward: the gradient " + dy.str() + " does not match the output f32[" +
+                                  std::to_string(x.dim(0)) + ", " + std::to_string(out_) + "]");
+  }
   std::int64_t in_, out_;
   parameter w_, b_;
 };
@@ -339,6 +347,7 @@ public:
   tensor forward(const tensor& x, saved_activations& keep, bool training) override {
     if (!training || p_ == 0.0f) {
       keep.clear();
+      keep.tensors = {tensor()};  // no mask: the backward is the identity (and may run once)
       return x;
     }
     const float scale = 1.0f / (1.0f - p_);
@@ -363,7 +372,11 @@ public:
     return y;
   }
   tensor backward_input(const tensor& dy, saved_activations& keep) override {
-    if (keep.tensors.empty()) return dy;  // evaluation mode: the identity
+    check_kept(keep, 1, describe());
+    if (!keep.tensors[0].defined()) {  // evaluation mode: the identity
+      keep.clear();
+      return dy;
+    }
     check_same(dy, keep.tensors[0], describe());
     check_device(dy, keep.tensors[0].where(), describe() + " backward");
     tensor dx = tensor::empty(dy.shape(), dtype::f32, dy.where());

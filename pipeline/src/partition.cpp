@@ -16,6 +16,12 @@ namespace {
 
 void check_stage_count(std::size_t layers, std::size_t stages) {
   if (stages == 0) throw std::invalid_argument("the number of stages is 0; use at least 1 stage");
+  // A partition lists every stage: far more than any pipeline has is a mistake, not a request
+  // for gigabytes of boundaries.
+  constexpr std::size_t most_stages = std::size_t{1} << 20;
+  if (stages > most_stages)
+    throw std::invalid_argument("cannot cut into " + std::to_string(stages) + " stages; at most " +
+                                std::to_string(most_stages));
   if (stages > layers) {
     throw std::invalid_argument("cannot cut " + std::to_string(layers) + " layers into " +
                                 std::to_string(stages) +

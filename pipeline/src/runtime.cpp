@@ -646,7 +646,8 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
   impl_->plan = plan;
   if (!(options.step_timeout >= 0) || !std::isfinite(options.step_timeout))
     throw std::invalid_argument("step_timeout must be a number of seconds >= 0 (0: no limit)");
-  impl_->step_timeout = options.step_timeout;
+  // Past a billion seconds (32 years) a limit is no limit (and would overflow the clock).
+  impl_->step_timeout = options.step_timeout >= 1e9 ? 0 : options.step_timeout;
   const int ranks = plan->place.ranks;
   if (!nodes.empty() && static_cast<int>(nodes.size()) != ranks)
     throw std::invalid_argument("the schedule has " + std::to_string(ranks) + " ranks; " +
@@ -871,6 +872,14 @@ std::vector<std::unique_ptr<kernels::sequential>> cut_mlp(kernels::sequential& m
         params[2 * i + 1]->value.shape() != tensor::shape_type{1, sizes[i + 1]})
       bad("layer " + std::to_string(i) + " is not linear(" + std::to_string(sizes[i]) + "->" +
           std::to_string(sizes[i + 1]) + ")");
+  // The parameters fit; so must the layers between them (ReLU, nothing else): the stages are
+  // built that way.
+  std::string expected = "sequential(";
+  for (std::size_t i = 0; i < layers; ++i)
+    expected += (i ? ", relu, linear(" : "linear(") + std::to_string(sizes[i]) + "->" + std::to_string(sizes[i + 1]) + ")";
+  expected += ")";
+  if (const std::string given = model.describe(); given != expected)
+    bad("the model is " + given + ", not " + expected + " (linear layers with ReLU between them, as make_mlp makes)");
   if (stages < 1 || static_cast<std::size_t>(stages) > layers)
     bad("a model of " + std::to_string(layers) + " linear layers cannot fill " + std::to_string(stages) +
         " stages (give it more layers, or use fewer ranks or stages per rank)");

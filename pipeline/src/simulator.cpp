@@ -133,9 +133,21 @@ struct node {
   bool done = false;
 };
 
+/// A cost model built in code rather than parsed: the same rule as parse (no negative cost).
+void check_costs(const action_costs& c, const std::string& where) {
+  const std::pair<const char*, const rational*> all[] = {{"F", &c.f}, {"B", &c.b}, {"I", &c.i}, {"W", &c.w},
+                                                          {"comm", &c.comm}, {"FB", c.fb ? &*c.fb : nullptr}};
+  for (const auto& [name, v] : all)
+    if (v != nullptr && *v < rational(0))
+      throw std::invalid_argument("cost " + std::string(name) + where + " is " + v->str() + "; costs must not be negative");
+}
+
 class engine {
 public:
   engine(const schedule& s, const cost_model& costs) : s_(s), costs_(costs) {
+    check_costs(costs.uniform, "");
+    for (std::size_t i = 0; i < costs.per_stage.size(); ++i)
+      check_costs(costs.per_stage[i], " of stage " + std::to_string(i));
     const int p = s.place.ranks;
     if (p < 1) throw schedule_error("a schedule needs at least one rank");
     if (static_cast<int>(s.ranks.size()) != p)

@@ -249,6 +249,28 @@ TEST(Layers, ASavedRandomStateReplaysTheSameDropoutMasks) {
 }
 
 // make_layer reads back what describe() writes, exactly (numbers included), and nothing else.
+TEST(Layers, ABackwardNeedsItsForwardAndItsBatch) {
+  // Dropout: a second backward (or one without a forward) is refused, as for every layer; in
+  // evaluation mode the backward is the identity, once.
+  auto d = make_dropout(0.5f);
+  const tensor ones = tensor::from<float>({1, 1, 1, 1, 1, 1, 1, 1}, {2, 4});
+  saved_activations k;
+  EXPECT_THROW(d->backward(ones, k), std::logic_error);
+  d->forward(ones, k, true);
+  (void)d->backward(ones, k);
+  EXPECT_THROW(d->backward(ones, k), std::logic_error);
+  d->forward(ones, k, false);
+  EXPECT_EQ(d->backward(ones, k).data<float>()[0], 1.0f);
+  EXPECT_THROW(d->backward(ones, k), std::logic_error);
+  // Linear: a gradient for another number of rows than the forward had.
+  auto l = make_linear(4, 3);
+  saved_activations kl;
+  l->forward(tensor::zeros({2, 4}), kl, true);
+  EXPECT_THROW(l->backward_input(tensor::zeros({5, 3}), kl), std::invalid_argument);
+  EXPECT_THROW(l->backward_weight(tensor::zeros({5, 3}), kl), std::invalid_argument);
+  EXPECT_EQ(l->backward(tensor::zeros({2, 3}), kl).dim(0), 2);
+}
+
 TEST(Layers, MakeLayerRebuildsWhatDescribeWrites) {
   sequential s;
   s.add(make_linear(6, 8));

@@ -157,6 +157,11 @@ double optimum_by_binary_search(const std::vector<double>& c, std::size_t stages
 // partition_uniform
 // ----------------------------------------------------------------------------------------------
 
+TEST(PartitionUniform, RefusesMoreStagesThanAnyPipelineHas) {
+  EXPECT_THROW(tp::partition_uniform(SIZE_MAX, SIZE_MAX), std::invalid_argument);
+  EXPECT_THROW(tp::partition_uniform(std::size_t{1} << 30, std::size_t{1} << 21), std::invalid_argument);
+}
+
 TEST(PartitionUniform, SpreadsTheRemainderOverTheFirstStages) {
   const auto p = tp::partition_uniform(10, 4);
   EXPECT_EQ(p.boundaries, (std::vector<std::size_t>{0, 3, 6, 8, 10}));

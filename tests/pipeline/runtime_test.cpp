@@ -553,6 +553,18 @@ TEST(CutMlp, RefusesMoreStagesThanLayersAndAModelThatIsNotItsSizes) {
   EXPECT_THROW(pipeline::cut_mlp(*whole, {8, 5, 2}, 2), std::invalid_argument);
   EXPECT_THROW(pipeline::cut_mlp(*whole, {8, 4, 2, 2}, 2), std::invalid_argument);
   EXPECT_EQ(pipeline::cut_mlp(*whole, {8, 4, 2}, 2).size(), 2u);
+  // The same parameters with another activation between them: not an MLP that cuts as one.
+  auto gelu = kernels::make_layer("sequential(linear(8->4), gelu, linear(4->2))");
+  EXPECT_THROW(pipeline::cut_mlp(static_cast<kernels::sequential&>(*gelu), {8, 4, 2}, 2), std::invalid_argument);
+}
+
+TEST(Runtime, AStepTimeoutTooLongForTheClockIsNoLimit) {
+  const auto s = pipeline::generate("1f1b", 2, 2);
+  const auto sizes = sizes_for(2);
+  auto whole = initialized(sizes, 4);
+  troupe::actor_system sys{{.threads = 2}};
+  pipeline::trainer t(sys, s, cut(*whole, sizes), {.step_timeout = 1e10});
+  EXPECT_TRUE(t.step(random_batch(4, sizes.front(), 1), random_labels(4, 1)).applied);
 }
 
 }  // namespace

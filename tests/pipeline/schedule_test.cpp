@@ -201,6 +201,13 @@ TEST(Costs, ParseNamesAndExactValues) {
   EXPECT_THROW(cost_model::parse("F=-1"), std::invalid_argument);
   EXPECT_THROW(cost_model::parse("F"), std::invalid_argument);
   EXPECT_THROW(cost_model::parse("F=922337203685477580.8"), std::invalid_argument);  // 10x overflows
+  // A model built in code is held to the same rule when it is used.
+  cost_model negative;
+  negative.uniform.b = rational(-5);
+  EXPECT_THROW(simulate(generate("1f1b", 2, 2), negative), std::invalid_argument);
+  cost_model per_stage;
+  per_stage.per_stage = {action_costs{}, action_costs{.f = rational(-1)}};
+  EXPECT_THROW(simulate(generate("1f1b", 2, 2), per_stage), std::invalid_argument);
 }
 
 TEST(Rational, ArithmeticIsExactOrThrowsNeverWraps) {

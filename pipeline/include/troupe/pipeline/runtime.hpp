@@ -62,7 +62,8 @@ struct training_options {
   /// > 0: the learning rate follows kernels::cosine_lr(cosine_steps); 0: constant.
   double cosine_steps = 0;
   /// Seconds a step may take: past them the step is aborted on every rank and step() throws
-  /// (nothing is applied). A safety net for a message lost between live nodes; 0: no limit.
+  /// (nothing is applied). A safety net for a message lost between live nodes; 0 (or 1e9 and
+  /// more): no limit.
   double step_timeout = 600;
 };
 
