@@ -21,6 +21,7 @@ public:
       case errc::broken_promise: return "the reply can never arrive";
       case errc::name_taken: return "the name is already registered";
       case errc::remote_exception: return "a method on another node threw";
+      case errc::message_too_large: return "the message is larger than a frame may be";
     }
     return "unknown troupe error " + std::to_string(v);
   }

@@ -190,6 +190,22 @@ TEST(Remote, SpawnCallsAndErrorsAcrossProcesses) {
   for (std::size_t i = 0; i < large.size(); ++i) large[i] = std::byte(i * 131 % 251);
   EXPECT_EQ(a.ask(&worker::echo, small).get(), small);
   EXPECT_EQ(a.ask(&worker::echo, large).get(), large);
+  // Past a frame's limit: refused before it is sent, a reply the same way; the connection and
+  // the calls on it are untouched.
+  auto in_flight = a.ask(&worker::sleep_ms, std::int64_t{300});
+  auto expect_too_large = [](auto&& f, const char* what) {
+    try {
+      (void)std::forward<decltype(f)>(f).get();
+      ADD_FAILURE() << what << " went through";
+    } catch (const troupe::error& e) {
+      EXPECT_EQ(e.code_value(), troupe::errc::message_too_large) << what << ": " << e.what();
+    }
+  };
+  expect_too_large(a.ask(&worker::echo, std::vector<std::byte>(std::size_t{256} << 20)), "a 256 MiB argument");
+  expect_too_large(a.ask(&worker::bytes, std::uint64_t{256} << 20), "a 256 MiB reply");
+  EXPECT_THROW(a.tell(&worker::echo, std::vector<std::byte>(std::size_t{256} << 20)), troupe::error);
+  EXPECT_NO_THROW(std::move(in_flight).get());
+  EXPECT_EQ(a.ask(&worker::add, 2).get(), 42);
 
   // A constructor that throws there: calls fail with its message.
   auto bad = head.spawn_on<worker>(id, std::int64_t{-1});
@@ -230,6 +246,16 @@ TEST(Remote, NamedActorsAreFoundFromAnyNode) {
   // A name registered on the head is found by lookups there too.
   head.register_name("local-store", head.spawn<kv>());
   EXPECT_TRUE(head.lookup<kv>("local-store"));
+  // A name another node's actor holds is refused, and nothing is named here.
+  try {
+    head.register_name("store", head.spawn<kv>());
+    ADD_FAILURE() << "a second actor got the name 'store'";
+  } catch (const troupe::error& e) {
+    EXPECT_EQ(e.code_value(), troupe::errc::name_taken) << e.what();
+  }
+  auto still = head.lookup<kv>("store");
+  ASSERT_TRUE(still);
+  EXPECT_TRUE(still->is_remote());
 }
 
 TEST(Remote, ActorRefsTravelInMessagesAndCallBackFromAnyNode) {

@@ -207,6 +207,16 @@ construct_fn find_ctor(std::string_view type, std::uint64_t key) {
   return c == it->second.end() ? nullptr : c->second;
 }
 
+/// The largest payload a call or reply may carry: a frame's limit less room for the rest of
+/// the envelope. A larger one is refused before it is sent (the receiver would drop the
+/// connection, and every call on it).
+constexpr std::uint64_t max_payload_bytes = net::wire_limits{}.max_frame_bytes - (std::uint64_t{1} << 20);
+
+std::string too_large(std::size_t bytes, const char* what) {
+  return std::string(what) + " of " + std::to_string(bytes) + " bytes is larger than the " +
+         std::to_string(max_payload_bytes) + " bytes a frame may carry";
+}
+
 /// The error an exception becomes on the wire.
 std::pair<errc, std::string> describe(std::exception_ptr e) {
   try {
@@ -226,7 +236,7 @@ std::pair<errc, std::string> describe(std::exception_ptr e) {
 
 std::exception_ptr error_from(const envelope& env) {
   auto code = static_cast<errc>(env.error_code);
-  if (env.error_code == 0 || env.error_code > static_cast<std::uint32_t>(errc::remote_exception))
+  if (env.error_code == 0 || env.error_code > static_cast<std::uint32_t>(errc::message_too_large))
     code = errc::remote_exception;
   return std::make_exception_ptr(error(code, env.error_message));
 }
@@ -370,7 +380,11 @@ public:
 
   void call(node_id to, envelope env, std::unique_ptr<reply_sink> sink) {
     std::exception_ptr failure;
-    {
+    if (env.payload.size() > max_payload_bytes) {
+      error e(errc::message_too_large, too_large(env.payload.size(), "a message"));
+      if (!sink) throw e;  // a tell has nobody else to tell
+      failure = std::make_exception_ptr(e);
+    } else {
       std::lock_guard lock(mu_);
       if (env.target != net::node_target) to = route(to, env.target);
       auto it = members_.find(to);
@@ -499,9 +513,23 @@ public:
     } else {
       t = {name, remote->wire, remote->where, std::string(type)};
     }
-    if (self() == head_id) return add_name(std::move(t));
-    call(head_id, make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::register_name), encode(t)),
-         nullptr);
+    if (self() == head_id) {
+      if (auto why = add_name(std::move(t)); !why.empty()) throw error(errc::name_taken, why);
+      return;
+    }
+    auto message = make_envelope(envelope_kind::call, net::node_target, static_cast<std::uint64_t>(op::register_name), encode(t));
+    if (tls_current_cell() != nullptr || tls_on_worker()) {
+      // An actor cannot wait for the head's answer: the name goes out, a refusal is logged there.
+      message.kind = envelope_kind::tell;
+      call(head_id, std::move(message), nullptr);
+      return;
+    }
+    auto* st = make_state<void>();
+    st->set_system(&sys_);
+    st->add_ref();
+    future<void> f{state_ptr<void>(st)};
+    call(head_id, std::move(message), std::make_unique<typed_sink<void>>(st));
+    std::move(f).timeout(cfg_.join_timeout).get();  // the head's answer: named, or name_taken
   }
 
   void stop_remote(remote_actor& a) {
@@ -650,6 +678,14 @@ private:
     conn_responder(std::weak_ptr<node_runtime> n, std::uint64_t conn, std::uint64_t request)
         : node_(std::move(n)), conn_(conn), request_(request) {}
     void reply(std::vector<std::byte> payload) noexcept override {
+      if (payload.size() > max_payload_bytes) {
+        // Sent, the frame would cost the connection (and every call on it): the caller gets why.
+        auto env = make_envelope(envelope_kind::error, 0, 0, {}, request_);
+        env.error_code = static_cast<std::uint32_t>(errc::message_too_large);
+        env.error_message = too_large(payload.size(), "the reply");
+        send(std::move(env));
+        return;
+      }
       send(make_envelope(envelope_kind::reply, 0, 0, std::move(payload), request_));
     }
     void error(std::exception_ptr e) noexcept override {
@@ -1155,7 +1191,14 @@ private:
         case op::lookup: {
           return answer(encode(find_name(decode<std::string>(env.payload))));
         }
-        case op::register_name: return add_name(decode<name_tuple>(env.payload));
+        case op::register_name: {
+          const auto t = decode<name_tuple>(env.payload);
+          if (auto why = add_name(t); !why.empty()) {
+            if (r) throw error(errc::name_taken, why);
+            log().warn("troupe node {}: {}; refused for actor {} on node {}", self(), why, std::get<1>(t), std::get<2>(t));
+          }
+          return answer({});
+        }
         case op::unregister_name: {  // every name of an actor that is gone
           auto wire = decode<std::uint64_t>(env.payload);
           std::lock_guard lock(mu_);
@@ -1273,19 +1316,19 @@ private:
 
   // ---- names (head) ----------------------------------------------------------------------
 
-  void add_name(name_tuple t) {
+  /// Names an actor cluster-wide (on the head); empty, or why the name is refused.
+  std::string add_name(name_tuple t) {
     std::lock_guard lock(mu_);
     auto& [name, wire, where, type] = t;
     auto it = names_.find(name);
     if (it != names_.end() && std::get<1>(it->second) != wire) {
       auto m = members_.find(std::get<2>(it->second));
-      if (m != members_.end() && m->second.alive) {
-        log().warn("troupe node 1: the name '{}' already belongs to actor {} on node {}; refused for actor {} on node {}",
-                   name, std::get<1>(it->second), std::get<2>(it->second), wire, where);
-        return;
-      }
+      if (m != members_.end() && m->second.alive)
+        return "the name '" + name + "' already belongs to actor " + std::to_string(std::get<1>(it->second)) +
+               " on node " + std::to_string(std::get<2>(it->second));
     }
     names_[name] = std::tuple<std::uint64_t, std::uint64_t, node_id, std::string>{0, wire, where, type};
+    return {};
   }
 
   found_tuple find_name(const std::string& name) {

@@ -40,6 +40,8 @@ public:
   std::int64_t add(std::int64_t x) const { return base_ + x; }
   std::string fail(std::string why) { throw std::runtime_error(why); }
   std::vector<std::byte> echo(std::vector<std::byte> b) { return b; }
+  /// n bytes (a reply larger than its request).
+  std::vector<std::byte> bytes(std::uint64_t n) { return std::vector<std::byte>(n, std::byte{1}); }
   std::uint64_t checksum(std::vector<float> v) {
     std::uint64_t h = 0;
     for (float f : v) h = h * 31 + static_cast<std::uint64_t>(f);
@@ -74,7 +76,7 @@ private:
 }  // namespace remote_test
 
 TROUPE_REMOTE(remote_test::kv, put, get, size)
-TROUPE_REMOTE(remote_test::worker, add, fail, echo, checksum, record, received, out_of_order, pid,
+TROUPE_REMOTE(remote_test::worker, add, fail, echo, bytes, checksum, record, received, out_of_order, pid,
               sleep_ms, twice, add_via, self_ref, echo_ref)
 // The worker node never calls spawn_on<worker>(std::int64_t) itself, so it learns the
 // constructor here.

@@ -192,13 +192,21 @@ public:
 
   /// Names an actor so that others find it with lookup<T>(name). Throws
   /// troupe::error(errc::name_taken) when the name belongs to another live actor. On a node,
-  /// an actor of a TROUPE_REMOTE class is named cluster-wide: every node finds it.
+  /// an actor of a TROUPE_REMOTE class is named cluster-wide: every node finds it, and the call
+  /// waits for the head's answer (name_taken when another node's actor has the name; nothing
+  /// is named then). Inside an actor, which cannot wait, the name goes out without the answer
+  /// and the head logs a refusal.
   template <class T>
   void register_name(std::string name, const actor_ref<T>& ref) {
     if constexpr (detail::remote_capable<T>) {
       if (ref.is_remote()) return detail::publish_name_typed<T>(*impl_, name, ref);
       detail::register_name(*impl_, name, ref.cell());
-      detail::publish_name_typed<T>(*impl_, name, ref);
+      try {
+        detail::publish_name_typed<T>(*impl_, name, ref);
+      } catch (...) {
+        detail::unregister_name(*impl_, name);  // refused cluster-wide: not named here either
+        throw;
+      }
     } else {
       detail::register_name(*impl_, std::move(name), ref.cell());
     }

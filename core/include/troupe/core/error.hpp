@@ -24,6 +24,7 @@ enum class errc : int {
   broken_promise = 10,    ///< a reply can never arrive (its sender was destroyed unanswered)
   name_taken = 11,        ///< a name is already registered to another actor
   remote_exception = 12,  ///< a method on another node threw; the message says what
+  message_too_large = 13, ///< a message (or reply) to another node is larger than a frame may be
 };
 
 /// The category of `troupe::errc`; its name is "troupe".
