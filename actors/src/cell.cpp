@@ -246,15 +246,17 @@ bool cell_base::park_on(cell_base* receiver) noexcept {
   // message is in, one past the receiver's capacity.
   for (cell_base* c = receiver; c != nullptr; c = c->parked_on_.load(std::memory_order_relaxed))
     if (c == this) return false;
-  if (!receiver->add_waiter(this)) return false;  // drained already
+  // An urgent message (a stop) that came meanwhile runs first: either it is seen here, or its
+  // sender sees parked_on_ (enqueue_urgent: push, fence, load) and unparks this cell once the
+  // mutex is free.
   parked_on_.store(receiver, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  // An urgent message (a stop) that came meanwhile runs first: either it is seen here, or
-  // its sender sees parked_on_ and unparks (enqueue_urgent: push, fence, load).
-  if (!urgent_.empty() && receiver->remove_waiter(this)) {
+  if (!urgent_.empty() || !receiver->add_waiter(this)) {  // (add_waiter: false when drained already)
     parked_on_.store(nullptr, std::memory_order_relaxed);
     return false;
   }
+  // On the waiter list: the receiver may run this cell on another worker at any moment, so
+  // nothing of it is touched from here on.
   return true;
 }
 
