@@ -160,6 +160,7 @@ void cell_base::enqueue(message_ptr m) {
       }
       if (tls_on_worker()) break;  // nor a worker outside any actor, nor the timer thread
       if (system_->manual != nullptr) {
+        if (system_->manual->firing()) break;  // its timers get in past the capacity, as on the timer thread
         // A test_system runs on the sender's thread: drain here, deterministically, or refuse.
         size_.fetch_sub(1, std::memory_order_seq_cst);
         while (size_.load(std::memory_order_seq_cst) >= static_cast<std::int64_t>(capacity_) && alive())
@@ -200,13 +201,16 @@ void cell_base::enqueue_urgent(message_ptr m) noexcept {
     return;
   }
   // Scheduled, running, or parked on a full mailbox: a parked actor must not make its stop
-  // wait for another actor's mailbox to drain.
+  // wait for another actor's mailbox to drain (other urgent messages, such as a coroutine's
+  // resumption, wait as normal ones do: the pause is what bounds the receiver's mailbox).
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (parked_on_.load(std::memory_order_seq_cst) != nullptr) unpark_for_urgent();
+  if (stop_requested_.load(std::memory_order_seq_cst) && parked_on_.load(std::memory_order_seq_cst) != nullptr)
+    unpark_for_urgent();
 }
 
 void cell_base::stop(exit_reason why) noexcept {
   if (!alive()) return;
+  stop_requested_.store(true, std::memory_order_seq_cst);
   enqueue_urgent(message_ptr(std::make_unique<stop_message>(why).release()));
 }
 
@@ -246,12 +250,11 @@ bool cell_base::park_on(cell_base* receiver) noexcept {
   // message is in, one past the receiver's capacity.
   for (cell_base* c = receiver; c != nullptr; c = c->parked_on_.load(std::memory_order_relaxed))
     if (c == this) return false;
-  // An urgent message (a stop) that came meanwhile runs first: either it is seen here, or its
-  // sender sees parked_on_ (enqueue_urgent: push, fence, load) and unparks this cell once the
-  // mutex is free.
+  // A stop that came meanwhile runs first: either it is seen here, or its sender sees
+  // parked_on_ (stop: flag, push, fence, load) and unparks this cell once the mutex is free.
   parked_on_.store(receiver, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (!urgent_.empty() || !receiver->add_waiter(this)) {  // (add_waiter: false when drained already)
+  if (stop_requested_.load(std::memory_order_seq_cst) || !receiver->add_waiter(this)) {  // (false: drained already)
     parked_on_.store(nullptr, std::memory_order_relaxed);
     return false;
   }

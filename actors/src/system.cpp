@@ -155,7 +155,15 @@ bool manual_runtime::fire_next(std::chrono::nanoseconds limit) {
     timers_.erase(it);
     if (e.cancelled && e.cancelled->load()) continue;
     now_ = std::max(now_, when);
-    bool again = e.fire();
+    firing_ = true;
+    bool again = false;
+    try {
+      again = e.fire();
+    } catch (...) {
+      firing_ = false;
+      throw;
+    }
+    firing_ = false;
     if (again && e.period.count() > 0)
       timers_.emplace(std::make_pair(when + e.period, seq_++), std::move(e));
     return true;
@@ -204,14 +212,14 @@ void activate(system_impl& sys, cell_base* c, bool has_on_start) {
   if (has_on_start) c->enqueue_urgent(make_start_message());
 }
 
-void register_name(system_impl& s, std::string name, cell_base* c) {
+bool register_name(system_impl& s, std::string name, cell_base* c) {
   if (!c) throw std::invalid_argument("register_name: the actor_ref is empty");
   if (!c->alive()) throw error(errc::actor_dead, "register_name: actor is dead");
   {
     std::lock_guard lock(s.names_mutex);
     auto [it, inserted] = s.names.try_emplace(name, c);
     if (!inserted) {
-      if (it->second.get() == c) return;
+      if (it->second.get() == c) return false;
       if (it->second->alive())
         throw error(errc::name_taken, "the name '" + name + "' belongs to actor " +
                                           std::to_string(it->second->id()));
@@ -221,6 +229,7 @@ void register_name(system_impl& s, std::string name, cell_base* c) {
   mark_named(*c);
   // The actor may have died meanwhile and already forgotten its names.
   if (!c->alive()) s.forget_names_of(c);
+  return true;
 }
 
 bool unregister_name(system_impl& s, std::string_view name) {

@@ -128,6 +128,8 @@ public:
   /// Runs one slice, or else fires one timer due at the current virtual time; false when
   /// neither was there (what a sender waiting for room in a mailbox does on this runtime).
   bool run_something() { return run_one() || fire_next(now_); }
+  /// True while a timer's callback runs (its tells never wait for room, as on the timer thread).
+  bool firing() const noexcept { return firing_; }
   void add(std::chrono::nanoseconds delay, std::chrono::nanoseconds period,
            std::function<bool()> fire, std::shared_ptr<std::atomic<bool>> cancelled) override;
 
@@ -151,6 +153,7 @@ private:
   std::multimap<std::pair<std::chrono::nanoseconds, std::uint64_t>, entry> timers_;
   std::uint64_t seq_ = 0;
   std::chrono::nanoseconds now_{0};
+  bool firing_ = false;
   bool stopped_ = false;
 };
 

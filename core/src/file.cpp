@@ -1,7 +1,6 @@
 #include "troupe/core/file.hpp"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -10,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <stdexcept>
 
 namespace troupe {
@@ -30,28 +30,38 @@ std::uint32_t crc32(std::span<const std::byte> bytes) noexcept {
 namespace {
 
 /// Where a write to `path` lands: `path` itself, or the file a symbolic link there points to
-/// (the link stays a link). Refuses a target that exists and is not a regular file.
+/// (followed through links to links; the link stays a link, and a dangling one gets its file).
+/// Refuses a target that exists and is not a regular file.
 std::string write_target(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path target = path;
   std::error_code ec;
-  std::string target = path;
-  if (std::filesystem::is_symlink(std::filesystem::symlink_status(path, ec))) {
-    const auto resolved = std::filesystem::weakly_canonical(path, ec);
-    if (ec) throw std::runtime_error("is a symbolic link that cannot be followed (" + ec.message() + ")");
-    target = resolved.string();
+  for (int depth = 0; fs::is_symlink(fs::symlink_status(target, ec)); ++depth) {
+    if (depth == 40) throw std::runtime_error("is a chain of more than 40 symbolic links");
+    const fs::path next = fs::read_symlink(target, ec);
+    if (ec) throw std::runtime_error("is a symbolic link that cannot be read (" + ec.message() + ")");
+    target = next.is_absolute() ? next : target.parent_path() / next;
   }
-  check_regular(target);
-  return target;
+  check_regular(target.string());
+  return target.string();
 }
 
-/// Creates a new file of its own beside `target` (never one that exists); returns its
-/// descriptor and sets `name`, or returns -1 with errno set.
+/// Creates a new file of its own beside `target` (never one that exists; the umask applies);
+/// returns its descriptor and sets `name`, or returns -1 with errno set.
 int create_beside(const std::string& target, std::string& name) {
-  std::string pattern = target + ".tmp-XXXXXX";
-  const int fd = ::mkostemp(pattern.data(), O_CLOEXEC);
-  if (fd < 0) return -1;
-  name = pattern;
-  ::fchmod(fd, 0644);  // mkostemp's 0600 would make the saved file private
-  return fd;
+  static constexpr char letters[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 pick{std::random_device{}() ^ static_cast<std::uint64_t>(::getpid())};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string candidate = target + ".tmp-";
+    for (int i = 0; i < 6; ++i) candidate += letters[pick() % (sizeof letters - 1)];
+    const int fd = ::open(candidate.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      name = std::move(candidate);
+      return fd;
+    }
+    if (errno != EEXIST) return -1;
+  }
+  return -1;  // (errno is EEXIST)
 }
 
 }  // namespace

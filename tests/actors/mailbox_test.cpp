@@ -222,4 +222,48 @@ TEST(Mailbox, ATellToAFullMailboxInATestSystemDrainsItOrSaysItWouldWaitForGood) 
   }
 }
 
+struct answerer {
+  int get(int v) { return v; }
+};
+struct coroutine_filler {
+  actor_ref<answerer> src;
+  actor_ref<held_sink> to;
+  troupe::task<void> run(int n) {
+    for (int i = 0; i < n; ++i) {
+      (void)co_await src.ask(&answerer::get, i);
+      to.tell(&held_sink::noop);
+    }
+  }
+};
+
+TEST(Mailbox, RepliesDoNotUnpauseASenderOnlyAStopDoes) {
+  // A coroutine paused by a full mailbox stays paused while replies come in: each would
+  // otherwise let one more message into the full mailbox.
+  troupe::actor_system sys{{.threads = 2}};
+  auto s = sys.spawn<held_sink>(spawn_options{.mailbox_capacity = 4});
+  s.tell(&held_sink::hold);
+  auto src = sys.spawn<answerer>();
+  auto p = sys.spawn<coroutine_filler>(src, s);
+  p.tell(&coroutine_filler::run, 100);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_LE(sys.stats(s).mailbox_depth, 4 + 2);
+  auto down = sys.monitor(p);
+  p.stop();
+  EXPECT_EQ(std::move(down).timeout(std::chrono::seconds(10)).get().reason, troupe::exit_reason::stopped);
+}
+
+TEST(Mailbox, ATestSystemTimerGetsPastACapacityAsTheTimerThreadDoes) {
+  test_system sys;
+  auto h = sys.spawn<held_sink>(spawn_options{.mailbox_capacity = 1});
+  h.tell(&held_sink::hold);
+  sys.run_until_idle();
+  h.tell(&held_sink::noop);
+  sys.tell_after(std::chrono::milliseconds(0), h, &held_sink::noop);
+  auto t = sys.tell_every(std::chrono::milliseconds(10), h, &held_sink::noop);
+  EXPECT_NO_THROW(sys.run_until_idle());
+  EXPECT_NO_THROW(sys.advance(std::chrono::milliseconds(35)));
+  EXPECT_EQ(sys.stats(h).mailbox_depth, 1 + 1 + 3);
+  t.cancel();
+}
+
 }  // namespace

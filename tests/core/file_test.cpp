@@ -54,8 +54,10 @@ TEST(WriteFileAtomically, WritesAndReplacesLeavingNoTemporaryFile) {
   troupe::write_file_atomically(path, {});
   EXPECT_EQ(read_all(path), "");
   EXPECT_EQ(names_in(d), std::vector<std::string>{"f.bin"});
-  EXPECT_EQ(fs::status(path).permissions() & fs::perms::all,
-            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
+  // 0644 less the umask, as any new file.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  EXPECT_EQ(static_cast<unsigned>(fs::status(path).permissions() & fs::perms::all), 0644u & ~static_cast<unsigned>(mask));
 }
 
 TEST(WriteFileAtomically, NeverTouchesAFileThatIsNotItsOwn) {
@@ -73,6 +75,14 @@ TEST(WriteFileAtomically, NeverTouchesAFileThatIsNotItsOwn) {
   troupe::write_file_atomically((d / "link.txt").string(), bytes_of("through the link"));
   EXPECT_TRUE(fs::is_symlink(fs::symlink_status(d / "link.txt")));
   EXPECT_EQ(read_all(d / "real.txt"), "through the link");
+  // A dangling link gets its file; a link to a link is followed to the end.
+  fs::create_symlink("later.txt", d / "dangling.txt");
+  fs::create_symlink("link.txt", d / "link2.txt");
+  troupe::write_file_atomically((d / "dangling.txt").string(), bytes_of("made"));
+  troupe::write_file_atomically((d / "link2.txt").string(), bytes_of("twice"));
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(d / "dangling.txt")));
+  EXPECT_EQ(read_all(d / "later.txt"), "made");
+  EXPECT_EQ(read_all(d / "real.txt"), "twice");
   // A FIFO is refused and stays a FIFO.
   const fs::path fifo = d / "fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
@@ -83,7 +93,8 @@ TEST(WriteFileAtomically, NeverTouchesAFileThatIsNotItsOwn) {
     EXPECT_EQ(std::string(e.what()), "cannot replace " + fifo.string() + ": is not a regular file");
   }
   EXPECT_TRUE(fs::is_fifo(fs::symlink_status(fifo)));
-  EXPECT_EQ(names_in(d), (std::vector<std::string>{"fifo", "link.txt", "out.w", "out.w.tmp", "real.txt"}));
+  EXPECT_EQ(names_in(d), (std::vector<std::string>{"dangling.txt", "fifo", "later.txt", "link.txt", "link2.txt", "out.w",
+                                                    "out.w.tmp", "real.txt"}));
 }
 
 TEST(WriteFileAtomically, AFailureSaysWhyAndLeavesTheOldFile) {

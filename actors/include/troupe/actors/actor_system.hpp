@@ -105,7 +105,8 @@ actor_id next_actor_id(system_impl& sys);
 void activate(system_impl& sys, cell_base* c, bool has_on_start);
 system_impl* make_system(actor_system* facade, const system_config& cfg, bool manual);
 void destroy_system(system_impl* s) noexcept;
-void register_name(system_impl& s, std::string name, cell_base* c);
+/// Names c locally; false when it already had the name.
+bool register_name(system_impl& s, std::string name, cell_base* c);
 bool unregister_name(system_impl& s, std::string_view name);
 cell_ptr lookup_name(system_impl& s, std::string_view name);
 timer add_timer(system_impl& s, std::chrono::nanoseconds delay, std::chrono::nanoseconds period,
@@ -200,11 +201,11 @@ public:
   void register_name(std::string name, const actor_ref<T>& ref) {
     if constexpr (detail::remote_capable<T>) {
       if (ref.is_remote()) return detail::publish_name_typed<T>(*impl_, name, ref);
-      detail::register_name(*impl_, name, ref.cell());
+      const bool added = detail::register_name(*impl_, name, ref.cell());
       try {
         detail::publish_name_typed<T>(*impl_, name, ref);
       } catch (...) {
-        detail::unregister_name(*impl_, name);  // refused cluster-wide: not named here either
+        if (added) detail::unregister_name(*impl_, name);  // refused cluster-wide: not named here either
         throw;
       }
     } else {

@@ -341,6 +341,7 @@ private:
   // The receiver this actor is parked on (holding a reference), until it runs again; written
   // in the actor's context under system_impl::park_mutex, read by others under it.
   std::atomic<cell_base*> parked_on_{nullptr};
+  std::atomic<bool> stop_requested_{false};  // set by stop(): unparks
   bool park_on(cell_base* receiver) noexcept;
   void unpark_for_urgent() noexcept;
   std::unique_ptr<cell_extras> extras_;
