@@ -156,9 +156,6 @@ struct profile {
   }
 };
 
-/// Peak activations of one rank in stage units (profile's accounting).
-int peak_of(const lists& l) { return profile(l).peak(); }
-
 /// The j-th smallest of two ascending lists together.
 int nth_of_both(const std::vector<int>& a, const std::vector<int>& b, std::size_t j) {
   std::size_t x = 0, y = 0;
