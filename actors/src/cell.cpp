@@ -158,7 +158,7 @@ void cell_base::enqueue(message_ptr m) {
         if (sender != this && !sender->throttled_on_) sender->throttle_on(this);
         break;
       }
-      if (tls_on_worker()) break;  // nor a worker outside any actor, nor the timer thread
+      if (tls_on_worker()) break;  // nor a worker outside any actor, the timer thread or a node's I/O thread
       if (system_->manual != nullptr) {
         if (system_->manual->firing()) break;  // its timers get in past the capacity, as on the timer thread
         // A test_system runs on the sender's thread: drain here, deterministically, or refuse.

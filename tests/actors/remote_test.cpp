@@ -258,6 +258,59 @@ TEST(Remote, NamedActorsAreFoundFromAnyNode) {
   EXPECT_TRUE(still->is_remote());
 }
 
+/// Claims cluster-wide names from inside an actor.
+struct namer {
+  /// register_name_async, awaited: "named", or the code it was refused with.
+  troupe::task<std::string> claim(std::string name) {
+    auto& sys = troupe::this_actor::system();
+    std::string answer = "named";
+    try {
+      co_await sys.register_name_async(name, sys.spawn<kv>());
+    } catch (const troupe::error& e) {
+      answer = std::string(troupe::make_error_code(e.code_value()).message());
+    }
+    co_return answer;
+  }
+  /// register_name, which cannot wait here: a conflict with another node comes back later.
+  void claim_blocking(std::string name) {
+    auto& sys = troupe::this_actor::system();
+    sys.register_name(name, sys.spawn<kv>());
+  }
+};
+
+TEST(Remote, ActorsGetTheHeadsAnswerToANameAsAFuture) {
+  troupe::actor_system head(head_config());
+  auto cfg = head_config();
+  cfg.node.head = head_of(head);
+  troupe::actor_system member(cfg);
+  ASSERT_EQ(member.node(), 2u);
+  head.register_name("taken", head.spawn<kv>());
+  auto n = member.spawn<namer>();
+  const std::string taken = troupe::make_error_code(troupe::errc::name_taken).message();
+  EXPECT_EQ(n.ask(&namer::claim, std::string("taken")).get(), taken);
+  // Refused cluster-wide: the local name the call added is gone too.
+  auto found = member.lookup<kv>("taken");
+  ASSERT_TRUE(found);
+  EXPECT_TRUE(found->is_remote());
+  EXPECT_EQ(n.ask(&namer::claim, std::string("free")).get(), "named");
+  auto there = head.lookup<kv>("free");
+  ASSERT_TRUE(there);
+  EXPECT_TRUE(there->is_remote());
+  // Outside actors the future is the same answer.
+  EXPECT_THROW(member.register_name_async("taken", member.spawn<kv>()).get(), troupe::error);
+  EXPECT_NO_THROW(member.register_name_async("free2", member.spawn<kv>()).get());
+  // The blocking form inside an actor does not throw for the other node's conflict; the name
+  // it added here is removed when the refusal arrives.
+  n.ask(&namer::claim_blocking, std::string("taken")).get();
+  std::optional<troupe::actor_ref<kv>> after;
+  for (auto deadline = clock_type::now() + 5s; clock_type::now() < deadline; std::this_thread::sleep_for(10ms)) {
+    after = member.lookup<kv>("taken");
+    if (after && after->is_remote()) break;
+  }
+  ASSERT_TRUE(after);
+  EXPECT_TRUE(after->is_remote());
+}
+
 TEST(Remote, ActorRefsTravelInMessagesAndCallBackFromAnyNode) {
   troupe::actor_system head(head_config());
   child_node w2({"--head", head_of(head), "--token", token});
@@ -339,6 +392,32 @@ TEST(Remote, KilledNodeFailsPendingAsksWithinASecond) {
   EXPECT_EQ(n.reason, troupe::exit_reason::node_lost);
   EXPECT_FALSE(a.alive());
   EXPECT_THROW(a.ask(&worker::add, 1).get(), troupe::error);
+}
+
+TEST(Remote, AFullMailboxDoesNotStallItsNode) {
+  // Calls from the network into a full bounded mailbox must not hold up the node's connection
+  // thread: its heartbeats (and every other actor's replies) would stop, and the cluster would
+  // count the node as lost while its actor is only busy.
+  troupe::actor_system head(head_config());
+  child_node w({"--head", head_of(head), "--token", token});
+  auto id = w.joined();
+  ASSERT_NE(id, 0u);
+  auto busy = head.spawn_on<worker>(id, troupe::spawn_options{.mailbox_capacity = 2}, std::int64_t{0});
+  auto other = head.spawn_on<worker>(id, std::int64_t{100});
+  ASSERT_EQ(busy.ask(&worker::add, 1).get(), 1);
+  auto sleeping = busy.ask(&worker::sleep_ms, std::int64_t{2000});
+  std::vector<troupe::future<std::int64_t>> queued;
+  for (std::int64_t i = 0; i < 8; ++i) queued.push_back(busy.ask(&worker::add, i));
+  std::this_thread::sleep_for(100ms);
+  // The other actor on that node answers at once, and the node stays in the cluster.
+  auto t0 = clock_type::now();
+  EXPECT_EQ(other.ask(&worker::add, 1).timeout(1s).get(), 101);
+  EXPECT_LT(clock_type::now() - t0, 500ms);
+  EXPECT_NO_THROW(std::move(sleeping).timeout(10s).get());
+  for (std::int64_t i = 0; i < 8; ++i) EXPECT_EQ(std::move(queued[static_cast<std::size_t>(i)]).timeout(10s).get(), i);
+  EXPECT_TRUE(busy.alive());
+  EXPECT_TRUE(other.alive());
+  EXPECT_EQ(busy.ask(&worker::add, 5).get(), 5);
 }
 
 TEST(Remote, ADroppedConnectionIsRedialledAndACallNeverRunsTwice) {

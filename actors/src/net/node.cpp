@@ -248,6 +248,40 @@ std::exception_ptr error_from(const envelope& env) {
 class node_runtime;
 
 /// The node whose incoming payload this thread is decoding: what an actor_ref decodes against.
+
+/// The head's answer to a cluster-wide name: completes the registration's future, and on a
+/// refusal removes the local name the registration added (only while it still names that actor).
+class name_sink final : public reply_sink {
+public:
+  name_sink(state<void>* st, system_impl& sys, std::string name, cell_base* added) noexcept
+      : inner_(st), sys_(sys), name_(std::move(name)), added_(added) {}
+  ~name_sink() override {
+    if (!done_) roll_back();  // the inner sink fails the future with broken_promise
+  }
+  void deliver(std::span<const std::byte> payload) noexcept override {
+    done_ = true;
+    inner_.deliver(payload);
+  }
+  void fail(std::exception_ptr e) noexcept override {
+    done_ = true;
+    roll_back();
+    inner_.fail(std::move(e));
+  }
+
+private:
+  void roll_back() noexcept {
+    if (!added_) return;
+    std::lock_guard lock(sys_.names_mutex);
+    if (auto it = sys_.names.find(name_); it != sys_.names.end() && it->second.get() == added_) sys_.names.erase(it);
+  }
+
+  typed_sink<void> inner_;
+  system_impl& sys_;
+  std::string name_;
+  cell_base* added_;
+  bool done_ = false;
+};
+
 thread_local node_runtime* tls_decoding_node = nullptr;
 struct decoding_scope {
   explicit decoding_scope(node_runtime* n) noexcept : saved(std::exchange(tls_decoding_node, n)) {}
@@ -303,7 +337,13 @@ public:
     };
     transport_ = std::make_unique<net::transport>(io_, tc, std::move(h));
     port_ = transport_->listen(listen_host_, listen_port_);
-    thread_ = std::thread([this] { io_.run(); });
+    thread_ = std::thread([this] {
+      // This thread must never wait: a call from the network into a full mailbox gets in past
+      // its capacity (waiting would stop the heartbeats and every other actor's traffic), and a
+      // get() in a continuation that runs here is refused instead of hanging.
+      tls_on_worker() = true;
+      io_.run();
+    });
     arm_heartbeat();
     if (head_host_.empty()) {
       std::lock_guard lock(mu_);
@@ -505,7 +545,10 @@ public:
     return spawned{{}, make_remote(where, wire)};
   }
 
-  void publish_name(const std::string& name, cell_base* local, remote_actor* remote, std::string_view type) {
+  /// Names an actor cluster-wide. The future completes with the head's answer; on a refusal
+  /// (name_taken) the local name `added` by this registration goes too.
+  future<void> publish_name(const std::string& name, cell_base* local, remote_actor* remote, std::string_view type,
+                            cell_base* added) {
     name_tuple t;
     if (local) {
       auto wire = export_local(*local, type);
@@ -513,23 +556,31 @@ public:
     } else {
       t = {name, remote->wire, remote->where, std::string(type)};
     }
-    if (self() == head_id) {
-      if (auto why = add_name(std::move(t)); !why.empty()) throw error(errc::name_taken, why);
-      return;
-    }
-    auto message = make_envelope(envelope_kind::call, net::node_target, static_cast<std::uint64_t>(op::register_name), encode(t));
-    if (tls_current_cell() != nullptr || tls_on_worker()) {
-      // An actor cannot wait for the head's answer: the name goes out, a refusal is logged there.
-      message.kind = envelope_kind::tell;
-      call(head_id, std::move(message), nullptr);
-      return;
-    }
     auto* st = make_state<void>();
     st->set_system(&sys_);
     st->add_ref();
     future<void> f{state_ptr<void>(st)};
-    call(head_id, std::move(message), std::make_unique<typed_sink<void>>(st));
-    std::move(f).timeout(cfg_.join_timeout).get();  // the head's answer: named, or name_taken
+    auto sink = std::make_unique<name_sink>(st, sys_, name, added);
+    if (self() == head_id) {
+      if (auto why = add_name(std::move(t)); !why.empty()) sink->fail(std::make_exception_ptr(error(errc::name_taken, why)));
+      else sink->deliver({});
+      return f;
+    }
+    call(head_id, make_envelope(envelope_kind::call, net::node_target, static_cast<std::uint64_t>(op::register_name), encode(t)),
+         std::move(sink));
+    return f;
+  }
+
+  /// register_name: waits for the head's answer where a thread may wait; elsewhere the answer,
+  /// a refusal, is logged.
+  void await_name(const std::string& name, future<void> f) {
+    if (tls_current_cell() != nullptr || tls_on_worker()) {
+      std::move(f).then([] {}, [name, self = self()](std::exception_ptr e) {
+        log().warn("troupe node {}: register_name(\"{}\") refused: {}", self, name, describe(e).second);
+      });
+      return;
+    }
+    std::move(f).timeout(cfg_.join_timeout).get();
   }
 
   void stop_remote(remote_actor& a) {
@@ -1544,13 +1595,22 @@ std::optional<spawned> remote_lookup(system_impl& s, std::string_view name, std:
   return s.node->lookup(name, type);
 }
 
-void publish_name(system_impl& s, const std::string& name, cell_base* local, remote_actor* remote,
-                  std::string_view type) {
+future<void> publish_name(system_impl& s, const std::string& name, cell_base* local, remote_actor* remote,
+                          std::string_view type, cell_base* added) {
   if (!s.node) {
     if (remote) node_of(s, "register_name of a remote actor");
-    return;
+    promise<void> named(&s);
+    auto f = named.get_future();
+    named.set_value();
+    return f;
   }
-  s.node->publish_name(name, local, remote, type);
+  return s.node->publish_name(name, local, remote, type, added);
+}
+
+void await_name(system_impl& s, const std::string& name, future<void> f) {
+  if (s.node) return s.node->await_name(name, std::move(f));
+  // Not a node: the future is complete already.
+  if (tls_current_cell() == nullptr && !tls_on_worker()) std::move(f).get();
 }
 
 future<down_notice> monitor_remote(remote_actor& a) {

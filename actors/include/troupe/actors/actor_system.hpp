@@ -129,7 +129,8 @@ actor_ref<T> spawn_on_typed(actor_system& sys, node_id where, const spawn_option
 template <class T>
 std::optional<actor_ref<T>> lookup_remote_typed(system_impl& s, std::string_view name);
 template <class T>
-void publish_name_typed(system_impl& s, const std::string& name, const actor_ref<T>& ref);
+future<void> publish_name_typed(system_impl& s, const std::string& name, const actor_ref<T>& ref, cell_base* added);
+void await_name(system_impl& s, const std::string& name, future<void> f);
 future<down_notice> monitor_remote(remote_actor& a);
 void watch_remote(remote_actor& a, cell_base& watcher);
 node_id this_node(system_impl& s) noexcept;
@@ -195,21 +196,32 @@ public:
   /// troupe::error(errc::name_taken) when the name belongs to another live actor. On a node,
   /// an actor of a TROUPE_REMOTE class is named cluster-wide: every node finds it, and the call
   /// waits for the head's answer (name_taken when another node's actor has the name; nothing
-  /// is named then). Inside an actor, which cannot wait, the name goes out without the answer
-  /// and the head logs a refusal.
+  /// is named then; errc::timeout when no answer comes within node.join_timeout). Inside an
+  /// actor, which cannot wait, a conflict on this node still throws, and the head's answer
+  /// arrives later: a refusal is logged and the local name removed (register_name_async
+  /// returns that answer instead).
   template <class T>
   void register_name(std::string name, const actor_ref<T>& ref) {
     if constexpr (detail::remote_capable<T>) {
-      if (ref.is_remote()) return detail::publish_name_typed<T>(*impl_, name, ref);
-      const bool added = detail::register_name(*impl_, name, ref.cell());
-      try {
-        detail::publish_name_typed<T>(*impl_, name, ref);
-      } catch (...) {
-        if (added) detail::unregister_name(*impl_, name);  // refused cluster-wide: not named here either
-        throw;
-      }
+      auto answer = name_everywhere(name, ref);
+      detail::await_name(*impl_, name, std::move(answer));
     } else {
       detail::register_name(*impl_, std::move(name), ref.cell());
+    }
+  }
+  /// As register_name, without waiting: the future completes once the name holds cluster-wide
+  /// (at once off a node or for a class that is not TROUPE_REMOTE) and fails with the reason
+  /// it was refused (name_taken, actor_dead, ...; then nothing is named). Usable inside actors
+  /// (co_await, then).
+  template <class T>
+  future<void> register_name_async(std::string name, const actor_ref<T>& ref) {
+    try {
+      return name_everywhere(name, ref);
+    } catch (...) {
+      promise<void> refused(impl_);
+      auto f = refused.get_future();
+      refused.set_exception(std::current_exception());
+      return f;
     }
   }
   bool unregister_name(std::string_view name) { return detail::unregister_name(*impl_, name); }
@@ -283,6 +295,23 @@ protected:
   actor_system(system_config cfg, bool manual) : impl_(detail::make_system(this, cfg, manual)) {}
 
 private:
+  /// Names `ref` here (throwing when the name is taken on this node) and, on a node, asks the
+  /// head to name it cluster-wide: the future is the head's answer.
+  template <class T>
+  future<void> name_everywhere(const std::string& name, const actor_ref<T>& ref) {
+    if constexpr (detail::remote_capable<T>) {
+      if (ref.is_remote()) return detail::publish_name_typed<T>(*impl_, name, ref, nullptr);
+      const bool added = detail::register_name(*impl_, name, ref.cell());
+      return detail::publish_name_typed<T>(*impl_, name, ref, added ? ref.cell() : nullptr);
+    } else {
+      detail::register_name(*impl_, name, ref.cell());
+      promise<void> named(impl_);
+      auto f = named.get_future();
+      named.set_value();
+      return f;
+    }
+  }
+
   future<down_notice> monitor_cell(detail::cell_base& target);
 
   template <class T, class M, class... Args>

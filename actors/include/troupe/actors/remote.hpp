@@ -279,8 +279,9 @@ actor_ref<T> spawn_on_typed(actor_system& sys, node_id where, const spawn_option
 }
 
 std::optional<spawned> remote_lookup(system_impl& s, std::string_view name, std::string& type);
-void publish_name(system_impl& s, const std::string& name, cell_base* local, remote_actor* remote,
-                  std::string_view type);
+future<void> publish_name(system_impl& s, const std::string& name, cell_base* local, remote_actor* remote,
+                          std::string_view type, cell_base* added);
+void await_name(system_impl& s, const std::string& name, future<void> f);
 
 template <class T>
 std::optional<actor_ref<T>> lookup_remote_typed(system_impl& s, std::string_view name) {
@@ -295,8 +296,8 @@ std::optional<actor_ref<T>> lookup_remote_typed(system_impl& s, std::string_view
 }
 
 template <class T>
-void publish_name_typed(system_impl& s, const std::string& name, const actor_ref<T>& ref) {
-  publish_name(s, name, ref.cell(), ref.remote(), remote_interface<T>::type_name);
+future<void> publish_name_typed(system_impl& s, const std::string& name, const actor_ref<T>& ref, cell_base* added) {
+  return publish_name(s, name, ref.cell(), ref.remote(), remote_interface<T>::type_name, added);
 }
 
 }  // namespace detail

@@ -93,7 +93,7 @@ inline cell_base*& tls_current_cell() noexcept {
   return current;
 }
 /// True on a thread of the runtime that must never block: a scheduler worker (inside an actor
-/// or not) and the timer thread.
+/// or not), the timer thread and a node's I/O thread.
 inline bool& tls_on_worker() noexcept {
   thread_local bool on_worker = false;
   return on_worker;
