@@ -7,7 +7,7 @@
 set -euo pipefail
 
 packages=(
-  cmake g++ make pkg-config ccache
+  cmake ninja-build g++ make pkg-config ccache
   libboost1.81-dev            # Boost.Asio (header-only) for the TCP transport
   capnproto libcapnp-dev      # the wire format
   libspdlog-dev libfmt-dev    # logging

@@ -61,7 +61,9 @@ struct recorder {
 };
 
 recorder& the_recorder() {
-  static recorder r;
+  // Never destroyed: the exit hook that flushes is registered while it is being constructed
+  // (TROUPE_TRACE), so it would run after a static recorder's destructor.
+  static recorder& r = *new recorder;
   return r;
 }
 

@@ -6,13 +6,16 @@
 //   example_cluster worker --head HOST:P       a worker node (runs until SIGINT/SIGTERM)
 //   example_cluster driver --head HOST:P       joins, works, leaves
 //
-// Every node needs the cluster's token in TROUPE_CLUSTER_TOKEN.
+// Every role takes --listen ADDRESS, the interface it accepts connections on: 127.0.0.1 (the
+// default) keeps the cluster on this machine, 0.0.0.0 or the machine's own address lets other
+// machines reach it. Every node needs the cluster's token in TROUPE_CLUSTER_TOKEN.
 
 #include <unistd.h>
 
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -59,9 +62,11 @@ namespace {
 std::atomic<bool> stop_requested{false};
 extern "C" void on_signal(int) { stop_requested.store(true); }
 
+std::string listen_host = "127.0.0.1";
+
 troupe::system_config node_config(const std::string& head, unsigned port) {
   troupe::system_config cfg{.threads = 2};
-  cfg.node.listen = "127.0.0.1:" + std::to_string(port);
+  cfg.node.listen = listen_host + ":" + std::to_string(port);
   cfg.node.head = head;  // empty: this node is the head
   return cfg;
 }
@@ -136,11 +141,26 @@ int main(int argc, char** argv) {
   std::string role = argc > 1 ? argv[1] : "";
   std::string head;
   unsigned port = 0;
-  for (int i = 2; i + 1 < argc; i += 2) {
+  for (int i = 2; i < argc; i += 2) {
     std::string flag = argv[i];
-    if (flag == "--head") head = argv[i + 1];
-    else if (flag == "--port") port = static_cast<unsigned>(std::stoul(argv[i + 1]));
-    else {
+    if (i + 1 == argc) {
+      std::fprintf(stderr, "%s needs a value\n", argv[i]);
+      return 2;
+    }
+    std::string value = argv[i + 1];
+    if (flag == "--head") {
+      head = value;
+    } else if (flag == "--listen") {
+      listen_host = value;
+    } else if (flag == "--port") {
+      char* end = nullptr;
+      const unsigned long p = std::strtoul(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || p > 65535) {
+        std::fprintf(stderr, "--port %s: not a port number (0-65535)\n", value.c_str());
+        return 2;
+      }
+      port = static_cast<unsigned>(p);
+    } else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
     }
@@ -155,6 +175,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: example_cluster head [--port P] | worker --head HOST:P | driver --head HOST:P\n"
+               "       (each takes --listen ADDRESS: 127.0.0.1 by default, 0.0.0.0 to be reachable from other machines)\n"
                "(examples/cluster/run.sh BIN_DIR starts a head, two workers and the driver)\n");
   return 2;
 }

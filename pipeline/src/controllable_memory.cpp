@@ -267,7 +267,7 @@ plan building_block(int p, bool half) {
 }  // namespace
 
 schedule controllable_memory_v(const std::string& name, int p, int m, int v, bool half) {
-  if (v != 2) throw std::invalid_argument("schedule " + name + ": places exactly two stages on each rank; use --virtual 2");
+  if (v != 2) throw std::invalid_argument("schedule " + name + ": places exactly two stages on each rank; use 2 stages per rank");
   plan s = building_block(p, half);
   for (auto& l : s)
     for (auto& t : l)

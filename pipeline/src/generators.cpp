@@ -33,7 +33,7 @@ schedule empty_schedule(const std::string& name, int p, int m, int v, placement_
 
 // GPipe (Huang et al., 2019): all forwards, then all backwards.
 schedule gpipe(int p, int m, int v) {
-  if (v != 1) refuse("gpipe", "has one stage per rank; use --virtual 1 or looped-bfs");
+  if (v != 1) refuse("gpipe", "has one stage per rank; use 1 stage per rank, or looped-bfs");
   auto s = empty_schedule("gpipe", p, m, 1, placement_kind::looped);
   for (int r = 0; r < p; ++r) {
     for (int j = 0; j < m; ++j) s.ranks[r].push_back(action{r, op::F, j});
@@ -45,7 +45,7 @@ schedule gpipe(int p, int m, int v) {
 // 1F1B (PipeDream-Flush, Narayanan et al., 2021): rank r runs p-1-r warm-up forwards, then
 // alternates one forward and one backward, then drains the remaining backwards.
 schedule one_f_one_b(int p, int m, int v) {
-  if (v != 1) refuse("1f1b", "has one stage per rank; use interleaved-1f1b for --virtual > 1");
+  if (v != 1) refuse("1f1b", "has one stage per rank; use interleaved-1f1b for more stages per rank");
   auto s = empty_schedule("1f1b", p, m, 1, placement_kind::looped);
   for (int r = 0; r < p; ++r) {
     const int warmup = std::min(p - 1 - r, m);
@@ -69,7 +69,7 @@ schedule one_f_one_b(int p, int m, int v) {
 //  - interleaved-zb (PyTorch's ScheduleInterleavedZeroBubble, f = 1): backwards split into
 //    I and W; rank r starts its W's r steady steps late and ends with those it still owes.
 schedule interleaved(const std::string& name, int p, int m, int v, bool split) {
-  if (v < 2) refuse(name, "needs --virtual >= 2 stages per rank (use " +
+  if (v < 2) refuse(name, "needs at least 2 stages per rank (use " +
                               std::string(split ? "zb-h1" : "1f1b") + " for one)");
   const int rounds = std::max(1, m / p);
   if (m % rounds != 0)
@@ -117,7 +117,7 @@ schedule interleaved_zb(int p, int m, int v) { return interleaved("interleaved-z
 // stage, then all backwards from its last stage).
 schedule looped_bfs(int p, int m, int v) {
   const std::string name = "looped-bfs";
-  if (v < 2) refuse(name, "needs --virtual >= 2 stages per rank (use gpipe for one)");
+  if (v < 2) refuse(name, "needs at least 2 stages per rank (use gpipe for one)");
   auto s = empty_schedule(name, p, m, v, placement_kind::looped);
   for (int r = 0; r < p; ++r) {
     for (int c = 0; c < v; ++c)
@@ -161,7 +161,7 @@ schedule zb_h2(int p, int m, int v) { return zero_bubble_h("zb-h2", p, m, v, 2);
 // are left out.
 schedule zb_v(int p, int m, int v) {
   const std::string name = "zb-v";
-  if (v != 2) refuse(name, "places exactly two stages on each rank; use --virtual 2");
+  if (v != 2) refuse(name, "places exactly two stages on each rank; use 2 stages per rank");
   auto s = empty_schedule(name, p, m, 2, placement_kind::v_shape);
   const int n = std::max(m, 2 * p - 1);
   for (int r = 0; r < p; ++r) {
@@ -194,7 +194,7 @@ schedule zb_v(int p, int m, int v) {
 // gradients of the first and last backwards are deferred (zero bubble) into the gaps.
 schedule dualpipe_v(int p, int m, int v) {
   const std::string name = "dualpipe-v";
-  if (v != 2) refuse(name, "places exactly two stages on each rank; use --virtual 2");
+  if (v != 2) refuse(name, "places exactly two stages on each rank; use 2 stages per rank");
   if (m < 2 * p)
     refuse(name, "needs at least 2p microbatches (p=" + std::to_string(p) + "): use m >= " +
                      std::to_string(2 * p));
@@ -282,9 +282,9 @@ int default_virtual_stages(const std::string& name) { return find_generator(name
 
 schedule generate(const std::string& name, int ranks, int microbatches, int virtual_stages) {
   const auto& g = find_generator(name);
-  if (ranks < 1) refuse(name, "needs at least one rank (--stages >= 1)");
+  if (ranks < 1) refuse(name, "needs at least one rank");
   if (microbatches < 1) refuse(name, "needs at least one microbatch (--microbatches >= 1)");
-  if (virtual_stages < 0) refuse(name, "--virtual must be positive");
+  if (virtual_stages < 0) refuse(name, "the number of stages per rank must be positive");
   const int v = virtual_stages == 0 ? g.default_v : virtual_stages;
   // Every (rank, microbatch, virtual stage) holds a few operations: refuse what would not fit
   // in memory instead of failing to allocate it.
