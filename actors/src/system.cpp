@@ -233,6 +233,7 @@ bool register_name(system_impl& s, std::string name, cell_base* c) {
 }
 
 bool unregister_name(system_impl& s, std::string_view name) {
+  if (s.node) forget_cluster_name(*s.node, name);
   std::lock_guard lock(s.names_mutex);
   auto it = s.names.find(std::string(name));
   if (it == s.names.end()) return false;

@@ -49,6 +49,24 @@ failures=$(grep -c "accept failed" "$dir/small.err" || true)
   fail "a head out of descriptors logged $failures accept failures (want 1 to 10): $(head -c 2000 "$dir/small.err")"
 "$troupe" status --address "127.0.0.1:$small" >/dev/null || fail "the head did not serve again after running out of descriptors"
 
+# A worker that stalls past the node timeout (SIGSTOP) is lost. When it runs again the head
+# tells it so: it stops dialling (it redialled thousands of times a second) and exits with an
+# error, so that a restart joins anew.
+"$troupe" node start --address "127.0.0.1:$port" --host 127.0.0.1 --threads 1 >"$dir/stalled" 2>"$dir/stalled.err" &
+stalled=$!
+pids+=($stalled)
+wait_for "$dir/stalled" '"node":3'
+kill -STOP "$stalled"
+sleep 1.5
+kill -CONT "$stalled"
+for _ in $(seq 100); do kill -0 "$stalled" 2>/dev/null || break; sleep 0.05; done
+kill -0 "$stalled" 2>/dev/null && fail "a worker the head counts as lost kept running: $(tail -c 2000 "$dir/stalled.err")"
+if wait "$stalled"; then fail "a lost worker exited with status 0"; fi
+grep -q "the head is lost" "$dir/stalled.err" || fail "the lost worker did not say why it stopped: $(tail -c 2000 "$dir/stalled.err")"
+[ "$(wc -l <"$dir/stalled.err")" -lt 50 ] || fail "the lost worker logged $(wc -l <"$dir/stalled.err") lines"
+"$troupe" status --address "127.0.0.1:$port" >"$dir/status"
+grep -q "^node 2 .* alive" "$dir/status" || fail "the first worker suffered from the other's stall: $(cat "$dir/status")"
+
 # The worker leaves on SIGTERM; the head then reports one node alive.
 kill -TERM "${pids[1]}"
 wait "${pids[1]}" || fail "the worker did not stop cleanly on SIGTERM"

@@ -311,6 +311,31 @@ TEST(Remote, ActorsGetTheHeadsAnswerToANameAsAFuture) {
   EXPECT_TRUE(after->is_remote());
 }
 
+/// Polls the head until `name` is unknown there (5 s at most).
+bool name_disappears(troupe::actor_system& sys, const std::string& name) {
+  for (auto deadline = clock_type::now() + 5s; clock_type::now() < deadline; std::this_thread::sleep_for(10ms))
+    if (!sys.lookup<kv>(name)) return true;
+  return false;
+}
+
+TEST(Remote, UnregisteredNamesAreFreedClusterWide) {
+  troupe::actor_system head(head_config());
+  auto cfg = head_config();
+  cfg.node.head = head_of(head);
+  troupe::actor_system member(cfg);
+  ASSERT_EQ(member.node(), 2u);
+
+  // unregister_name on any node frees a cluster-wide name for good.
+  head.register_name("u", head.spawn_on<kv>(member.node()));
+  ASSERT_TRUE(member.lookup<kv>("u"));
+  member.unregister_name("u");
+  EXPECT_TRUE(name_disappears(head, "u"));
+  EXPECT_NO_THROW(member.register_name("u", member.spawn<kv>()));
+  auto now_u = head.lookup<kv>("u");
+  ASSERT_TRUE(now_u);
+  EXPECT_EQ(now_u->node(), member.node());
+}
+
 TEST(Remote, ActorRefsTravelInMessagesAndCallBackFromAnyNode) {
   troupe::actor_system head(head_config());
   child_node w2({"--head", head_of(head), "--token", token});
@@ -659,6 +684,25 @@ TEST_F(netns_cluster, ACutLinkIsDetectedAsksFailAndRestartableActorsMove) {
   set_link('a', true);
   std::this_thread::sleep_for(300ms);
   EXPECT_FALSE(fixed.alive());
+}
+
+TEST_F(netns_cluster, ALargeReplyOverASlowLinkIsNotSilence) {
+  // 20 MB at 80 Mbit/s take about 2 s on the wire, far past node_timeout (800 ms), and every
+  // heartbeat from that node waits behind them: the bytes arriving must count as hearing it.
+  troupe::actor_system head(head_on_bridge());
+  auto head_at = head_address() + ":" + std::to_string(head.node_port());
+  auto a = start_worker('a', head_at);
+  auto a_id = a->joined();
+  ASSERT_NE(a_id, 0u);
+  ASSERT_TRUE(sh("ip netns exec " + tag_ + "a tc qdisc add dev " + tag_ + "a1 root tbf rate 80mbit burst 64kb latency 2s"));
+  auto w = head.spawn_on<worker>(a_id, std::int64_t{0});
+  ASSERT_EQ(w.ask(&worker::add, 1).get(), 1);
+  auto t0 = clock_type::now();
+  auto reply = w.ask(&worker::bytes, std::uint64_t{20} << 20).timeout(30s).get();
+  EXPECT_EQ(reply.size(), std::size_t{20} << 20);
+  EXPECT_GT(clock_type::now() - t0, 1s) << "the link was not slow: the test proves nothing";
+  EXPECT_EQ(w.ask(&worker::add, 2).get(), 2);
+  EXPECT_TRUE(w.alive());
 }
 
 TEST_F(netns_cluster, AKilledNodeIsDetectedAndARestartedOneRejoins) {

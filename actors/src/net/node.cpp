@@ -85,6 +85,7 @@ enum class ctl : std::uint64_t {
   down = 21,
   leave = 22,
   moved = 23,  // an actor was re-created on another node (head -> all)
+  lost = 24,   // "this node counts you as lost": the receiver stops dialling the sender
 };
 /// Operations of the node itself (calls and tells to net::node_target).
 enum class op : std::uint64_t {
@@ -97,10 +98,13 @@ enum class op : std::uint64_t {
   node_stats = 7,
   cluster_status = 8,
   restartable = 9,  // tells the head how to re-create an actor elsewhere
+  forget_name = 10,  // unregister_name of one name, cluster-wide
 };
 
 constexpr int wire_shift = 40;
 constexpr node_id head_id = 1;
+/// A connection that keeps dropping right after each redial: the peer counts as lost.
+constexpr int max_redials = 3;
 
 using member_tuple = std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t>;
 using spawn_opts_tuple = std::tuple<std::uint64_t, std::uint8_t, std::int32_t, std::int64_t, double,
@@ -403,6 +407,22 @@ public:
     std::lock_guard lock(mu_);
     return self_;
   }
+  /// unregister_name: the head forgets the name (a tell: a later register_name from this
+  /// node arrives after it).
+  void forget_name(const std::string& name) {
+    if (self() == head_id) {
+      std::lock_guard lock(mu_);
+      names_.erase(name);
+      return;
+    }
+    call(head_id, make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::forget_name), encode(name)),
+         nullptr);
+  }
+  /// A worker's: why it lost the head, "" while it has not.
+  std::string head_lost() const {
+    std::lock_guard lock(mu_);
+    return head_lost_;
+  }
 
   bool member_alive(node_id id) const {
     std::lock_guard lock(mu_);
@@ -562,7 +582,8 @@ public:
     future<void> f{state_ptr<void>(st)};
     auto sink = std::make_unique<name_sink>(st, sys_, name, added);
     if (self() == head_id) {
-      if (auto why = add_name(std::move(t)); !why.empty()) sink->fail(std::make_exception_ptr(error(errc::name_taken, why)));
+      errc code{};
+      if (auto why = add_name(std::move(t), code); !why.empty()) sink->fail(std::make_exception_ptr(error(code, why)));
       else sink->deliver({});
       return f;
     }
@@ -632,6 +653,7 @@ private:
     std::shared_ptr<connection> conn;
     bool dialing = false;
     bool timed_out = false;
+    int redials = 0;  // redials in a row whose connection carried nothing
     std::vector<envelope> backlog;
     std::vector<std::unique_ptr<reply_sink>> in_doubt;  // written before the connection dropped
     clock_type::time_point heard = clock_type::now();
@@ -911,6 +933,11 @@ private:
       if (now - last_beat_ > 2 * cfg_.heartbeat)
         for (auto& [id, m] : members_) m.heard = std::max(m.heard, now - cfg_.heartbeat);
       last_beat_ = now;
+      // Bytes of a large frame still arriving count as hearing from the peer (on whichever of
+      // the two connections between a pair they come).
+      for (auto& [cid, c] : conns_)
+        if (auto n = conn_node_.find(cid); n != conn_node_.end())
+          if (auto m = members_.find(n->second); m != members_.end()) m->second.heard = std::max(m->second.heard, c->last_read());
       std::uint64_t actors = sys_.live_count.load(std::memory_order_relaxed);
       auto payload = encode(actors);
       for (auto& [id, m] : members_) {
@@ -961,6 +988,8 @@ private:
     if (m->second.timed_out || (self_ == 0 && id == head_id)) return lose_locked(id, why);
     // A dropped connection: redial once. If the peer answers, it lives: the calls already
     // written fail (they may have run), the queued ones go out on the new connection.
+    if (++m->second.redials > max_redials)
+      return lose_locked(id, why + " (again after " + std::to_string(max_redials) + " redials in a row)");
     log().info("troupe node {}: connection to node {} closed ({}); redialling", self_, id, why);
     for (auto p = pending_.begin(); p != pending_.end();) {
       if (p->second.to == id && p->second.written) {
@@ -995,6 +1024,12 @@ private:
       log().info("troupe node {}: node {} ({}:{}) left the cluster", self_, id, m.host, m.port);
     else
       log().warn("troupe node {}: node {} ({}:{}) is lost: {}", self_, id, m.host, m.port, why);
+    if (id == head_id && self_ != head_id) {
+      head_lost_ = left ? "the head left the cluster" : why;
+      log().error("troupe node {}: the head is lost, so this node is out of the cluster (its names, "
+                  "lookups and placements are gone); restart it to join again",
+                  self_);
+    }
     auto failure = std::make_exception_ptr(error(errc::node_lost, "node " + std::to_string(id) + " is lost: " + why));
     std::vector<std::unique_ptr<reply_sink>> sinks = std::move(m.in_doubt);
     m.in_doubt.clear();
@@ -1044,7 +1079,10 @@ private:
       std::lock_guard lock(mu_);
       if (auto it = conn_node_.find(c->id()); it != conn_node_.end()) {
         from = it->second;
-        if (auto m = members_.find(from); m != members_.end()) m->second.heard = clock_type::now();
+        if (auto m = members_.find(from); m != members_.end()) {
+          m->second.heard = clock_type::now();
+          m->second.redials = 0;
+        }
       }
     }
     decoding_scope decoding(this);  // actor_refs in the payload resolve against this node
@@ -1115,7 +1153,14 @@ private:
           members_[id].id = id;
           members_[id].alive = true;
         } else if (!m->second.alive) {
-          return c->close("node " + std::to_string(id) + " was lost; a restarted node joins anew");
+          // Tell it, so that it stops dialling this node (it may have been only stalled), and
+          // close the connection if it does not do so itself.
+          c->send(control(ctl::lost, {}));
+          auto t = std::make_shared<asio::steady_timer>(io_, cfg_.node_timeout);
+          t->async_wait([t, c, id](boost::system::error_code) {
+            c->close("node " + std::to_string(id) + " was lost; a restarted node joins anew");
+          });
+          return;
         }
         attach(id, c);
         return;
@@ -1124,6 +1169,12 @@ private:
         auto [wire, to] = decode<moved_tuple>(env.payload);
         std::lock_guard lock(mu_);
         if (from == head_id) relocated_[wire] = to;
+        return;
+      }
+      case ctl::lost: {
+        std::lock_guard lock(mu_);
+        if (from == 0) return c->close("a lost notice on a connection of no node");
+        lose_locked(from, "node " + std::to_string(from) + " counts this node as lost (it missed this node's heartbeats)");
         return;
       }
       case ctl::leave: {
@@ -1244,11 +1295,18 @@ private:
         }
         case op::register_name: {
           const auto t = decode<name_tuple>(env.payload);
-          if (auto why = add_name(t); !why.empty()) {
-            if (r) throw error(errc::name_taken, why);
+          errc code{};
+          if (auto why = add_name(t, code); !why.empty()) {
+            if (r) throw error(code, why);
             log().warn("troupe node {}: {}; refused for actor {} on node {}", self(), why, std::get<1>(t), std::get<2>(t));
           }
           return answer({});
+        }
+        case op::forget_name: {
+          auto name = decode<std::string>(env.payload);
+          std::lock_guard lock(mu_);
+          names_.erase(name);
+          return;
         }
         case op::unregister_name: {  // every name of an actor that is gone
           auto wire = decode<std::uint64_t>(env.payload);
@@ -1270,7 +1328,10 @@ private:
           auto wire = decode<std::uint64_t>(env.payload);
           std::lock_guard lock(mu_);
           auto it = exported_.find(wire);
-          if (it != exported_.end() && it->second.cell) it->second.watchers.push_back(from);
+          if (it != exported_.end() && it->second.cell) {
+            if (std::find(it->second.watchers.begin(), it->second.watchers.end(), from) == it->second.watchers.end())
+              it->second.watchers.push_back(from);
+          }
           else if (c) c->send(control(ctl::down, encode(down_tuple{wire, static_cast<std::uint8_t>(exit_reason::stopped), "no such actor"})));
           return;
         }
@@ -1368,9 +1429,14 @@ private:
   // ---- names (head) ----------------------------------------------------------------------
 
   /// Names an actor cluster-wide (on the head); empty, or why the name is refused.
-  std::string add_name(name_tuple t) {
+  /// Head: names an actor cluster-wide; on a refusal, its reason (and the code in `code`).
+  std::string add_name(name_tuple t, errc& code) {
     std::lock_guard lock(mu_);
     auto& [name, wire, where, type] = t;
+    code = errc::node_lost;
+    if (auto m = members_.find(where); m == members_.end() || !m->second.alive)
+      return "register_name('" + name + "'): node " + std::to_string(where) + " of actor " + std::to_string(wire) + " is lost";
+    code = errc::name_taken;
     auto it = names_.find(name);
     if (it != names_.end() && std::get<1>(it->second) != wire) {
       auto m = members_.find(std::get<2>(it->second));
@@ -1496,6 +1562,7 @@ private:
   mutable std::mutex mu_;
   std::condition_variable joined_cv_;
   std::string join_error_;
+  std::string head_lost_;  // a worker's: why the head is lost ("" while it is not)
   bool stopped_ = false;
   node_id self_ = 0;
   node_id next_node_ = 2;
@@ -1536,6 +1603,8 @@ std::shared_ptr<node_runtime> start_node(system_impl& sys, const node_config& cf
   n->start();
   return n;
 }
+void forget_cluster_name(node_runtime& n, std::string_view name) { n.forget_name(std::string(name)); }
+
 void stop_node(node_runtime& n) noexcept { n.stop(); }
 
 void retain(remote_actor* a) noexcept { a->refs.fetch_add(1, std::memory_order_relaxed); }
@@ -1707,7 +1776,12 @@ void run_node(const system_config& cfg, const std::function<bool()>& stop_reques
   std::printf("{\"node\":%u,\"port\":%u}\n", static_cast<unsigned>(sys.node()),
               static_cast<unsigned>(sys.node_port()));
   std::fflush(stdout);
-  while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  while (!stop_requested()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (auto* n = sys.impl().node.get())
+      if (auto why = n->head_lost(); !why.empty())
+        throw error(errc::node_lost, "the head is lost (" + why + "): this node is out of the cluster; start it again to rejoin");
+  }
 }
 
 }  // namespace troupe

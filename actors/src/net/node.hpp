@@ -23,6 +23,7 @@
 //   restarted process joins as a new node.
 
 #include <memory>
+#include <string_view>
 
 #include "troupe/actors/actor_system.hpp"
 
@@ -35,5 +36,7 @@ class node_runtime;
 std::shared_ptr<node_runtime> start_node(system_impl& sys, const node_config& cfg);
 /// Leaves the cluster: closes the connections, fails what waits on them. Idempotent.
 void stop_node(node_runtime& n) noexcept;
+/// unregister_name on a node: the head forgets the cluster-wide name too.
+void forget_cluster_name(node_runtime& n, std::string_view name);
 
 }  // namespace troupe::detail

@@ -266,6 +266,7 @@ void connection::read_more() {
 }
 
 void connection::on_read(std::size_t n) {
+  last_read_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   if (n != 0 && !decoder_.feed(std::span<const std::byte>(read_buf_.data(), n))) {
     const auto& e = decoder_.error();
     do_close(std::string(to_string(e.code)) + ": " + e.message, true);

@@ -126,6 +126,11 @@ public:
   /// Frames written and read so far (for statistics and tests).
   std::uint64_t frames_sent() const noexcept { return frames_sent_.load(std::memory_order_relaxed); }
   std::uint64_t frames_received() const noexcept { return frames_received_.load(std::memory_order_relaxed); }
+  /// When bytes last arrived (the steady clock's count): a peer in the middle of a large
+  /// frame is alive although no whole envelope came for a while.
+  std::chrono::steady_clock::time_point last_read() const noexcept {
+    return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(last_read_.load(std::memory_order_relaxed)));
+  }
 
 private:
   friend class transport;
@@ -161,6 +166,7 @@ private:
   std::string remote_host_;
   frame_decoder decoder_;
   std::vector<std::byte> read_buf_;
+  std::atomic<std::chrono::steady_clock::rep> last_read_{std::chrono::steady_clock::now().time_since_epoch().count()};
   std::vector<std::byte> nonce_;        // the nonce this side sent
   bool closed_ = false;                 // on the connection's strand
   int fd_ = -1;                         // the socket's descriptor, for writes from any thread

@@ -224,6 +224,8 @@ public:
       return f;
     }
   }
+  /// Removes a name; on a node the head forgets it cluster-wide too (asynchronously: lookups
+  /// elsewhere may find it a moment longer). True when this node had the name itself.
   bool unregister_name(std::string_view name) { return detail::unregister_name(*impl_, name); }
 
   /// The live actor registered as `name`, or nullopt. Throws troupe::error(errc::type_mismatch)
