@@ -277,6 +277,14 @@ struct round_context {
 
 /// A client: a range of the shared index array, a generator and, only once its algorithm
 /// needs it, persistent state. Nothing else while idle.
+/// A diverged client (too large a learning rate) ends the run with its name, on the server's
+/// thread, before its NaN reaches the aggregate (where it would only show as a NaN model).
+void check_finite(const client_update& u, const std::string& when) {
+  if (u.words.empty() && !all_finite(u.delta))
+    throw std::runtime_error(when + " diverged: client " + std::to_string(u.client) +
+                             "'s update is no longer finite (lower --lr, or check the attack settings)");
+}
+
 class client {
 public:
   client(std::uint32_t offset, std::uint32_t length, std::uint64_t seed) : offset_(offset), length_(length), rng_{seed} {}
@@ -324,6 +332,9 @@ public:
         ci[p] += dc;
       }
     }
+    // A diverged update goes back as it is, past the transforms (which refuse it): the server
+    // ends the run with the client's name (check_finite).
+    if (!all_finite(u.delta)) return u;
     if (!e.transforms.empty()) u.words = e.take_words();  // storage an encoding transform may reuse
     for (std::size_t t = 0; t < e.transforms.size(); ++t) {
       const std::size_t floats = e.transforms[t]->client_state_floats(u.delta.size());
@@ -691,6 +702,7 @@ struct simulation::impl {
         continue;
       }
       client_update u = f.take();
+      check_finite(u, "server step " + std::to_string(version + 1));
       if (!hold) busy[f.client] = 0;
       if (!u.words.empty() || u.delta.size() != floats)
         throw std::logic_error("--async: client " + std::to_string(u.client) + " sent an update of another form");
@@ -960,6 +972,17 @@ round_report simulation::run_round() {
     }
     client_update u = pending.front().get();
     pending.pop_front();
+    try {
+      check_finite(u, "round " + std::to_string(round));
+    } catch (...) {  // the asks still out finish first: the run ends with no message left behind
+      for (auto& p : pending) {
+        try {
+          (void)p.get();
+        } catch (...) {
+        }
+      }
+      throw;
+    }
     if (!u.words.empty())
       impl_->agg->add_encoded(u.client, u.weight, u.words);
     else
