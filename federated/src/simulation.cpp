@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -581,6 +582,25 @@ double work_seconds(const engine_state& e, std::uint64_t client, splitmix64& g) 
   return factor * examples * o.local_epochs * o.sample_seconds + jitter;
 }
 
+/// The bounds on the weights the clients will send (client::train): 1 each when the strategy
+/// weighs clients uniformly, else their shard sizes; a round holds at most `per_round` of them.
+weight_bounds client_weight_bounds(const engine_state& e, std::size_t per_round) {
+  const double uniform = static_cast<double>(per_round);
+  if (e.rule.uniform_weights) return {.max = 1, .round_sum = uniform};
+  std::vector<std::uint32_t> sizes(e.part.clients());
+  for (std::size_t c = 0; c < sizes.size(); ++c) sizes[c] = e.part.offsets[c + 1] - e.part.offsets[c];
+  const std::size_t k = std::min(per_round, sizes.size());
+  if (k == 0) return {.max = 1, .round_sum = uniform};
+  std::nth_element(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(k - 1), sizes.end(), std::greater<>());
+  double largest = 0, sum = 0;  // the k largest sizes are sizes[0, k)
+  for (std::size_t i = 0; i < k; ++i) {
+    largest = std::max(largest, static_cast<double>(sizes[i]));
+    sum += sizes[i];
+  }
+  if (largest == 0) return {.max = 1, .round_sum = uniform};  // no client holds an example
+  return {.max = largest, .round_sum = sum};
+}
+
 }  // namespace
 
 double staleness_weight(std::int64_t staleness) {
@@ -822,7 +842,7 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
   for (std::size_t c = 0; c < o.clients; ++c)
     impl_->clients.push_back(impl_->system->spawn<client>(e.part.offsets[c], e.part.offsets[c + 1] - e.part.offsets[c],
                                                           derive_seed(o.seed, stream_client + c)));
-  install_mechanisms(*this, o, e.data ? static_cast<double>(e.data->train.size()) / static_cast<double>(o.clients) : 1.0);
+  install_mechanisms(*this, o, client_weight_bounds(e, impl_->keep));
   if (impl_->buffer) check_async_mechanisms(o, impl_->keep, impl_->buffer);
   impl_->hold = impl_->buffer && (o.dp_clip != 0 || o.dp_noise != 0);
 }
