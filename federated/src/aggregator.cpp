@@ -1,4 +1,6 @@
+#include <cmath>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "troupe/federated/update.hpp"
@@ -30,10 +32,20 @@ public:
     if (delta.size() != sum_.size())
       throw std::invalid_argument("client " + std::to_string(client) + " sent " + std::to_string(delta.size()) +
                                   " floats; the round expects " + std::to_string(sum_.size()));
-    if (!(weight >= 0)) throw std::invalid_argument("aggregation weights must be non-negative");
+    if (!(weight >= 0) || !std::isfinite(weight))
+      throw std::invalid_argument("weighted-mean: client " + std::to_string(client) + "'s weight is " +
+                                  std::to_string(weight) + "; weights must be finite and >= 0");
     const std::size_t n = delta.size();
-    double* s = sum_.data();
     const float* d = delta.data();
+    for (std::size_t i = 0; i < n; ++i)
+      if (!std::isfinite(d[i]))
+        throw std::invalid_argument("weighted-mean: client " + std::to_string(client) + "'s update holds " +
+                                    std::to_string(d[i]) + " at coordinate " + std::to_string(i) +
+                                    "; updates must be finite");
+    if (!std::isfinite(weight_ + weight))
+      throw std::invalid_argument("weighted-mean: the weights overflow a double (client " + std::to_string(client) +
+                                  "'s is " + std::to_string(weight) + ")");
+    double* s = sum_.data();
     for (std::size_t i = 0; i < n; ++i) s[i] += weight * static_cast<double>(d[i]);
     // The plain sum as well, only while every weight so far is zero (rare; see finish).
     if (weight == 0 && weight_ == 0) {
@@ -46,6 +58,12 @@ public:
   std::vector<float> finish() override {
     if (count_ == 0) throw std::logic_error("weighted mean of no update");
     std::vector<float> out(sum_.size());
+    // Finite weights and updates whose products still overflow (weights near 1e308): an error
+    // rather than an infinite or NaN mean.
+    for (double x : sum_)
+      if (!std::isfinite(x))
+        throw std::invalid_argument("weighted-mean: the weighted sum overflows a double (the weights total " +
+                                    std::to_string(weight_) + ")");
     if (weight_ > 0) {
       for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(sum_[i] / weight_);
     } else {

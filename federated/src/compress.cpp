@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -13,6 +14,14 @@ namespace troupe::federated {
 
 void sparse_update::densify(std::span<float> out) const {
   if (out.size() != dim) throw std::invalid_argument("sparse_update: output has the wrong length");
+  if (index.size() != value.size())
+    throw std::invalid_argument("sparse_update::densify: " + std::to_string(index.size()) + " positions for " +
+                                std::to_string(value.size()) + " values");
+  // Checked before anything is written: a position past the end would write out of bounds.
+  for (std::uint32_t i : index)
+    if (i >= dim)
+      throw std::invalid_argument("sparse_update::densify: position " + std::to_string(i) + " is outside the " +
+                                  std::to_string(dim) + " coordinates");
   std::fill(out.begin(), out.end(), 0.0f);
   for (std::size_t i = 0; i < index.size(); ++i) out[index[i]] = value[i];
 }
@@ -65,11 +74,17 @@ quantized_update qsgd(std::span<const float> update, int levels, std::uint64_t s
   if (!std::isfinite(squares)) throw std::invalid_argument("qsgd: the update is not finite");
   quantized_update q;
   q.levels = levels;
-  q.norm = static_cast<float>(std::sqrt(squares));
+  // The norm in double (a float sum of squares overflows from 1.8e19 on), sent as a float: an
+  // update whose norm is beyond the largest float cannot be sent (its dequantization was NaN).
+  const double norm = std::sqrt(squares);
+  if (norm > std::numeric_limits<float>::max())
+    throw std::invalid_argument("qsgd: the update's L2 norm " + std::to_string(norm) +
+                                " is beyond the largest float, which carries it on the wire");
+  q.norm = static_cast<float>(norm);
   q.level.resize(update.size());
   if (q.norm == 0) return q;
   splitmix64 rng{seed};
-  const double scale = levels / static_cast<double>(q.norm);
+  const double scale = levels / norm;
   for (std::size_t i = 0; i < update.size(); ++i) {
     const double x = std::min(std::fabs(update[i]) * scale, static_cast<double>(levels));
     const double lower = std::floor(x);

@@ -15,6 +15,12 @@ double clip_l2(std::span<float> update, double bound) {
     throw std::invalid_argument("clip_l2: the bound must be positive and finite, got " + std::to_string(bound));
   double squares = 0;
   for (float x : update) squares += static_cast<double>(x) * x;
+  // Squares of finite floats cannot overflow a double sum (at most 2^32 of 1.2e77), so only a NaN
+  // or an infinity gets here: its norm would leave the update unclipped (NaN > bound is false) or
+  // turn it into NaN (inf * 0), and either breaks the bound the privacy analysis relies on.
+  if (!std::isfinite(squares))
+    throw std::invalid_argument("clip_l2: the update holds a value that is not finite (its squares sum to " +
+                                std::to_string(squares) + ")");
   const double norm = std::sqrt(squares);
   if (norm > bound) {
     const auto scale = static_cast<float>(bound / norm);
@@ -117,7 +123,11 @@ double sampled_gaussian_rdp(double q, double sigma, double alpha) {
   if (!(alpha > 1) || !std::isfinite(alpha))
     throw std::invalid_argument("sampled_gaussian_rdp: the order must be > 1 and finite");
   if (q == 0) return 0;
-  if (q == 1) return alpha / (2 * sigma * sigma);
+  // Sampling never costs more than the plain Gaussian, whose RDP is alpha / (2 sigma^2): that is
+  // the value at q = 1, and the bound given for orders above largest_exact_rdp_order, where the
+  // integer expansion would take alpha terms (and alpha need not fit an int) and the fractional
+  // series is summed over fewer terms than it needs.
+  if (q == 1 || alpha > largest_exact_rdp_order) return alpha / (2 * sigma * sigma);
   const double log_a = alpha == std::floor(alpha) ? log_a_integer(q, sigma, static_cast<int>(alpha))
                                                    : log_a_fractional(q, sigma, alpha);
   // With the inputs checked above, NaN only comes of infinities cancelling in the sums, which

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -22,6 +23,13 @@ namespace troupe::federated {
 namespace {
 
 [[noreturn]] void bad(const std::string& why) { throw std::invalid_argument(why); }
+
+/// A number as a person writes it (1e+308, 0.45), not std::to_string's fixed notation.
+std::string show(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
 
 double number(const std::string& text, const std::string& spec) { return detail::spec_number(text, "'" + spec + "'"); }
 
@@ -85,6 +93,9 @@ struct dp_state {
   double sum_multiplier = 0;  // z, or z_Δ when adaptive
 };
 
+/// Clients sampled per round: more than the K kept under over-selection.
+std::size_t sampled_clients(const dp_options& o) { return o.sampled_clients ? o.sampled_clients : o.expected_clients; }
+
 /// The server's half of DP-FedAvg once it holds the sum of the round's clipped updates (added
 /// by itself, or unmasked by secure aggregation): N(0, (z S)²) on every coordinate, the division
 /// by K, one accountant step and, when adaptive, the bound's update from the unclipped count.
@@ -96,7 +107,8 @@ void noise_sum(dp_state& s, std::span<float> sum, std::int64_t unclipped, std::u
   const std::uint64_t noise_seed = g.next();
   add_gaussian_noise(sum, stddev, noise_seed);
   for (float& x : sum) x = static_cast<float>(x / k);
-  s.accountant.compose(k / static_cast<double>(s.options.population), s.options.noise, 1);
+  s.accountant.compose(static_cast<double>(sampled_clients(s.options)) / static_cast<double>(s.options.population),
+                       s.options.noise, 1);
   if (s.options.adaptive) s.clipping.update(unclipped, k, g.next());
 }
 
@@ -309,6 +321,7 @@ struct secagg_state {
   secagg_options options;
   secagg_round round;
   std::size_t survivors = 0;
+  double weight_sum = 0;  // of the round's masked inputs so far (checked against max_weight_sum)
   /// Differential privacy on the sum (null without): the clients clip, the server noises.
   std::shared_ptr<dp_state> dp;
   /// Coordinates after the update's: the weight ratio (weighted mean), the unclipped indicator
@@ -339,9 +352,16 @@ public:
       std::copy(u.delta.begin(), u.delta.end(), input.begin());
       if (s_->dp->options.adaptive) input.back() = norm <= bound ? static_cast<float>(bound) : 0.0f;
     } else {
-      const double ratio = u.weight / s_->options.mean_weight;
-      for (std::size_t i = 0; i < u.delta.size(); ++i) input[i] = static_cast<float>(u.delta[i] * ratio);
-      input.back() = static_cast<float>(ratio);
+      // The weighted mean (see make_secure_aggregation): (w / W) clip(delta) and (w / W) clip,
+      // every coordinate in [-clip, clip] whatever the weight.
+      const double most = s_->options.max_weight;
+      if (!(u.weight >= 0 && u.weight <= most))
+        bad("secagg: client " + std::to_string(u.client) + "'s weight " + show(u.weight) + " is outside [0, " +
+            show(most) + "], the range the encoding was made for (max_weight)");
+      const double ratio = u.weight / most, clip = s_->options.clip;
+      for (std::size_t i = 0; i < u.delta.size(); ++i)
+        input[i] = static_cast<float>(std::clamp(static_cast<double>(u.delta[i]), -clip, clip) * ratio);
+      input.back() = static_cast<float>(ratio * clip);
     }
     r.exchange_keys();
     u.words = r.clients[it->second].mask(r.inbox[it->second], input, std::move(u.words)).values;
@@ -377,12 +397,16 @@ public:
     // Under DP every input's L2 norm is at most the bound S, so is each coordinate's magnitude
     // (the unclipped indicator is 0 or S): clipping coordinates to S changes nothing, and the
     // scale keeps the sum of max_clients inputs below 2^31 (see secagg_options::dp).
+    // Without DP, a coordinate of the sum is at most clip * (the round's weights) / max_weight.
+    const std::size_t most = std::max(s_->options.max_clients, round.participants.size());
     r.cfg = {.dim = round.dim + s_->extra(),
              .clip = s_->dp ? s_->dp->clipping.bound : s_->options.clip,
-             .max_clients = std::max(s_->options.max_clients, round.participants.size()),
+             .max_clients = most,
+             .sum_bound = s_->dp ? 0.0 : s_->options.clip * weight_sum_bound(most) / s_->options.max_weight,
              .degree = s_->options.degree,
              .threshold = 0,
              .full_graph = s_->options.full_graph};
+    s_->weight_sum = 0;
     seed_ = round.seed;
     auto& ids = r.ids;
     for (std::uint64_t c : round.participants) {
@@ -401,7 +425,17 @@ public:
   void add(std::uint64_t client, double, std::span<const float>) override {
     throw std::logic_error("secagg: client " + std::to_string(client) + " sent an unmasked update");
   }
-  void add_encoded(std::uint64_t client, double, std::span<const std::uint32_t> words) override {
+  void add_encoded(std::uint64_t client, double weight, std::span<const std::uint32_t> words) override {
+    // The encoding's scale holds for sums of weights up to the bound; beyond it the sum would
+    // wrap into a wrong mean. (The engine passes each weight beside its masked input, which is
+    // what lets the simulation check this.)
+    if (!s_->dp) {
+      s_->weight_sum += weight;
+      const double bound = weight_sum_bound(s_->round.cfg.max_clients);
+      if (!(s_->weight_sum <= bound))
+        bad("secagg: the round's weights sum to " + show(s_->weight_sum) + " with client " + std::to_string(client) +
+            ", above the " + show(bound) + " the encoding was made for (max_weight_sum)");
+    }
     s_->round.server->receive_masked(static_cast<secagg::client_id>(client), words);
   }
   std::vector<float> finish() override {
@@ -419,10 +453,12 @@ public:
     answering.erase(answering.begin(), answering.begin() + static_cast<std::ptrdiff_t>(lost));
     std::sort(answering.begin(), answering.end());
     std::vector<float> sum;
+    std::vector<std::int32_t> exact;
     try {
       for (auto id : answering) r.server->receive_unmask(r.clients[r.slot.at(id)].unmask(request));
       for (auto id : request.dropped) r.server->receive_unmask(r.clients[r.slot.at(id)].unmask(request));
       sum = r.server->finish();
+      exact = r.server->integer_sum();
     } catch (const std::runtime_error& e) {  // too few answered: the protocol gives the round up
       r = {};
       throw round_aborted(std::string("secure aggregation could not unmask the sum (") + e.what() +
@@ -439,14 +475,24 @@ public:
       noise_sum(*s_->dp, sum, unclipped, seed_);
       return sum;
     }
-    const float total = sum.back();
-    if (!(total > 0)) throw std::runtime_error("secagg: the round's weights sum to zero");
+    // Both sums have the same scale: the mean is the ratio of the integers, times clip.
+    const std::int32_t total = exact.back();
+    if (total <= 0)
+      throw round_aborted("secure aggregation: the round's weights sum to zero (its clients hold no examples), and the "
+                          "plain mean the weighted mean falls back to would need a second secure sum");
     sum.pop_back();
-    for (float& x : sum) x /= total;
+    const double unit = s_->options.clip / static_cast<double>(total);
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = static_cast<float>(static_cast<double>(exact[i]) * unit);
     return sum;
   }
 
 private:
+  /// The most a round of `clients` can weigh in all (secagg_options::max_weight_sum).
+  double weight_sum_bound(std::size_t clients) const {
+    const auto& o = s_->options;
+    return o.max_weight_sum > 0 ? o.max_weight_sum : static_cast<double>(clients) * o.max_weight;
+  }
+
   std::shared_ptr<secagg_state> s_;
   std::uint64_t seed_ = 0;
 };
@@ -491,6 +537,14 @@ std::shared_ptr<dp_state> make_dp_state(const dp_options& options) {
   if (!(options.delta > 0 && options.delta < 1)) bad("--dp-delta must be in (0, 1)");
   if (options.expected_clients == 0 || options.population < options.expected_clients)
     bad("differential privacy needs 0 < clients per round <= clients");
+  if (sampled_clients(options) < options.expected_clients || sampled_clients(options) > options.population)
+    bad("differential privacy needs clients per round <= clients sampled per round <= clients, got " +
+        std::to_string(options.expected_clients) + ", " + std::to_string(sampled_clients(options)) + " and " +
+        std::to_string(options.population));
+  // The noise's stddev z S: finite, or the first round's noise is infinite.
+  if (!std::isfinite(options.noise * options.clip))
+    bad("--dp-noise x --dp-clip (the noise's stddev) must be finite, got " + show(options.noise) + " x " +
+        show(options.clip));
   auto s = std::make_shared<dp_state>();
   s->options = options;
   s->clipping.bound = options.clip;
@@ -550,21 +604,38 @@ std::unique_ptr<update_transform> make_update_attack(const std::string& spec, st
 
 mechanism make_secure_aggregation(const secagg_options& options) {
   if (!(options.clip > 0) || !std::isfinite(options.clip)) bad("secagg: clip must be positive");
-  if (!(options.mean_weight > 0) || !std::isfinite(options.mean_weight)) bad("secagg: mean_weight must be positive");
+  if (!(options.max_weight > 0) || !std::isfinite(options.max_weight))
+    bad("secagg: max_weight must be positive and finite, got " + show(options.max_weight));
+  if (!(options.max_weight_sum == 0 || options.max_weight_sum >= options.max_weight) ||
+      !std::isfinite(options.max_weight_sum))
+    bad("secagg: max_weight_sum must be 0 or at least max_weight, got " + show(options.max_weight_sum));
   if (!(options.dropout >= 0 && options.dropout < 1)) bad("secagg: the dropout fraction must be in [0, 1)");
   if (options.dropout > 0 && options.max_clients >= 2) {
-    // Each survivor's own secret is rebuilt from the threshold's shares held by the other
-    // survivors: a full round that loses so many that fewer than threshold + 1 remain can never
-    // unmask its sum. Refuse that before the run rather than abort every round.
+    // The lost clients are drawn at random among those who masked. Every client, lost or not,
+    // needs t shares of its secrets from answering neighbours: it survives k - t lost
+    // neighbours, whoever they are. Lost clients sit in k neighbourhoods each, so with more than
+    // n (k - t) / k of them some neighbourhood holds more than k - t whatever the draw (in the
+    // complete graph an answering client sees all of them: more than k - t). Such a fraction
+    // could never unmask a full round: refuse it rather than abort every round. Below that, a
+    // round unmasks unless the draw puts more than k - t lost clients next to one client.
     const std::size_t n = options.max_clients;
     std::vector<secagg::client_id> ids(n);
     for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<secagg::client_id>(i + 1);
     const secagg::graph g(ids, {.dim = 1, .max_clients = n, .degree = options.degree, .full_graph = options.full_graph});
+    const std::size_t k = g.degree(), spare = k - g.threshold();
+    const std::size_t most = k == n - 1 ? spare : n * spare / k;
     const auto lost = static_cast<std::size_t>(std::llround(options.dropout * static_cast<double>(n)));
-    if (n - lost < g.threshold() + 1)
-      bad("--secagg-dropout " + std::to_string(options.dropout) + " loses " + std::to_string(lost) + " of a round's " +
-          std::to_string(n) + " clients after masking; unmasking needs at least " + std::to_string(g.threshold() + 1) +
-          " to answer (lower --secagg-dropout or raise --per-round)");
+    if (lost > most)
+      bad("--secagg-dropout " + show(options.dropout) + " loses " + std::to_string(lost) + " of a round's " +
+          std::to_string(n) + " clients after masking; with " + std::to_string(k) + " neighbours each and " +
+          std::to_string(g.threshold()) + " shares to rebuild a secret, no round can unmask once more than " +
+          std::to_string(most) + " are lost (lower --secagg-dropout or raise --per-round)");
+  }
+  {  // the scale a round of max_clients gets must exist (sum_bound below 2^31)
+    const std::size_t n = std::max<std::size_t>(options.max_clients, 1);
+    const double sum = options.max_weight_sum > 0 ? options.max_weight_sum : static_cast<double>(n) * options.max_weight;
+    (void)secagg::config{.dim = 1, .clip = options.clip, .max_clients = n, .sum_bound = options.clip * sum / options.max_weight}
+        .scale();
   }
   auto s = std::make_shared<secagg_state>();
   s->options = options;
@@ -579,7 +650,7 @@ mechanism make_secure_aggregation(const secagg_options& options) {
   return {std::make_unique<secagg_mask>(s), std::make_unique<secagg_sum>(s)};
 }
 
-void install_mechanisms(simulation& sim, const simulation_options& o, double mean_weight) {
+void install_mechanisms(simulation& sim, const simulation_options& o, const weight_bounds& weights) {
   const bool robust = is_robust_rule(o.strategy), dp = o.dp_clip != 0 || o.dp_noise != 0 || o.dp_adaptive;
   if (dp && !(o.dp_clip > 0 && o.dp_noise > 0))
     bad("differential privacy needs both --dp-clip and --dp-noise, positive");
@@ -597,15 +668,16 @@ void install_mechanisms(simulation& sim, const simulation_options& o, double mea
   const dp_options privacy{.clip = o.dp_clip,
                            .noise = o.dp_noise,
                            .delta = o.dp_delta,
-                           .expected_clients = sim.sample_size(),
+                           .expected_clients = sim.cohort_size(),
                            .population = sim.population(),
+                           .sampled_clients = sim.sample_size(),
                            .adaptive = o.dp_adaptive};
   if (dp && !o.secagg) {
     // FedBuff: each server step is a Gaussian mechanism over the K buffered updates, divided by
     // K. Who is in a step depends on the clients' speeds, not on a uniform sample, so no
     // amplification by sampling is claimed: the accountant takes q = K / K = 1.
     auto plain = privacy;
-    if (const std::size_t k = sim.buffer_size()) plain.expected_clients = plain.population = k;
+    if (const std::size_t k = sim.buffer_size()) plain.expected_clients = plain.population = plain.sampled_clients = k;
     auto m = make_differential_privacy(plain);
     sim.add_transform(std::move(m.transform));
     sim.set_aggregator(std::move(m.aggregator));
@@ -615,8 +687,11 @@ void install_mechanisms(simulation& sim, const simulation_options& o, double mea
       bad("--secagg needs at least two clients per round (a sum of one update hides nothing, and every round would be "
           "given up): raise --per-round");
     // With DP the masking transform clips as well, and the server noises the unmasked sum.
-    auto m = make_secure_aggregation({.mean_weight = mean_weight > 0 ? mean_weight : 1.0,
-                                      .max_clients = sim.sample_size(),
+    // A round aggregates at most cohort_size() clients (over-selection samples more and keeps
+    // that many), whose weights the simulation knows before the first round.
+    auto m = make_secure_aggregation({.max_weight = weights.max,
+                                      .max_weight_sum = weights.round_sum,
+                                      .max_clients = sim.cohort_size(),
                                       .dropout = o.secagg_dropout,
                                       .dp = dp ? privacy : dp_options{}});
     sim.add_transform(std::move(m.transform));

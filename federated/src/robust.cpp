@@ -1,6 +1,7 @@
 #include "troupe/federated/robust.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -9,13 +10,23 @@ namespace troupe::federated {
 
 namespace {
 
+/// The common length of the updates. Refuses an empty set, unequal lengths and values that are
+/// not finite: a NaN has no place in an order (nth_element and sort would be undefined), and
+/// Krum's distances to it are NaN, which its scores would then prefer.
 std::size_t check_updates(std::span<const update_view> updates, const char* who) {
   if (updates.empty()) throw std::invalid_argument(std::string(who) + ": no updates");
   const std::size_t dim = updates[0].size();
-  for (const auto& u : updates)
+  for (std::size_t i = 0; i < updates.size(); ++i) {
+    const auto& u = updates[i];
     if (u.size() != dim)
       throw std::invalid_argument(std::string(who) + ": updates have different lengths (" + std::to_string(dim) +
                                   " and " + std::to_string(u.size()) + ")");
+    for (std::size_t j = 0; j < dim; ++j)
+      if (!std::isfinite(u[j]))
+        throw std::invalid_argument(std::string(who) + ": update " + std::to_string(i) + " holds " +
+                                    std::to_string(u[j]) + " at coordinate " + std::to_string(j) +
+                                    " (updates must be finite)");
+  }
   return dim;
 }
 
@@ -40,7 +51,7 @@ std::vector<float> coordinate_median(std::span<const update_view> updates) {
 
 std::vector<float> trimmed_mean(std::span<const update_view> updates, std::size_t trim) {
   const std::size_t dim = check_updates(updates, "trimmed_mean"), n = updates.size();
-  if (2 * trim >= n)
+  if (trim > (n - 1) / 2)  // 2 trim >= n, without the product (it wraps for trim >= 2^63)
     throw std::invalid_argument("trimmed_mean: trimming " + std::to_string(trim) + " from each end of " +
                                 std::to_string(n) + " updates leaves none");
   std::vector<float> out(dim), column(n);
@@ -57,7 +68,7 @@ std::vector<float> trimmed_mean(std::span<const update_view> updates, std::size_
 krum_choice krum_select(std::span<const update_view> updates, std::size_t byzantine, std::size_t m) {
   check_updates(updates, "krum");
   const std::size_t n = updates.size();
-  if (n <= 2 * byzantine + 2)
+  if (n < 3 || byzantine > (n - 3) / 2)  // n <= 2f + 2, without the product (it wraps)
     throw std::invalid_argument("krum: " + std::to_string(n) + " updates cannot tolerate " +
                                 std::to_string(byzantine) + " Byzantine ones (needs n > 2f + 2)");
   if (m < 1 || m > n) throw std::invalid_argument("krum: m must be in [1, " + std::to_string(n) + "]");

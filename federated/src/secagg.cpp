@@ -422,8 +422,11 @@ bool contains(const std::vector<client_id>& sorted, client_id id) {
 double config::scale() const {
   if (!(clip > 0) || !std::isfinite(clip)) bad("clip must be positive and finite");
   if (max_clients == 0) bad("max_clients must be at least 1");
-  const double limit = 2147483647.0 / (static_cast<double>(max_clients) * clip);
-  if (limit < 1) bad("max_clients * clip is too large for 32-bit fixed point");
+  if (!(sum_bound >= 0) || !std::isfinite(sum_bound))
+    bad("sum_bound must be >= 0 and finite, got " + std::to_string(sum_bound));
+  const double bound = sum_bound > 0 ? sum_bound : static_cast<double>(max_clients) * clip;
+  const double limit = 2147483647.0 / bound;
+  if (limit < 1) bad("the sum's bound " + std::to_string(bound) + " is too large for 32-bit fixed point");
   return std::exp2(std::floor(std::log2(limit)));
 }
 

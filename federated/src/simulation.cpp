@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -277,6 +278,14 @@ struct round_context {
 
 /// A client: a range of the shared index array, a generator and, only once its algorithm
 /// needs it, persistent state. Nothing else while idle.
+/// A diverged client (too large a learning rate) ends the run with its name, on the server's
+/// thread, before its NaN reaches the aggregate (where it would only show as a NaN model).
+void check_finite(const client_update& u, const std::string& when) {
+  if (u.words.empty() && !all_finite(u.delta))
+    throw std::runtime_error(when + " diverged: client " + std::to_string(u.client) +
+                             "'s update is no longer finite (lower --lr, or check the attack settings)");
+}
+
 class client {
 public:
   client(std::uint32_t offset, std::uint32_t length, std::uint64_t seed) : offset_(offset), length_(length), rng_{seed} {}
@@ -324,6 +333,9 @@ public:
         ci[p] += dc;
       }
     }
+    // A diverged update goes back as it is, past the transforms (which refuse it): the server
+    // ends the run with the client's name (check_finite).
+    if (!all_finite(u.delta)) return u;
     if (!e.transforms.empty()) u.words = e.take_words();  // storage an encoding transform may reuse
     for (std::size_t t = 0; t < e.transforms.size(); ++t) {
       const std::size_t floats = e.transforms[t]->client_state_floats(u.delta.size());
@@ -570,6 +582,25 @@ double work_seconds(const engine_state& e, std::uint64_t client, splitmix64& g) 
   return factor * examples * o.local_epochs * o.sample_seconds + jitter;
 }
 
+/// The bounds on the weights the clients will send (client::train): 1 each when the strategy
+/// weighs clients uniformly, else their shard sizes; a round holds at most `per_round` of them.
+weight_bounds client_weight_bounds(const engine_state& e, std::size_t per_round) {
+  const double uniform = static_cast<double>(per_round);
+  if (e.rule.uniform_weights) return {.max = 1, .round_sum = uniform};
+  std::vector<std::uint32_t> sizes(e.part.clients());
+  for (std::size_t c = 0; c < sizes.size(); ++c) sizes[c] = e.part.offsets[c + 1] - e.part.offsets[c];
+  const std::size_t k = std::min(per_round, sizes.size());
+  if (k == 0) return {.max = 1, .round_sum = uniform};
+  std::nth_element(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(k - 1), sizes.end(), std::greater<>());
+  double largest = 0, sum = 0;  // the k largest sizes are sizes[0, k)
+  for (std::size_t i = 0; i < k; ++i) {
+    largest = std::max(largest, static_cast<double>(sizes[i]));
+    sum += sizes[i];
+  }
+  if (largest == 0) return {.max = 1, .round_sum = uniform};  // no client holds an example
+  return {.max = largest, .round_sum = sum};
+}
+
 }  // namespace
 
 double staleness_weight(std::int64_t staleness) {
@@ -691,6 +722,7 @@ struct simulation::impl {
         continue;
       }
       client_update u = f.take();
+      check_finite(u, "server step " + std::to_string(version + 1));
       if (!hold) busy[f.client] = 0;
       if (!u.words.empty() || u.delta.size() != floats)
         throw std::logic_error("--async: client " + std::to_string(u.client) + " sent an update of another form");
@@ -810,7 +842,7 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
   for (std::size_t c = 0; c < o.clients; ++c)
     impl_->clients.push_back(impl_->system->spawn<client>(e.part.offsets[c], e.part.offsets[c + 1] - e.part.offsets[c],
                                                           derive_seed(o.seed, stream_client + c)));
-  install_mechanisms(*this, o, e.data ? static_cast<double>(e.data->train.size()) / static_cast<double>(o.clients) : 1.0);
+  install_mechanisms(*this, o, client_weight_bounds(e, impl_->keep));
   if (impl_->buffer) check_async_mechanisms(o, impl_->keep, impl_->buffer);
   impl_->hold = impl_->buffer && (o.dp_clip != 0 || o.dp_noise != 0);
 }
@@ -960,6 +992,17 @@ round_report simulation::run_round() {
     }
     client_update u = pending.front().get();
     pending.pop_front();
+    try {
+      check_finite(u, "round " + std::to_string(round));
+    } catch (...) {  // the asks still out finish first: the run ends with no message left behind
+      for (auto& p : pending) {
+        try {
+          (void)p.get();
+        } catch (...) {
+        }
+      }
+      throw;
+    }
     if (!u.words.empty())
       impl_->agg->add_encoded(u.client, u.weight, u.words);
     else

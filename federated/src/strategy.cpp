@@ -119,6 +119,12 @@ public:
         state[0] != std::floor(state[0]))
       throw std::invalid_argument("strategy '" + name() + "': the checkpoint's state is malformed");
     const std::size_t n = (state.size() - 1) / 2;
+    // v starts at tau^2 and never goes below 0 (Yogi's step takes at most (1 - beta2) d^2 from a
+    // v above d^2): a negative one would make sqrt(v) NaN in the next step.
+    for (std::size_t i = 0; i < n; ++i)
+      if (!(state[1 + n + i] >= 0))
+        throw std::invalid_argument("strategy '" + name() + "': the checkpoint's second moment v[" + std::to_string(i) +
+                                    "] is " + std::to_string(state[1 + n + i]) + ", not >= 0");
     t_ = static_cast<int>(state[0]);
     m_.assign(state.begin() + 1, state.begin() + 1 + static_cast<std::ptrdiff_t>(n));
     v_.assign(state.begin() + 1 + static_cast<std::ptrdiff_t>(n), state.end());

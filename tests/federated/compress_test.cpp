@@ -86,4 +86,29 @@ TEST(Qsgd, KeepsSignsZerosAndReportsItsWireSize) {
   EXPECT_EQ(qsgd(std::vector<float>(3, 0.0f), 2, 1).level, (std::vector<std::int8_t>(3, 0)));
 }
 
+TEST(SparseUpdate, DensifyRefusesAPositionOutsideTheVector) {
+  sparse_update s{.index = {1, 4}, .value = {1, 2}, .dim = 4};
+  std::vector<float> out(4, 7.0f);
+  EXPECT_THROW(s.densify(out), std::invalid_argument);
+  EXPECT_EQ(out, std::vector<float>(4, 7.0f)) << "nothing written";
+  sparse_update uneven{.index = {1}, .value = {1, 2}, .dim = 4};
+  EXPECT_THROW(uneven.densify(out), std::invalid_argument);
+  sparse_update good{.index = {0, 3}, .value = {1, 2}, .dim = 4};
+  good.densify(out);
+  EXPECT_EQ(out, (std::vector<float>{1, 0, 0, 2}));
+}
+
+TEST(Qsgd, RefusesANormBeyondAFloatAndHandlesLargeFiniteOnes) {
+  // The norm of {3e38, 3e38} is 4.2e38, beyond the float the wire carries: it came back as inf
+  // and the dequantized update as NaN.
+  const std::vector<float> beyond{3e38f, 3e38f};
+  EXPECT_THROW(qsgd(beyond, 4, 1), std::invalid_argument);
+  const std::vector<float> large{1e38f, -1e38f};
+  const auto q = qsgd(large, 4, 1);
+  std::vector<float> out(2);
+  q.dequantize(out);
+  EXPECT_NEAR(out[0], 1e38, 1e32 * 1e6);
+  EXPECT_NEAR(out[1], -1e38, 1e32 * 1e6);
+}
+
 }  // namespace

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <vector>
 
@@ -132,6 +133,35 @@ TEST(AdaptiveClipping, TakesTheCountsNoiseOutOfTheSumsMultiplier) {
   EXPECT_NEAR(clip.sum_noise_multiplier(1.0), 1 / std::sqrt(1 - 1 / 400.0), 1e-12);
   adaptive_clipping noiseless{};
   EXPECT_THROW(noiseless.sum_noise_multiplier(1.0), std::invalid_argument);
+}
+
+TEST(ClipL2, RefusesUpdatesThatAreNotFinite) {
+  // A NaN left the update unclipped (NaN > bound is false), an infinity made it NaN: either
+  // breaks the bound the noise is calibrated to.
+  std::vector<float> nan{std::numeric_limits<float>::quiet_NaN(), 1}, inf{std::numeric_limits<float>::infinity(), 1};
+  EXPECT_THROW(clip_l2(nan, 1.0), std::invalid_argument);
+  EXPECT_THROW(clip_l2(inf, 1.0), std::invalid_argument);
+  std::vector<float> huge{3e38f, 3e38f};  // finite: its squares fit a double
+  EXPECT_NEAR(clip_l2(huge, 1.0), 3e38 * std::sqrt(2.0), 1e32);
+  EXPECT_NEAR(huge[0], 1 / std::sqrt(2.0), 1e-6);
+}
+
+TEST(Rdp, OrdersBeyondTheExactRangeGetThePlainGaussianBound) {
+  // Whole orders above INT_MAX were cast to int (-inf came back); such orders now get the
+  // plain Gaussian's alpha / (2 sigma^2), which bounds the sampled one from above.
+  for (double a : {3e9, 1e15, 1e300, 10000.5}) {
+    const double r = sampled_gaussian_rdp(0.01, 1.0, a);
+    EXPECT_TRUE(std::isfinite(r)) << a;
+    EXPECT_DOUBLE_EQ(r, a > largest_exact_rdp_order ? a / 2 : r) << a;
+    EXPECT_GE(r, sampled_gaussian_rdp(0.01, 1.0, 64)) << "RDP does not fall with the order";
+  }
+  // Near the limit the exact value is already close to the bound (and below it).
+  const double exact = sampled_gaussian_rdp(0.01, 1.0, largest_exact_rdp_order);
+  EXPECT_LE(exact, largest_exact_rdp_order / 2);
+  EXPECT_GT(exact, 0.9 * largest_exact_rdp_order / 2);
+  rdp_accountant acc({3e9});
+  acc.compose(0.5, 0.5, 1000);
+  EXPECT_GT(acc.epsilon(1e-5).epsilon, 0);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -41,7 +42,9 @@ double metric(const round_report& r, const std::string& name) {
 TEST(SecureAggregation, GivesTheWeightedMeanUpToFixedPointRoundingEvenWithDropouts) {
   for (double dropout : {0.0, 0.1}) {
     simulation plain(small(), fashion()), secure(small(), fashion());
-    auto m = make_secure_aggregation({.clip = 4.0, .mean_weight = 100.0, .max_clients = 10, .dropout = dropout});
+    // No client holds more than the 3,000 examples, nor a round more than all of them.
+    auto m = make_secure_aggregation(
+        {.clip = 4.0, .max_weight = 3000, .max_weight_sum = 3000, .max_clients = 10, .dropout = dropout});
     secure.add_transform(std::move(m.transform));
     secure.set_aggregator(std::move(m.aggregator));
     for (int r = 0; r < 2; ++r) {
@@ -267,7 +270,8 @@ TEST(SecureAggregation, RunsItsKeyStagesInTheWorkersAndGivesTheSameModelAtAnyThr
     o.threads = threads;
     o.per_round = 20;
     simulation sim(o, fashion());
-    auto m = make_secure_aggregation({.clip = 4.0, .mean_weight = 100.0, .max_clients = 20, .dropout = 0.1});
+    auto m = make_secure_aggregation(
+        {.clip = 4.0, .max_weight = 3000, .max_weight_sum = 3000, .max_clients = 20, .dropout = 0.1});
     sim.add_transform(std::move(m.transform));
     sim.set_aggregator(std::move(m.aggregator));
     for (int r = 0; r < 2; ++r) EXPECT_EQ(metric(sim.run_round(), "secagg_survivors"), 20);
@@ -353,6 +357,195 @@ TEST(Compression, TopKKeepsAResidualPerClientAndReportsTheUplinkRatio) {
   EXPECT_LT(metric(q.run_round(), "uplink_ratio"), 0.2);  // 5 bits of 32 per coordinate
   for (const char* bad : {"topk:0", "topk:2", "qsgd:0", "qsgd:200", "zip"})
     EXPECT_THROW(make_compression(bad), std::invalid_argument) << bad;
+}
+
+// ---- the weighted mean's encoding ----------------------------------------------------------------
+
+std::vector<float> plain_mean(const std::vector<client_update>& updates) {
+  auto w = make_weighted_mean();
+  std::vector<std::uint64_t> who;
+  for (const auto& u : updates) who.push_back(u.client);
+  w->begin({.round = 1, .dim = updates.front().delta.size(), .population = 100, .participants = who, .seed = 1});
+  for (const auto& u : updates) w->add(u.client, u.weight, u.delta);
+  return w->finish();
+}
+
+TEST(SecureAggregation, GivesTheWeightedMeanWhenOneClientWeighsFarMoreThanTheOthers) {
+  // The weight ratio used to travel as a coordinate clipped to 4 like the update's: weights 1
+  // and 10 gave {0.022, 0.056} instead of {0.01, 0.02545}.
+  for (double heavy : {10.0, 1000.0, 60000.0}) {
+    std::vector<client_update> updates{{.client = 3, .weight = 1, .delta = {0.01f, -0.02f}, .words = {}},
+                                       {.client = 5, .weight = heavy, .delta = {0.01f, 0.03f}, .words = {}},
+                                       {.client = 9, .weight = 0, .delta = {0.5f, 0.5f}, .words = {}}};
+    const auto expected = plain_mean(updates);
+    auto m = make_secure_aggregation({.max_weight = heavy, .max_clients = 3});
+    const auto got = drive(m, updates, 11, 100).aggregate;
+    ASSERT_EQ(got.size(), 2u);
+    for (std::size_t i = 0; i < 2; ++i) EXPECT_NEAR(got[i], expected[i], 1e-7) << "weight " << heavy;
+  }
+}
+
+TEST(SecureAggregation, RefusesWeightsOutsideTheEncodingsRangeInsteadOfClippingThem) {
+  const std::vector<client_update> updates{{.client = 3, .weight = 1, .delta = {0.01f}, .words = {}},
+                                           {.client = 5, .weight = 10, .delta = {0.01f}, .words = {}}};
+  for (double weight : {10.5, -1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    auto m = make_secure_aggregation({.max_weight = 10, .max_clients = 2});
+    auto u = updates;
+    u[1].weight = weight;
+    EXPECT_THROW(drive(m, u, 1, 100), std::invalid_argument) << weight;
+  }
+  // Each within max_weight, together above max_weight_sum: the sum would wrap.
+  auto m = make_secure_aggregation({.max_weight = 10, .max_weight_sum = 10, .max_clients = 2});
+  auto u = updates;
+  u[0].weight = 5;
+  EXPECT_THROW(drive(m, u, 1, 100), std::invalid_argument);
+  EXPECT_THROW(make_secure_aggregation({.max_weight = 0, .max_clients = 2}), std::invalid_argument);
+  EXPECT_THROW(make_secure_aggregation({.max_weight = 10, .max_weight_sum = 5, .max_clients = 2}), std::invalid_argument);
+}
+
+TEST(SecureAggregation, GivesUpARoundWhoseWeightsSumToZero) {
+  // It threw std::runtime_error, which ended the whole run.
+  auto m = make_secure_aggregation({.max_weight = 1, .max_clients = 2});
+  const std::vector<client_update> updates{{.client = 3, .weight = 0, .delta = {0.01f, -0.02f}, .words = {}},
+                                           {.client = 5, .weight = 0, .delta = {0.01f, 0.03f}, .words = {}}};
+  EXPECT_THROW(drive(m, updates, 1, 100), round_aborted);
+  // The next round is fine.
+  auto next = updates;
+  next[0].weight = 1;
+  const auto got = drive(m, next, 2, 100).aggregate;
+  EXPECT_NEAR(got[0], 0.01, 1e-8);
+  EXPECT_NEAR(got[1], -0.02, 1e-8);
+}
+
+/// Adds to every coordinate an amount that depends on the client only (`base` times 1 to 4).
+class constant_trainer final : public local_trainer {
+public:
+  explicit constant_trainer(double base, std::size_t dim = 4) : base_(base), dim_(dim) {}
+  std::size_t dim() const override { return dim_; }
+  void initialize(std::span<float> m, std::uint64_t) override { std::fill(m.begin(), m.end(), 0.0f); }
+  local_result train(const local_job& job, std::span<float> m, splitmix64&) override {
+    for (float& v : m) v += static_cast<float>(base_ * static_cast<double>(1 + job.client % 4));
+    return {0, 1, static_cast<std::int64_t>(job.shard.size())};
+  }
+  evaluation evaluate(std::span<const float>) override { return {}; }
+
+private:
+  double base_;
+  std::size_t dim_;
+};
+
+std::vector<float> model_after(simulation_options o, int rounds, trainer_factory trainer) {
+  simulation sim(std::move(o), fashion(), std::move(trainer));
+  for (int r = 0; r < rounds; ++r) EXPECT_EQ(sim.run_round().aborted, "") << "round " << r + 1;
+  return {sim.global_model().begin(), sim.global_model().end()};
+}
+
+TEST(SecureAggregation, MatchesThePlainWeightedMeanOnUnequalShardsNoopAndScaffold) {
+  auto o = small();
+  o.clients = 100;
+  o.per_round = 10;
+  o.partition = "powerlaw:1.5";  // some clients hold many times the mean
+  auto constant = [](double base) {
+    return [base](const shared_data&) -> std::unique_ptr<local_trainer> { return std::make_unique<constant_trainer>(base); };
+  };
+  {
+    // Clients add 0.01 to 0.04: with heavy clients' ratios clipped to 4, secagg was ~30% off
+    // (with 0.01 for everybody: 0.0401 after 3 rounds where the mean gives 0.03).
+    const auto plain = model_after(o, 3, constant(0.01));
+    auto secure = o;
+    secure.secagg = true;
+    const auto s = model_after(secure, 3, constant(0.01));
+    for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_NEAR(s[i], plain[i], 1e-5 * std::abs(plain[i]));
+  }
+  {
+    // The noop trainer has no data, and weighted its shard sizes against a mean of 1: 180 times
+    // too large.
+    auto n = o;
+    n.trainer = "noop";
+    simulation plain(n, nullptr);
+    n.secagg = true;
+    simulation secure(n, nullptr);
+    for (int r = 0; r < 3; ++r) {
+      plain.run_round();
+      EXPECT_EQ(secure.run_round().aborted, "");
+    }
+    const auto a = plain.global_model(), b = secure.global_model();
+    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-6) << i;
+  }
+  {
+    // SCAFFOLD weighs every client 1: divided by the mean shard size they lost 9 bits (updates
+    // of 1e-5 to 4e-5 came out as 1.79e-5 or 3.58e-5, 1e-7 as 0).
+    for (double base : {1e-5, 1e-7}) {
+      auto sc = o;
+      sc.strategy = "scaffold";
+      auto plain = model_after(sc, 1, constant(base));
+      sc.secagg = true;
+      const auto s = model_after(sc, 1, constant(base));
+      for (std::size_t i = 0; i < plain.size(); ++i)
+        EXPECT_NEAR(s[i], plain[i], 2e-8) << "base " << base << " coordinate " << i;
+    }
+  }
+}
+
+TEST(SecureAggregation, RefusesOnlyADropoutThatNoFullRoundSurvives) {
+  // 10 per round: k = 8, t = 5; each lost client is a neighbour of 8, so with 4 lost some
+  // client has more than k - t = 3 lost neighbours whoever is lost (the old check, 6 >= t + 1,
+  // let 0.4 through and every round aborted).
+  EXPECT_THROW(make_secure_aggregation({.max_clients = 10, .dropout = 0.4}), std::invalid_argument);
+  EXPECT_NO_THROW(make_secure_aggregation({.max_clients = 10, .dropout = 0.3}));
+  // A full graph: an answering client sees every lost one.
+  EXPECT_THROW(make_secure_aggregation({.max_clients = 10, .full_graph = true, .dropout = 0.5}), std::invalid_argument);
+  EXPECT_NO_THROW(make_secure_aggregation({.max_clients = 10, .full_graph = true, .dropout = 0.4}));
+  // At most k - t lost: every round unmasks, whoever is lost.
+  auto o = small();
+  o.per_round = 10;
+  o.secagg = true;
+  o.secagg_dropout = 0.3;
+  o.trainer = "noop";
+  simulation sim(o, nullptr);
+  for (int r = 0; r < 5; ++r) EXPECT_EQ(sim.run_round().aborted, "") << "round " << r + 1;
+  // Over-selection samples 20 but a round keeps 10: the check is for 10.
+  o.over_select = 1;
+  o.secagg_dropout = 0.45;
+  EXPECT_THROW(simulation{o}, std::invalid_argument);
+}
+
+TEST(DifferentialPrivacy, DividesByTheClientsKeptUnderOverSelectionAndAccountsForTheSampled) {
+  // Every update 0.01, well inside the bound, next to no noise: the model moves by 0.01. It
+  // moved by 0.005 with over-selection 1, divided by the 20 sampled instead of the 10 kept.
+  auto o = small();
+  o.clients = 100;
+  o.per_round = 10;
+  o.over_select = 1;
+  o.dp_clip = 100;
+  o.dp_noise = 1e-9;
+  for (bool secure : {false, true}) {
+    o.secagg = secure;
+    simulation sim(o, fashion(), [](const shared_data&) { return std::make_unique<constant_trainer>(0.01, 1); });
+    const auto report = sim.run_round();
+    EXPECT_EQ(report.participants, 10u);
+    // Clients 4k + j add 0.01 (1 + j): the kept ten's mean, up to the fixed point's rounding.
+    double mean = 0;
+    for (auto c : sim.participants(1)) mean += 0.01 * static_cast<double>(1 + c % 4) / 10;
+    EXPECT_NEAR(sim.global_model()[0], mean, 1e-6) << (secure ? "secagg" : "plain");
+  }
+  // The accountant's rate is the 20 sampled of 100: no client is in a round more often.
+  o.dp_noise = 1;
+  for (bool secure : {false, true}) {
+    o.secagg = secure;
+    simulation sim(o, fashion(), [](const shared_data&) { return std::make_unique<constant_trainer>(0.01, 1); });
+    rdp_accountant expected;
+    expected.compose(20.0 / 100.0, 1, 1);
+    EXPECT_DOUBLE_EQ(metric(sim.run_round(), "epsilon"), expected.epsilon(1e-5).epsilon);
+  }
+}
+
+TEST(DifferentialPrivacy, RefusesANoiseStddevBeyondADouble) {
+  EXPECT_THROW(make_differential_privacy({.clip = 1e308, .noise = 1e308, .expected_clients = 4, .population = 8}),
+               std::invalid_argument);
+  EXPECT_THROW(make_differential_privacy(
+                   {.clip = 1, .noise = 1, .expected_clients = 4, .population = 8, .sampled_clients = 9}),
+               std::invalid_argument);
 }
 
 TEST(Attacks, PickAFixedSeededFractionOfClients) {

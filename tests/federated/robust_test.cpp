@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -77,6 +78,34 @@ TEST(RobustAggregation, RefusesMismatchedOrMissingUpdates) {
   round_updates bad{{{1, 2}, {3}}};
   EXPECT_THROW(coordinate_median(bad.views()), std::invalid_argument);
   EXPECT_THROW(trimmed_mean(std::span<const update_view>{}, 0), std::invalid_argument);
+}
+
+TEST(RobustAggregation, RefusesCountsWhoseProductsWouldWrap) {
+  // 2 trim and 2 f + 2 wrap around for counts near 2^63: the checks must not multiply.
+  round_updates r{{{1}, {2}, {3}, {4}, {5}}};
+  const auto v = r.views();
+  EXPECT_THROW(trimmed_mean(v, 1ull << 63), std::invalid_argument);
+  EXPECT_THROW(trimmed_mean(v, ~0ull), std::invalid_argument);
+  EXPECT_THROW(trimmed_mean(v, 3), std::invalid_argument);
+  EXPECT_NO_THROW(trimmed_mean(v, 2));
+  EXPECT_THROW(multi_krum(v, (1ull << 63) - 1, 1), std::invalid_argument);
+  EXPECT_THROW(krum_select(v, ~0ull, 1), std::invalid_argument);
+  EXPECT_THROW(krum_select(v, 2, 1), std::invalid_argument);
+  EXPECT_NO_THROW(krum_select(v, 1, 1));
+  round_updates two{{{1}, {2}}};
+  EXPECT_THROW(krum_select(two.views(), 0, 1), std::invalid_argument);
+}
+
+TEST(RobustAggregation, RefusesUpdatesThatAreNotFinite) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    round_updates r{{{1, 1}, {2, 2}, {3, bad}, {4, 4}, {5, 5}}};
+    const auto v = r.views();
+    EXPECT_THROW(coordinate_median(v), std::invalid_argument);
+    EXPECT_THROW(trimmed_mean(v, 1), std::invalid_argument);
+    EXPECT_THROW(krum_select(v, 1, 1), std::invalid_argument);
+    EXPECT_THROW(multi_krum(v, 1, 2), std::invalid_argument);
+  }
 }
 
 TEST(Attacks, FlipSignsScaleUpdatesFlipLabelsAndStampTheTrigger) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "troupe/federated/strategy.hpp"
@@ -118,6 +119,40 @@ TEST(Strategy, RejectsUnknownMalformedAndAggregationRuleNames) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("make_robust_aggregator"), std::string::npos);
   }
+}
+
+TEST(Strategy, AdaptiveStrategiesRefuseANegativeSecondMomentFromACheckpoint) {
+  for (const char* name : {"fedadam", "fedyogi", "fedadagrad"}) {
+    auto s = make_strategy(name, {});
+    // t = 1, m = {0, 0}, v = {1, -1}: sqrt(-1) would be NaN in the next step.
+    const std::vector<double> bad{1, 0, 0, 1, -1};
+    EXPECT_THROW(s->load_state(bad), std::invalid_argument) << name;
+    const std::vector<double> good{1, 0, 0, 1, 0};
+    EXPECT_NO_THROW(s->load_state(good)) << name;
+  }
+}
+
+TEST(WeightedMean, RefusesWeightsAndUpdatesThatAreNotFiniteAndSumsThatOverflow) {
+  const std::vector<std::uint64_t> who{1, 2};
+  const round_info round{.round = 1, .dim = 2, .population = 2, .participants = who, .seed = 1};
+  const std::vector<float> d{1, 2}, nan{std::numeric_limits<float>::quiet_NaN(), 1};
+  auto m = make_weighted_mean();
+  m->begin(round);
+  EXPECT_THROW(m->add(1, std::numeric_limits<double>::infinity(), d), std::invalid_argument);
+  EXPECT_THROW(m->add(1, std::numeric_limits<double>::quiet_NaN(), d), std::invalid_argument);
+  EXPECT_THROW(m->add(1, -1, d), std::invalid_argument);
+  EXPECT_THROW(m->add(1, 1, nan), std::invalid_argument);
+  m->begin(round);
+  m->add(1, 1e308, d);
+  EXPECT_THROW(m->add(2, 1e308, d), std::invalid_argument) << "the weights' total overflows";
+  m->begin(round);
+  const std::vector<float> big{3e38f, 1};
+  m->add(1, 1e300, big);  // weight * delta overflows a double
+  EXPECT_THROW(m->finish(), std::invalid_argument);
+  m->begin(round);
+  m->add(1, 1, d);
+  m->add(2, 3, std::vector<float>{5, 6});
+  EXPECT_EQ(m->finish(), (std::vector<float>{4, 5}));
 }
 
 }  // namespace

@@ -21,7 +21,8 @@ struct sparse_update {
   std::vector<float> value;
   std::size_t dim = 0;
   std::size_t wire_bytes() const noexcept { return index.size() * (sizeof(std::uint32_t) + sizeof(float)); }
-  /// Writes the dense vector (zeros where nothing was sent) into `out` of size dim.
+  /// Writes the dense vector (zeros where nothing was sent) into `out` of size dim. Throws
+  /// std::invalid_argument for a position >= dim or for positions and values of different counts.
   void densify(std::span<float> out) const;
 };
 
@@ -42,7 +43,8 @@ struct quantized_update {
 };
 
 /// Quantizes with `levels` in [1, 127], rounding stochastically from `seed`. Throws
-/// std::invalid_argument for a level count outside that range or a non-finite update.
+/// std::invalid_argument for a level count outside that range, a non-finite update, or one whose
+/// L2 norm (computed in double) is beyond the largest float, the norm's type on the wire.
 quantized_update qsgd(std::span<const float> update, int levels, std::uint64_t seed);
 
 }  // namespace troupe::federated

@@ -23,7 +23,8 @@
 namespace troupe::federated {
 
 /// Scales `update` in place so that its L2 norm is at most `bound` (> 0); returns the norm it had.
-/// Throws std::invalid_argument for a bound that is not positive and finite.
+/// Throws std::invalid_argument for a bound that is not positive and finite, and for an update
+/// holding NaN or an infinity (it could not be clipped to the bound).
 double clip_l2(std::span<float> update, double bound);
 
 /// Adds independent N(0, stddev²) noise to every coordinate. The draws depend only on `seed`.
@@ -32,14 +33,20 @@ void add_gaussian_noise(std::span<float> values, double stddev, std::uint64_t se
 /// RDP of one step of the sampled Gaussian mechanism with sampling probability q, noise
 /// multiplier sigma (noise stddev / sensitivity) at order alpha > 1. Integer orders use the exact
 /// binomial expansion, fractional ones the two-sided series of Mironov et al.; both in log space.
-/// q = 0 gives 0, q = 1 the plain Gaussian alpha / (2 sigma²). Throws std::invalid_argument for
-/// q outside [0, 1], sigma <= 0 or alpha <= 1.
+/// q = 0 gives 0, q = 1 the plain Gaussian alpha / (2 sigma²). Orders above
+/// largest_exact_rdp_order also give alpha / (2 sigma²), an upper bound (sampling never costs
+/// more than the plain Gaussian) that is close there, where the expansions would need more terms
+/// than are summed. Throws std::invalid_argument for q outside [0, 1], sigma <= 0, alpha <= 1
+/// or alpha infinite.
 double sampled_gaussian_rdp(double q, double sigma, double alpha);
+/// The largest order sampled_gaussian_rdp evaluates exactly (see there).
+inline constexpr double largest_exact_rdp_order = 10000;
 
 /// (ε, δ) accounting over a sequence of sampled Gaussian steps.
 class rdp_accountant {
 public:
-  /// Orders 1.1, 1.2, ..., 10.9, 11, 12, ..., 63 (Opacus' default alphas).
+  /// Orders 1.1, 1.2, ..., 10.9, then 12, 13, ..., 63: Opacus' default alphas, which skip 11
+  /// (kept as they are, so that ε matches Opacus' and checkpoints keep their number of orders).
   static std::vector<double> default_orders();
 
   explicit rdp_accountant(std::vector<double> orders = default_orders());

@@ -43,7 +43,10 @@ struct dp_options {
   double noise = 0;               ///< z: the server adds N(0, (z S)²) to the sum
   double delta = 1e-5;            ///< δ of the reported ε
   std::size_t expected_clients = 0;  ///< K: the sum is divided by this fixed denominator
-  std::size_t population = 0;     ///< N: the sampling probability is K / N
+  std::size_t population = 0;     ///< N: the sampling probability is sampled_clients / N
+  /// Clients sampled per round (0: K). Over-selection samples more than the K it keeps: the
+  /// accountant takes the sampled count (no client is in a round more often than that).
+  std::size_t sampled_clients = 0;
   bool adaptive = false;          ///< adapt S toward a quantile of the update norms
   double target_quantile = 0.5;   ///< adaptive: γ
   double clip_learning_rate = 0.2;  ///< adaptive: η_C
@@ -52,8 +55,8 @@ struct dp_options {
 /// DP-FedAvg with a fixed denominator (McMahan et al., 2018): clients clip (the transform), the
 /// server sums unweighted, adds Gaussian noise, divides by K and reports "epsilon" each round
 /// from an RDP accountant (sampling rate K / N, one step per round). Throws
-/// std::invalid_argument for a clip or noise that is not positive, a δ outside (0, 1), or K / N
-/// not a probability.
+/// std::invalid_argument for a clip or noise that is not positive, a δ outside (0, 1), K and the
+/// sampled count not 0 < K <= sampled <= N, or a noise stddev z S that is not finite.
 mechanism make_differential_privacy(const dp_options& options);
 
 // ---- compression -----------------------------------------------------------------------------------
@@ -87,8 +90,9 @@ trainer_factory poison_training(trainer_factory inner, const std::string& spec, 
 // ---- secure aggregation ----------------------------------------------------------------------------
 
 struct secagg_options {
-  double clip = 4.0;          ///< inputs (weight-normalized deltas) are clipped to [-clip, clip]
-  double mean_weight = 1.0;   ///< clients send (weight / mean_weight) · delta and that ratio
+  double clip = 4.0;            ///< update coordinates are clipped to [-clip, clip] (before weighting)
+  double max_weight = 1.0;      ///< the largest weight of one client (a larger one is an error)
+  double max_weight_sum = 0;    ///< the largest sum of a round's weights (0: max_clients · max_weight)
   std::size_t max_clients = 0;  ///< most participants in a round
   std::size_t degree = 0;     ///< neighbours per client (0: from the round's size)
   bool full_graph = false;    ///< SecAgg (Bonawitz et al.) instead of SecAgg+
@@ -100,26 +104,49 @@ struct secagg_options {
   /// coordinate, and noises and divides the sum exactly as DP-FedAvg does. The fixed-point
   /// encoding then clips coordinates to S instead of `clip`: an L2-clipped update has no
   /// coordinate above S, so nothing more is cut, and K inputs sum below 2^31 (resolution
-  /// quantum of at most K S / 2^30; the sum is off by at most K / 2 quanta).
+  /// quantum of at most K S / 2^30; the sum is off by at most K / 2 quanta). The weights are
+  /// not used.
   dp_options dp{};
 };
 /// Secure aggregation of the weighted mean (or, with `dp`, of DP-FedAvg's noised sum): every
 /// round, the participants run SecAgg+ through the server (keys, encrypted shares), each masks
 /// its update in the transform on its worker thread, and the aggregator adds masked integers
 /// and unmasks only the sum. Reports "secagg_survivors" (after "epsilon" and, when adaptive,
-/// "dp_clip"). Throws std::invalid_argument for bad options.
+/// "dp_clip").
+///
+/// The weighted mean's encoding: client k with weight w_k masks (w_k / W) · clip(Δ_k) and, as
+/// one more coordinate, (w_k / W) · clip, W being max_weight; every input coordinate is then in
+/// [-clip, clip], and a coordinate of the sum within clip · max_weight_sum / W, which fixes the
+/// fixed-point scale (secagg::config::sum_bound). The server divides each summed coordinate by
+/// the last one, in the integers: the weighted mean of the clipped updates, off by at most
+/// K / 2 quanta of clip · max_weight_sum / (W 2^30) in the sum divided by the round's weights
+/// over W. A weight outside [0, max_weight] (or not finite) is an error in the client's
+/// transform, a round whose weights sum above max_weight_sum one in the aggregator's add (the
+/// simulation passes the weights beside the masked inputs, which is how it can tell), and a round
+/// whose weights sum to zero is given up (round_aborted): the plain mean that the unmasked
+/// weighted mean falls back to would need a second sum.
+///
+/// Throws std::invalid_argument for bad options, and for a dropout fraction that leaves no full
+/// round of max_clients able to unmask (see docs/FEDERATED.md).
 mechanism make_secure_aggregation(const secagg_options& options);
 
 // ---- installation ----------------------------------------------------------------------------------
 
+/// What secure aggregation's fixed-point range needs to know of the clients' weights (their
+/// numbers of examples under FedAvg, 1 under SCAFFOLD), all known before the first round.
+struct weight_bounds {
+  double max = 1;        ///< the largest weight of any client (> 0)
+  double round_sum = 0;  ///< the largest sum of the weights of one round's clients (0: per round · max)
+};
+
 /// Installs what `options` asks for (its mechanism fields and a robust `strategy`) into `sim`, in
-/// the order attack, compression, clipping, masking on the client. `mean_weight` is the mean
-/// number of examples per client (secure aggregation normalizes weights by it). Throws
+/// the order attack, compression, clipping, masking on the client. `weights` bounds the weights
+/// the clients send (secure aggregation's encoding is made for them). Throws
 /// std::invalid_argument for bad values and for combinations that cannot work: a robust rule
 /// with secure aggregation (the rule needs every single update, which the server never sees),
 /// a robust rule with differential privacy (the noise is calibrated to the mean's sensitivity).
 /// Differential privacy with secure aggregation clips on the clients and noises the secure sum
 /// (secagg_options::dp).
-void install_mechanisms(simulation& sim, const simulation_options& options, double mean_weight);
+void install_mechanisms(simulation& sim, const simulation_options& options, const weight_bounds& weights);
 
 }  // namespace troupe::federated

@@ -24,7 +24,8 @@ namespace troupe::federated {
 
 using update_view = std::span<const float>;
 
-/// Throws std::invalid_argument when there are no updates or their lengths differ.
+/// Throws std::invalid_argument when there are no updates, their lengths differ or one holds a
+/// value that is not finite (NaN has no place in an order; every rule here refuses it).
 std::vector<float> coordinate_median(std::span<const update_view> updates);
 
 /// Throws std::invalid_argument also when 2 * trim >= updates.size().

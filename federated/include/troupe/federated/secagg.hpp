@@ -27,7 +27,9 @@
 /// integers. Threat model: honest-but-curious server and clients (no signatures on the keys).
 ///
 /// Encoding: each coordinate is clipped to [-clip, clip] and rounded to a signed fixed-point
-/// integer with a scale chosen so that the sum of max_clients inputs cannot wrap.
+/// integer with a scale chosen so that the sum of the round's inputs cannot wrap: the largest
+/// power of two with sum_bound * scale < 2^31, sum_bound being max_clients * clip unless the
+/// caller knows a smaller bound on the sum (weighted inputs, most of them far below clip).
 
 #include <array>
 #include <cstddef>
@@ -46,11 +48,16 @@ struct config {
   std::size_t dim = 0;          ///< length of every input vector
   double clip = 1.0;            ///< inputs are clipped to [-clip, clip]
   std::size_t max_clients = 0;  ///< the most inputs ever summed (fixes the fixed-point scale)
+  /// The largest magnitude any coordinate of the sum of a round's inputs can reach (0:
+  /// max_clients * clip). The caller answers for it: a sum beyond it wraps.
+  double sum_bound = 0;
   std::size_t degree = 0;       ///< neighbours per client (even; 0: 2 ceil(log2 clients))
   std::size_t threshold = 0;    ///< shares that reconstruct a secret (0: degree / 2 + 1)
   bool full_graph = false;      ///< SecAgg (Bonawitz et al.): every client a neighbour of all
 
-  /// The fixed-point scale: the largest power of two with max_clients * clip * scale < 2^31.
+  /// The fixed-point scale: the largest power of two with sum_bound * scale < 2^31 (sum_bound
+  /// 0: max_clients * clip). Throws std::invalid_argument for a clip that is not positive and
+  /// finite, max_clients 0, a sum_bound that is negative or not finite, or a bound too large.
   double scale() const;
 };
 

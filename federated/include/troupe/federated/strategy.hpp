@@ -29,7 +29,9 @@
 namespace troupe::federated {
 
 struct strategy_options {
-  double server_lr = -1;      ///< < 0: the strategy's default (1 for fedavg/fedavgm/scaffold, 0.01 adaptive)
+  /// < 0: the strategy's default: 1 for fedavg, fedavgm and scaffold, 0.1 for fedadagrad (its v
+  /// only grows, so its steps shrink over the rounds), 0.01 for fedadam and fedyogi.
+  double server_lr = -1;
   double momentum = 0.9;      ///< fedavgm
   double beta1 = 0.9, beta2 = 0.99, tau = 1e-3;  ///< fedadagrad, fedadam, fedyogi
   bool bias_correction = false;  ///< see the file comment

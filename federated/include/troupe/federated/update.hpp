@@ -108,7 +108,8 @@ public:
 
 /// sum(weight * delta) / sum(weight), accumulated in double in the order of add(): FedAvg's
 /// aggregate. Holds one double per coordinate. A round whose weights sum to zero gives the
-/// plain mean.
+/// plain mean. Throws std::invalid_argument for a weight that is negative or not finite, an
+/// update holding NaN or an infinity, and weights or weighted sums that overflow a double.
 std::unique_ptr<aggregator> make_weighted_mean();
 
 }  // namespace troupe::federated
