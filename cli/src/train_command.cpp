@@ -126,6 +126,9 @@ void add_train_command(CLI::App& app, int& rc) {
       else
         std::printf("test accuracy %.4f after %d epochs, %.0f samples/s, %.1f s\n", result.test_accuracy,
                     o->epochs, result.samples_per_s, result.seconds);
+      if (result.skipped_steps > 0)
+        std::fprintf(stderr, "troupe train: warning: %lld optimizer steps were skipped, their gradients not finite (lower --lr?)\n",
+                     static_cast<long long>(result.skipped_steps));
       rc = 0;
     } catch (const std::bad_alloc&) {
       std::fprintf(stderr, "troupe train: out of memory (the model or --batch is too large for this machine)\n");

@@ -36,14 +36,13 @@ public:
       : model_(s.model), opt_(s.kind, {{s.model.parameters(), s.hp, s.state}}) {
     if (s.cosine_steps > 0) opt_.set_lr_schedule(cosine_lr(s.cosine_steps));
   }
-  double step(const tensor& x, const tensor& labels) override {
+  step_outcome step(const tensor& x, const tensor& labels) override {
     saved_activations keep;
     opt_.zero_grad();
     tensor logits = model_.forward(x, keep, true);
     const double loss = softmax_cross_entropy(logits, labels, dlogits_);
     model_.backward(dlogits_, keep);
-    opt_.step();
-    return loss;
+    return {loss, opt_.step()};
   }
   tensor predict(const tensor& x) override {
     saved_activations keep;
@@ -122,7 +121,8 @@ train_result train(const train_options& o, const std::function<void(const train_
       if (rows.empty()) continue;  // a last batch smaller than the granule
       x = gather_rows(train_x, rows);
       y = gather_rows(data.train.labels.reshape({n, 1}), rows).reshape({-1});
-      const double loss = engine->step(x, y);
+      const auto [loss, applied] = engine->step(x, y);
+      if (!applied) ++result.skipped_steps;
       // A run that diverged (too large a learning rate) has nothing worth going on with or
       // keeping: say so at once rather than train on NaN and save useless weights.
       if (!std::isfinite(loss))

@@ -909,7 +909,10 @@ public:
         trainer_(sys, s, cut_mlp(setup.model, setup.sizes, s.stages()),
                  {.optimizer = setup.kind, .hp = setup.hp, .state = setup.state, .cosine_steps = setup.cosine_steps},
                  nodes) {}
-  double step(const tensor& x, const tensor& labels) override { return trainer_.step(x, labels).loss; }
+  kernels::step_outcome step(const tensor& x, const tensor& labels) override {
+    const auto r = trainer_.step(x, labels);
+    return {r.loss, r.applied};
+  }
   tensor predict(const tensor& x) override { return trainer_.predict(x); }
   void sync(kernels::layer& model) override {
     const auto values = trainer_.parameters();

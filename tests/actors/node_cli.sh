@@ -75,4 +75,11 @@ for _ in $(seq 100); do
   sleep 0.05
 done
 grep -q "^node 2 .* LOST" "$dir/status" || fail "the head still lists the worker alive: $(cat "$dir/status")"
+# Nodes gone for 10 s are forgotten (the head's list grew with every node that ever joined).
+for _ in $(seq 150); do
+  "$troupe" status --address "127.0.0.1:$port" >"$dir/status" && ! grep -q "^node [23] " "$dir/status" && break
+  sleep 0.1
+done
+grep -q "^node [23] " "$dir/status" && fail "nodes gone long ago are still listed: $(cat "$dir/status")"
+grep -q "^node 1 .* alive" "$dir/status" || fail "the head is not listed: $(cat "$dir/status")"
 echo "node_cli: ok"

@@ -1,4 +1,5 @@
 #include "troupe/kernels/data.hpp"
+#include "troupe/kernels/train.hpp"
 
 #include <gtest/gtest.h>
 
@@ -389,6 +390,33 @@ TEST(FashionMnist, MissingDirectorySaysWhatToPass) {
   const std::string what = error_of<std::runtime_error>([&] { troupe::load_fashion_mnist(absent.path()); });
   EXPECT_TRUE(contains(what, absent.path())) << what;
   EXPECT_TRUE(contains(what, "pass the directory that holds train-images-idx3-ubyte.gz")) << what;
+}
+
+/// An engine that only counts: every other step is skipped, as an optimizer skips a step whose
+/// gradients are not finite.
+class skipping_engine final : public troupe::kernels::train_engine {
+public:
+  troupe::kernels::step_outcome step(const tensor&, const tensor&) override { return {1.0, ++steps_ % 2 == 1}; }
+  tensor predict(const tensor& x) override { return tensor::zeros({x.shape()[0], 10}); }
+  void sync(troupe::kernels::layer&) override {}
+
+private:
+  int steps_ = 0;
+};
+
+TEST(Train, CountsTheStepsTheOptimizerSkipped) {
+  fake_fashion_mnist fake;
+  fake.write("train", 10, 28, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  fake.write("t10k", 2, 28, {1, 1});
+  troupe::kernels::train_options o;
+  o.data_dir = fake.dir();
+  o.model = "mlp:784-8-10";
+  o.epochs = 2;
+  o.batch = 2;
+  const auto result = troupe::kernels::train(o, {}, [](const troupe::kernels::engine_setup&) {
+    return std::make_unique<skipping_engine>();
+  });
+  EXPECT_EQ(result.skipped_steps, 5);  // 10 steps, the even ones skipped
 }
 
 class InstalledFashionMnist : public ::testing::Test {

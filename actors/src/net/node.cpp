@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -105,6 +106,8 @@ constexpr int wire_shift = 40;
 constexpr node_id head_id = 1;
 /// A connection that keeps dropping right after each redial: the peer counts as lost.
 constexpr int max_redials = 3;
+/// How long the cluster remembers a node that was lost or left.
+constexpr auto forget_after = std::chrono::seconds(10);
 
 using member_tuple = std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t>;
 using spawn_opts_tuple = std::tuple<std::uint64_t, std::uint8_t, std::int32_t, std::int64_t, double,
@@ -654,6 +657,7 @@ private:
     bool dialing = false;
     bool timed_out = false;
     int redials = 0;  // redials in a row whose connection carried nothing
+    clock_type::time_point lost_at{};  // when it was lost (members lost long ago are forgotten)
     std::vector<envelope> backlog;
     std::vector<std::unique_ptr<reply_sink>> in_doubt;  // written before the connection dropped
     clock_type::time_point heard = clock_type::now();
@@ -886,11 +890,14 @@ private:
 
   void on_members(const std::vector<member_tuple>& list) {  // worker, under mu_
     std::vector<node_id> lost;
+    std::unordered_set<node_id> listed;
     for (auto& [id, host, port, alive, actors] : list) {
+      listed.insert(id);
+      largest_id_ = std::max(largest_id_, static_cast<node_id>(id));
       if (id == self_) continue;
       auto [it, fresh] = members_.try_emplace(id);
       auto& m = it->second;
-      if (fresh) {
+      if (fresh || m.port == 0) {  // new, or known only from its hello so far
         m.id = id;
         m.host = host;
         m.port = port;
@@ -899,7 +906,13 @@ private:
       m.placed = 0;
       if (!alive && m.alive) lost.push_back(id);
     }
+    // A node the head no longer lists was forgotten there, long after it was lost.
+    for (auto& [id, m] : members_)
+      if (id != self_ && id != head_id && !listed.contains(id) && m.alive && m.port != 0) lost.push_back(id);
     for (auto id : lost) lose_locked(id, "the head reports it lost");
+    std::erase_if(members_, [&](const auto& kv) {
+      return kv.first != self_ && kv.first != head_id && !kv.second.alive && !listed.contains(kv.first);
+    });
   }
 
   node_id place() const {  // under mu_: the live member with the fewest actors
@@ -954,7 +967,12 @@ private:
       }
       if (self_ == head_id) {
         self_member().actors = actors;
-        if (++beats_ % 10 == 0) broadcast_members();
+        if (++beats_ % 10 == 0) {
+          // Nodes lost or gone more than forget_after ago are forgotten (every node learnt of
+          // it from earlier broadcasts); their ids are never given again.
+          std::erase_if(members_, [now](const auto& kv) { return !kv.second.alive && now - kv.second.lost_at > forget_after; });
+          broadcast_members();
+        }
       }
     }
     arm_heartbeat();
@@ -1012,6 +1030,7 @@ private:
     if (it == members_.end() || !it->second.alive || stopped_) return;
     auto& m = it->second;
     m.alive = false;
+    m.lost_at = clock_type::now();
     m.dialing = false;
     if (m.conn) m.conn->close("node " + std::to_string(id) + " is lost");
     m.conn.reset();
@@ -1136,6 +1155,7 @@ private:
         self_ = id;
         auto& me = members_[id];
         me.id = id;
+        me.host = cfg_.advertise.empty() ? (wildcard(listen_host_) ? c->local_host() : listen_host_) : cfg_.advertise;
         me.port = port_;
         on_members(list);
         members_[head_id].alive = true;
@@ -1147,12 +1167,15 @@ private:
         auto id = decode<std::uint32_t>(env.payload);
         std::lock_guard lock(mu_);
         auto m = members_.find(id);
-        if (m == members_.end()) {
+        // Ids are given in order and never again: one this node has seen given out but no
+        // longer knows was lost long ago and forgotten.
+        const bool forgotten = m == members_.end() && id != self_ && id < (self_ == head_id ? next_node_ : largest_id_ + 1);
+        if (m == members_.end() && !forgotten) {
           // A node this one has not heard of yet: the head's news may be on its way.
           if (self_ == head_id) return c->close("hello from node " + std::to_string(id) + ", which never joined");
           members_[id].id = id;
           members_[id].alive = true;
-        } else if (!m->second.alive) {
+        } else if (forgotten || !m->second.alive) {
           // Tell it, so that it stops dialling this node (it may have been only stalled), and
           // close the connection if it does not do so itself.
           c->send(control(ctl::lost, {}));
@@ -1566,6 +1589,7 @@ private:
   bool stopped_ = false;
   node_id self_ = 0;
   node_id next_node_ = 2;
+  node_id largest_id_ = 0;  // a worker's: the largest node id the head has listed
   std::uint64_t beats_ = 0;
   clock_type::time_point last_beat_ = clock_type::now();
   std::uint64_t next_request_ = 1;

@@ -19,12 +19,18 @@ namespace troupe::kernels {
 class layer;
 class sequential;
 
+/// What one training step did.
+struct step_outcome {
+  double loss = 0;      ///< the batch's mean loss
+  bool applied = true;  ///< false: the optimizer skipped the step (its gradients were not finite)
+};
+
 /// Runs train()'s steps.
 class train_engine {
 public:
   virtual ~train_engine() = default;
-  /// One optimizer step on a batch (rows a multiple of granule()); returns its mean loss.
-  virtual double step(const tensor& x, const tensor& labels) = 0;
+  /// One optimizer step on a batch (rows a multiple of granule()).
+  virtual step_outcome step(const tensor& x, const tensor& labels) = 0;
   /// The logits of `x`, without training.
   virtual tensor predict(const tensor& x) = 0;
   /// Copies the trained values into the model train() built (before it saves them).
@@ -77,6 +83,7 @@ struct train_result {
   double samples_per_s = 0;  ///< training samples per second of training time
   double seconds = 0;        ///< wall time of the whole run, evaluation included
   std::vector<double> epoch_accuracy;
+  std::int64_t skipped_steps = 0;  ///< steps the optimizer skipped: their gradients were not finite
 };
 
 /// Trains; throws std::invalid_argument for bad options and std::runtime_error for missing data.
