@@ -233,12 +233,17 @@ bool register_name(system_impl& s, std::string name, cell_base* c) {
 }
 
 bool unregister_name(system_impl& s, std::string_view name) {
-  if (s.node) forget_cluster_name(*s.node, name);
-  std::lock_guard lock(s.names_mutex);
-  auto it = s.names.find(std::string(name));
-  if (it == s.names.end()) return false;
-  s.names.erase(it);
-  return true;
+  cell_ptr had;
+  {
+    std::lock_guard lock(s.names_mutex);
+    auto it = s.names.find(std::string(name));
+    if (it != s.names.end()) {
+      had = std::move(it->second);
+      s.names.erase(it);
+    }
+  }
+  if (s.node) forget_cluster_name(*s.node, name, had.get());
+  return had.get() != nullptr;
 }
 
 cell_ptr lookup_name(system_impl& s, std::string_view name) {

@@ -91,6 +91,7 @@ public:
     if (at == std::string::npos) return 0;
     return static_cast<troupe::node_id>(std::stoul(line.substr(at + 7)));
   }
+  void signal(int sig) { kill(pid_, sig); }
   void kill9() {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
@@ -318,12 +319,47 @@ bool name_disappears(troupe::actor_system& sys, const std::string& name) {
   return false;
 }
 
-TEST(Remote, UnregisteredNamesAreFreedClusterWide) {
+TEST(Remote, NamesOfGoneActorsAndUnregisteredNamesAreFreedClusterWide) {
   troupe::actor_system head(head_config());
   auto cfg = head_config();
   cfg.node.head = head_of(head);
   troupe::actor_system member(cfg);
   ASSERT_EQ(member.node(), 2u);
+
+  // An actor that is gone before it is named: refused where the head can tell at once (its
+  // own), otherwise freed as soon as the actor's node answers the head's watch.
+  auto on_head = head.spawn<kv>();
+  head.register_name("head-kv", on_head);
+  auto remote_head_kv = member.lookup<kv>("head-kv");
+  ASSERT_TRUE(remote_head_kv && remote_head_kv->is_remote());
+  auto down = head.monitor(on_head);
+  on_head.stop();
+  std::move(down).timeout(5s).get();
+  try {
+    member.register_name("stale", *remote_head_kv);
+    ADD_FAILURE() << "a gone actor got a name";
+  } catch (const troupe::error& e) {
+    EXPECT_EQ(e.code_value(), troupe::errc::actor_dead) << e.what();
+  }
+  auto on_member = head.spawn_on<kv>(member.node());
+  ASSERT_TRUE(on_member.is_remote());
+  auto gone = head.monitor(on_member);
+  on_member.stop();
+  std::move(gone).timeout(5s).get();
+  head.register_name("dead", on_member);
+  EXPECT_TRUE(name_disappears(head, "dead"));
+  EXPECT_NO_THROW(head.register_name("dead", head.spawn<kv>()));
+  // Named at once after spawn_on from a third party's view: the head's watch may reach the
+  // actor's node before the spawn does, and waits for it instead of freeing the name.
+  for (int i = 0; i < 20; ++i) {
+    auto fresh = member.spawn_on<kv>(head.node());
+    auto fresh_remote = head.spawn_on<kv>(member.node());
+    const std::string n = "fresh" + std::to_string(i);
+    member.register_name(n, fresh_remote);  // registered by a node that did not spawn it
+    std::this_thread::sleep_for(5ms);
+    EXPECT_TRUE(head.lookup<kv>(n)) << n;
+    (void)fresh;
+  }
 
   // unregister_name on any node frees a cluster-wide name for good.
   head.register_name("u", head.spawn_on<kv>(member.node()));
@@ -334,6 +370,13 @@ TEST(Remote, UnregisteredNamesAreFreedClusterWide) {
   auto now_u = head.lookup<kv>("u");
   ASSERT_TRUE(now_u);
   EXPECT_EQ(now_u->node(), member.node());
+  // A name of an actor that cannot travel is the node's own: unregistering it leaves another
+  // node's cluster-wide name of the same spelling alone.
+  member.register_name("mine", member.spawn<namer>());
+  head.register_name("mine", head.spawn<kv>());
+  EXPECT_TRUE(member.unregister_name("mine"));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_TRUE(head.lookup<kv>("mine"));
 }
 
 TEST(Remote, ActorRefsTravelInMessagesAndCallBackFromAnyNode) {
@@ -443,6 +486,31 @@ TEST(Remote, AFullMailboxDoesNotStallItsNode) {
   EXPECT_TRUE(busy.alive());
   EXPECT_TRUE(other.alive());
   EXPECT_EQ(busy.ask(&worker::add, 5).get(), 5);
+}
+
+TEST(Remote, ANodeCountedLostIsToldSoAndWhatItQueuedMeanwhileDoesNotRun) {
+  // A worker telling a head actor every millisecond stalls (SIGSTOP) past node_timeout: the
+  // head counts it lost. When it runs again, its tells queued meanwhile were dead letters there
+  // (the node is lost to it); the head must not run them when the worker redials. The worker
+  // hears that it was lost, and stops redialling.
+  troupe::actor_system head(head_config());
+  auto store = head.spawn<kv>();
+  head.register_name("sink", store);
+  child_node w({"--head", head_of(head), "--token", token, "--pester", "sink"});
+  auto id = w.joined();
+  ASSERT_NE(id, 0u);
+  for (auto deadline = clock_type::now() + 5s; store.ask(&kv::size).get() < 10 && clock_type::now() < deadline;)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_GE(store.ask(&kv::size).get(), 10u);
+  auto lost = head.monitor(head.spawn_on<worker>(id, std::int64_t{0}));
+  w.signal(SIGSTOP);
+  auto n = std::move(lost).timeout(5s).get();
+  EXPECT_EQ(n.reason, troupe::exit_reason::node_lost);
+  std::this_thread::sleep_for(200ms);  // what was in flight has arrived
+  const auto before = store.ask(&kv::size).get();
+  w.signal(SIGCONT);
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_EQ(store.ask(&kv::size).get(), before) << "the lost node's queued tells ran";
 }
 
 TEST(Remote, ADroppedConnectionIsRedialledAndACallNeverRunsTwice) {
@@ -572,6 +640,11 @@ TEST(Remote, AnActorWithARestartPolicyIsRecreatedOnASurvivingNode) {
   EXPECT_NE(a.node(), doomed);
   EXPECT_TRUE(a.alive());
   EXPECT_NE(a.ask(&worker::pid).get(), first_pid);
+  // It can be named where it lives now.
+  EXPECT_NO_THROW(head.register_name("moved", a));
+  auto found = head.lookup<worker>("moved");
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->ask(&worker::add, 3).get(), 8);
   // Without a restart policy the actor is gone with its node.
   EXPECT_THROW(other.ask(&worker::add, 1).timeout(2s).get(), troupe::error);
   EXPECT_FALSE(other.alive());

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <stdexcept>
 #include <mutex>
@@ -106,6 +107,8 @@ constexpr int wire_shift = 40;
 constexpr node_id head_id = 1;
 /// A connection that keeps dropping right after each redial: the peer counts as lost.
 constexpr int max_redials = 3;
+/// How many of the exported actors that went a node remembers (see op::watch).
+constexpr std::size_t remembered_gone = 1 << 16;
 /// How long the cluster remembers a node that was lost or left.
 constexpr auto forget_after = std::chrono::seconds(10);
 
@@ -412,11 +415,16 @@ public:
   }
   /// unregister_name: the head forgets the name (a tell: a later register_name from this
   /// node arrives after it).
-  void forget_name(const std::string& name) {
-    if (self() == head_id) {
+  void forget_name(const std::string& name, cell_base* had) {
+    {
       std::lock_guard lock(mu_);
-      names_.erase(name);
-      return;
+      // A name of an actor that never travelled (not a TROUPE_REMOTE class) was never
+      // cluster-wide: another node's actor may hold that name there.
+      if (had && !wire_of_.contains(had)) return;
+      if (self_ == head_id) {
+        names_.erase(name);
+        return;
+      }
     }
     call(head_id, make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::forget_name), encode(name)),
          nullptr);
@@ -586,8 +594,11 @@ public:
     auto sink = std::make_unique<name_sink>(st, sys_, name, added);
     if (self() == head_id) {
       errc code{};
-      if (auto why = add_name(std::move(t), code); !why.empty()) sink->fail(std::make_exception_ptr(error(code, why)));
-      else sink->deliver({});
+      if (auto why = add_name(std::move(t), code); !why.empty()) {
+        sink->fail(std::make_exception_ptr(error(code, why)));  // removes the local name it added
+        throw error(code, why);  // known at once: register_name throws, even inside an actor
+      }
+      sink->deliver({});
       return f;
     }
     call(head_id, make_envelope(envelope_kind::call, net::node_target, static_cast<std::uint64_t>(op::register_name), encode(t)),
@@ -946,6 +957,16 @@ private:
       if (now - last_beat_ > 2 * cfg_.heartbeat)
         for (auto& [id, m] : members_) m.heard = std::max(m.heard, now - cfg_.heartbeat);
       last_beat_ = now;
+      for (auto& [cid, t] : told_lost_)
+        if (now - t.since > cfg_.node_timeout) t.conn->close("a lost node's connection, still open after it was told");
+      for (auto e = early_watchers_.begin(); e != early_watchers_.end();) {
+        if (now - e->second.since > forget_after) {
+          send_down_to(e->second.nodes, down_tuple{e->first, static_cast<std::uint8_t>(exit_reason::stopped), "no such actor"});
+          e = early_watchers_.erase(e);
+        } else {
+          ++e;
+        }
+      }
       // Bytes of a large frame still arriving count as hearing from the peer (on whichever of
       // the two connections between a pair they come).
       for (auto& [cid, c] : conns_)
@@ -984,6 +1005,7 @@ private:
     if (!c) return;
     std::lock_guard lock(mu_);
     conns_.erase(c->id());
+    told_lost_.erase(c->id());
     if (self_ == 0 && c->outbound() && c->tag() == head_id) {
       join_error_ = why;
       joined_cv_.notify_all();
@@ -1096,6 +1118,7 @@ private:
     node_id from = 0;
     {
       std::lock_guard lock(mu_);
+      if (told_lost_.contains(c->id())) return;  // a lost node's connection (see ctl::hello)
       if (auto it = conn_node_.find(c->id()); it != conn_node_.end()) {
         from = it->second;
         if (auto m = members_.find(from); m != members_.end()) {
@@ -1176,13 +1199,11 @@ private:
           members_[id].id = id;
           members_[id].alive = true;
         } else if (forgotten || !m->second.alive) {
-          // Tell it, so that it stops dialling this node (it may have been only stalled), and
-          // close the connection if it does not do so itself.
+          // Tell it, so that it stops dialling this node (it may have been only stalled). What
+          // else comes on this connection (the calls it had queued) is dropped: they already
+          // failed there with node_lost. It closes the connection; beat() does if it does not.
           c->send(control(ctl::lost, {}));
-          auto t = std::make_shared<asio::steady_timer>(io_, cfg_.node_timeout);
-          t->async_wait([t, c, id](boost::system::error_code) {
-            c->close("node " + std::to_string(id) + " was lost; a restarted node joins anew");
-          });
+          told_lost_[c->id()] = {c, clock_type::now()};
           return;
         }
         attach(id, c);
@@ -1218,6 +1239,8 @@ private:
         std::vector<watch> list;
         {
           std::lock_guard lock(mu_);
+          if (self_ == head_id)  // the names of an actor that is gone (one may have been named after it went)
+            std::erase_if(names_, [wire](const auto& kv) { return std::get<1>(kv.second) == wire; });
           auto it = watches_.find(wire);
           if (it == watches_.end()) return;
           list = std::move(it->second.list);
@@ -1309,6 +1332,10 @@ private:
           else {
             std::lock_guard lock(mu_);
             exported_[wire].failure = failure;
+            if (auto e = early_watchers_.find(wire); e != early_watchers_.end()) {
+              send_down_to(e->second.nodes, down_tuple{wire, static_cast<std::uint8_t>(exit_reason::failed), failure});
+              early_watchers_.erase(e);
+            }
           }
           if (!failure.empty()) throw error(errc::actor_dead, failure);
           return answer({});
@@ -1354,8 +1381,15 @@ private:
           if (it != exported_.end() && it->second.cell) {
             if (std::find(it->second.watchers.begin(), it->second.watchers.end(), from) == it->second.watchers.end())
               it->second.watchers.push_back(from);
+          } else if (it == exported_.end() && (wire >> wire_shift) != self_ && from != 0 && !gone_.contains(wire)) {
+            // Spawned here by another node, whose spawn may still be on its way (it travels on
+            // another connection): the watch waits for it, forget_after at most.
+            auto& early = early_watchers_[wire];
+            if (early.nodes.empty()) early.since = clock_type::now();
+            if (std::find(early.nodes.begin(), early.nodes.end(), from) == early.nodes.end()) early.nodes.push_back(from);
+          } else if (c) {
+            c->send(control(ctl::down, encode(down_tuple{wire, static_cast<std::uint8_t>(exit_reason::stopped), "no such actor"})));
           }
-          else if (c) c->send(control(ctl::down, encode(down_tuple{wire, static_cast<std::uint8_t>(exit_reason::stopped), "no such actor"})));
           return;
         }
         case op::restartable: {
@@ -1417,6 +1451,10 @@ private:
       it->second.cell = cell_ptr(&c);
       it->second.type = type;
       wire_of_.try_emplace(&c, wire);
+      if (auto e = early_watchers_.find(wire); e != early_watchers_.end()) {
+        it->second.watchers = std::move(e->second.nodes);
+        early_watchers_.erase(e);
+      }
     }
     struct on_gone final : down_callback {
       std::weak_ptr<node_runtime> node;
@@ -1431,16 +1469,26 @@ private:
     c.on_down(std::move(cb));
   }
 
+  /// Sends a down notice to each of `nodes` (under mu_).
+  void send_down_to(const std::vector<node_id>& nodes, const down_tuple& d) {
+    auto payload = encode(d);
+    for (auto w : nodes)
+      if (auto m = members_.find(w); m != members_.end() && m->second.conn) m->second.conn->send(control(ctl::down, payload));
+  }
+
   void exported_down(std::uint64_t wire, const down_notice& n) {
     std::lock_guard lock(mu_);
     auto it = exported_.find(wire);
     if (it == exported_.end()) return;
-    auto payload = encode(down_tuple{wire, static_cast<std::uint8_t>(n.reason), n.what});
-    for (auto w : it->second.watchers)
-      if (auto m = members_.find(w); m != members_.end() && m->second.conn)
-        m->second.conn->send(control(ctl::down, payload));
+    send_down_to(it->second.watchers, down_tuple{wire, static_cast<std::uint8_t>(n.reason), n.what});
     if (auto w = wire_of_.find(it->second.cell.get()); w != wire_of_.end() && w->second == wire) wire_of_.erase(w);
     exported_.erase(it);
+    // Remembered a while, so that a watch arriving after it went is answered at once.
+    if (gone_.insert(wire).second) gone_order_.push_back(wire);
+    if (gone_order_.size() > remembered_gone) {
+      gone_.erase(gone_order_.front());
+      gone_order_.pop_front();
+    }
     // Its cluster-wide names go too.
     if (self_ == head_id) {
       std::erase_if(names_, [wire](const auto& kv) { return std::get<1>(kv.second) == wire; });
@@ -1457,8 +1505,17 @@ private:
     std::lock_guard lock(mu_);
     auto& [name, wire, where, type] = t;
     code = errc::node_lost;
-    if (auto m = members_.find(where); m == members_.end() || !m->second.alive)
-      return "register_name('" + name + "'): node " + std::to_string(where) + " of actor " + std::to_string(wire) + " is lost";
+    const node_id at = route(where, wire);  // where it lives now (re-created elsewhere, perhaps)
+    if (auto m = members_.find(at); m == members_.end() || !m->second.alive) {
+      return "register_name('" + name + "'): node " + std::to_string(at) + " of actor " + std::to_string(wire) + " is lost";
+    } else if (at != self_ && m->second.conn) {
+      // Its node answers with a down notice when the actor goes, or is gone already: the name
+      // goes with it.
+      m->second.conn->send(make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::watch), encode(wire)));
+    }
+    code = errc::actor_dead;
+    if (at == self_ && !exported_.contains(wire) && (wire >> wire_shift) == self_)
+      return "register_name('" + name + "'): actor " + std::to_string(wire) + " is gone";
     code = errc::name_taken;
     auto it = names_.find(name);
     if (it != names_.end() && std::get<1>(it->second) != wire) {
@@ -1590,6 +1647,21 @@ private:
   node_id self_ = 0;
   node_id next_node_ = 2;
   node_id largest_id_ = 0;  // a worker's: the largest node id the head has listed
+  /// Watches of actors other nodes spawn here that have not arrived yet (see op::watch).
+  struct early_watch {
+    std::vector<node_id> nodes;
+    clock_type::time_point since;
+  };
+  std::unordered_map<std::uint64_t, early_watch> early_watchers_;
+  /// Connections of lost nodes that were told so (ctl::lost), by connection id.
+  struct told_lost {
+    std::shared_ptr<connection> conn;
+    clock_type::time_point since;
+  };
+  std::unordered_map<std::uint64_t, told_lost> told_lost_;
+  /// The latest exported actors that went (remembered_gone of them), oldest first.
+  std::unordered_set<std::uint64_t> gone_;
+  std::deque<std::uint64_t> gone_order_;
   std::uint64_t beats_ = 0;
   clock_type::time_point last_beat_ = clock_type::now();
   std::uint64_t next_request_ = 1;
@@ -1627,7 +1699,7 @@ std::shared_ptr<node_runtime> start_node(system_impl& sys, const node_config& cf
   n->start();
   return n;
 }
-void forget_cluster_name(node_runtime& n, std::string_view name) { n.forget_name(std::string(name)); }
+void forget_cluster_name(node_runtime& n, std::string_view name, cell_base* had) { n.forget_name(std::string(name), had); }
 
 void stop_node(node_runtime& n) noexcept { n.stop(); }
 

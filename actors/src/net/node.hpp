@@ -36,7 +36,8 @@ class node_runtime;
 std::shared_ptr<node_runtime> start_node(system_impl& sys, const node_config& cfg);
 /// Leaves the cluster: closes the connections, fails what waits on them. Idempotent.
 void stop_node(node_runtime& n) noexcept;
-/// unregister_name on a node: the head forgets the cluster-wide name too.
-void forget_cluster_name(node_runtime& n, std::string_view name);
+/// unregister_name on a node: the head forgets the cluster-wide name too, unless the name was
+/// this node's own (`had`, the actor it named here) and never went cluster-wide.
+void forget_cluster_name(node_runtime& n, std::string_view name, cell_base* had);
 
 }  // namespace troupe::detail

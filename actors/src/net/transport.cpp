@@ -59,6 +59,9 @@ envelope control(control_code code, std::vector<std::byte> payload = {}) {
 }
 
 constexpr std::size_t read_chunk = 64u << 10;
+/// Before the handshake a connection reads through a small buffer: many unauthenticated
+/// connections cost little memory while they wait for their handshake's deadline.
+constexpr std::size_t handshake_read_chunk = 4u << 10;
 // Frames closer together than this are batched rather than written one system call each.
 constexpr auto direct_write_gap = std::chrono::microseconds(20);
 
@@ -89,7 +92,7 @@ connection::connection(transport& owner, tcp::socket socket, bool outbound, std:
       id_(id),
       tag_(tag),
       decoder_(handshake_limits(owner.config().limits)),
-      read_buf_(read_chunk) {
+      read_buf_(handshake_read_chunk) {
   fd_ = socket_.native_handle();
   if (owner.tls_) tls_ = std::make_unique<asio::ssl::stream<tcp::socket&>>(socket_, *owner.tls_);
 }
@@ -232,6 +235,7 @@ void connection::write_more() {
 
 void connection::read_more() {
   if (closed_) return;
+  if (read_buf_.size() < read_chunk && authenticated()) read_buf_.resize(read_chunk);
   // A large body is read straight into the payload's own buffer; everything else through
   // the read buffer and the decoder.
   auto body = decoder_.body_space();

@@ -196,10 +196,11 @@ public:
   /// troupe::error(errc::name_taken) when the name belongs to another live actor. On a node,
   /// an actor of a TROUPE_REMOTE class is named cluster-wide: every node finds it, and the call
   /// waits for the head's answer (name_taken when another node's actor has the name; nothing
-  /// is named then; errc::timeout when no answer comes within node.join_timeout). Inside an
-  /// actor, which cannot wait, a conflict on this node still throws, and the head's answer
-  /// arrives later: a refusal is logged and the local name removed (register_name_async
-  /// returns that answer instead).
+  /// is named then; errc::actor_dead for an actor known to be gone; errc::timeout when no answer
+  /// comes within node.join_timeout, the name staying here as the head may yet accept it).
+  /// Inside an actor, which cannot wait, a conflict known at once (on this node, or this node
+  /// is the head) still throws, and another node's answer arrives later: a refusal is logged
+  /// and the local name removed (register_name_async returns that answer instead).
   template <class T>
   void register_name(std::string name, const actor_ref<T>& ref) {
     if constexpr (detail::remote_capable<T>) {
