@@ -135,11 +135,14 @@ void mark_named(cell_base& c) {
 void deliver(cell_base& c, message_ptr m) { c.enqueue(std::move(m)); }
 
 void cell_base::enqueue(message_ptr m) {
-  if (!alive()) {
+  // A message for an actor that is gone (before, or while the sender waited for room).
+  auto refused_dead = [&] {
+    if (alive()) return false;
     if (!m->dropped_silently()) system_->dead_letter(*this, m->kind(), errc::actor_dead);
     m->reject(errc::actor_dead);
-    return;
-  }
+    return true;
+  };
+  if (refused_dead()) return;
   if (capacity_ == 0) {
     size_.fetch_add(1, std::memory_order_relaxed);
   } else {
@@ -168,20 +171,12 @@ void cell_base::enqueue(message_ptr m) {
             throw error(errc::would_deadlock,
                         "a tell to a full mailbox in a test_system would wait for good: nothing runnable "
                         "drains it (advance the clock, or use overflow_policy::reject)");
-        if (!alive()) {
-          if (!m->dropped_silently()) system_->dead_letter(*this, m->kind(), errc::actor_dead);
-          m->reject(errc::actor_dead);
-          return;
-        }
+        if (refused_dead()) return;
         continue;
       }
       size_.fetch_sub(1, std::memory_order_seq_cst);
       wait_for_room();
-      if (!alive()) {
-        if (!m->dropped_silently()) system_->dead_letter(*this, m->kind(), errc::actor_dead);
-        m->reject(errc::actor_dead);
-        return;
-      }
+      if (refused_dead()) return;
     }
   }
   normal_.push(m.release());
