@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -230,13 +231,33 @@ tensor codec<tensor>::decode(byte_reader& r) {
 }
 
 namespace {
-template <class T>
+/// NaN and the infinities have every exponent bit set. Blocks of a fixed length check as one
+/// vectorized OR of compares (a scan with an early exit per element stays scalar), and a block
+/// with a bad value ends the scan.
+template <class T, class U>
 bool finite_all(std::span<const T> values) noexcept {
-  return std::all_of(values.begin(), values.end(), [](T x) { return std::isfinite(x); });
+  static_assert(sizeof(T) == sizeof(U));
+  constexpr U exponent = sizeof(T) == 4 ? U{0x7f800000u} : static_cast<U>(0x7ff0000000000000ull);
+  constexpr std::size_t block = 64;
+  const T* p = values.data();
+  const std::size_t n = values.size();
+  std::size_t i = 0;
+  for (; i + block <= n; i += block) {
+    U bad = 0;
+    for (std::size_t j = 0; j < block; ++j) {
+      U bits;
+      std::memcpy(&bits, p + i + j, sizeof bits);
+      bad |= static_cast<U>((bits & exponent) == exponent);
+    }
+    if (bad) return false;
+  }
+  for (; i < n; ++i)
+    if (!std::isfinite(p[i])) return false;
+  return true;
 }
 }  // namespace
 
-bool all_finite(std::span<const float> values) noexcept { return finite_all(values); }
-bool all_finite(std::span<const double> values) noexcept { return finite_all(values); }
+bool all_finite(std::span<const float> values) noexcept { return finite_all<float, std::uint32_t>(values); }
+bool all_finite(std::span<const double> values) noexcept { return finite_all<double, std::uint64_t>(values); }
 
 }  // namespace troupe

@@ -1,4 +1,6 @@
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -37,11 +39,20 @@ public:
                                   std::to_string(weight) + "; weights must be finite and >= 0");
     const std::size_t n = delta.size();
     const float* d = delta.data();
-    for (std::size_t i = 0; i < n; ++i)
-      if (!std::isfinite(d[i]))
-        throw std::invalid_argument("weighted-mean: client " + std::to_string(client) + "'s update holds " +
-                                    std::to_string(d[i]) + " at coordinate " + std::to_string(i) +
-                                    "; updates must be finite");
+    // NaN or an infinity anywhere (all exponent bits set): one vectorized pass, then a search
+    // only for the message.
+    std::uint32_t nonfinite = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint32_t bits;
+      std::memcpy(&bits, d + i, sizeof bits);
+      nonfinite |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    }
+    if (nonfinite)
+      for (std::size_t i = 0; i < n; ++i)
+        if (!std::isfinite(d[i]))
+          throw std::invalid_argument("weighted-mean: client " + std::to_string(client) + "'s update holds " +
+                                      std::to_string(d[i]) + " at coordinate " + std::to_string(i) +
+                                      "; updates must be finite");
     if (!std::isfinite(weight_ + weight))
       throw std::invalid_argument("weighted-mean: the weights overflow a double (client " + std::to_string(client) +
                                   "'s is " + std::to_string(weight) + ")");

@@ -281,7 +281,7 @@ struct round_context {
 /// A diverged client (too large a learning rate) ends the run with its name, on the server's
 /// thread, before its NaN reaches the aggregate (where it would only show as a NaN model).
 void check_finite(const client_update& u, const std::string& when) {
-  if (u.words.empty() && !all_finite(u.delta))
+  if (u.diverged)
     throw std::runtime_error(when + " diverged: client " + std::to_string(u.client) +
                              "'s update is no longer finite (lower --lr, or check the attack settings)");
 }
@@ -335,7 +335,10 @@ public:
     }
     // A diverged update goes back as it is, past the transforms (which refuse it): the server
     // ends the run with the client's name (check_finite).
-    if (!all_finite(u.delta)) return u;
+    if (!all_finite(u.delta)) {
+      u.diverged = true;
+      return u;
+    }
     if (!e.transforms.empty()) u.words = e.take_words();  // storage an encoding transform may reuse
     for (std::size_t t = 0; t < e.transforms.size(); ++t) {
       const std::size_t floats = e.transforms[t]->client_state_floats(u.delta.size());

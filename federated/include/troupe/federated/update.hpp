@@ -46,6 +46,9 @@ struct client_update {
   /// payload...). When not empty, delta is empty and the aggregator's add_encoded receives it.
   /// Transforms receive it empty, possibly with capacity from an earlier round to reuse.
   std::vector<std::uint32_t> words;
+  /// Set by the engine on the client's thread: delta holds NaN or an infinity (the client
+  /// diverged), and the run ends with its name instead of aggregating it.
+  bool diverged = false;
 };
 
 /// A client-side step applied to the update before it leaves the client.
