@@ -9,8 +9,11 @@ export TROUPE_LOG_LEVEL=${TROUPE_LOG_LEVEL:-warn}
 out=$(mktemp -d)
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  # Workers first, then the head (a worker that loses its head reports it and exits).
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill "${pids[i]}" 2>/dev/null || true
+    wait "${pids[i]}" 2>/dev/null || true
+  done
   rm -rf "$out"
 }
 trap cleanup EXIT

@@ -920,7 +920,7 @@ private:
     // A node the head no longer lists was forgotten there, long after it was lost.
     for (auto& [id, m] : members_)
       if (id != self_ && id != head_id && !listed.contains(id) && m.alive && m.port != 0) lost.push_back(id);
-    for (auto id : lost) lose_locked(id, "the head reports it lost");
+    for (auto id : lost) lose_locked(id, "the head reports it gone", gone::reported);
     std::erase_if(members_, [&](const auto& kv) {
       return kv.first != self_ && kv.first != head_id && !kv.second.alive && !listed.contains(kv.first);
     });
@@ -1047,7 +1047,12 @@ private:
     lose_locked(id, why);
   }
 
-  void lose_locked(node_id id, const std::string& why, bool left = false) {
+  /// How a node went: lost here, left (said goodbye), or reported gone by the head (which
+  /// logged the reason; here it is news).
+  enum class gone { lost, left, reported };
+
+  void lose_locked(node_id id, const std::string& why, gone how = gone::lost) {
+    const bool left = how == gone::left;
     auto it = members_.find(id);
     if (it == members_.end() || !it->second.alive || stopped_) return;
     auto& m = it->second;
@@ -1063,6 +1068,8 @@ private:
     sys_.dead_letters.fetch_add(dropped, std::memory_order_relaxed);
     if (left)
       log().info("troupe node {}: node {} ({}:{}) left the cluster", self_, id, m.host, m.port);
+    else if (how == gone::reported)
+      log().info("troupe node {}: node {} ({}:{}) is gone: {}", self_, id, m.host, m.port, why);
     else
       log().warn("troupe node {}: node {} ({}:{}) is lost: {}", self_, id, m.host, m.port, why);
     if (id == head_id && self_ != head_id) {
@@ -1223,7 +1230,7 @@ private:
       }
       case ctl::leave: {
         std::lock_guard lock(mu_);
-        if (from != 0) lose_locked(from, "it left the cluster", true);
+        if (from != 0) lose_locked(from, "it left the cluster", gone::left);
         return;
       }
       case ctl::members: {
