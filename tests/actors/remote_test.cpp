@@ -696,6 +696,10 @@ protected:
   }
   std::string address(char n) const { return subnet_ + (n == 'a' ? "2" : "3"); }
   std::string head_address() const { return subnet_ + "1"; }
+  /// Where workers join `head` (listening on the bridge).
+  std::string join_address(troupe::actor_system& head) const {
+    return head_address() + ":" + std::to_string(head.node_port());
+  }
   /// A worker node inside namespace `n`.
   std::unique_ptr<child_node> start_worker(char n, const std::string& head) {
     return std::make_unique<child_node>(
@@ -718,7 +722,7 @@ protected:
 
 TEST_F(netns_cluster, ACutLinkIsDetectedAsksFailAndRestartableActorsMove) {
   troupe::actor_system head(head_on_bridge());
-  auto head_at = head_address() + ":" + std::to_string(head.node_port());
+  const auto head_at = join_address(head);
   auto a = start_worker('a', head_at);
   auto a_id = a->joined();
   auto b = start_worker('b', head_at);
@@ -763,7 +767,7 @@ TEST_F(netns_cluster, ALargeReplyOverASlowLinkIsNotSilence) {
   // 20 MB at 80 Mbit/s take about 2 s on the wire, far past node_timeout (800 ms), and every
   // heartbeat from that node waits behind them: the bytes arriving must count as hearing it.
   troupe::actor_system head(head_on_bridge());
-  auto head_at = head_address() + ":" + std::to_string(head.node_port());
+  const auto head_at = join_address(head);
   auto a = start_worker('a', head_at);
   auto a_id = a->joined();
   ASSERT_NE(a_id, 0u);
@@ -780,7 +784,7 @@ TEST_F(netns_cluster, ALargeReplyOverASlowLinkIsNotSilence) {
 
 TEST_F(netns_cluster, AKilledNodeIsDetectedAndARestartedOneRejoins) {
   troupe::actor_system head(head_on_bridge());
-  auto head_at = head_address() + ":" + std::to_string(head.node_port());
+  const auto head_at = join_address(head);
   auto a = start_worker('a', head_at);
   auto a_id = a->joined();
   ASSERT_NE(a_id, 0u);
