@@ -852,9 +852,30 @@ TEST(Remote, TlsEncryptsTheClusterAndRefusesUntrustedPeers) {
                       file("rogue.key"), "--tls-ca", file("cluster.pem")});
     EXPECT_EQ(rogue.joined(), 0u);
     EXPECT_EQ(rogue.wait_exit(), 1);
-    // A peer without TLS: refused.
-    EXPECT_THROW(troupe::cluster_status(head_of(head), token, 2s), troupe::error);
+    // A peer without TLS: refused, and told why.
+    try {
+      troupe::cluster_status(head_of(head), token, 2s);
+      ADD_FAILURE() << "a peer without TLS got the status";
+    } catch (const troupe::error& e) {
+      EXPECT_NE(std::string(e.what()).find("TLS"), std::string::npos) << e.what();
+    }
     EXPECT_EQ(a.ask(&worker::add, 2).get(), 3);
+  }
+  {
+    // The other way round: a plain head, a peer with TLS. Refused at once, and told why.
+    troupe::actor_system head(head_config());
+    ::setenv("TROUPE_TLS_CERTIFICATE", file("cluster.pem").c_str(), 1);
+    ::setenv("TROUPE_TLS_PRIVATE_KEY", file("cluster.key").c_str(), 1);
+    auto t0 = clock_type::now();
+    try {
+      troupe::cluster_status(head_of(head), token, 5s);
+      ADD_FAILURE() << "a peer with TLS got the status of a plain head";
+    } catch (const troupe::error& e) {
+      EXPECT_NE(std::string(e.what()).find("does not speak TLS"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(clock_type::now() - t0, 2s);
+    ::unsetenv("TROUPE_TLS_CERTIFICATE");
+    ::unsetenv("TROUPE_TLS_PRIVATE_KEY");
   }
   // Bad TLS settings are a clear error.
   cfg.node.tls_private_key = file("missing.key");

@@ -1860,6 +1860,8 @@ std::vector<node_status> cluster_status(const std::string& head_address, const s
   net::transport_config tc;
   tc.token = secret;
   tc.tls = tls_settings({}, {}, {});
+  // A handshake that cannot finish (TLS on one side only) says so before the caller gives up.
+  tc.handshake_timeout = std::min(tc.handshake_timeout, timeout * 9 / 10);
   {
     net::transport t(io, tc, std::move(h));
     t.connect(host, port);

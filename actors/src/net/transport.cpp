@@ -16,9 +16,11 @@
 #include <boost/asio/ssl.hpp>
 #include <boost/asio/write.hpp>
 #include <openssl/crypto.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <openssl/ssl.h>
 
 #include "troupe/core/error.hpp"
 #include "troupe/core/log.hpp"
@@ -104,13 +106,28 @@ void connection::start() {
   if (owner_.config().no_delay) socket_.set_option(tcp::no_delay(true), ec);
   deadline_.expires_after(owner_.config().handshake_timeout);
   deadline_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
-    if (!ec && !self->authenticated() && !self->closed_) self->do_close("handshake timed out", true);
+    if (ec || self->authenticated() || self->closed_) return;
+    std::string why = "handshake timed out";
+    if (self->tls_ && !self->tls_done_)
+      why += " (no TLS hello from the peer: a node without TLS waits silently; give every node the same TLS settings)";
+    else if (!self->tls_ && self->frames_received() == 0 && self->outbound_)
+      why += " (the peer sent nothing: if it uses TLS, give this node the same TLS settings)";
+    self->do_close(std::move(why), true);
   });
   if (!tls_) return begin_handshake();
   tls_->async_handshake(outbound_ ? asio::ssl::stream_base::client : asio::ssl::stream_base::server,
                         [self = shared_from_this()](boost::system::error_code ec) {
                           if (self->closed_) return;
-                          if (ec) return self->do_close("TLS handshake failed: " + ec.message(), true);
+                          if (ec) {
+                            std::string why = "TLS handshake failed: " + ec.message();
+                            if (ec.category() == asio::error::get_ssl_category() &&
+                                ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == SSL_R_WRONG_VERSION_NUMBER)
+                              why += " (the peer does not speak TLS: give every node the same TLS settings)";
+                            else if (ec == asio::ssl::error::stream_truncated)
+                              why += " (the peer left before its TLS hello: does it run without TLS? give every node the same TLS settings)";
+                            return self->do_close(std::move(why), true);
+                          }
+                          self->tls_done_ = true;
                           self->begin_handshake();
                         });
 }
@@ -258,7 +275,10 @@ void connection::read_more() {
                           [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
                             if (ec) {
                               if (self->closed_) return;
-                              if (ec == asio::error::eof)
+                              if (ec == asio::error::eof && !self->authenticated())
+                                self->do_close(self->tls_ ? "the peer closed the connection during the handshake"
+                                                          : "the peer closed the connection during the handshake (if it uses TLS, give this node the same TLS settings)");
+                              else if (ec == asio::error::eof)
                                 self->do_close(self->decoder_.idle() ? "the peer closed the connection"
                                                                      : "the peer closed the connection inside a frame");
                               else
@@ -271,6 +291,12 @@ void connection::read_more() {
 
 void connection::on_read(std::size_t n) {
   last_read_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  // A TLS record header (handshake, version 3.x) where the first frame should start.
+  if (!tls_ && !authenticated() && frames_received() == 0 && decoder_.idle() && n >= 3 &&
+      read_buf_[0] == std::byte{0x16} && read_buf_[1] == std::byte{0x03}) {
+    do_close("the peer started a TLS handshake and this node does not use TLS: give every node the same TLS settings", true);
+    return;
+  }
   if (n != 0 && !decoder_.feed(std::span<const std::byte>(read_buf_.data(), n))) {
     const auto& e = decoder_.error();
     do_close(std::string(to_string(e.code)) + ": " + e.message, true);

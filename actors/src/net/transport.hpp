@@ -169,6 +169,7 @@ private:
   std::atomic<std::chrono::steady_clock::rep> last_read_{std::chrono::steady_clock::now().time_since_epoch().count()};
   std::vector<std::byte> nonce_;        // the nonce this side sent
   bool closed_ = false;                 // on the connection's strand
+  bool tls_done_ = false;               // the TLS handshake finished (on the strand)
   int fd_ = -1;                         // the socket's descriptor, for writes from any thread
   // The write side, shared by senders on any thread and the strand (write_mutex_ guards it):
   // a sender writes directly when nothing is queued or in flight, else queues; the strand
