@@ -52,7 +52,12 @@ if [ -n "$bundle" ]; then
   export TROUPE_OPENBLAS_LIBRARY=$work/bundle/lib/libopenblas.so.0
   if [ -z "${TROUPE_CUBLAS_LIBRARY:-}" ]; then
     major=$(sed -n 's/^cuda \([0-9]*\).*/\1/p' "$work/bundle/MANIFEST")
-    TROUPE_CUBLAS_LIBRARY=$(ldconfig -p 2>/dev/null | awk -v n="libcublas.so.$major" '$1 == n && !found {print $NF; found = 1}')
+    # The toolkit's own copy first, then what the loader knows, then any copy on disk.
+    for f in /usr/local/cuda/lib64/libcublas.so."$major" /usr/local/cuda/targets/*/lib/libcublas.so."$major"; do
+      if [ -z "${TROUPE_CUBLAS_LIBRARY:-}" ] && [ -e "$f" ]; then TROUPE_CUBLAS_LIBRARY=$f; fi
+    done
+    [ -n "${TROUPE_CUBLAS_LIBRARY:-}" ] ||
+      TROUPE_CUBLAS_LIBRARY=$(ldconfig -p 2>/dev/null | awk -v n="libcublas.so.$major" '$1 == n && !found {print $NF; found = 1}')
     if [ -z "$TROUPE_CUBLAS_LIBRARY" ]; then
       roots=(/usr/local /usr/lib /usr/lib64 /opt)
       sites=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
