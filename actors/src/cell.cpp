@@ -41,6 +41,7 @@ public:
   void reject(errc) noexcept override {}
   void dispose() noexcept override { std::unique_ptr<start_message>{this}; }
   const char* kind() const noexcept override { return "system"; }
+  bool dropped_silently() const noexcept override { return true; }
 };
 
 class restart_message final : public message {
@@ -49,6 +50,7 @@ public:
   void reject(errc) noexcept override {}
   void dispose() noexcept override { std::unique_ptr<restart_message>{this}; }
   const char* kind() const noexcept override { return "system"; }
+  bool dropped_silently() const noexcept override { return true; }
 };
 
 class stop_message final : public message {
@@ -58,9 +60,28 @@ public:
   void reject(errc) noexcept override {}
   void dispose() noexcept override { std::unique_ptr<stop_message>{this}; }
   const char* kind() const noexcept override { return "system"; }
+  bool dropped_silently() const noexcept override { return true; }  // stopped twice: nothing lost
 
 private:
   exit_reason why_;
+};
+
+/// A failure found inside a method (an error without handler in a then() callback that ran
+/// inline): the actor fails once that method is done, unless it restarted meanwhile.
+class fail_message final : public message {
+public:
+  fail_message(std::exception_ptr e, std::uint32_t incarnation) : error_(std::move(e)), incarnation_(incarnation) {}
+  void run(cell_base& self) override {
+    if (self.incarnation() == incarnation_) self.fail(error_);
+  }
+  void reject(errc) noexcept override {}
+  void dispose() noexcept override { std::unique_ptr<fail_message>{this}; }
+  const char* kind() const noexcept override { return "system"; }
+  bool dropped_silently() const noexcept override { return true; }
+
+private:
+  std::exception_ptr error_;
+  std::uint32_t incarnation_;
 };
 
 class down_message final : public message {
@@ -97,9 +118,9 @@ cell_base::cell_base(system_impl& sys, actor_id id, const spawn_options& opts)
       overflow_(opts.overflow),
       reentrant_(opts.reentrant),
       fail_on_ask_exception_(opts.fail_on_ask_exception) {
-  sys.add_ref();
   if (opts.restart.max_restarts < -1)
     throw std::invalid_argument("restart_policy.max_restarts must be -1 (forever) or >= 0");
+  sys.add_ref();  // after the last throw: the destructor that releases it runs from here on
   if (opts.restart.max_restarts != 0) {
     extras().restart = opts.restart;
     extras().next_backoff = opts.restart.backoff;
@@ -156,12 +177,14 @@ void cell_base::enqueue(message_ptr m) {
         return;
       }
       cell_base* sender = tls_current_cell();
-      if (sender != nullptr) {
+      // (An actor of another actor_system is not paused: its system's workers run it, and a
+      // cycle across systems could not be seen. Its message gets in, as the timer thread's.)
+      if (sender != nullptr && sender->system_ == system_) {
         // An actor never blocks its worker: accept, and pause the sender after this method.
         if (sender != this && !sender->throttled_on_) sender->throttle_on(this);
         break;
       }
-      if (tls_on_worker()) break;  // nor a worker outside any actor, the timer thread or a node's I/O thread
+      if (sender != nullptr || tls_on_worker()) break;  // nor a worker outside any actor, the timer thread or a node's I/O thread
       if (system_->manual != nullptr) {
         if (system_->manual->firing()) break;  // its timers get in past the capacity, as on the timer thread
         // A test_system runs on the sender's thread: drain here, deterministically, or refuse.
@@ -449,6 +472,10 @@ void destroy_frames(cell_extras* ex, std::atomic_flag& lock,
 
 // ---- lifecycle --------------------------------------------------------------------
 
+void cell_base::fail_soon(std::exception_ptr e) noexcept {
+  enqueue_urgent(message_ptr(std::make_unique<fail_message>(std::move(e), incarnation()).release()));
+}
+
 void cell_base::handle_start() noexcept {
   if (life_.load(std::memory_order_relaxed) != life_running) return;
   try {
@@ -511,6 +538,15 @@ void cell_base::handle_restart() noexcept {
   }
   life_.store(life_running, std::memory_order_release);
   handle_start();
+  // Down notices held while the old incarnation was suspended: the monitors belong to the
+  // actor, so the new incarnation hears of them.
+  if (life_.load(std::memory_order_relaxed) != life_running) return;  // on_start failed
+  std::vector<down_notice> deferred;
+  {
+    flag_guard g(lock_);
+    if (extras_ && suspended_ == 0) deferred.swap(extras_->deferred);
+  }
+  for (auto& n : deferred) handle_down(n);
 }
 
 void cell_base::handle_stop(exit_reason why, const std::string& what) noexcept {
@@ -566,14 +602,34 @@ void cell_base::handle_down(const down_notice& n) noexcept {
   }
 }
 
+namespace {
+/// Watchers that are gone (a stopped actor, a dropped monitor future) leave the list when it
+/// has doubled since it was last pruned: an actor watched by many short-lived ones keeps a list
+/// as long as its live watchers, not as long as its history. Called under the cell's lock;
+/// what is pruned is destroyed by the caller, after the lock.
+std::vector<cell_extras::watcher> prune_watchers(cell_extras& ex) {
+  std::vector<cell_extras::watcher> gone;
+  if (ex.watchers.size() < ex.prune_watchers_at) return gone;
+  auto keep = std::partition(ex.watchers.begin(), ex.watchers.end(), [](const cell_extras::watcher& w) {
+    return w.cell ? w.cell->alive() : !w.callback->abandoned();
+  });
+  gone.assign(std::make_move_iterator(keep), std::make_move_iterator(ex.watchers.end()));
+  ex.watchers.erase(keep, ex.watchers.end());
+  ex.prune_watchers_at = std::max<std::size_t>(16, 2 * ex.watchers.size());
+  return gone;
+}
+}  // namespace
+
 void cell_base::add_watcher(cell_base* watcher) {
   if (!watcher->has_on_down())
     throw std::invalid_argument(std::string("monitor: ") + watcher->type_name() +
                                 " has no on_down(const troupe::down_notice&) to receive the notice");
   down_notice late;
+  std::vector<cell_extras::watcher> gone;
   {
     flag_guard g(lock_);
     if (!down_sent_) {
+      gone = prune_watchers(extras());
       extras().watchers.push_back({cell_ptr(watcher), nullptr});
       return;
     }
@@ -588,9 +644,11 @@ void send_down_notice(cell_base& watcher, const down_notice& n) {
 
 void cell_base::on_down(std::unique_ptr<down_callback> f) {
   down_notice late;
+  std::vector<cell_extras::watcher> gone;
   {
     flag_guard g(lock_);
     if (!down_sent_) {
+      gone = prune_watchers(extras());
       extras().watchers.push_back({cell_ptr(), std::move(f)});
       return;
     }

@@ -14,7 +14,9 @@ namespace {
 class relay final : public message {
 public:
   explicit relay(state_base* st) noexcept : st_(st) { st_->add_ref(); }
-  void run(cell_base& self) override { st_->run(self); }
+  // The state keeps its request phase (it may still be queued as the ask): only the
+  // continuation runs here.
+  void run(cell_base& self) override { st_->continue_in(self); }
   void reject(errc) noexcept override {}
   void dispose() noexcept override {
     st_->release();
@@ -53,6 +55,10 @@ void state_base::run(cell_base& self) {
     run_request(self);
     return;
   }
+  continue_in(self);
+}
+
+void state_base::continue_in(cell_base& self) noexcept {
   if (self.incarnation() != cont_incarnation_) {
     // The actor restarted since: the coroutine frame is gone and the callback's object too.
     cont_handle_ = {};
@@ -84,8 +90,8 @@ void state_base::publish(bool node_free) noexcept {
 
 void state_base::dispatch_continuation(bool node_free) noexcept {
   if (cell_base* c = std::exchange(cont_cell_, nullptr)) {
-    phase_ = cont_callback_ ? phase_callback : phase_resume;
     if (node_free) {
+      phase_ = cont_callback_ ? phase_callback : phase_resume;
       add_ref();  // the mailbox's reference
       c->enqueue_urgent(message_ptr(this));
     } else {
@@ -181,7 +187,8 @@ void arm_timeout(state_base& st, std::chrono::nanoseconds d) {
 
 void report_callback_error(std::exception_ptr e) noexcept {
   if (auto* c = tls_current_cell()) {
-    c->fail(std::move(e));
+    // After what runs now: the callback may have run inline, inside one of the actor's methods.
+    c->fail_soon(std::move(e));
     return;
   }
   try {

@@ -61,6 +61,7 @@ struct cell_extras {
   };
   std::vector<waiter> waiters;
   std::vector<watcher> watchers;
+  std::size_t prune_watchers_at = 16;   // prune the gone ones when watchers reaches this
   std::vector<void*> frames;            // suspended root coroutines (actor context)
   std::vector<down_notice> deferred;    // down notices held while suspended
   std::unique_ptr<restart_factory> factory;

@@ -285,3 +285,58 @@ TEST(Future, ATimeoutTheTimersNeverFireFailsWithSystemShutdown) {
 }
 
 }  // namespace
+
+namespace {
+
+// A timeout that fires while the ask still waits in the callee's mailbox: the awaiting coroutine
+// resumes in its own actor (after the method that actor runs now), and the call itself still runs
+// later, its reply discarded.
+struct queued_callee {
+  std::atomic<int> ran{0};
+  void block(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+  int work() { return ++ran; }
+  int runs() { return ran.load(); }
+};
+
+struct timing_out_caller {
+  troupe::actor_ref<queued_callee> peer;
+  troupe::actor_id resumed_in = 0;
+  bool timed_out = false;
+  std::atomic<bool> busy_now{false};
+  bool overlapped = true;
+  void busy(int ms) {
+    busy_now = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    busy_now = false;
+  }
+  troupe::task<int> go() {
+    try {
+      co_await peer.ask(&queued_callee::work).timeout(std::chrono::milliseconds(20));
+    } catch (const troupe::error& e) {
+      timed_out = e.code() == troupe::errc::timeout;
+    }
+    resumed_in = troupe::this_actor::id();
+    overlapped = busy_now.load();
+    co_return 0;
+  }
+  std::tuple<troupe::actor_id, bool, bool> seen() const { return {resumed_in, timed_out, overlapped}; }
+};
+
+}  // namespace
+
+TEST(Future, ATimeoutWhileTheAskIsStillQueuedResumesTheAskerInItsOwnActor) {
+  troupe::actor_system sys{{.threads = 4}};
+  auto callee = sys.spawn<queued_callee>();
+  auto caller = sys.spawn<timing_out_caller>(troupe::spawn_options{.reentrant = true}, callee);
+  callee.tell(&queued_callee::block, 150);  // the ask waits behind this
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto f = caller.ask(&timing_out_caller::go);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  caller.tell(&timing_out_caller::busy, 300);  // busy when the timeout fires and when the callee pops the ask
+  EXPECT_EQ(f.get(), 0);
+  auto [resumed_in, timed_out, overlapped] = caller.ask(&timing_out_caller::seen).get();
+  EXPECT_EQ(resumed_in, caller.id());
+  EXPECT_TRUE(timed_out);
+  EXPECT_FALSE(overlapped) << "the coroutine ran while its actor ran another method";
+  EXPECT_EQ(callee.ask(&queued_callee::runs).get(), 1) << "the timed-out call itself still runs";
+}

@@ -1469,6 +1469,7 @@ private:
       void notify(const down_notice& n) noexcept override {
         if (auto self = node.lock()) self->exported_down(wire, n);
       }
+      bool abandoned() const noexcept override { return node.expired(); }
     };
     auto cb = std::make_unique<on_gone>();
     cb->node = weak_from_this();

@@ -258,14 +258,19 @@ public:
     requires std::invocable<M, T&, std::decay_t<Args>...>
   timer tell_after(std::chrono::nanoseconds delay, const actor_ref<T>& ref, M method,
                    Args&&... args) {
-    return detail::add_timer(*impl_, delay, std::chrono::nanoseconds{0},
-                             make_sender(ref, method, std::forward<Args>(args)...));
+    if (!ref) throw std::invalid_argument("tell_after: the actor_ref is empty");
+    // Sent once: the arguments move into the message (move-only ones too).
+    auto held = std::make_shared<std::tuple<std::decay_t<Args>...>>(std::forward<Args>(args)...);
+    return detail::add_timer(*impl_, delay, std::chrono::nanoseconds{0}, [ref, method, held]() {
+      if (ref.alive()) std::apply([&](auto&... a) { ref.tell(method, std::move(a)...); }, *held);
+      return false;
+    });
   }
 
   /// Tells `ref` `method(args...)` every `period` (first after one period) until cancelled
   /// or the actor is gone. Arguments are copied for each message.
   template <class T, class M, class... Args>
-    requires std::invocable<M, T&, std::decay_t<Args>...>
+    requires std::invocable<M, T&, std::decay_t<Args>...> && (std::copy_constructible<std::decay_t<Args>> && ...)
   timer tell_every(std::chrono::nanoseconds period, const actor_ref<T>& ref, M method,
                    Args&&... args) {
     if (period <= std::chrono::nanoseconds{0})
@@ -319,7 +324,7 @@ private:
 
   template <class T, class M, class... Args>
   static std::function<bool()> make_sender(const actor_ref<T>& ref, M method, Args&&... args) {
-    if (!ref) throw std::invalid_argument("tell_after / tell_every: the actor_ref is empty");
+    if (!ref) throw std::invalid_argument("tell_every: the actor_ref is empty");
     return [ref, method, ... a = std::decay_t<Args>(std::forward<Args>(args))]() {
       if (!ref.alive()) return false;
       ref.tell(method, a...);

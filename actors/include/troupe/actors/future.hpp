@@ -61,6 +61,8 @@ public:
   void dispose() noexcept final { release(); }
 
   bool ready() const noexcept { return status_.load(std::memory_order_acquire) & st_ready; }
+  /// The caller holds the only reference: no future or continuation can see the result.
+  bool sole_owner() const noexcept { return refs_.load(std::memory_order_acquire) == 1; }
 
   /// Blocks until ready; refuses on actor threads; drives a test system instead of sleeping.
   void wait();
@@ -83,6 +85,8 @@ public:
   }
 
   void run(cell_base& self) final;
+  /// Runs the continuation in `self`, the awaiting actor (dropped if it restarted since).
+  void continue_in(cell_base& self) noexcept;
   void reject(errc why) noexcept final;
   const char* kind() const noexcept final { return phase_ == phase_request ? "ask" : "resume"; }
   bool is_continuation() const noexcept final { return phase_ != phase_request; }

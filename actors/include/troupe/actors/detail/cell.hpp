@@ -85,6 +85,8 @@ struct cell_extras;
 struct down_callback {
   virtual ~down_callback() = default;
   virtual void notify(const down_notice& n) noexcept = 0;
+  /// Nobody would hear the notice any more (e.g. its future was dropped): it may be pruned.
+  virtual bool abandoned() const noexcept { return false; }
 };
 
 /// The actor running on this thread, if any.
@@ -107,6 +109,9 @@ void pool_free(void* p, std::size_t n) noexcept;
 struct pooled {
   static void* operator new(std::size_t n) { return pool_allocate(n); }
   static void operator delete(void* p, std::size_t n) noexcept { pool_free(p, n); }
+  // Over-aligned actor classes and arguments (alignas(64) and up) bypass the pool.
+  static void* operator new(std::size_t n, std::align_val_t a) { return ::operator new(n, a); }
+  static void operator delete(void* p, std::size_t n, std::align_val_t a) noexcept { ::operator delete(p, n, a); }
 };
 
 struct link {
@@ -232,6 +237,9 @@ public:
 
   /// Called from inside the actor when a method failed with nobody to tell.
   void fail(std::exception_ptr e) noexcept;
+  /// Fails the actor once the message it runs now is done (fail() destroys the object: not
+  /// from inside one of its methods).
+  void fail_soon(std::exception_ptr e) noexcept;
 
   /// The number of normal messages waiting. @threadsafe
   std::int64_t mailbox_depth() const noexcept { return size_.load(std::memory_order_relaxed); }
