@@ -54,16 +54,22 @@ struct checksummed_file {
 template <class Fail>
 checksummed_file read_checksummed(const std::string& path, const char (&magic)[4], const char* kind, Fail&& fail) {
   check_file(check_regular, path, fail);
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) fail("does not exist or cannot be read");
-  checksummed_file f;
-  {
-    std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    f.bytes.resize(raw.size());
-    if (!raw.empty()) std::memcpy(f.bytes.data(), raw.data(), raw.size());
-  }
-  if (f.bytes.size() < sizeof magic + 8 || std::memcmp(f.bytes.data(), magic, sizeof magic) != 0)
+  const auto size = static_cast<std::streamoff>(in.tellg());
+  in.seekg(0);
+  // The header first: a large file of another kind is refused without reading it.
+  char head[sizeof magic] = {};
+  in.read(head, sizeof head);
+  if (in.gcount() != static_cast<std::streamsize>(sizeof head) || std::memcmp(head, magic, sizeof magic) != 0)
     fail(std::string("is not a troupe ") + kind + " file (no " + std::string(magic, sizeof magic) + " header)");
+  if (size < static_cast<std::streamoff>(sizeof magic + 8))
+    fail("is truncated (" + std::to_string(size) + " bytes, with its " + std::string(magic, sizeof magic) + " header)");
+  checksummed_file f;
+  f.bytes.resize(static_cast<std::size_t>(size));
+  std::memcpy(f.bytes.data(), head, sizeof head);
+  in.read(reinterpret_cast<char*>(f.bytes.data()) + sizeof head, size - static_cast<std::streamoff>(sizeof head));
+  if (in.gcount() != size - static_cast<std::streamoff>(sizeof head)) fail("could not be read whole (it changed while being read?)");
   const std::size_t body_end = f.bytes.size() - 4;
   std::uint32_t stored;
   std::memcpy(&stored, f.bytes.data() + body_end, 4);

@@ -267,9 +267,17 @@ tensor read_idx_from(byte_source& in, const std::string& path) {
                    " bytes of data, the " + in.kind() + " stream holds " + std::to_string(data_got));
   // Reading past the data drives a gzip stream to its end, where its CRC and length are checked.
   std::byte extra{};
-  if (in.read(&extra, 1) != 0)
+  if (in.read(&extra, 1) != 0) {
+    // A corrupted gzip stream may inflate to more than it held: drain it (within a bound) so
+    // that its CRC check, which fails first, names the real problem.
+    if (!plain) {
+      std::vector<std::byte> sink(std::size_t{1} << 16);
+      for (std::uint64_t drained = 0; drained < (std::uint64_t{256} << 20); drained += sink.size())
+        if (in.read(sink.data(), sink.size()) < sink.size()) break;
+    }
     fail(path, "trailing bytes: the data goes on after the " + std::to_string(bytes) +
                    " bytes the dimensions " + shape_text(shape) + " announce");
+  }
 
   if (type.size == 4 && std::endian::native == std::endian::little) {
     std::byte* p = out.bytes();
@@ -403,6 +411,7 @@ tensor read_idx(const std::string& path) {
     fail(path, "the file is missing");
   }
   if (status.type() == fs::file_type::directory) fail(path, "is a directory, not an IDX file");
+  if (status.type() != fs::file_type::regular) fail(path, "is not a regular file (a pipe or a device?), not an IDX file");
 
   file_ptr file(std::fopen(path.c_str(), "rb"));
   if (!file) {
@@ -430,6 +439,10 @@ tensor read_idx(const std::string& path) {
 
 fashion_mnist load_fashion_mnist(const std::string& dir) {
   std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw std::runtime_error("load_fashion_mnist: " + dir +
+                             " is a file, not a directory: pass the directory that holds the four "
+                             "Fashion-MNIST files");
   if (!fs::is_directory(dir, ec)) {
     const bool standard = under_fashion_mnist_dir(dir);
     throw std::runtime_error(

@@ -82,6 +82,8 @@ void validate(optimizer_kind kind, const hyperparameters& hp, const state_option
     if (!(hp.beta2 >= 0 && hp.beta2 < 1)) bad("beta2 must be in [0, 1)");
     if (!(hp.eps >= 0) || !std::isfinite(hp.eps)) bad("eps must be finite and >= 0");
   }
+  if (static_cast<unsigned>(so.storage) > static_cast<unsigned>(state_storage::automatic))
+    bad("state storage " + std::to_string(static_cast<unsigned>(so.storage)) + " is not fp32, bf16, int8 or automatic");
   if (so.block_size < 1 || so.block_size > (1 << 24)) bad("state block_size must be in [1, 2^24]");
   if (so.min_8bit_elements < 0) bad("state min_8bit_elements must be >= 0");
   if (!(so.percentile_scale >= 0 && so.percentile_scale <= 100)) bad("state percentile_scale must be in [0, 100]");
@@ -1142,12 +1144,20 @@ optimizer::optimizer(optimizer_kind kind, std::vector<param_group> groups, optim
         break;
       }
   }
+  check_slots();
+  check_groups();
   sync_slots();
   prepare();
 }
 
-void optimizer::sync_slots() {
-  // Every check comes before any state moves, so that a refusal leaves the slots as they were.
+std::vector<std::pair<parameter*, std::size_t>> optimizer::members() const {
+  std::vector<std::pair<parameter*, std::size_t>> out;
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    for (auto* p : groups_[g].params) out.emplace_back(p, g);
+  return out;
+}
+
+void optimizer::check_slots() const {
   std::unordered_map<const parameter*, std::size_t> had;
   for (std::size_t k = 0; k < slots_.size(); ++k) had.emplace(slots_[k].p, k);
   std::unordered_set<const parameter*> listed;
@@ -1166,6 +1176,11 @@ void optimizer::sync_slots() {
             std::to_string(p->value.numel()) + " elements since its state was made");
     }
   }
+}
+
+void optimizer::sync_slots() {
+  std::unordered_map<const parameter*, std::size_t> had;
+  for (std::size_t k = 0; k < slots_.size(); ++k) had.emplace(slots_[k].p, k);
   std::vector<slot> next;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     for (auto* p : groups_[g].params) {
@@ -1190,10 +1205,9 @@ struct wanted {
 
 }  // namespace
 
-void optimizer::prepare() {
-  // Re-check what changed since the last step; choose storage for automatic groups.
+void optimizer::check_groups() const {
+  // What changed since the last step is checked again.
   const bool first = seen_hp_.empty();
-  bool resolve = first || groups_.size() != seen_hp_.size();
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (!first && g < seen_hp_.size() && same(groups_[g].hp, seen_hp_[g]) && same(groups_[g].state, seen_state_[g]))
       continue;
@@ -1209,8 +1223,15 @@ void optimizer::prepare() {
         bad("state block_size " + std::to_string(so.block_size) + " is above " +
             std::to_string(cuda::max_int8_block) + ", the largest 8-bit block on " + where_.str());
     }
-    if (!first && (g >= seen_state_.size() || groups_[g].state.storage != seen_state_[g].storage)) resolve = true;
   }
+}
+
+void optimizer::prepare() {
+  // Choose storage for automatic groups (again when a group's storage changed).
+  const bool first = seen_hp_.empty();
+  bool resolve = first || groups_.size() != seen_hp_.size();
+  for (std::size_t g = 0; g < groups_.size() && !resolve; ++g)
+    if (groups_[g].state.storage != seen_state_[g].storage) resolve = true;
   if (resolve) {
     resolved_.assign(groups_.size(), state_storage::fp32);
     std::size_t fp32_bytes = 0;
@@ -1321,7 +1342,10 @@ void optimizer::allocate(slot& s) {
     std::size_t bytes = 0;
     const std::size_t blocks = block ? (n + static_cast<std::size_t>(block) - 1) / static_cast<std::size_t>(block) : 0;
     bytes = mode == mode_fp32 ? 4 * n : mode == mode_bf16 ? 2 * n : n + 4 * blocks;
-    if (options_.state_memory_limit && state_bytes() + bytes > options_.state_memory_limit) throw std::bad_alloc();
+    // (The old storage of this moment is freed by the conversion: not counted with the new.)
+    const std::size_t replaced = (mo.data.defined() ? mo.data.nbytes() : 0) + (mo.scales.defined() ? mo.scales.nbytes() : 0);
+    if (options_.state_memory_limit && state_bytes() - replaced + bytes > options_.state_memory_limit)
+      throw std::bad_alloc();
     moment next;
     next.mode = mode;
     next.is_signed = is_signed;
@@ -1525,13 +1549,15 @@ bool optimizer::gradients_finite() const {
 }
 
 bool optimizer::grads_finite(std::vector<double>& sums) const {
-  sums.assign(slots_.size(), 0.0);
+  // Over the parameters as the groups list them now (the slots' order once synced).
+  const auto params = members();
+  sums.assign(params.size(), 0.0);
   if (!where_.is_cpu()) {
     std::vector<const float*> grads;
     std::vector<std::int64_t> sizes;
-    for (const auto& s : slots_) {
-      grads.push_back(reinterpret_cast<const float*>(std::as_const(*s.p).grad.bytes()));
-      sizes.push_back(s.p->grad.numel());
+    for (const auto& [p, g] : params) {
+      grads.push_back(reinterpret_cast<const float*>(std::as_const(*p).grad.bytes()));
+      sizes.push_back(p->grad.numel());
     }
     return cuda::all_finite(grads, sizes, where_.index);
   }
@@ -1545,9 +1571,9 @@ bool optimizer::grads_finite(std::vector<double>& sums) const {
   };
   std::vector<piece> pieces;
   std::size_t total = 0;
-  for (std::size_t k = 0; k < slots_.size(); ++k) {
-    const auto g = std::as_const(*slots_[k].p).grad.data<float>();
-    const bool sum = groups_[slots_[k].group].state.percentile_clipping < 100;
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    const auto g = std::as_const(*params[k].first).grad.data<float>();
+    const bool sum = groups_[params[k].second].state.percentile_clipping < 100;
     for (std::size_t b = 0; b < g.size(); b += 1u << 16)
       pieces.push_back({g.data() + b, std::min<std::size_t>(1u << 16, g.size() - b), k, sum});
     total += g.size();
@@ -1569,20 +1595,24 @@ bool optimizer::do_step(bool reference) {
   if (reference && !where_.is_cpu())
     bad("reference_step runs on host parameters only (these are on " + where_.str() +
         "): compare with an optimizer over host copies");
-  sync_slots();
-  prepare();
+  // Everything is checked before anything changes: a refused or skipped step leaves the state,
+  // its storage and the membership as they were.
+  check_slots();
+  check_groups();
   std::vector<double> squares;  // per slot, for percentile clipping
   if (!grads_finite(squares)) {
     ++skipped_;
     return false;
   }
-  if (schedule_)  // checked before anything changes
+  if (schedule_)
     for (const auto& grp : groups_) {
       const double lr = schedule_(steps_ + 1, grp.hp.lr);
       if (!(lr >= 0) || !std::isfinite(lr))
         bad("the lr schedule gave " + std::to_string(lr) + " at step " + std::to_string(steps_ + 1) +
             " (it must be finite and >= 0)");
     }
+  sync_slots();
+  prepare();
   const std::int64_t t = ++steps_;
 
   // Per tensor constants, and the gradient scale of percentile clipping.

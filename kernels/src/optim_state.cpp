@@ -30,6 +30,15 @@ namespace {
 constexpr char magic[4] = {'T', 'R', 'P', 'O'};
 constexpr std::uint32_t version = 1;
 
+std::string kind_name(std::uint8_t kind) {
+  switch (kind) {
+    case static_cast<std::uint8_t>(optimizer_kind::sgd): return "SGD";
+    case static_cast<std::uint8_t>(optimizer_kind::adam): return "Adam";
+    case static_cast<std::uint8_t>(optimizer_kind::adamw): return "AdamW";
+    default: return "an unknown optimizer (kind " + std::to_string(kind) + ")";
+  }
+}
+
 [[noreturn]] void fail(const std::string& path, const std::string& why) {
   throw std::runtime_error("optimizer state file '" + path + "': " + why);
 }
@@ -81,8 +90,8 @@ void optimizer::load(const std::string& path) {
       fail(path, "has format version " + std::to_string(v) + "; this build reads version " + std::to_string(version));
     const auto kind = r.read_raw<std::uint8_t>();
     if (kind != static_cast<std::uint8_t>(kind_))
-      fail(path, "holds the state of another optimizer (kind " + std::to_string(kind) + ", this one is " +
-                     std::to_string(static_cast<int>(kind_)) + ")");
+      fail(path, "holds the state of " + std::string(kind_name(kind)) + ", this optimizer is " +
+                     kind_name(static_cast<std::uint8_t>(kind_)));
     steps = r.read_raw<std::int64_t>();
     skipped = r.read_raw<std::int64_t>();
     if (steps < 0 || skipped < 0 || steps > (std::int64_t{1} << 53) || skipped > (std::int64_t{1} << 53))
@@ -97,9 +106,12 @@ void optimizer::load(const std::string& path) {
       if (rank > 16) fail(path, where + ": rank " + std::to_string(rank));
       tensor::shape_type shape(rank);
       for (auto& d : shape) d = static_cast<std::int64_t>(r.read_varint());
-      if (name != s.p->name || shape != s.p->value.shape())
-        fail(path, where + " is '" + name + "' of another shape or name; the optimizer expects '" + s.p->name + "' " +
-                       s.p->value.str());
+      if (name != s.p->name || shape != s.p->value.shape()) {
+        std::string dims;
+        for (auto d : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+        fail(path, where + " is '" + name + "' [" + dims + "] in the file; the optimizer expects '" + s.p->name +
+                       "' " + s.p->value.str());
+      }
       loaded l;
       l.started = r.read_raw<std::uint8_t>() != 0;
       const auto norms = r.read_varint();
@@ -170,6 +182,7 @@ void optimizer::load(const std::string& path) {
     slots_[i].vmax = std::move(next[i].vmax);
     slots_[i].momentum_started = next[i].started;
     slots_[i].gnorms = std::move(next[i].gnorms);
+    slots_[i].numel = slots_[i].p->value.numel();  // the file's state is for the value's shape now
   }
   steps_ = steps;
   skipped_ = skipped;

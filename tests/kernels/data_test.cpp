@@ -2,6 +2,7 @@
 #include "troupe/kernels/train.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <limits>
 #include <unistd.h>
@@ -243,6 +244,36 @@ TEST(Idx, RejectsACorruptedGzipStream) {
   write_plain(bad.path(), wrong_crc);
   const std::string what = error_of<std::runtime_error>([&] { troupe::read_idx(bad.path()); });
   EXPECT_TRUE(contains(what, "corrupted gzip stream")) << what;
+}
+
+TEST(Idx, ACorruptedGzipStreamIsNeverMistakenForTrailingBytes) {
+  // Labels 0..9 compress well; a flipped bit may then inflate to more bytes than the dimensions
+  // announce. The stream's CRC names the problem, not the count.
+  bytes labels(1000);
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<unsigned char>((i * 7 + i / 13) % 10);
+  temp_file whole("labels.gz"), bad("bad.gz");
+  write_gzip(whole.path(), idx_file(0x08, {1000}, labels));
+  const bytes gz = read_plain(whole.path());
+  for (std::size_t at = 10; at + 8 < gz.size(); ++at)
+    for (int bit : {0, 5}) {
+      bytes changed = gz;
+      changed[at] ^= static_cast<unsigned char>(1 << bit);
+      write_plain(bad.path(), changed);
+      try {
+        troupe::read_idx(bad.path());  // (a flip in a padding bit changes nothing)
+      } catch (const std::runtime_error& e) {
+        EXPECT_FALSE(contains(e.what(), "trailing bytes")) << "byte " << at << ": " << e.what();
+      }
+    }
+}
+
+TEST(Idx, APipeOrDeviceIsRefusedWithoutWaitingOnIt) {
+  temp_file fifo("fifo.gz");
+  ASSERT_EQ(::mkfifo(fifo.path().c_str(), 0600), 0);
+  std::string what = error_of<std::runtime_error>([&] { troupe::read_idx(fifo.path()); });
+  EXPECT_TRUE(contains(what, "not a regular file")) << what;
+  what = error_of<std::runtime_error>([&] { troupe::read_idx("/dev/null"); });
+  EXPECT_TRUE(contains(what, "not a regular file")) << what;
 }
 
 TEST(Idx, RejectsTrailingBytes) {

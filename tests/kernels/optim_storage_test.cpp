@@ -9,6 +9,8 @@
 #include <limits>
 #include <random>
 
+#include <unistd.h>
+
 #include <troupe/kernels/optim.hpp>
 
 #include "quantize.hpp"
@@ -371,6 +373,78 @@ TEST(OptimizerStorage, RunningOutOfMemoryConvertsStateOneLevelDownAndKeepsIt) {
 
   // Explicit storage is not lowered: the allocation failure reaches the caller.
   EXPECT_THROW(optimizer(optimizer_kind::adam, {{m.ptrs(), {}}}, {.state_memory_limit = 150'000}), std::bad_alloc);
+}
+
+TEST(OptimizerStorage, AutomaticStorageStepsDownToTheLevelThatFits) {
+  // Three Adam tensors of 10,000: fp32 state 240,000 bytes, bf16 120,000, int8 about 61,000.
+  // Converting a moment frees its old storage, so each level down is judged by what it keeps.
+  for (const auto& [limit, want] : {std::pair{200'000u, state_storage::bf16}, {100'000u, state_storage::int8}}) {
+    model m(3, {10'000, 10'000, 10'000});
+    optimizer opt(optimizer_kind::adam, {{m.ptrs(), {.lr = 1e-2}, {.storage = state_storage::automatic}}},
+                  {.state_memory_limit = limit});
+    for (const auto& t : opt.state_report()) EXPECT_EQ(t.storage, want) << limit;
+    EXPECT_LE(opt.state_bytes(), limit);
+    std::mt19937 g(1);
+    m.fresh_grads(g);
+    EXPECT_TRUE(opt.step());
+  }
+}
+
+TEST(OptimizerStorage, ARefusedOrSkippedStepConvertsNothingAndKeepsTheMembership) {
+  model m(4, {5000, 5000});
+  optimizer opt(optimizer_kind::adam, {{m.ptrs(), {.lr = 1e-2}}});
+  std::mt19937 g(2);
+  m.fresh_grads(g);
+  ASSERT_TRUE(opt.step());
+  const auto b_moment = opt.slots()[1].m.data.data<float>()[7];
+
+  // A membership change and a bad value in one edit: refused, the removed tensor keeps its state.
+  opt.groups()[0].params = {&m.params[0]};
+  opt.groups()[0].hp.lr = -1;
+  EXPECT_THROW(opt.step(), std::invalid_argument);
+  ASSERT_EQ(opt.slots().size(), 2u);
+  EXPECT_EQ(opt.slots()[1].m.data.data<float>()[7], b_moment);
+  opt.groups()[0].params = {&m.params[0], &m.params[1]};
+  opt.groups()[0].hp.lr = 1e-2;
+
+  // A new storage and a schedule that fails: refused before the state is converted.
+  opt.groups()[0].state.storage = state_storage::int8;
+  opt.groups()[0].state.min_8bit_elements = 0;
+  opt.set_lr_schedule([](std::int64_t, double) { return std::nan(""); });
+  EXPECT_THROW(opt.step(), std::invalid_argument);
+  for (const auto& t : opt.state_report()) EXPECT_EQ(t.storage, state_storage::fp32);
+  opt.set_lr_schedule({});
+
+  // The same with a non-finite gradient: skipped, nothing converted.
+  m.params[1].grad.data<float>()[3] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(opt.step());
+  for (const auto& t : opt.state_report()) EXPECT_EQ(t.storage, state_storage::fp32);
+  EXPECT_EQ(opt.slots()[1].m.data.data<float>()[7], b_moment);
+  EXPECT_EQ(opt.steps(), 1);
+  m.fresh_grads(g);
+  EXPECT_TRUE(opt.step());
+  for (const auto& t : opt.state_report()) EXPECT_EQ(t.storage, state_storage::int8);
+}
+
+TEST(OptimizerState, StateSavedForAResizedTensorLoadsAndSteps) {
+  const auto path = (std::filesystem::temp_directory_path() / ("troupe-resized-" + std::to_string(::getpid()))).string();
+  model small(5, {100}), big(5, {200});
+  optimizer a(optimizer_kind::adamw, {{small.ptrs(), {.lr = 1e-2}}});
+  optimizer b(optimizer_kind::adamw, {{big.ptrs(), {.lr = 1e-2}}});
+  std::mt19937 g(3);
+  small.fresh_grads(g);
+  big.fresh_grads(g);
+  ASSERT_TRUE(a.step());
+  ASSERT_TRUE(b.step());
+  b.save(path);
+  // The tensor grows to the saved shape; the file's state is for that shape, and steps go on.
+  small.params[0] = parameter{small.params[0].name, big.params[0].value.clone(), big.params[0].grad.clone()};
+  small.params[0].name = big.params[0].name;
+  a.groups()[0].params = {&small.params[0]};
+  EXPECT_THROW(a.step(), std::invalid_argument);  // resized under its old state: refused
+  a.load(path);
+  EXPECT_TRUE(a.step());
+  std::filesystem::remove(path);
 }
 
 TEST(OptimizerState, SaveAndLoadRoundTripBitForBit) {

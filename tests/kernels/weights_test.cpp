@@ -69,6 +69,8 @@ TEST(Weights, BadFilesAreClearErrorsAndLeaveTheModelUnchanged) {
   expect_load_error(*model, temp("no_such_file.trpw"), "does not exist");
   write_all(temp("weights_text.trpw"), {'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd', '!'});
   expect_load_error(*model, temp("weights_text.trpw"), "not a troupe weights file");
+  write_all(temp("weights_header.trpw"), std::vector<char>(bytes.begin(), bytes.begin() + 8));
+  expect_load_error(*model, temp("weights_header.trpw"), "is truncated (8 bytes, with its TRPW header)");
   for (std::size_t cut : {bytes.size() - 1, bytes.size() / 2, std::size_t{13}}) {
     write_all(temp("weights_cut.trpw"), std::vector<char>(bytes.begin(), bytes.begin() + static_cast<long>(cut)));
     expect_load_error(*model, temp("weights_cut.trpw"), "corrupted or truncated");

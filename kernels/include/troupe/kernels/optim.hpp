@@ -190,9 +190,16 @@ private:
   /// gradients for the slots whose group clips by percentile (one pass over the gradients).
   bool grads_finite(std::vector<double>& sums) const;
   bool do_step(bool reference);
-  void prepare();
-  /// slots_ as groups_ list the parameters now, each checked; state kept for those still there.
+  /// The parameters as groups_ list them now, with their group, in order.
+  std::vector<std::pair<parameter*, std::size_t>> members() const;
+  /// Throws std::invalid_argument for a parameter that cannot be stepped (changes nothing).
+  void check_slots() const;
+  /// Throws std::invalid_argument for hyperparameters or state options that changed to bad values.
+  void check_groups() const;
+  /// slots_ as groups_ list the parameters now (checked); state kept for those still there.
   void sync_slots();
+  /// Chooses, allocates or converts state storage for the (checked) groups.
+  void prepare();
   void allocate(slot& s);
   int thread_count(std::size_t elements) const;
 
