@@ -138,6 +138,13 @@ cell_extras& cell_base::extras() {
   return *extras_;
 }
 
+cell_extras* cell_base::extras_if_any() noexcept {
+  // Under the lock: another thread (a monitor, a sender waiting for room) may be creating it.
+  // Once there it stays, so the pointer may be used after the lock.
+  flag_guard g(lock_);
+  return extras_.get();
+}
+
 void install_restart_factory(cell_base& c, std::unique_ptr<restart_factory> f) {
   system_access::extras(c).factory = std::move(f);
 }
@@ -489,7 +496,7 @@ void cell_base::fail(std::exception_ptr e) noexcept {
   const auto life = life_.load(std::memory_order_relaxed);
   if (life == life_dead) return;
   std::string what = describe(e);
-  cell_extras* ex = extras_.get();
+  cell_extras* ex = extras_if_any();
   const bool may_restart =
       ex && ex->factory && (ex->restart.max_restarts < 0 || ex->restarts < ex->restart.max_restarts);
   if (!may_restart) {
@@ -552,7 +559,7 @@ void cell_base::handle_restart() noexcept {
 void cell_base::handle_stop(exit_reason why, const std::string& what) noexcept {
   const auto life = life_.load(std::memory_order_relaxed);
   if (life == life_dead) return;
-  if (life == life_running) destroy_frames(extras_.get(), lock_, suspended_);
+  if (life == life_running) destroy_frames(extras_if_any(), lock_, suspended_);
   life_.store(life_dead, std::memory_order_release);
   if (life == life_running) call_on_stop();
   destroy_object();

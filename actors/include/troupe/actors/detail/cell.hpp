@@ -321,6 +321,7 @@ private:
   void after_drain(std::int64_t taken) noexcept;
   void reject_all(errc why) noexcept;
   cell_extras& extras();  // allocated on first use, under lock_
+  cell_extras* extras_if_any() noexcept;  // the extras when there are any (takes lock_)
 
   static constexpr std::uint32_t idle = 0;
   static constexpr std::uint32_t scheduled = 1;
