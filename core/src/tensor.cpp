@@ -73,13 +73,13 @@ std::int64_t count_elements(const tensor::shape_type& shape, dtype t) {
   return n;
 }
 
-std::string shape_str(const tensor::shape_type& s) {
+}  // namespace
+
+std::string tensor::str(const shape_type& s) {
   std::string out = "[";
   for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
 }
-
-}  // namespace
 
 tensor tensor::empty(shape_type shape, dtype t, device where) {
   tensor out;
@@ -148,18 +148,18 @@ tensor tensor::reshape(shape_type shape) const {
       throw std::invalid_argument("reshape: dimensions must be >= 0 or -1");
     } else {
       if (shape[i] != 0 && known > std::numeric_limits<std::int64_t>::max() / 8 / shape[i])
-        throw std::invalid_argument("reshape of " + str() + " to " + shape_str(shape) + ": too many elements");
+        throw std::invalid_argument("reshape of " + str() + " to " + str(shape) + ": too many elements");
       known *= shape[i];
     }
   }
   if (infer >= 0) {
     if (known == 0 || numel_ % known != 0)
-      throw std::invalid_argument("reshape of " + str() + " to " + shape_str(shape) + ": -1 cannot be inferred");
+      throw std::invalid_argument("reshape of " + str() + " to " + str(shape) + ": -1 cannot be inferred");
     shape[infer] = numel_ / known;
     known = numel_;
   }
   if (known != numel_)
-    throw std::invalid_argument("reshape of " + str() + " to " + shape_str(shape) +
+    throw std::invalid_argument("reshape of " + str() + " to " + str(shape) +
                                 ": the element counts differ");
   tensor out = *this;
   out.shape_ = std::move(shape);
@@ -180,7 +180,7 @@ tensor tensor::to(device target) const {
 }
 
 std::string tensor::str() const {
-  return std::string(name_of(dtype_)) + shape_str(shape_) + " on " + where().str();
+  return std::string(name_of(dtype_)) + str(shape_) + " on " + where().str();
 }
 
 void copy(const tensor& src, tensor& dst) {

@@ -49,13 +49,6 @@ bool under_fashion_mnist_dir(const std::string& path) {
   return d == dir.end();
 }
 
-std::string shape_text(const tensor::shape_type& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 std::string hex_byte(unsigned v) {
   constexpr const char* digits = "0123456789ABCDEF";
   return std::string("0x") + digits[(v >> 4) & 0xF] + digits[v & 0xF];
@@ -243,7 +236,7 @@ tensor read_idx_from(byte_source& in, const std::string& path) {
     bytes = type.size;
     for (const std::int64_t d : shape) {
       if (bytes > max_idx_data_bytes / static_cast<std::uint64_t>(d))
-        fail(path, "the dimensions " + shape_text(shape) +
+        fail(path, "the dimensions " + tensor::str(shape) +
                        " announce more than the 16 GiB of data read_idx accepts: the header is corrupted");
       bytes *= static_cast<std::uint64_t>(d);
     }
@@ -252,18 +245,18 @@ tensor read_idx_from(byte_source& in, const std::string& path) {
   const std::uint64_t bound = in.remaining_bound();
   const bool plain = std::string(in.kind()) == "plain";
   if (bytes > bound)
-    fail(path, "truncated: the dimensions " + shape_text(shape) + " need " + std::to_string(bytes) +
+    fail(path, "truncated: the dimensions " + tensor::str(shape) + " need " + std::to_string(bytes) +
                    " bytes of data, " +
                    (plain ? "the file holds " + std::to_string(bound)
                           : "more than the compressed file can hold"));
   if (plain && bytes < bound)
     fail(path, std::to_string(bound - bytes) + " trailing bytes after the " + std::to_string(bytes) +
-                   " bytes of data the dimensions " + shape_text(shape) + " announce");
+                   " bytes of data the dimensions " + tensor::str(shape) + " announce");
 
   tensor out = tensor::empty(shape, type.type);
   const std::size_t data_got = bytes ? in.read(out.bytes(), static_cast<std::size_t>(bytes)) : 0;
   if (data_got < bytes)
-    fail(path, "truncated: the dimensions " + shape_text(shape) + " need " + std::to_string(bytes) +
+    fail(path, "truncated: the dimensions " + tensor::str(shape) + " need " + std::to_string(bytes) +
                    " bytes of data, the " + in.kind() + " stream holds " + std::to_string(data_got));
   // Reading past the data drives a gzip stream to its end, where its CRC and length are checked.
   std::byte extra{};
@@ -276,7 +269,7 @@ tensor read_idx_from(byte_source& in, const std::string& path) {
         if (in.read(sink.data(), sink.size()) < sink.size()) break;
     }
     fail(path, "trailing bytes: the data goes on after the " + std::to_string(bytes) +
-                   " bytes the dimensions " + shape_text(shape) + " announce");
+                   " bytes the dimensions " + tensor::str(shape) + " announce");
   }
 
   if (type.size == 4 && std::endian::native == std::endian::little) {

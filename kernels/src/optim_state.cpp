@@ -106,12 +106,9 @@ void optimizer::load(const std::string& path) {
       if (rank > 16) fail(path, where + ": rank " + std::to_string(rank));
       tensor::shape_type shape(rank);
       for (auto& d : shape) d = static_cast<std::int64_t>(r.read_varint());
-      if (name != s.p->name || shape != s.p->value.shape()) {
-        std::string dims;
-        for (auto d : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
-        fail(path, where + " is '" + name + "' [" + dims + "] in the file; the optimizer expects '" + s.p->name +
-                       "' " + s.p->value.str());
-      }
+      if (name != s.p->name || shape != s.p->value.shape())
+        fail(path, where + " is '" + name + "' " + tensor::str(shape) + " in the file; the optimizer expects '" +
+                       s.p->name + "' " + s.p->value.str());
       loaded l;
       l.started = r.read_raw<std::uint8_t>() != 0;
       const auto norms = r.read_varint();

@@ -143,6 +143,8 @@ public:
 
   /// "f32[64, 784] on cpu".
   std::string str() const;
+  /// "[64, 784]".
+  static std::string str(const shape_type& shape);
 
 private:
   template <class T>
