@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <ctime>
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -22,6 +23,13 @@ inline void cpu_relax() noexcept {
 inline void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected) noexcept {
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
           nullptr, nullptr, 0);
+}
+/// As futex_wait, for at most `ns` nanoseconds.
+inline void futex_wait_for(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                           std::int64_t ns) noexcept {
+  timespec t{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, &t,
+          nullptr, 0);
 }
 inline void futex_wake_one(std::atomic<std::uint32_t>& word) noexcept {
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, 1, nullptr,

@@ -3,10 +3,10 @@
 // Each worker has a LIFO slot and a local FIFO queue; threads outside the pool push to a
 // global queue. An actor that a worker wakes up (by sending it a message) goes to that
 // worker's LIFO slot and runs next on the same thread while its data is hot: a request and
-// its reply ping-pong on one core without waking anybody. The slot is never stolen, so
-// filling it wakes nobody; only work that others can take (a displaced slot occupant, a
-// second runnable actor, the global queue) wakes an idle worker, and only when no worker
-// is already searching for work.
+// its reply ping-pong on one core without waking anybody. Other workers do not steal from
+// the slot, so filling it wakes nobody; only work that others can take (a displaced slot
+// occupant, a second runnable actor, the global queue) wakes an idle worker, and only when
+// no worker is already searching for work.
 //
 // Except behind a long slice: an actor woken by one that has already run for a while (a
 // pipeline stage that computed for milliseconds and then sent its activation) would wait in
@@ -14,6 +14,13 @@
 // woken actor goes to the local queue instead, where an idle worker is woken to take it (when
 // none is idle it merely waits in the queue rather than the slot; locality matters little
 // after a slice that long); a searcher that finds work and leaves more behind wakes the next.
+//
+// The other way round, an actor that sends first and then computes for long: its worker's
+// slot holds the woken actor for the whole slice. A monitor thread (Go's sysmon does the
+// same for its run-next slot) looks every millisecond or so while any worker runs a slice,
+// and moves an occupant that has waited longer than `long_slice` to the global queue, waking
+// an idle worker. It never touches a slot its owner empties in time, so the ping-pong above
+// is left alone; it backs off to a few wake-ups a second while the pool is idle.
 //
 // Idle protocol. A worker without work first spins for a while as the one "searching"
 // worker (at most half of the pool searches), then parks on its futex after announcing
@@ -73,9 +80,13 @@ struct worker {
   thread_pool* pool = nullptr;
   unsigned index = 0;
   std::thread thread;
-  cell_base* lifo = nullptr;  // owner only
+  // The slot: the owner fills and empties it; the monitor may take a stale occupant, so both
+  // sides empty it by exchange and exactly one of them gets the occupant.
+  std::atomic<cell_base*> lifo{nullptr};
+  std::atomic<std::uint64_t> lifo_since{0};  // cycle_clock ticks when it was last filled
   unsigned lifo_streak = 0;
   std::uint64_t slice_start = 0;  // owner only: cycle_clock ticks when the running slice began
+  std::atomic<bool> in_slice{false};  // read by the monitor
   unsigned tick = 0;
   std::uint64_t rng = 0;
   spinlock qlock;
@@ -90,6 +101,8 @@ constexpr unsigned max_lifo_streak = 16;
 constexpr unsigned global_check_interval = 61;
 constexpr int spin_rounds = 4000;
 constexpr std::chrono::microseconds long_slice{50};
+constexpr std::chrono::microseconds monitor_busy_interval{1000};  // per 64 workers
+constexpr std::chrono::microseconds monitor_idle_interval{50'000};
 
 class thread_pool final : public scheduler {
 public:
@@ -108,6 +121,7 @@ public:
     }
     try {
       for (auto& w : workers_) w->thread = std::thread([this, p = w.get()] { run(*p); });
+      if (threads > 1) monitor_ = std::thread([this] { watch(); });
     } catch (const std::system_error& e) {
       stop();  // joins the workers already started
       throw std::runtime_error("cannot start " + std::to_string(threads) + " worker threads: " + e.what());
@@ -123,15 +137,18 @@ public:
     }
     worker* w = tls_worker;
     if (w != nullptr && w->pool == this) {
-      if (cycle_clock::now() - w->slice_start > long_slice_ticks_) {
+      const std::uint64_t now = cycle_clock::now();
+      if (now - w->slice_start > long_slice_ticks_) {
         push_local(*w, c);
         notify_if_needed();
-      } else if (w->lifo != nullptr) {
-        push_local(*w, w->lifo);
-        w->lifo = c;
+        return;
+      }
+      w->lifo_since.store(now, std::memory_order_relaxed);
+      if (w->lifo.load(std::memory_order_relaxed) == nullptr) {
+        w->lifo.store(c, std::memory_order_release);  // nobody else fills it
+      } else if (cell_base* prev = w->lifo.exchange(c, std::memory_order_acq_rel)) {
+        push_local(*w, prev);
         notify_if_needed();
-      } else {
-        w->lifo = c;
       }
       return;
     }
@@ -147,7 +164,8 @@ public:
     if (w != nullptr && w->pool == this) {
       push_local(*w, c);
       // Wake a thief only for work this worker will not run next.
-      if (w->lifo != nullptr || w->qsize.load(std::memory_order_relaxed) > 1) notify_if_needed();
+      if (w->lifo.load(std::memory_order_relaxed) != nullptr || w->qsize.load(std::memory_order_relaxed) > 1)
+        notify_if_needed();
       return;
     }
     push_global(c);
@@ -157,6 +175,9 @@ public:
     if (stopping_.exchange(true)) {
       return;
     }
+    monitor_word_.store(1, std::memory_order_seq_cst);
+    futex_wake_one(monitor_word_);
+    if (monitor_.joinable()) monitor_.join();
     for (auto& w : workers_) {
       w->parked.store(0, std::memory_order_seq_cst);
       futex_wake_one(w->parked);
@@ -169,10 +190,7 @@ public:
     for (;;) {
       cell_base* c = nullptr;
       for (auto& w : workers_) {
-        if (w->lifo) {
-          c = std::exchange(w->lifo, nullptr);
-          break;
-        }
+        if ((c = w->lifo.exchange(nullptr)) != nullptr) break;
         std::lock_guard lock(w->qlock);
         if (!w->queue.empty()) {
           c = w->queue.pop_front();
@@ -258,13 +276,15 @@ private:
     if (++w.tick % global_check_interval == 0) {
       if (auto* c = pop_global()) return c;
     }
-    if (w.lifo != nullptr) {
-      if (w.lifo_streak < max_lifo_streak) {
-        ++w.lifo_streak;
-        return std::exchange(w.lifo, nullptr);
+    if (w.lifo.load(std::memory_order_relaxed) != nullptr) {
+      if (cell_base* c = w.lifo.exchange(nullptr, std::memory_order_acquire)) {
+        if (w.lifo_streak < max_lifo_streak) {
+          ++w.lifo_streak;
+          return c;
+        }
+        // Let queued work through: the slot's occupant waits its turn in the queue.
+        push_local(w, c);
       }
-      // Let queued work through: the slot's occupant waits its turn in the queue.
-      push_local(w, std::exchange(w.lifo, nullptr));
     }
     w.lifo_streak = 0;
     if (auto* c = pop_local(w)) return c;
@@ -341,13 +361,38 @@ private:
       if (c == nullptr) c = search(w);
       if (c != nullptr) {
         w.slice_start = cycle_clock::now();
+        w.in_slice.store(true, std::memory_order_relaxed);
         c->run_slice(throughput_);
+        w.in_slice.store(false, std::memory_order_relaxed);
         continue;
       }
       park(w);
     }
     tls_worker = nullptr;
     tls_on_worker() = false;
+  }
+
+  /// The monitor's loop (see the top of the file).
+  void watch() noexcept {
+    const auto scale = static_cast<std::int64_t>(1 + workers_.size() / 64);
+    const std::int64_t busy_ns = std::chrono::nanoseconds(monitor_busy_interval).count() * scale;
+    const std::int64_t idle_ns = std::chrono::nanoseconds(monitor_idle_interval).count();
+    std::int64_t interval = busy_ns;
+    while (monitor_word_.load(std::memory_order_acquire) == 0) {
+      futex_wait_for(monitor_word_, 0, interval);
+      if (monitor_word_.load(std::memory_order_acquire) != 0) break;
+      bool busy = false;
+      for (auto& w : workers_) {
+        if (w->in_slice.load(std::memory_order_relaxed)) busy = true;
+        if (w->lifo.load(std::memory_order_acquire) == nullptr) continue;
+        busy = true;
+        const std::uint64_t since = w->lifo_since.load(std::memory_order_relaxed);
+        const std::uint64_t now = cycle_clock::now();
+        if (now <= since || now - since <= long_slice_ticks_) continue;
+        if (cell_base* c = w->lifo.exchange(nullptr, std::memory_order_acq_rel)) push_global(c);
+      }
+      interval = busy ? busy_ns : std::min(idle_ns, interval * 2);
+    }
   }
 
   system_impl& sys_;
@@ -364,6 +409,8 @@ private:
   std::vector<worker*> idle_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};
+  std::thread monitor_;
+  std::atomic<std::uint32_t> monitor_word_{0};  // 1: stop
 };
 
 }  // namespace

@@ -287,6 +287,37 @@ struct long_worker {
 
 }  // namespace
 
+namespace {
+
+// The other way round: the handler sends first, then computes.
+struct early_sender {
+  actor_ref<stamp> next;
+  std::atomic<long long>* done_at;
+  void work() {
+    next.tell(&stamp::note);
+    const auto end = std::chrono::steady_clock::now() + 300ms;
+    while (std::chrono::steady_clock::now() < end) {
+    }
+    done_at->store(std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+};
+
+}  // namespace
+
+TEST(Scheduler, AnActorWokenEarlyInALongHandlerRunsElsewhereMeanwhile) {
+  troupe::actor_system sys{{.threads = 2}};
+  for (int round = 0; round < 3; ++round) {
+    std::atomic<long long> ran_at{0}, done_at{0};
+    auto s = sys.spawn<stamp>(&ran_at);
+    auto w = sys.spawn<early_sender>(s, &done_at);
+    w.ask(&early_sender::work).get();
+    for (int i = 0; i < 200 && ran_at.load() == 0; ++i) std::this_thread::sleep_for(5ms);
+    ASSERT_NE(ran_at.load(), 0);
+    EXPECT_LT(ran_at.load(), done_at.load()) << "the woken actor waited in the sender's slot for its handler to end";
+    std::this_thread::sleep_for(100ms);  // an idle pool: the monitor backs off, and must still see the next
+  }
+}
+
 TEST(Scheduler, AnActorWokenLateInALongHandlerRunsElsewhereMeanwhile) {
   troupe::actor_system sys{{.threads = 2}};
   std::atomic<long long> ran_at{0}, done_at{0};
