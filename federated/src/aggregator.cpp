@@ -13,7 +13,9 @@ void aggregator::add_encoded(std::uint64_t, double, std::span<const std::uint32_
   throw std::logic_error("aggregator '" + name() + "' does not take encoded updates");
 }
 
-void update_transform::load_state(std::span<const double> state) {
+void update_transform::load_state(std::span<const double> state) { check_state(state); }
+
+void update_transform::check_state(std::span<const double> state) const {
   if (!state.empty())
     throw std::invalid_argument("transform '" + name() + "' keeps no state between rounds; the checkpoint has " +
                                 std::to_string(state.size()) + " values for it");

@@ -156,6 +156,11 @@ void rdp_accountant::compose(double q, double sigma, std::int64_t steps) {
 }
 
 void rdp_accountant::restore(std::span<const double> rdp) {
+  check(rdp);
+  rdp_.assign(rdp.begin(), rdp.end());
+}
+
+void rdp_accountant::check(std::span<const double> rdp) const {
   if (rdp.size() != orders_.size())
     throw std::invalid_argument("rdp_accountant: " + std::to_string(rdp.size()) + " values for " +
                                 std::to_string(orders_.size()) + " orders");
@@ -163,7 +168,6 @@ void rdp_accountant::restore(std::span<const double> rdp) {
   // checkpoint of such a run resumes; NaN and negative values are never made.
   for (double v : rdp)
     if (!(v >= 0)) throw std::invalid_argument("rdp_accountant: a restored RDP value is not >= 0");
-  rdp_.assign(rdp.begin(), rdp.end());
 }
 
 rdp_accountant::spent rdp_accountant::epsilon(double delta) const {

@@ -124,9 +124,18 @@ std::vector<double> save_dp(const dp_state& s) {
   return out;
 }
 
-void load_dp(dp_state& s, std::span<const double> state, const std::string& who) {
+void check_dp(const dp_state& s, std::span<const double> state, const std::string& who) {
   if (state.empty() || !(state[0] > 0) || !std::isfinite(state[0]))
     bad(who + ": the saved state has no valid clipping bound");
+  try {
+    s.accountant.check(state.subspan(1));
+  } catch (const std::invalid_argument& e) {
+    bad(who + ": " + e.what());
+  }
+}
+
+void load_dp(dp_state& s, std::span<const double> state, const std::string& who) {
+  check_dp(s, state, who);
   s.accountant.restore(state.subspan(1));
   s.clipping.bound = state[0];
 }
@@ -143,6 +152,7 @@ public:
   }
   std::vector<double> save_state() const override { return save_dp(*s_); }
   void load_state(std::span<const double> state) override { load_dp(*s_, state, "dp-clip"); }
+  void check_state(std::span<const double> state) const override { check_dp(*s_, state, "dp-clip"); }
 
 private:
   std::shared_ptr<dp_state> s_;
@@ -377,6 +387,12 @@ public:
       load_dp(*s_->dp, state, "secagg with dp");
     else
       update_transform::load_state(state);
+  }
+  void check_state(std::span<const double> state) const override {
+    if (s_->dp)
+      check_dp(*s_->dp, state, "secagg with dp");
+    else
+      update_transform::check_state(state);
   }
 
 private:

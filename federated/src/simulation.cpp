@@ -1172,6 +1172,8 @@ void simulation::load_checkpoint(const std::string& file) {
   std::int64_t server_version = 0;
   std::uint64_t dispatched = 0;
   std::vector<impl::in_flight> flight;
+  if (version < 2 && impl_->buffer)
+    throw std::runtime_error("checkpoint " + file + " has version 1, which holds only synchronous runs; this run is FedBuff");
   if (version >= 2) {
     auto malformed = [&](const std::string& why) {
       throw std::runtime_error("checkpoint " + file + " is malformed: " + why);
@@ -1229,6 +1231,13 @@ void simulation::load_checkpoint(const std::string& file) {
     for (const auto& f : flight)
       if (f.done && (!all_finite(f.done->delta) || !std::isfinite(f.done->weight) || !std::isfinite(f.done->loss)))
         bad("an update in flight holds a value that is not finite");
+    // The strategy's and the transforms' own rules (lengths, ranges), before anything changes.
+    try {
+      e.strategy->check_state(strategy, e.dim);
+      for (std::size_t t = 0; t < transforms; ++t) e.transforms[t]->check_state(transform_state[t]);
+    } catch (const std::invalid_argument& x) {
+      bad(x.what());
+    }
   }
 
   // Everything parsed and checked: now the state changes. FedBuff's clients still in flight

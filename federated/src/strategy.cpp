@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -10,6 +11,17 @@
 namespace troupe::federated {
 
 namespace {
+
+/// Throws unless `state` is empty or holds `dim` values that fit in a float (float state).
+void check_float_state(const std::string& who, std::span<const double> state, std::size_t dim) {
+  if (!state.empty() && state.size() != dim)
+    throw std::invalid_argument("strategy '" + who + "': the checkpoint's state has " + std::to_string(state.size()) +
+                                " values for a model of " + std::to_string(dim));
+  for (std::size_t i = 0; i < state.size(); ++i)
+    if (!(std::abs(state[i]) <= std::numeric_limits<float>::max()))
+      throw std::invalid_argument("strategy '" + who + "': the checkpoint's state value " + std::to_string(i) + " (" +
+                                  std::to_string(state[i]) + ") is not a finite float");
+}
 
 /// A restored state vector must fit the model.
 void check_restored(std::size_t have, std::size_t dim) {
@@ -58,7 +70,11 @@ public:
 
   std::vector<double> save_state() const override { return {v_.begin(), v_.end()}; }
   void load_state(std::span<const double> state) override {
+    check_state(state, state.size());
     v_.assign(state.begin(), state.end());  // float values: exact
+  }
+  void check_state(std::span<const double> state, std::size_t dim) const override {
+    check_float_state(name(), state, dim);
   }
 
 private:
@@ -115,19 +131,29 @@ public:
     return out;
   }
   void load_state(std::span<const double> state) override {
-    if (state.empty() || (state.size() - 1) % 2 != 0 || !(state[0] >= 0) || !(state[0] <= 0x7fffffff) ||
-        state[0] != std::floor(state[0]))
-      throw std::invalid_argument("strategy '" + name() + "': the checkpoint's state is malformed");
+    const std::size_t n = state.empty() ? 0 : (state.size() - 1) / 2;
+    check_state(state, n);
+    t_ = static_cast<int>(state[0]);
+    m_.assign(state.begin() + 1, state.begin() + 1 + static_cast<std::ptrdiff_t>(n));
+    v_.assign(state.begin() + 1 + static_cast<std::ptrdiff_t>(n), state.end());
+  }
+
+  void check_state(std::span<const double> state, std::size_t dim) const override {
+    // The step count below the largest int (the next step adds one), then m and v: none before
+    // the first step, else one per model float.
+    if (state.empty() || !(state[0] >= 0) || !(state[0] < 0x7fffffff) || state[0] != std::floor(state[0]))
+      throw std::invalid_argument("strategy '" + name() + "': the checkpoint's step count is malformed");
     const std::size_t n = (state.size() - 1) / 2;
+    if ((state.size() - 1) % 2 != 0 || (n != 0 && n != dim))
+      throw std::invalid_argument("strategy '" + name() + "': the checkpoint's state has " + std::to_string(state.size()) +
+                                  " values; a model of " + std::to_string(dim) + " needs 1 or " +
+                                  std::to_string(1 + 2 * dim));
     // v starts at tau^2 and never goes below 0 (Yogi's step takes at most (1 - beta2) d^2 from a
     // v above d^2): a negative one would make sqrt(v) NaN in the next step.
     for (std::size_t i = 0; i < n; ++i)
       if (!(state[1 + n + i] >= 0))
         throw std::invalid_argument("strategy '" + name() + "': the checkpoint's second moment v[" + std::to_string(i) +
                                     "] is " + std::to_string(state[1 + n + i]) + ", not >= 0");
-    t_ = static_cast<int>(state[0]);
-    m_.assign(state.begin() + 1, state.begin() + 1 + static_cast<std::ptrdiff_t>(n));
-    v_.assign(state.begin() + 1 + static_cast<std::ptrdiff_t>(n), state.end());
   }
 
 private:
@@ -161,7 +187,13 @@ public:
   }
   std::span<const float> control() const override { return c_; }
   std::vector<double> save_state() const override { return {c_.begin(), c_.end()}; }
-  void load_state(std::span<const double> state) override { c_.assign(state.begin(), state.end()); }
+  void load_state(std::span<const double> state) override {
+    check_state(state, state.size());
+    c_.assign(state.begin(), state.end());
+  }
+  void check_state(std::span<const double> state, std::size_t dim) const override {
+    check_float_state(name(), state, dim);
+  }
 
 private:
   double lr_;
@@ -174,7 +206,9 @@ double parse_number(const std::string& text, const std::string& spec) {
 
 }  // namespace
 
-void server_strategy::load_state(std::span<const double> state) {
+void server_strategy::load_state(std::span<const double> state) { check_state(state, 0); }
+
+void server_strategy::check_state(std::span<const double> state, std::size_t) const {
   if (!state.empty())
     throw std::invalid_argument("strategy '" + name() + "' keeps no state between rounds; the checkpoint has " +
                                 std::to_string(state.size()) + " values for it");

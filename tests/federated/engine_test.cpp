@@ -1041,3 +1041,103 @@ TEST(Checkpoint, RefusesValuesNoRunWritesEvenWithAValidChecksum) {
   EXPECT_EQ(other.rounds_done(), 1);
   std::remove(file.c_str());
 }
+
+namespace {
+
+/// Where a checkpoint's parts start: the strategy's state (its u64 count, then doubles) and the
+/// transforms' (their u64 count, then each one's u64 count and doubles).
+struct checkpoint_layout {
+  std::size_t strategy_at = 0, strategy_values = 0, transforms_at = 0;
+};
+
+checkpoint_layout layout_of(const std::string& body, std::size_t dim) {
+  checkpoint_layout l;
+  std::uint64_t fingerprint = 0;
+  std::memcpy(&fingerprint, body.data() + 12, 8);
+  l.strategy_at = 12 + 8 + fingerprint + 8 + 8 + 8 + 4 * dim;
+  std::memcpy(&l.strategy_values, body.data() + l.strategy_at, 8);
+  l.transforms_at = l.strategy_at + 8 + 8 * l.strategy_values;
+  return l;
+}
+
+}  // namespace
+
+TEST(Checkpoint, RefusesStrategyAndTransformStateThatDoesNotFitWithoutChangingAnything) {
+  // A FedBuff run with momentum and DP clipping, refused with clients in flight: the refusal
+  // used to come after the clients in flight were dropped and the strategy's state replaced
+  // (the next round then crashed), and a momentum of the wrong length loaded and failed every
+  // round after.
+  auto o = small_async("fedavgm", 1);
+  o.dp_clip = 0.5;
+  o.dp_noise = 0.3;
+  const std::string file = temp_file("state.ckpt");
+  std::size_t dim = 0;
+  {
+    simulation first(o, fashion());
+    run_to(first, 2);
+    dim = first.global_model().size();
+    first.save_checkpoint(file);
+  }
+  const std::string bytes = file_bytes(file);
+  const std::string body = bytes.substr(0, bytes.size() - 4);
+  const auto l = layout_of(body, dim);
+  ASSERT_EQ(l.strategy_values, dim);
+  std::uint64_t transforms = 0;
+  double bound = 0;
+  std::memcpy(&transforms, body.data() + l.transforms_at, 8);
+  std::memcpy(&bound, body.data() + l.transforms_at + 16, 8);
+  ASSERT_EQ(transforms, 1u);
+  ASSERT_EQ(bound, 0.5);
+  auto with_strategy = [&](const std::vector<double>& s) {
+    std::string b = body.substr(0, l.strategy_at);
+    const std::uint64_t n = s.size();
+    b.append(reinterpret_cast<const char*>(&n), 8);
+    b.append(reinterpret_cast<const char*>(s.data()), 8 * s.size());
+    b += body.substr(l.transforms_at);
+    return reversioned(b, 2);
+  };
+  auto expect_refusal = [&](const std::string& content, const std::string& message) {
+    write_file(file, content);
+    simulation sim(o, fashion()), twin(o, fashion());
+    run_to(sim, 1);
+    run_to(twin, 1);
+    expect_error<std::runtime_error>([&] { sim.load_checkpoint(file); }, message);
+    EXPECT_EQ(sim.rounds_done(), 1);
+    run_to(sim, 3);  // the state, the clients in flight and the DP bound as they were
+    run_to(twin, 3);
+    EXPECT_EQ(model_of(sim), model_of(twin)) << message;
+  };
+  expect_refusal(with_strategy({1, 2, 3}),
+                 "malformed: strategy 'fedavgm': the checkpoint's state has 3 values for a model of " + std::to_string(dim));
+  std::vector<double> huge(dim, 0.0);
+  huge[7] = 1e300;  // finite, but not as a float
+  expect_refusal(with_strategy(huge), "state value 7 (");
+  std::string b = body;
+  const double minus = -1;
+  std::memcpy(b.data() + l.transforms_at + 16, &minus, 8);
+  expect_refusal(reversioned(b, 2), "dp-clip: the saved state has no valid clipping bound");
+  expect_refusal(reversioned(body, 1), "has version 1, which holds only synchronous runs; this run is FedBuff");
+  write_file(file, bytes);
+  simulation resumed(o, fashion());
+  resumed.load_checkpoint(file);
+  EXPECT_EQ(resumed.rounds_done(), 2);
+
+  // FedAdam's step count at the largest int would overflow at the next step.
+  auto adam = small("fedadam", 1);
+  {
+    simulation first(adam, fashion());
+    run_to(first, 1);
+    first.save_checkpoint(file);
+  }
+  std::string a = file_bytes(file);
+  a.resize(a.size() - 4);
+  const auto la = layout_of(a, dim);
+  ASSERT_EQ(la.strategy_values, 1 + 2 * dim);
+  const double last = 2147483647.0;
+  std::memcpy(a.data() + la.strategy_at + 8, &last, 8);
+  write_file(file, reversioned(a, 2));
+  simulation other(adam, fashion());
+  expect_error<std::runtime_error>([&] { other.load_checkpoint(file); }, "fedadam': the checkpoint's step count is malformed");
+  EXPECT_EQ(other.rounds_done(), 0);
+  std::remove(file.c_str());
+}

@@ -64,8 +64,10 @@ public:
   const std::vector<double>& orders() const noexcept { return orders_; }
   const std::vector<double>& rdp() const noexcept { return rdp_; }
   /// Replaces the RDP spent so far (one value per order, as rdp() gives it: a checkpoint's).
-  /// Throws std::invalid_argument for another count or a negative or non-finite value.
+  /// Throws std::invalid_argument, changing nothing, for what check refuses.
   void restore(std::span<const double> rdp);
+  /// Throws std::invalid_argument for another count than orders() or a NaN or negative value.
+  void check(std::span<const double> rdp) const;
 
 private:
   std::vector<double> orders_;

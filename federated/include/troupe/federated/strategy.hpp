@@ -58,10 +58,14 @@ public:
   /// The server control variate broadcast to the clients (SCAFFOLD); empty otherwise.
   virtual std::span<const float> control() const { return {}; }
   /// The state carried between rounds (momentum, moments, control variate), for checkpoints;
-  /// empty when none. load_state restores it and throws std::invalid_argument for state of the
-  /// wrong shape.
+  /// empty when none. load_state restores it and throws std::invalid_argument, changing nothing,
+  /// for state that check_state refuses for the model the state implies.
   virtual std::vector<double> save_state() const { return {}; }
   virtual void load_state(std::span<const double> state);
+  /// Throws std::invalid_argument when `state` is not what save_state could have written for a
+  /// model of `dim` floats (its length, a value out of range); changes nothing. The default
+  /// accepts only no state.
+  virtual void check_state(std::span<const double> state, std::size_t dim) const;
 };
 
 /// Makes a strategy from its command-line spelling ("fedavg", "fedprox:0.01", "fedadam",

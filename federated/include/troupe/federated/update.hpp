@@ -76,8 +76,12 @@ public:
   /// Server-side state carried from round to round (a privacy accountant, an adaptive bound),
   /// for checkpoints; empty (the default) when none. Per-client state lives in `state` above.
   virtual std::vector<double> save_state() const { return {}; }
-  /// Restores what save_state returned. Throws std::invalid_argument for state of the wrong shape.
+  /// Restores what save_state returned. Throws std::invalid_argument, changing nothing, for what
+  /// check_state refuses.
   virtual void load_state(std::span<const double> state);
+  /// Throws std::invalid_argument when `state` is not what save_state could have written (the
+  /// wrong shape, a value out of range); changes nothing. The default accepts only no state.
+  virtual void check_state(std::span<const double> state) const;
 };
 
 /// Combines the updates of a round into one vector.
