@@ -223,8 +223,8 @@ tensor codec<tensor>::decode(byte_reader& r) {
     shape.push_back(static_cast<std::int64_t>(d));
   }
   if (elements > r.remaining() / element)
-    byte_reader::fail("tensor announces " + std::to_string(elements * element) + " bytes, " +
-                      std::to_string(r.remaining()) + " remain");
+    byte_reader::fail("tensor announces " + std::to_string(elements) + " elements of " + std::to_string(element) +
+                      " bytes, " + std::to_string(r.remaining()) + " bytes remain");
   tensor t = tensor::empty(std::move(shape), static_cast<dtype>(type));
   r.read_bytes(t.bytes(), t.nbytes());  // straight into the tensor's own buffer
   return t;

@@ -596,18 +596,27 @@ std::vector<std::int64_t> mlp_sizes(const std::string& spec) {
 
 namespace {
 
-/// Reads what describe() writes (make_layer's grammar), one layer at a time.
+/// Reads what describe() writes (make_layer's grammar), one layer at a time: a first pass checks
+/// the whole text and counts its parameters without building anything, the second builds.
 class description_reader {
 public:
   explicit description_reader(std::string_view text) : text_(text) {}
 
   std::unique_ptr<layer> whole() {
+    read(true);
+    return read(false);
+  }
+
+private:
+  std::unique_ptr<layer> read(bool dry) {
+    dry_ = dry;
+    pos_ = 0;
+    params_ = 0;
     auto l = next_layer(0);
     if (pos_ != text_.size()) fail("unexpected text after the layer");
     return l;
   }
 
-private:
   static constexpr int deepest = 64;
   static constexpr std::int64_t widest = std::int64_t{1} << 20, most_params = std::int64_t{1} << 28;
 
@@ -636,6 +645,13 @@ private:
     pos_ = static_cast<std::size_t>(r.ptr - text_.data());
     return v;
   }
+  /// Adds a layer's parameters to the description's total, which has a limit as mlp_sizes has
+  /// (a few bytes of text must not allocate gigabytes).
+  void count_params(std::int64_t n) {
+    params_ += n;
+    if (params_ > most_params)
+      fail("more than " + std::to_string(most_params) + " parameters in all");
+  }
   float number() {
     float v = 0;
     const auto r = std::from_chars(text_.data() + pos_, text_.data() + text_.size(), v);
@@ -647,16 +663,16 @@ private:
   std::unique_ptr<layer> next_layer(int depth) {
     if (depth > deepest) fail("layers nested more than " + std::to_string(deepest) + " deep");
     const auto name = word();
-    if (name == "relu") return make_relu();
-    if (name == "gelu") return make_gelu();
+    if (name == "relu") return dry_ ? nullptr : make_relu();
+    if (name == "gelu") return dry_ ? nullptr : make_gelu();
     if (name == "linear") {
       expect("(");
       const auto in = size();
       expect("->");
       const auto out = size();
       expect(")");
-      if (in * out > most_params) fail("a linear layer of more than " + std::to_string(most_params) + " weights");
-      return make_linear(in, out);
+      count_params(in * out + out);
+      return dry_ ? nullptr : make_linear(in, out);
     }
     if (name == "layer_norm") {
       expect("(");
@@ -665,27 +681,30 @@ private:
       if (eat(", eps=")) eps = number();
       expect(")");
       if (!(eps > 0)) fail("eps must be positive");
-      return make_layer_norm(n, eps);
+      count_params(2 * n);
+      return dry_ ? nullptr : make_layer_norm(n, eps);
     }
     if (name == "dropout") {
       expect("(");
       const float p = number();
       expect(")");
       if (!(p >= 0.0f && p < 1.0f)) fail("a dropout probability must be in [0, 1)");
-      return make_dropout(p);
+      return dry_ ? nullptr : make_dropout(p);
     }
     if (name == "residual") {
       expect("(");
       auto inner = next_layer(depth + 1);
       expect(")");
-      return make_residual(std::move(inner));
+      return dry_ ? nullptr : make_residual(std::move(inner));
     }
     if (name == "sequential") {
       expect("(");
-      auto seq = std::make_unique<sequential>();
+      auto seq = dry_ ? nullptr : std::make_unique<sequential>();
       if (!eat(")")) {
-        do seq->add(next_layer(depth + 1));
-        while (eat(", "));
+        do {
+          auto l = next_layer(depth + 1);
+          if (seq) seq->add(std::move(l));
+        } while (eat(", "));
         expect(")");
       }
       return seq;
@@ -695,6 +714,8 @@ private:
 
   std::string_view text_;
   std::size_t pos_ = 0;
+  std::int64_t params_ = 0;
+  bool dry_ = false;
 };
 
 }  // namespace

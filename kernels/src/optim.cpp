@@ -70,6 +70,8 @@ namespace {
 [[noreturn]] void bad(const std::string& why) { throw std::invalid_argument("optimizer: " + why); }
 
 void validate(optimizer_kind kind, const hyperparameters& hp, const state_options& so) {
+  if (static_cast<unsigned>(kind) > static_cast<unsigned>(optimizer_kind::adamw))
+    bad("kind " + std::to_string(static_cast<unsigned>(kind)) + " is not SGD, Adam or AdamW");
   if (!(hp.lr >= 0) || !std::isfinite(hp.lr)) bad("lr must be finite and >= 0");
   if (!(hp.weight_decay >= 0) || !std::isfinite(hp.weight_decay)) bad("weight_decay must be finite and >= 0");
   if (kind == optimizer_kind::sgd) {

@@ -33,7 +33,7 @@ double parse_number(std::string_view item, const std::string& where) {
   const auto res = std::from_chars(digits.data(), digits.data() + digits.size(), v);
   if (res.ec == std::errc::result_out_of_range) {
     throw std::invalid_argument(where + " \"" + std::string(item) +
-                                "\" is out of the range of a double; use a smaller unit");
+                                "\" is too large or too close to zero for a double; use another unit");
   }
   if (res.ec != std::errc{} || res.ptr != digits.data() + digits.size() || digits.empty() ||
       digits.front() == '+') {

@@ -537,13 +537,11 @@ struct codec<pipeline::detail::step_plan> : pipeline::detail::field_codec<pipeli
 template <>
 struct codec<pipeline::training_options> : pipeline::detail::field_codec<pipeline::training_options> {};
 template <>
-struct codec<pipeline::detail::rank_report> : pipeline::detail::field_codec<pipeline::detail::rank_report> {
-  static pipeline::detail::rank_report decode(byte_reader& r) {
-    auto p = field_codec::decode(r);
-    if (p.result > pipeline::detail::outcome::aborted) byte_reader::fail("a rank's report has an unknown outcome");
-    return p;
-  }
+struct enum_bounds<pipeline::detail::outcome> {
+  static constexpr auto last = pipeline::detail::outcome::aborted;
 };
+template <>
+struct codec<pipeline::detail::rank_report> : pipeline::detail::field_codec<pipeline::detail::rank_report> {};
 
 }  // namespace troupe
 

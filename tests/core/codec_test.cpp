@@ -23,6 +23,7 @@
 
 #include <troupe/core/codec.hpp>
 #include <troupe/core/error.hpp>
+#include <troupe/core/tensor.hpp>
 
 // ---------------------------------------------------------------------------------------------
 // Allocation probe: replaces the global operator new of this test executable so that a test can
@@ -264,6 +265,7 @@ enum class wide : std::int64_t { low = std::numeric_limits<std::int64_t>::min(),
 enum small_signed : short { minus = -5, plus = 5 };
 enum legacy { first, second, third };
 enum class two_bytes : std::uint16_t { value = 0x0102 };
+enum class bounded : std::int16_t { a, b, c };
 
 struct no_codec {};
 struct decode_returns_other {};
@@ -279,6 +281,11 @@ struct point {
 }  // namespace
 
 namespace troupe {
+
+template <>
+struct enum_bounds<bounded> {
+  static constexpr bounded last = bounded::c;
+};
 
 template <>
 struct codec<decode_returns_other> {
@@ -790,6 +797,19 @@ TEST(Codec, RejectsBoolByteOtherThanZeroOrOne) {
     EXPECT_TRUE(throws_decode_error(
         [&] { (void)troupe::decode<std::tuple<int, bool>>(bytes({1, 0, 0, 0, b})); }));
   }
+}
+
+TEST(Codec, RejectsEnumValuesPastTheLastItsTypeNames) {
+  for (auto v : {bounded::a, bounded::b, bounded::c}) EXPECT_TRUE(round_trips(v));
+  for (int raw : {3, 1000, -1}) {
+    SCOPED_TRACE(raw);
+    const auto r = static_cast<std::int16_t>(raw);
+    EXPECT_TRUE(throws_decode_error([&] { (void)troupe::decode<bounded>(troupe::encode(r)); }));
+  }
+  EXPECT_TRUE(throws_decode_error([&] { (void)troupe::decode<troupe::dtype>(bytes({200})); }));
+  EXPECT_EQ(troupe::decode<troupe::dtype>(bytes({5})), troupe::dtype::u8);
+  // Without bounds an enum travels as its raw value (color's 7 is no enumerator).
+  EXPECT_EQ(static_cast<int>(troupe::decode<color>(bytes({7}))), 7);
 }
 
 TEST(Codec, RejectsTrailingBytesAfterAValue) {

@@ -307,6 +307,14 @@ TEST(Layers, MakeLayerRebuildsWhatDescribeWrites) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("nested more than 64 deep"), std::string::npos) << e.what();
   }
+  // Each layer within the limit, the whole not: refused before anything is allocated (54 bytes
+  // of text used to allocate 6 GB, the second layer being refused only after the first was made).
+  try {
+    make_layer("sequential(linear(16384->8192), layer_norm(8), linear(16384->8192))");
+    ADD_FAILURE() << "2^28 parameters and more were accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 268435456 parameters in all"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Loss, SoftmaxCrossEntropyMatchesItsDefinitionAndGradient) {

@@ -199,6 +199,11 @@ TEST(Optimizer, RefusesHyperparametersTorchRefuses) {
                std::invalid_argument);
   EXPECT_THROW(optimizer(optimizer_kind::sgd, {{f.ptrs(), {.momentum = 0.9, .dampening = std::nan("")}}}),
                std::invalid_argument);
+  // A kind that is none of the three (a cast, a damaged message) used to step as Adam.
+  EXPECT_THROW(optimizer(static_cast<optimizer_kind>(7), {{f.ptrs(), {}}}), std::invalid_argument);
+  EXPECT_THROW((void)troupe::decode<optimizer_kind>(troupe::encode(static_cast<optimizer_kind>(3))), troupe::error);
+  EXPECT_THROW((void)troupe::decode<state_storage>(troupe::encode(static_cast<state_storage>(4))), troupe::error);
+  EXPECT_EQ(troupe::decode<state_storage>(troupe::encode(state_storage::automatic)), state_storage::automatic);
 }
 
 TEST(Optimizer, RefusesAParameterListedTwice) {

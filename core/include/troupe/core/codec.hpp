@@ -120,6 +120,12 @@ concept serializable = requires(byte_writer& w, byte_reader& r, const T& v) {
   { codec<T>::decode(r) } -> std::same_as<T>;
 };
 
+/// An enum that travels names its last enumerator by specializing this with
+/// `static constexpr T last = ...;` (its values running from 0 to it): decoding then refuses
+/// any other value. Enums without it travel as their raw value.
+template <class T>
+struct enum_bounds {};
+
 template <class T>
 struct codec<T, std::enable_if_t<std::is_arithmetic_v<T> || std::is_enum_v<T>>> {
   static void encode(byte_writer& w, const T& v) { w.write_raw(v); }
@@ -128,6 +134,13 @@ struct codec<T, std::enable_if_t<std::is_arithmetic_v<T> || std::is_enum_v<T>>> 
       auto b = r.read_raw<std::uint8_t>();
       if (b > 1) byte_reader::fail("bool byte is neither 0 nor 1");
       return b == 1;
+    } else if constexpr (requires { enum_bounds<T>::last; }) {
+      using raw = std::underlying_type_t<T>;
+      const auto v = r.read_raw<raw>();
+      if (std::cmp_less(v, 0) || std::cmp_greater(v, static_cast<raw>(enum_bounds<T>::last)))
+        byte_reader::fail("enum value " + std::to_string(v) + " is out of range (0 to " +
+                          std::to_string(static_cast<raw>(enum_bounds<T>::last)) + ")");
+      return static_cast<T>(v);
     } else {
       return r.read_raw<T>();
     }

@@ -27,6 +27,10 @@ namespace troupe {
 
 /// Element types. Numbering is stable: it travels on the wire.
 enum class dtype : std::uint8_t { f32 = 0, bf16 = 1, f16 = 2, i32 = 3, i64 = 4, u8 = 5 };
+template <>
+struct enum_bounds<dtype> {
+  static constexpr dtype last = dtype::u8;
+};
 
 /// Bytes per element.
 std::size_t size_of(dtype t) noexcept;

@@ -114,8 +114,8 @@ std::unique_ptr<layer> make_residual(std::unique_ptr<layer> inner);
 /// "linear(784->256)", "layer_norm(16)" (", eps=1e-06" when not the default), "dropout(0.1)",
 /// "residual(...)", "sequential(a, b, ...)". Its parameters are freshly initialized (seed 0) and
 /// its generators seeded with 0: values and random state go separately. Throws
-/// std::invalid_argument, saying where, for anything else (sizes above 2^20, a linear layer
-/// above 2^28 weights, nesting deeper than 64).
+/// std::invalid_argument, saying where, for anything else (sizes above 2^20, more than 2^28
+/// parameters in all, nesting deeper than 64).
 std::unique_ptr<layer> make_layer(std::string_view description);
 
 /// Moves every parameter (value and gradient) of `l` to `where`.

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/core/codec.hpp"
 #include "troupe/kernels/layers.hpp"
 
 namespace troupe::kernels {
@@ -217,3 +218,14 @@ private:
 };
 
 }  // namespace troupe::kernels
+
+namespace troupe {
+template <>
+struct enum_bounds<kernels::optimizer_kind> {
+  static constexpr kernels::optimizer_kind last = kernels::optimizer_kind::adamw;
+};
+template <>
+struct enum_bounds<kernels::state_storage> {
+  static constexpr kernels::state_storage last = kernels::state_storage::automatic;
+};
+}  // namespace troupe
