@@ -1,6 +1,7 @@
 // troupe fedsim: a federated simulation on Fashion-MNIST, with a progress bar and a line per
 // evaluated round (or one JSON object per evaluated round and a final summary).
 
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -20,6 +21,15 @@ struct fedsim_flags {
   bool json = false;
   bool bias_correction = false;
 };
+
+/// "0.8812", or "n/a" for what was not measured (the noop trainer's accuracy, the training loss
+/// of a round without updates).
+std::string text_number(double v) {
+  if (!std::isfinite(v)) return "n/a";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4f", v);
+  return buf;
+}
 
 }  // namespace
 
@@ -69,7 +79,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   auto* checkpoint = cmd->add_option("--checkpoint", o.checkpoint,
                   "save the simulation in this directory after every evaluated round; resume from it when it holds one");
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "with --checkpoint: save every N rounds instead")
-      ->check(CLI::NonNegativeNumber)->needs(checkpoint);
+      ->check(CLI::Range(0, 1'000'000'000))->needs(checkpoint);
   cmd->add_option("--dropout", o.dropout, "probability that a sampled client fails in a round (with --async: per dispatch; its slot is refilled)")
       ->capture_default_str();
   cmd->add_option("--deadline", o.deadline, "simulated seconds a round waits for updates (0: no deadline)")->capture_default_str();
@@ -81,11 +91,30 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--data-dir", o.data_dir, "where the Fashion-MNIST files are (default: their Debian location)");
   cmd->add_option("--trainer", o.trainer, "mlp, or noop to measure the orchestration alone")->capture_default_str();
   cmd->add_flag("--json", f->json, "one JSON object per evaluated round and a final summary");
-  cmd->callback([f, &rc] {
+  cmd->callback([f, cmd, &rc] {
     auto fail = [&](const std::string& why) {
       std::fprintf(stderr, "troupe fedsim: %s\n", why.c_str());
       rc = 1;
     };
+    // A server option the strategy does not read is a mistake, not a no-op.
+    {
+      const std::string base = f->o.strategy.substr(0, f->o.strategy.find(':'));
+      const bool adaptive = base == "fedadam" || base == "fedyogi" || base == "fedadagrad";
+      const std::pair<const char*, bool> reads[] = {{"--server-momentum", base == "fedavgm"},
+                                                    {"--beta1", adaptive},
+                                                    {"--tau", adaptive},
+                                                    {"--bias-correction", adaptive},
+                                                    {"--beta2", base == "fedadam" || base == "fedyogi"}};
+      for (const auto& [flag, read] : reads)
+        if (cmd->count(flag) > 0 && !read) {
+          fail(std::string(flag) + " is not read by --strategy " + f->o.strategy + " (" +
+               (std::string(flag) == "--server-momentum" ? "only fedavgm has a server momentum"
+                : std::string(flag) == "--beta2"         ? "fedadam and fedyogi read it"
+                                                         : "fedadam, fedyogi and fedadagrad read it") +
+               ")");
+          return;
+        }
+    }
     f->o.server.bias_correction = f->bias_correction;
     const bool tty = isatty(STDERR_FILENO);
     const bool json = f->json;
@@ -126,9 +155,10 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                         r, json_number(p.eval.accuracy, "%.4f").c_str(), json_number(p.eval.loss, "%.4f").c_str(),
                         p.seconds, p.simulated_seconds, extra.c_str());
           else
-            std::printf("round %d/%d  test accuracy %.4f  test loss %.4f  train loss %.4f  %.1f rounds/s  %.1f s  simulated %.1f s%s\n",
-                        r, p.rounds, p.eval.accuracy, p.eval.loss, p.round->train_loss, p.rounds_per_s, p.seconds,
-                        p.simulated_seconds, extra.c_str());
+            std::printf("round %d/%d  test accuracy %s  test loss %s  train loss %s  %.1f rounds/s  %.1f s  simulated %.1f s%s\n",
+                        r, p.rounds, text_number(p.eval.accuracy).c_str(), text_number(p.eval.loss).c_str(),
+                        text_number(p.round->participants > 0 ? p.round->train_loss : std::nan("")).c_str(), p.rounds_per_s,
+                        p.seconds, p.simulated_seconds, extra.c_str());
           std::fflush(stdout);
         }
         if (tty && r < p.rounds) {
@@ -152,8 +182,8 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                     json_number(s.final_loss, "%.9g").c_str(),
                     static_cast<unsigned>(s.model_crc32), s.resumed_from);
       else
-        std::printf("final test accuracy %.4f after %d rounds, %.1f rounds/s, peak memory %.0f MB, %.1f s, model CRC-32 %08x\n",
-                    s.final_accuracy, s.rounds, s.rounds_per_s, s.peak_rss_mb, s.seconds,
+        std::printf("final test accuracy %s after %d rounds, %.1f rounds/s, peak memory %.0f MB, %.1f s, model CRC-32 %08x\n",
+                    text_number(s.final_accuracy).c_str(), s.rounds, s.rounds_per_s, s.peak_rss_mb, s.seconds,
                     static_cast<unsigned>(s.model_crc32));
       rc = 0;
     } catch (const std::bad_alloc&) {

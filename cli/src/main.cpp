@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <exception>
@@ -14,6 +15,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"troupe: a Ray-style actor framework in C++"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "troupe " TROUPE_VERSION);
   int rc = 0;
   troupe::cli::add_bench_command(app, rc);
   troupe::cli::add_schedule_command(app, rc);
@@ -45,6 +47,16 @@ int main(int argc, char** argv) {
     for (CLI::App* sub : a->get_subcommands(std::function<bool(CLI::App*)>{})) check_all(sub);
   };
   check_all(&app);
+  // A first word that is no command: say so (CLI11 would only say that a command is required).
+  if (argc > 1 && argv[1][0] != '-') {
+    const auto subs = app.get_subcommands(std::function<bool(CLI::App*)>{});
+    if (std::none_of(subs.begin(), subs.end(), [&](CLI::App* s) { return s->get_name() == argv[1]; })) {
+      std::string names;
+      for (CLI::App* s : subs) names += (names.empty() ? "" : ", ") + s->get_name();
+      std::cerr << "troupe: '" << argv[1] << "' is not a command (the commands: " << names << "; see troupe --help)\n";
+      return 1;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -2,6 +2,7 @@
 #include <memory>
 
 #include <troupe/pipeline/partition_cli.hpp>
+#include <troupe/pipeline/profile.hpp>
 
 #include "commands.hpp"
 
@@ -19,7 +20,7 @@ void add_partition_command(CLI::App& app, int& rc) {
       ->needs(profile);
   part->add_option("--repeats", opts->repeats, "timed runs per profiled layer")
       ->capture_default_str()
-      ->check(positive_number)
+      ->check(CLI::Range(1, pipeline::max_profile_repeats))
       ->needs(profile);
   part->add_option("--stages", opts->stages, "the number of stages")->required();
   part->add_option("--memory", opts->memory, "m1,m2,...: the memory of every layer");

@@ -158,6 +158,14 @@ int best_command(const schedule_options& o) {
         if (first_refusal.empty()) first_refusal = e.what();
         continue;
       }
+      if (!costs.per_stage.empty() && static_cast<std::size_t>(c->stages()) != costs.per_stage.size()) {
+        if (first_refusal.empty())
+          first_refusal = "--stage-costs gives " + std::to_string(costs.per_stage.size()) +
+                          " stages; the candidates for --stages " + std::to_string(o.stages) + " have " +
+                          std::to_string(o.stages) + ", " + std::to_string(2 * o.stages) + ", " +
+                          std::to_string(3 * o.stages) + " or " + std::to_string(4 * o.stages);
+        continue;  // another stage count than the costs describe
+      }
       auto sc = prepared(std::move(*c), o);
       auto sim = simulate(sc, costs);
       const row r{sc.name, sc.place.stages_per_rank, sim.makespan, sim.bubble, peak_of(sim)};
@@ -221,12 +229,14 @@ void add_shape_options(CLI::App* c, schedule_options& o, bool with_name, bool wi
   }
   c->add_option("--stages", o.stages, "pipeline ranks p")->required()->check(positive_number);
   c->add_option("--microbatches", o.microbatches, "microbatches m")->required()->check(positive_number);
-  c->add_option("--cost", o.cost,
-                "per-action costs of a rank's whole shard, e.g. F=1,B=2,I=1,W=1,comm=0")
-      ->capture_default_str();
+  auto* cost = c->add_option("--cost", o.cost,
+                             "per-action costs of a rank's whole shard, e.g. F=1,B=2,I=1,W=1,comm=0")
+                   ->capture_default_str();
   c->add_option("--stage-costs", o.stage_costs,
-                "one cost list per stage, ';'-separated (e.g. F=1,B=2;F=2,B=4): that stage's own "
-                "costs, overriding --cost");
+                "one cost list per model stage, ';'-separated (e.g. F=1,B=2;F=2,B=4): that stage's own "
+                "costs, in place of --cost (a cost not given takes its default); schedule best tries "
+                "only the candidates with that many stages")
+      ->excludes(cost);
   c->add_option("--checkpoint", o.checkpoint, "activation checkpointing: none, every:N or sqrt")
       ->capture_default_str();
   c->add_option("--layers", o.layers, "layers per stage, for --checkpoint")

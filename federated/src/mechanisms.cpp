@@ -593,9 +593,10 @@ std::unique_ptr<update_transform> make_compression(const std::string& spec) {
     return std::make_unique<compression>(spec, true, f);
   }
   if (p.size() == 2 && p[0] == "qsgd") {
-    const auto levels = count(p[1], spec);
-    if (levels < 1 || levels > 127) bad("'" + spec + "': the levels must be in [1, 127]");
-    return std::make_unique<compression>(spec, false, static_cast<double>(levels));
+    const double levels = number(p[1], spec);
+    if (!(levels >= 1 && levels <= 127) || levels != std::floor(levels))
+      bad("'" + spec + "': the levels must be a whole number in [1, 127]");
+    return std::make_unique<compression>(spec, false, levels);
   }
   bad("unknown compression '" + spec + "' (topk:F or qsgd:L)");
 }

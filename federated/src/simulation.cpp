@@ -171,7 +171,9 @@ public:
     for (float& v : model) v += static_cast<float>(rng.uniform01() - 0.5) * 1e-3f;
     return {0.0, 0, static_cast<std::int64_t>(job.shard.size())};
   }
-  evaluation evaluate(std::span<const float>) override { return {}; }
+  evaluation evaluate(std::span<const float>) override {  // nothing to measure
+    return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN(), {}};
+  }
 };
 
 /// The clients' speed factors (simulation_options::latency).
@@ -401,7 +403,8 @@ std::size_t parse_async(const std::string& spec) {
   const std::string prefix = "fedbuff:";
   if (spec.rfind(prefix, 0) != 0) throw std::invalid_argument("--async '" + spec + "': use fedbuff:K");
   const double k = spec_number(spec.substr(prefix.size()), "--async '" + spec + "'");
-  if (!(k >= 1) || k != std::floor(k) || k > 1e6) throw std::invalid_argument("--async '" + spec + "': K must be a whole number >= 1");
+  if (!(k >= 1 && k <= 1e6) || k != std::floor(k))
+    throw std::invalid_argument("--async '" + spec + "': K must be a whole number from 1 to 1000000");
   return static_cast<std::size_t>(k);
 }
 
@@ -415,7 +418,8 @@ void check_options(const simulation_options& o) {
     if (o.per_round > o.clients)
       fail("--per-round " + std::to_string(o.per_round) + " is more than the " + std::to_string(o.clients) + " clients");
   }
-  if (o.min_per_round > o.clients) fail("the minimum per round is more than the clients");
+  if (o.min_per_round > o.clients)
+    fail("--min-per-round (" + std::to_string(o.min_per_round) + ") is more than --clients (" + std::to_string(o.clients) + ")");
   if (o.rounds < 1) fail("--rounds must be at least 1");
   if (o.local_epochs < 1) fail("--local-epochs must be at least 1");
   if (o.batch < 1) fail("--batch must be at least 1");

@@ -261,7 +261,9 @@ std::unique_ptr<server_strategy> make_strategy(const std::string& spec, const st
   if (name == "median" || name == "trimmed-mean" || name == "krum" || name == "multi-krum")
     throw std::invalid_argument("'" + spec + "' is a robust aggregation rule, not a server strategy: pass it as the "
                                 "simulation's strategy, or set make_robust_aggregator('" + spec + "') as its aggregator");
-  throw std::invalid_argument("unknown strategy '" + spec + "' (use " + strategy_names() + ")");
+  throw std::invalid_argument("unknown strategy '" + spec + "' (use " + strategy_names() +
+                              "; a simulation also takes the robust rules median, trimmed-mean:B, krum:F and "
+                              "multi-krum:F:M)");
 }
 
 }  // namespace troupe::federated

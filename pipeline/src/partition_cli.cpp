@@ -151,8 +151,9 @@ int run_partition_command(const partition_cli_options& opts, std::ostream& out,
     if (!opts.memory.empty()) {
       memory = parse_number_list(opts.memory, "--memory");
       if (memory.size() != costs.size()) {
-        throw std::invalid_argument("--memory has " + std::to_string(memory.size()) +
-                                    " values but --costs has " + std::to_string(costs.size()) +
+        throw std::invalid_argument("--memory has " + std::to_string(memory.size()) + " values but " +
+                                    (opts.profile.empty() ? "--costs has " + std::to_string(costs.size())
+                                                          : opts.profile + " has " + std::to_string(costs.size()) + " layers") +
                                     "; give one memory value per layer");
       }
     }

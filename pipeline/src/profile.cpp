@@ -10,7 +10,9 @@ namespace troupe::pipeline {
 layer_profile profile_layers(kernels::sequential& model, std::int64_t batch, int repeats,
                              std::uint64_t seed) {
   if (batch < 1) throw std::invalid_argument("profiling needs a batch of at least 1 row");
-  if (repeats < 1) throw std::invalid_argument("profiling needs at least 1 repetition");
+  if (repeats < 1 || repeats > max_profile_repeats)
+    throw std::invalid_argument("profiling takes 1 to " + std::to_string(max_profile_repeats) + " repetitions, not " +
+                                std::to_string(repeats));
   auto params = model.parameters();
   if (params.empty() || params.front()->value.rank() != 2)
     throw std::invalid_argument("profiling needs a model whose first layer has a weight [out, in]");

@@ -184,6 +184,7 @@ int run_pipeline(const pipeline_options& o, std::ostream& out) {
                                     std::to_string(u.sizes.size() - 1) + " linear layers");
     } catch (const std::exception& e) {
       std::cerr << "troupe bench pipeline: " << name << " skipped: " << e.what() << "\n";
+      if (o.only == name) rc = 2;  // the one workload asked for gave no row
       continue;
     }
     // Each stage recomputes: every:2 of 2 layers keeps one input, the stage's own.

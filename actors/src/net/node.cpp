@@ -323,11 +323,11 @@ public:
       if (const char* t = std::getenv("TROUPE_CLUSTER_TOKEN")) cfg_.token = t;
     if (cfg_.token.empty())
       throw std::invalid_argument(
-          "a node needs the cluster's token: set node_config::token or TROUPE_CLUSTER_TOKEN");
+          "a node needs the cluster's token: set node_config::token (--token) or TROUPE_CLUSTER_TOKEN");
     if (cfg_.heartbeat.count() <= 0 || cfg_.node_timeout <= cfg_.heartbeat)
       throw std::invalid_argument("node_config: heartbeat must be positive and below node_timeout");
-    std::tie(listen_host_, listen_port_) = split_address(cfg_.listen, "node_config::listen");
-    if (!cfg_.head.empty()) std::tie(head_host_, head_port_) = split_address(cfg_.head, "node_config::head");
+    std::tie(listen_host_, listen_port_) = split_address(cfg_.listen, "node_config::listen (--host, --port)");
+    if (!cfg_.head.empty()) std::tie(head_host_, head_port_) = split_address(cfg_.head, "node_config::head (the CLI's --address or --head)");
   }
 
   void start() {

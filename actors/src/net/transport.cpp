@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 #include <utility>
 
 #include <sys/socket.h>
@@ -460,7 +461,8 @@ transport::~transport() {
 std::uint16_t transport::listen(const std::string& address, std::uint16_t port) {
   boost::system::error_code ec;
   auto addr = asio::ip::make_address(address, ec);
-  if (ec) throw error(errc::connection_lost, "'" + address + "' is not an IP address: " + ec.message());
+  if (ec)
+    throw std::invalid_argument("'" + address + "' is not an IP address (write it as digits, e.g. 127.0.0.1 or ::1)");
   auto acc = std::make_unique<asio::ip::tcp::acceptor>(asio::make_strand(io_));
   asio::ip::tcp::endpoint ep(addr, port);
   acc->open(ep.protocol(), ec);

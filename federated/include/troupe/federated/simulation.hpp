@@ -105,8 +105,8 @@ struct simulation_options {
 
 /// A test-set evaluation.
 struct evaluation {
-  double accuracy = 0;
-  double loss = 0;
+  double accuracy = 0;  ///< NaN when the trainer measures none (noop)
+  double loss = 0;      ///< NaN likewise
   std::vector<std::pair<std::string, double>> metrics;  ///< more measures (e.g. backdoor_success)
 };
 
