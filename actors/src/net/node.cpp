@@ -1074,9 +1074,11 @@ private:
       log().warn("troupe node {}: node {} ({}:{}) is lost: {}", self_, id, m.host, m.port, why);
     if (id == head_id && self_ != head_id) {
       head_lost_ = left ? "the head left the cluster" : why;
-      log().error("troupe node {}: the head is lost, so this node is out of the cluster (its names, "
-                  "lookups and placements are gone); restart it to join again",
-                  self_);
+      // A head that stopped in order (the end of a run) is no failure; one that went silent is.
+      log().log(left ? spdlog::level::warn : spdlog::level::err,
+                "troupe node {}: the head {}, so this node is out of the cluster (its names, lookups and "
+                "placements are gone); restart it to join again",
+                self_, left ? "left the cluster" : "is lost");
     }
     auto failure = std::make_exception_ptr(error(errc::node_lost, "node " + std::to_string(id) + " is lost: " + why));
     std::vector<std::unique_ptr<reply_sink>> sinks = std::move(m.in_doubt);
