@@ -17,10 +17,10 @@
 //
 // The other way round, an actor that sends first and then computes for long: its worker's
 // slot holds the woken actor for the whole slice. A monitor thread (Go's sysmon does the
-// same for its run-next slot) looks every millisecond or so while any worker runs a slice,
+// same for its run-next slot) looks every millisecond while some worker is in a long slice,
 // and moves an occupant that has waited longer than `long_slice` to the global queue, waking
 // an idle worker. It never touches a slot its owner empties in time, so the ping-pong above
-// is left alone; it backs off to a few wake-ups a second while the pool is idle.
+// is left alone; while no slice runs long it backs off to 50 looks a second.
 //
 // Idle protocol. A worker without work first spins for a while as the one "searching"
 // worker (at most half of the pool searches), then parks on its futex after announcing
@@ -85,8 +85,9 @@ struct worker {
   std::atomic<cell_base*> lifo{nullptr};
   std::atomic<std::uint64_t> lifo_since{0};  // cycle_clock ticks when it was last filled
   unsigned lifo_streak = 0;
-  std::uint64_t slice_start = 0;  // owner only: cycle_clock ticks when the running slice began
-  std::atomic<bool> in_slice{false};  // read by the monitor
+  // cycle_clock ticks when the running slice began; the monitor reads both.
+  std::atomic<std::uint64_t> slice_start{0};
+  std::atomic<bool> in_slice{false};
   unsigned tick = 0;
   std::uint64_t rng = 0;
   spinlock qlock;
@@ -102,7 +103,7 @@ constexpr unsigned global_check_interval = 61;
 constexpr int spin_rounds = 4000;
 constexpr std::chrono::microseconds long_slice{50};
 constexpr std::chrono::microseconds monitor_busy_interval{1000};  // per 64 workers
-constexpr std::chrono::microseconds monitor_idle_interval{50'000};
+constexpr std::chrono::microseconds monitor_idle_interval{20'000};
 
 class thread_pool final : public scheduler {
 public:
@@ -138,7 +139,7 @@ public:
     worker* w = tls_worker;
     if (w != nullptr && w->pool == this) {
       const std::uint64_t now = cycle_clock::now();
-      if (now - w->slice_start > long_slice_ticks_) {
+      if (now - w->slice_start.load(std::memory_order_relaxed) > long_slice_ticks_) {
         push_local(*w, c);
         notify_if_needed();
         return;
@@ -360,7 +361,7 @@ private:
       cell_base* c = next(w);
       if (c == nullptr) c = search(w);
       if (c != nullptr) {
-        w.slice_start = cycle_clock::now();
+        w.slice_start.store(cycle_clock::now(), std::memory_order_relaxed);
         w.in_slice.store(true, std::memory_order_relaxed);
         c->run_slice(throughput_);
         w.in_slice.store(false, std::memory_order_relaxed);
@@ -381,14 +382,14 @@ private:
     while (monitor_word_.load(std::memory_order_acquire) == 0) {
       futex_wait_for(monitor_word_, 0, interval);
       if (monitor_word_.load(std::memory_order_acquire) != 0) break;
-      bool busy = false;
+      bool busy = false;  // some worker in a long slice: a slot may go stale behind it
       for (auto& w : workers_) {
-        if (w->in_slice.load(std::memory_order_relaxed)) busy = true;
-        if (w->lifo.load(std::memory_order_acquire) == nullptr) continue;
-        busy = true;
-        const std::uint64_t since = w->lifo_since.load(std::memory_order_relaxed);
         const std::uint64_t now = cycle_clock::now();
-        if (now <= since || now - since <= long_slice_ticks_) continue;
+        auto older = [&](std::uint64_t t) { return now > t && now - t > long_slice_ticks_; };
+        if (w->in_slice.load(std::memory_order_relaxed) && older(w->slice_start.load(std::memory_order_relaxed)))
+          busy = true;
+        if (w->lifo.load(std::memory_order_acquire) == nullptr) continue;
+        if (!older(w->lifo_since.load(std::memory_order_relaxed))) continue;
         if (cell_base* c = w->lifo.exchange(nullptr, std::memory_order_acq_rel)) push_global(c);
       }
       interval = busy ? busy_ns : std::min(idle_ns, interval * 2);
