@@ -17,10 +17,11 @@
 //
 // The other way round, an actor that sends first and then computes for long: its worker's
 // slot holds the woken actor for the whole slice. A monitor thread (Go's sysmon does the
-// same for its run-next slot) looks every millisecond while some worker is in a long slice,
-// and moves an occupant that has waited longer than `long_slice` to the global queue, waking
-// an idle worker. It never touches a slot its owner empties in time, so the ping-pong above
-// is left alone; while no slice runs long it backs off to 50 looks a second.
+// same for its run-next slot) looks every millisecond while any worker runs a slice and, when
+// some worker is idle, moves an occupant that has waited longer than `long_slice` to the global
+// queue, which wakes one. Slots their owners empty in time are left alone (but for a rare race
+// that moves a fresh occupant: it still runs exactly once), so the ping-pong above keeps its
+// core; while no slice runs the monitor backs off to 50 looks a second.
 //
 // Idle protocol. A worker without work first spins for a while as the one "searching"
 // worker (at most half of the pool searches), then parks on its futex after announcing
@@ -76,24 +77,25 @@ private:
 
 class thread_pool;
 
-struct worker {
+// One cache line for what the owner writes as it runs, one for the queue that thieves lock and
+// searchers poll, one for the futex word that producers write to wake it.
+struct alignas(64) worker {
   thread_pool* pool = nullptr;
   unsigned index = 0;
-  std::thread thread;
+  unsigned lifo_streak = 0;
   // The slot: the owner fills and empties it; the monitor may take a stale occupant, so both
   // sides empty it by exchange and exactly one of them gets the occupant.
   std::atomic<cell_base*> lifo{nullptr};
   std::atomic<std::uint64_t> lifo_since{0};  // cycle_clock ticks when it was last filled
-  unsigned lifo_streak = 0;
-  // cycle_clock ticks when the running slice began; the monitor reads both.
+  // cycle_clock ticks when the running slice began, 0 between slices (the monitor reads it).
   std::atomic<std::uint64_t> slice_start{0};
-  std::atomic<bool> in_slice{false};
   unsigned tick = 0;
   std::uint64_t rng = 0;
-  spinlock qlock;
+  alignas(64) spinlock qlock;
   ring queue;
   std::atomic<std::size_t> qsize{0};
-  std::atomic<std::uint32_t> parked{0};
+  alignas(64) std::atomic<std::uint32_t> parked{0};
+  std::thread thread;
 };
 
 thread_local worker* tls_worker = nullptr;
@@ -122,10 +124,16 @@ public:
     }
     try {
       for (auto& w : workers_) w->thread = std::thread([this, p = w.get()] { run(*p); });
-      if (threads > 1) monitor_ = std::thread([this] { watch(); });
     } catch (const std::system_error& e) {
       stop();  // joins the workers already started
       throw std::runtime_error("cannot start " + std::to_string(threads) + " worker threads: " + e.what());
+    }
+    if (threads > 1) {
+      try {
+        monitor_ = std::thread([this] { watch(); });
+      } catch (const std::system_error& e) {  // the pool works without it, only less promptly
+        log().warn("troupe: the scheduler runs without its slot monitor (cannot start a thread: {})", e.what());
+      }
     }
   }
 
@@ -362,9 +370,8 @@ private:
       if (c == nullptr) c = search(w);
       if (c != nullptr) {
         w.slice_start.store(cycle_clock::now(), std::memory_order_relaxed);
-        w.in_slice.store(true, std::memory_order_relaxed);
         c->run_slice(throughput_);
-        w.in_slice.store(false, std::memory_order_relaxed);
+        w.slice_start.store(0, std::memory_order_relaxed);
         continue;
       }
       park(w);
@@ -377,19 +384,20 @@ private:
   void watch() noexcept {
     const auto scale = static_cast<std::int64_t>(1 + workers_.size() / 64);
     const std::int64_t busy_ns = std::chrono::nanoseconds(monitor_busy_interval).count() * scale;
-    const std::int64_t idle_ns = std::chrono::nanoseconds(monitor_idle_interval).count();
+    const std::int64_t idle_ns = std::max(busy_ns, std::int64_t{std::chrono::nanoseconds(monitor_idle_interval).count()});
     std::int64_t interval = busy_ns;
     while (monitor_word_.load(std::memory_order_acquire) == 0) {
       futex_wait_for(monitor_word_, 0, interval);
       if (monitor_word_.load(std::memory_order_acquire) != 0) break;
-      bool busy = false;  // some worker in a long slice: a slot may go stale behind it
+      // Only when a worker could take the occupant: with every worker busy it would only lose
+      // its place right after its sender's slice.
+      const bool takers = sleeping_.load(std::memory_order_seq_cst) != 0 || searching_.load(std::memory_order_seq_cst) != 0;
+      bool busy = false;  // some worker in a slice: a slot may go stale behind it
       for (auto& w : workers_) {
-        const std::uint64_t now = cycle_clock::now();
-        auto older = [&](std::uint64_t t) { return now > t && now - t > long_slice_ticks_; };
-        if (w->in_slice.load(std::memory_order_relaxed) && older(w->slice_start.load(std::memory_order_relaxed)))
-          busy = true;
-        if (w->lifo.load(std::memory_order_acquire) == nullptr) continue;
-        if (!older(w->lifo_since.load(std::memory_order_relaxed))) continue;
+        if (w->slice_start.load(std::memory_order_relaxed) != 0) busy = true;
+        if (!takers || w->lifo.load(std::memory_order_acquire) == nullptr) continue;
+        const std::uint64_t since = w->lifo_since.load(std::memory_order_relaxed), now = cycle_clock::now();
+        if (now <= since || now - since <= long_slice_ticks_) continue;
         if (cell_base* c = w->lifo.exchange(nullptr, std::memory_order_acq_rel)) push_global(c);
       }
       interval = busy ? busy_ns : std::min(idle_ns, interval * 2);

@@ -54,7 +54,7 @@ rational rational::reduce(wide num, wide den) {
 rational rational::parse(std::string_view text) {
   auto bad = [&] {
     return std::invalid_argument("'" + std::string(text) +
-                                 "' is not a number (write e.g. 2, 1.25 or 3/4)");
+                                 "' is not an exact number (write e.g. 2, 1.25, .5 or 3/4; no exponents)");
   };
   auto read = [&](std::string_view s, std::int64_t& v) {
     auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
@@ -67,7 +67,7 @@ rational rational::parse(std::string_view text) {
   }
   auto dot = text.find('.');
   std::int64_t whole = 0;
-  if (!read(text.substr(0, dot), whole)) throw bad();
+  if (!(dot == 0 && text.size() > 1) && !read(text.substr(0, dot), whole)) throw bad();  // ".5" has no whole part
   if (dot == std::string_view::npos) return rational(whole);
   auto frac = text.substr(dot + 1);
   std::int64_t f = 0;

@@ -224,6 +224,20 @@ TEST(Rational, ArithmeticIsExactOrThrowsNeverWraps) {
   EXPECT_THROW(rational(1, INT64_MIN), std::overflow_error);
 }
 
+TEST(Rational, ParsesDecimalsAndFractionsAndSaysWhatItTakes) {
+  EXPECT_EQ(rational::parse("1.25"), rational(5, 4));
+  EXPECT_EQ(rational::parse(".5"), rational(1, 2));
+  EXPECT_EQ(rational::parse("3/4"), rational(3, 4));
+  for (const char* bad : {".", "1e3", "", "1.", "-.5x", ".-5", "1/0"}) {
+    try {
+      (void)rational::parse(bad);
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("no exponents"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Validate, RefusesShapesBeyondMemoryAndPlacementsWithoutRanks) {
   // Two actions that name microbatch 3e8: refused before a table of that size is allocated.
   EXPECT_THROW(validate(from_csv("0F300000000,0B300000000\n")), std::invalid_argument);
