@@ -579,14 +579,19 @@ TEST(Remote, ClusterStatusListsNodesAndActors) {
   auto a = head.spawn_on<worker>(id, std::int64_t{1});
   for (int i = 0; i < 100; ++i) a.tell(&worker::record, 0u, static_cast<std::uint64_t>(i));
   ASSERT_EQ(a.ask(&worker::received).get(), 100u);
-  auto nodes = troupe::cluster_status(head_of(head), token);
-  ASSERT_EQ(nodes.size(), 2u);
-  EXPECT_EQ(nodes[0].info.id, 1u);
-  EXPECT_EQ(nodes[1].info.id, id);
+  // An actor's counters are written when its slice ends, just after the reply left: a status
+  // may be a moment behind, so ask again until it shows the 101 messages (or give up).
   bool found_store = false, found_worker = false;
-  for (auto& x : nodes[1].actors) {
-    if (x.name == "store") found_store = true;
-    if (x.type.find("worker") != std::string::npos && x.messages >= 101) found_worker = true;
+  for (int attempt = 0; attempt < 50 && !(found_store && found_worker); ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(20ms);
+    auto nodes = troupe::cluster_status(head_of(head), token);
+    ASSERT_EQ(nodes.size(), 2u);
+    EXPECT_EQ(nodes[0].info.id, 1u);
+    EXPECT_EQ(nodes[1].info.id, id);
+    for (auto& x : nodes[1].actors) {
+      if (x.name == "store") found_store = true;
+      if (x.type.find("worker") != std::string::npos && x.messages >= 101) found_worker = true;
+    }
   }
   EXPECT_TRUE(found_store);
   EXPECT_TRUE(found_worker);
