@@ -100,18 +100,19 @@ void add_fedsim_command(CLI::App& app, int& rc) {
     {
       const std::string base = f->o.strategy.substr(0, f->o.strategy.find(':'));
       const bool adaptive = base == "fedadam" || base == "fedyogi" || base == "fedadagrad";
-      const std::pair<const char*, bool> reads[] = {{"--server-momentum", base == "fedavgm"},
-                                                    {"--beta1", adaptive},
-                                                    {"--tau", adaptive},
-                                                    {"--bias-correction", adaptive},
-                                                    {"--beta2", base == "fedadam" || base == "fedyogi"}};
-      for (const auto& [flag, read] : reads)
-        if (cmd->count(flag) > 0 && !read) {
-          fail(std::string(flag) + " is not read by --strategy " + f->o.strategy + " (" +
-               (std::string(flag) == "--server-momentum" ? "only fedavgm has a server momentum"
-                : std::string(flag) == "--beta2"         ? "fedadam and fedyogi read it"
-                                                         : "fedadam, fedyogi and fedadagrad read it") +
-               ")");
+      const std::string adaptive_readers = "fedadam, fedyogi and fedadagrad read it";
+      const struct {
+        const char* flag;
+        bool read;
+        std::string readers;
+      } options[] = {{"--server-momentum", base == "fedavgm", "only fedavgm has a server momentum"},
+                     {"--beta1", adaptive, adaptive_readers},
+                     {"--tau", adaptive, adaptive_readers},
+                     {"--bias-correction", adaptive, adaptive_readers},
+                     {"--beta2", base == "fedadam" || base == "fedyogi", "fedadam and fedyogi read it"}};
+      for (const auto& x : options)
+        if (cmd->count(x.flag) > 0 && !x.read) {
+          fail(std::string(x.flag) + " is not read by --strategy " + f->o.strategy + " (" + x.readers + ")");
           return;
         }
     }

@@ -259,9 +259,9 @@ TEST(Stress, CoroutinePingPongAcrossManyPairs) {
 
 namespace {
 
-// An actor woken by one deep into a long handler runs on another worker at once, instead of
-// waiting for that handler to end in the sender's slot (what pipeline stages need: a stage sends
-// its activation after computing and computes on).
+// An actor woken by one in a long handler runs on another worker meanwhile, instead of waiting
+// for that handler to end in the sender's slot: whether the sender woke it late in the handler
+// (a pipeline stage sends its activation after computing and computes on) or first thing.
 struct stamp {
   std::atomic<long long>* ran_at;
   void note() {
@@ -269,62 +269,47 @@ struct stamp {
   }
 };
 
-struct long_worker {
+void spin(std::chrono::milliseconds d) {
+  const auto end = std::chrono::steady_clock::now() + d;
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
+
+/// Computes for `before`, wakes `next`, then computes 300 ms more.
+struct long_sender {
   actor_ref<stamp> next;
+  std::chrono::milliseconds before;
   std::atomic<long long>* done_at;
   void work() {
-    auto spin = [](std::chrono::milliseconds d) {
-      const auto end = std::chrono::steady_clock::now() + d;
-      while (std::chrono::steady_clock::now() < end) {
-      }
-    };
-    spin(2ms);  // well past the slot's limit
+    spin(before);
     next.tell(&stamp::note);
     spin(300ms);
     done_at->store(std::chrono::steady_clock::now().time_since_epoch().count());
   }
 };
 
-}  // namespace
-
-namespace {
-
-// The other way round: the handler sends first, then computes.
-struct early_sender {
-  actor_ref<stamp> next;
-  std::atomic<long long>* done_at;
-  void work() {
-    next.tell(&stamp::note);
-    const auto end = std::chrono::steady_clock::now() + 300ms;
-    while (std::chrono::steady_clock::now() < end) {
-    }
-    done_at->store(std::chrono::steady_clock::now().time_since_epoch().count());
-  }
-};
+void expect_the_woken_actor_runs_meanwhile(troupe::actor_system& sys, std::chrono::milliseconds before) {
+  std::atomic<long long> ran_at{0}, done_at{0};
+  auto s = sys.spawn<stamp>(&ran_at);
+  auto w = sys.spawn<long_sender>(s, before, &done_at);
+  w.ask(&long_sender::work).get();
+  for (int i = 0; i < 200 && ran_at.load() == 0; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_NE(ran_at.load(), 0);
+  EXPECT_LT(ran_at.load(), done_at.load())
+      << "the woken actor waited for the sender's handler to end (woken after " << before.count() << " ms)";
+}
 
 }  // namespace
 
 TEST(Scheduler, AnActorWokenEarlyInALongHandlerRunsElsewhereMeanwhile) {
   troupe::actor_system sys{{.threads = 2}};
   for (int round = 0; round < 3; ++round) {
-    std::atomic<long long> ran_at{0}, done_at{0};
-    auto s = sys.spawn<stamp>(&ran_at);
-    auto w = sys.spawn<early_sender>(s, &done_at);
-    w.ask(&early_sender::work).get();
-    for (int i = 0; i < 200 && ran_at.load() == 0; ++i) std::this_thread::sleep_for(5ms);
-    ASSERT_NE(ran_at.load(), 0);
-    EXPECT_LT(ran_at.load(), done_at.load()) << "the woken actor waited in the sender's slot for its handler to end";
+    expect_the_woken_actor_runs_meanwhile(sys, 0ms);
     std::this_thread::sleep_for(100ms);  // an idle pool: the monitor backs off, and must still see the next
   }
 }
 
 TEST(Scheduler, AnActorWokenLateInALongHandlerRunsElsewhereMeanwhile) {
   troupe::actor_system sys{{.threads = 2}};
-  std::atomic<long long> ran_at{0}, done_at{0};
-  auto s = sys.spawn<stamp>(&ran_at);
-  auto w = sys.spawn<long_worker>(s, &done_at);
-  w.ask(&long_worker::work).get();
-  for (int i = 0; i < 200 && ran_at.load() == 0; ++i) std::this_thread::sleep_for(5ms);
-  ASSERT_NE(ran_at.load(), 0);
-  EXPECT_LT(ran_at.load(), done_at.load()) << "the woken actor waited for the sender's handler to end";
+  expect_the_woken_actor_runs_meanwhile(sys, 2ms);  // well past the slot's limit
 }
