@@ -37,6 +37,11 @@ void add_train_command(CLI::App& app, int& rc) {
   cmd->add_option("--model", o->model, "mlp:IN-H1-...-OUT")->capture_default_str();
   cmd->add_option("--optimizer", o->optimizer, "sgd, adam or adamw")->capture_default_str();
   cmd->add_option("--state", o->state, "optimizer state storage: fp32, bf16, int8 or auto")->capture_default_str();
+  cmd->add_option("--fp32-params", o->fp32_params,
+                  "parameters whose optimizer state stays fp32 whatever --state says, comma-separated; named as "
+                  "PyTorch names them, by the layer's place: 0.weight, 0.bias, 2.weight, ... (linear layers at "
+                  "even places, ReLU between)")
+      ->delimiter(',');
   cmd->add_option("--epochs", o->epochs, "passes over the training set")->capture_default_str();
   cmd->add_option("--batch", o->batch, "samples per step")->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of initialization and shuffling")->capture_default_str();

@@ -18,6 +18,16 @@
 
 namespace troupe::kernels {
 
+/// Whether a parameter named `in_file` in a file of `version` is the one named `expected`.
+/// Version 1 files (weights and optimizer state alike) came before sequential named parameters
+/// by their path ("2.weight"): a layer's parameter was its bare name ("weight"), which still
+/// matches the last part of the path.
+inline bool same_parameter(const std::string& in_file, const std::string& expected, std::uint32_t version) {
+  if (in_file == expected) return true;
+  const auto dot = expected.rfind('.');
+  return version == 1 && dot != std::string::npos && in_file == expected.substr(dot + 1);
+}
+
 /// Runs one of core's file checks (troupe::check_regular, troupe::check_writable) and hands its
 /// reason to fail(why), which throws with the caller's context.
 template <class Fail>

@@ -493,6 +493,9 @@ sequential::sequential(std::vector<std::unique_ptr<layer>> layers) {
 
 void sequential::add(std::unique_ptr<layer> l) {
   if (!l) throw std::invalid_argument("sequential: a null layer");
+  // Each parameter is named by its path from here, as PyTorch's nn.Sequential names them.
+  const std::string prefix = std::to_string(layers_.size()) + ".";
+  for (auto* p : l->parameters()) p->name.insert(0, prefix);
   layers_.push_back(std::move(l));
 }
 

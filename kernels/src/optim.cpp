@@ -1214,6 +1214,14 @@ void optimizer::check_groups() const {
     if (!first && g < seen_hp_.size() && same(groups_[g].hp, seen_hp_[g]) && same(groups_[g].state, seen_state_[g]))
       continue;
     validate(kind_, groups_[g].hp, groups_[g].state);
+    // A name that is no parameter would change nothing. Groups often share their state options,
+    // so a name may be another group's parameter.
+    for (const auto& name : groups_[g].state.fp32_params) {
+      const auto all = members();
+      if (std::none_of(all.begin(), all.end(), [&](const auto& m) { return m.first->name == name; }))
+        bad("state option fp32_params names '" + name + "', which is no parameter of this optimizer" +
+            (all.empty() ? std::string() : " (the first is '" + all.front().first->name + "')"));
+    }
     if (!where_.is_cpu()) {
       const auto& so = groups_[g].state;
       if (so.percentile_clipping < 100) bad("percentile_clipping runs on host parameters only, not on " + where_.str());

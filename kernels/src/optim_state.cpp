@@ -1,6 +1,7 @@
 // Saving and loading optimizer state.
 //
-// Format (little-endian, version 1): the magic "TRPO", a u32 version, the optimizer kind (u8),
+// Format (little-endian, version 2; version 1 differs only in the parameters' names, see
+// same_parameter): the magic "TRPO", a u32 version, the optimizer kind (u8),
 // steps and skipped steps (i64), a varint tensor count; per tensor its parameter name, rank
 // and dims (varints), whether its momentum has started (u8), its recent squared gradient norms
 // (varint count, f32 each), then three moments (first, second, AMSGrad maximum), each: its
@@ -28,7 +29,7 @@ namespace troupe::kernels {
 namespace {
 
 constexpr char magic[4] = {'T', 'R', 'P', 'O'};
-constexpr std::uint32_t version = 1;
+constexpr std::uint32_t version = 2;  // 1: parameters by their bare names (same_parameter)
 
 std::string kind_name(std::uint8_t kind) {
   switch (kind) {
@@ -86,8 +87,8 @@ void optimizer::load(const std::string& path) {
   std::int64_t steps = 0, skipped = 0;
   try {
     const auto v = r.read_raw<std::uint32_t>();
-    if (v != version)
-      fail(path, "has format version " + std::to_string(v) + "; this build reads version " + std::to_string(version));
+    if (v != 1 && v != version)
+      fail(path, "has format version " + std::to_string(v) + "; this build reads versions 1 to " + std::to_string(version));
     const auto kind = r.read_raw<std::uint8_t>();
     if (kind != static_cast<std::uint8_t>(kind_))
       fail(path, "holds the state of " + std::string(kind_name(kind)) + ", this optimizer is " +
@@ -106,7 +107,7 @@ void optimizer::load(const std::string& path) {
       if (rank > 16) fail(path, where + ": rank " + std::to_string(rank));
       tensor::shape_type shape(rank);
       for (auto& d : shape) d = static_cast<std::int64_t>(r.read_varint());
-      if (name != s.p->name || shape != s.p->value.shape())
+      if (!same_parameter(name, s.p->name, v) || shape != s.p->value.shape())
         fail(path, where + " is '" + name + "' " + tensor::str(shape) + " in the file; the optimizer expects '" +
                        s.p->name + "' " + s.p->value.str());
       loaded l;

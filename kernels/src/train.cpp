@@ -1,5 +1,6 @@
 #include "troupe/kernels/train.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
@@ -75,6 +76,14 @@ train_result train(const train_options& o, const std::function<void(const train_
     throw std::invalid_argument("model '" + o.model + "' has " + std::to_string(outputs) + " outputs; the dataset has " +
                                 std::to_string(fashion_mnist_classes) + " classes");
   auto model = make_mlp(o.model);
+  for (const auto& name : o.fp32_params) {
+    const auto params = model->parameters();
+    if (std::none_of(params.begin(), params.end(), [&](const parameter* p) { return p->name == name; })) {
+      std::string names;
+      for (const auto* p : params) names += (names.empty() ? "" : ", ") + p->name;
+      throw std::invalid_argument("--fp32-params: '" + name + "' is no parameter of " + o.model + " (" + names + ")");
+    }
+  }
 
   const auto start = clock_type::now();
   const auto data = load_fashion_mnist(o.data_dir.empty() ? fashion_mnist_dir : o.data_dir);
@@ -92,7 +101,7 @@ train_result train(const train_options& o, const std::function<void(const train_
   model->initialize(o.seed);
   if (!o.load.empty()) load_weights(*model, o.load);
 
-  engine_setup setup{.model = *model, .sizes = mlp_sizes(o.model), .kind = kind, .hp = {}, .state = {.storage = storage},
+  engine_setup setup{.model = *model, .sizes = mlp_sizes(o.model), .kind = kind, .hp = {}, .state = {.storage = storage, .fp32_params = o.fp32_params},
                      .cosine_steps = 0};
   setup.hp.lr = o.lr;
   setup.hp.weight_decay = o.weight_decay.value_or(kind == optimizer_kind::sgd ? 0.0 : 1e-2);

@@ -15,7 +15,7 @@ namespace troupe::kernels {
 namespace {
 
 constexpr char magic[4] = {'T', 'R', 'P', 'W'};
-constexpr std::uint32_t version = 1;
+constexpr std::uint32_t version = 2;  // 1: parameters by their bare names (same_parameter)
 
 [[noreturn]] void fail(const std::string& path, const std::string& why) {
   throw std::runtime_error("weights file '" + path + "': " + why);
@@ -43,15 +43,15 @@ void load_weights(layer& model, const std::string& path) {
   std::vector<tensor> values;
   try {
     const auto v = r.read_raw<std::uint32_t>();
-    if (v != version)
-      fail(path, "has format version " + std::to_string(v) + "; this build reads version " + std::to_string(version));
+    if (v != 1 && v != version)
+      fail(path, "has format version " + std::to_string(v) + "; this build reads versions 1 to " + std::to_string(version));
     const auto count = r.read_varint();
     if (count != params.size())
       fail(path, "holds " + std::to_string(count) + " parameters; the model has " + std::to_string(params.size()));
     for (auto* p : params) {
       const auto name = codec<std::string>::decode(r);
       tensor t = codec<tensor>::decode(r);
-      if (name != p->name || t.shape() != p->value.shape() || t.type() != p->value.type())
+      if (!same_parameter(name, p->name, v) || t.shape() != p->value.shape() || t.type() != p->value.type())
         fail(path, "parameter " + std::to_string(values.size()) + " is '" + name + "' " + t.str() +
                        "; the model expects '" + p->name + "' " + p->value.str());
       if (t.type() == dtype::f32 && !all_finite(t.data<float>()))

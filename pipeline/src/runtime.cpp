@@ -60,10 +60,11 @@ struct rank_report {
 };
 
 /// A stage as it travels to another node: its description (what make_layer reads), its
-/// parameter values (as host copies) and its generators' state, and the device its parameters
-/// live on (the same device number there).
+/// parameters' names and values (as host copies) and its generators' state, and the device its
+/// parameters live on (the same device number there).
 struct portable_stage {
   std::string layers;
+  std::vector<std::string> names;
   std::vector<tensor> values;
   std::vector<std::string> random;
   bool on_cuda = false;
@@ -90,14 +91,16 @@ std::unique_ptr<kernels::sequential> from_portable(const portable_stage& p) {
   std::unique_ptr<kernels::sequential> stage(seq);
   built.release();
   const auto params = stage->parameters();
-  if (params.size() != p.values.size())
-    throw std::invalid_argument("a stage came with " + std::to_string(p.values.size()) + " values for " +
-                                std::to_string(params.size()) + " parameters");
+  if (params.size() != p.values.size() || params.size() != p.names.size())
+    throw std::invalid_argument("a stage came with " + std::to_string(p.values.size()) + " values and " +
+                                std::to_string(p.names.size()) + " names for " + std::to_string(params.size()) +
+                                " parameters");
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (p.values[i].shape() != params[i]->value.shape() || p.values[i].type() != params[i]->value.type())
       throw std::invalid_argument("a stage's parameter " + std::to_string(i) + " came as " + p.values[i].str() +
                                   ", not " + params[i]->value.str());
     params[i]->value = p.values[i];
+    params[i]->name = p.names[i];
   }
   std::size_t next = 0;
   stage->load_random_state(p.random, next);
@@ -117,8 +120,11 @@ std::unique_ptr<kernels::sequential> from_portable(const portable_stage& p) {
 /// rebuild (one defined outside troupe's kernels).
 portable_stage to_portable(kernels::sequential& stage, int index) {
   const device where = device_of(stage);
-  portable_stage out{stage.describe(), {}, {}, !where.is_cpu(), where.index};
-  for (auto* p : stage.parameters()) out.values.push_back(p->value.to(device::cpu()));
+  portable_stage out{stage.describe(), {}, {}, {}, !where.is_cpu(), where.index};
+  for (auto* p : stage.parameters()) {
+    out.names.push_back(p->name);
+    out.values.push_back(p->value.to(device::cpu()));
+  }
   stage.save_random_state(out.random);
   try {
     auto here = out;
@@ -272,8 +278,14 @@ private:
       stages_.emplace(mine[i], std::move(stages[i]));
       for (auto* p : stages_.at(mine[i])->parameters()) params.push_back(p);
     }
+    // Of the parameters kept in fp32, those of this rank's stages (the trainer checked that each
+    // is some rank's).
+    auto state = options.state;
+    std::erase_if(state.fp32_params, [&](const std::string& name) {
+      return std::none_of(params.begin(), params.end(), [&](const auto* p) { return p->name == name; });
+    });
     // One optimizer thread: the ranks are the parallelism (results do not depend on threads).
-    optimizer_.emplace(options.optimizer, std::vector<kernels::param_group>{{params, options.hp, options.state}},
+    optimizer_.emplace(options.optimizer, std::vector<kernels::param_group>{{params, options.hp, state}},
                        kernels::optimizer_options{.threads = 1});
     where_ = params.empty() ? device::cpu() : optimizer_->where();
     if (options.cosine_steps > 0) optimizer_->set_lr_schedule(kernels::cosine_lr(options.cosine_steps));
@@ -494,7 +506,7 @@ auto fields(T& t) requires std::same_as<std::remove_const_t<T>, transfer> {
 }
 template <class T>
 auto fields(T& p) requires std::same_as<std::remove_const_t<T>, portable_stage> {
-  return std::tie(p.layers, p.values, p.random, p.on_cuda, p.cuda_index);
+  return std::tie(p.layers, p.names, p.values, p.random, p.on_cuda, p.cuda_index);
 }
 template <class T>
 auto fields(T& p) requires std::same_as<std::remove_const_t<T>, step_plan> {
@@ -653,7 +665,16 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
   // The optimizer options are checked here, where a bad one is a clear error, not in an actor.
   {
     kernels::parameter probe{"probe", tensor::zeros({1}), tensor::zeros({1})};
-    kernels::optimizer check(options.optimizer, {{{&probe}, options.hp, options.state}});
+    auto state = options.state;
+    state.fp32_params.clear();
+    kernels::optimizer check(options.optimizer, {{{&probe}, options.hp, state}});
+    for (const auto& name : options.state.fp32_params) {
+      bool found = false;
+      for (const auto& stage : stages)
+        for (const auto* p : stage->parameters()) found = found || p->name == name;
+      if (!found)
+        throw std::invalid_argument("fp32_params names '" + name + "', which is no parameter of any stage");
+    }
   }
   // A rank that cannot be spawned or does not answer fails the constructor; the ranks made so
   // far are stopped (no destructor will).
@@ -892,8 +913,12 @@ std::vector<std::unique_ptr<kernels::sequential>> cut_mlp(kernels::sequential& m
       stage->add(kernels::make_linear(sizes[i], sizes[i + 1]));
       if (i + 1 < layers) stage->add(kernels::make_relu());
     }
+    // The stage's parameters are the model's, by value and by name ("2.weight", not the stage's "0.weight").
     const auto mine = stage->parameters();
-    for (std::size_t k = 0; k < mine.size(); ++k) mine[k]->value = params[2 * cuts.boundaries[s] + k]->value.clone();
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      mine[k]->value = params[2 * cuts.boundaries[s] + k]->value.clone();
+      mine[k]->name = params[2 * cuts.boundaries[s] + k]->name;
+    }
     out.push_back(std::move(stage));
   }
   return out;

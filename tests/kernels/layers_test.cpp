@@ -317,6 +317,23 @@ TEST(Layers, MakeLayerRebuildsWhatDescribeWrites) {
   }
 }
 
+std::vector<std::string> names_of(layer& l) {
+  std::vector<std::string> out;
+  for (const auto* p : l.parameters()) out.push_back(p->name);
+  return out;
+}
+
+TEST(Layers, ParametersAreNamedByTheirPathAsPyTorchNamesThem) {
+  auto mlp = make_mlp("mlp:12-8-6-3");
+  EXPECT_EQ(names_of(*mlp), (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"}));
+  auto nested = make_layer("sequential(layer_norm(4), residual(sequential(relu, linear(4->4))), linear(4->2))");
+  EXPECT_EQ(names_of(*nested),
+            (std::vector<std::string>{"0.gamma", "0.beta", "1.1.weight", "1.1.bias", "2.weight", "2.bias"}));
+  // A layer alone keeps the name its kind gives it.
+  auto alone = make_linear(2, 2);
+  EXPECT_EQ(names_of(*alone), (std::vector<std::string>{"weight", "bias"}));
+}
+
 TEST(Loss, SoftmaxCrossEntropyMatchesItsDefinitionAndGradient) {
   auto logits = tensor::from<float>({1, 2, 3, 0, 0, 0}, {2, 3});
   auto labels = tensor::from<std::int64_t>({2, 0}, {2});

@@ -7,10 +7,13 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <random>
 
 #include <unistd.h>
 
+#include <troupe/core/file.hpp>
+#include <troupe/kernels/layers.hpp>
 #include <troupe/kernels/optim.hpp>
 
 #include "quantize.hpp"
@@ -89,13 +92,13 @@ std::vector<storage_case> storages() {
   int8_b100.block_size = 100;
   state_options int8_b2048 = int8;
   int8_b2048.block_size = 2048;
-  int8_b2048.fp32_params = {"p5000"};
+  int8_b2048.fp32_params = {"p33001"};
   return {{"fp32", {.storage = state_storage::fp32}},
           {"bf16", bf16},          {"bf16 stochastic", bf16_sr},        {"bf16 m fp32 stochastic", bf16_m32_sr},
           {"int8", int8},
           {"int8 m fp32", int8_m32}, {"int8 stochastic", int8_sr},       {"int8 percentiles", int8_pct},
           {"int8 percentile 99.9", int8_p999},
-          {"int8 block 100", int8_b100}, {"int8 block 2048, p5000 fp32", int8_b2048}};
+          {"int8 block 100", int8_b100}, {"int8 block 2048, p33001 fp32", int8_b2048}};
 }
 
 TEST(OptimizerStorage, FastStepsEqualTheReferenceInEveryStorageMode) {
@@ -449,7 +452,7 @@ TEST(OptimizerState, StateSavedForAResizedTensorLoadsAndSteps) {
 
 TEST(OptimizerState, SaveAndLoadRoundTripBitForBit) {
   for (const auto& st : storages()) {
-    const std::vector<std::int64_t> sizes{10, 5000, 4099};
+    const std::vector<std::int64_t> sizes{10, 33'001, 4099};
     model a(1, sizes), b(1, sizes);
     hyperparameters hp{.lr = 1e-2, .amsgrad = true};
     optimizer oa(optimizer_kind::adamw, {{a.ptrs(), hp, st.state}}, {.seed = 3});
@@ -600,6 +603,77 @@ TEST(OptimizerStorage, TheFused8BitStepEqualsTheReferenceForBlocksOfAnySize) {
       }
     }
   }
+}
+
+TEST(OptimizerStorage, Fp32ParamsSinglesOutOneLayerOfAModelByItsName) {
+  auto mlp = make_mlp("mlp:128-64-64-10");  // 0.weight 8192 values, 2.weight 4096, 4.weight 640
+  for (auto* p : mlp->parameters())
+    for (float& v : p->grad.data<float>()) v = 0.5f;
+  optimizer opt(optimizer_kind::adamw, {{mlp->parameters(), {}, {.storage = state_storage::int8, .fp32_params = {"2.weight"}}}});
+  ASSERT_TRUE(opt.step());
+  std::map<std::string, state_storage> storage;
+  for (const auto& t : opt.state_report()) storage[t.name] = t.storage;
+  EXPECT_EQ(storage.at("0.weight"), state_storage::int8);
+  EXPECT_EQ(storage.at("2.weight"), state_storage::fp32);
+  // A name that is no parameter of the group would change nothing: refused.
+  for (const char* typo : {"weight", "2.Weight", "1.weight"}) {
+    try {
+      optimizer bad(optimizer_kind::adamw, {{mlp->parameters(), {}, {.storage = state_storage::int8, .fp32_params = {typo}}}});
+      ADD_FAILURE() << typo << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("fp32_params names '" + std::string(typo) + "', which is no parameter of this optimizer (the first is '0.weight')"),
+                std::string::npos) << e.what();
+    }
+  }
+  // Also when it comes as a change between steps, before anything changes.
+  opt.groups()[0].state.fp32_params = {"4.wieght"};
+  EXPECT_THROW(opt.step(), std::invalid_argument);
+  EXPECT_EQ(opt.steps(), 1);
+}
+
+TEST(OptimizerState, FilesOfVersionOneNamedParametersBareAndStillLoad) {
+  // The same model twice, one with the bare names of the files written before parameters were
+  // named by their path.
+  auto before = make_mlp("mlp:80-60-10"), now = make_mlp("mlp:80-60-10");
+  for (auto* p : before->parameters()) p->name = p->name.substr(p->name.find('.') + 1);
+  for (auto* m : {before.get(), now.get()})
+    for (auto* p : m->parameters()) {
+      std::mt19937 same(static_cast<std::uint32_t>(p->value.numel()));
+      std::normal_distribution<float> n(0, 1);
+      for (float& v : p->grad.data<float>()) v = n(same);
+    }
+  const state_options int8{.storage = state_storage::int8};
+  optimizer old(optimizer_kind::adamw, {{before->parameters(), {}, int8}});
+  ASSERT_TRUE(old.step());
+  const auto path = temp_path("v1");
+  old.save(path);
+  auto bytes = file_bytes(path);
+  optimizer opt(optimizer_kind::adamw, {{now->parameters(), {}, int8}});
+  try {
+    opt.load(path);
+    ADD_FAILURE() << "version 2 with bare names was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("is 'weight' [60, 80] in the file; the optimizer expects '0.weight'"), std::string::npos)
+        << e.what();
+  }
+  // The same file as version 1 wrote it: the version, then the checksum.
+  bytes[4] = 1;
+  const auto crc = crc32(std::as_bytes(std::span(bytes.data(), bytes.size() - 4)));
+  std::memcpy(bytes.data() + bytes.size() - 4, &crc, 4);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  opt.load(path);
+  EXPECT_EQ(opt.steps(), 1);
+  for (std::size_t i = 0; i < now->parameters().size(); ++i)
+    copy(before->parameters()[i]->value, now->parameters()[i]->value);
+  ASSERT_TRUE(old.step());
+  ASSERT_TRUE(opt.step());
+  const auto a = before->parameters(), b = now->parameters();
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(std::memcmp(a[i]->value.bytes(), b[i]->value.bytes(), a[i]->value.nbytes()), 0) << b[i]->name;
+  std::filesystem::remove(path);
 }
 
 TEST(OptimizerState, BadFilesFailClearlyAndChangeNothing) {

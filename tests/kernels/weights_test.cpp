@@ -6,6 +6,8 @@
 #include <fstream>
 #include <iterator>
 
+#include <troupe/core/codec.hpp>
+#include <troupe/core/file.hpp>
 #include <troupe/kernels/weights.hpp>
 
 namespace {
@@ -86,6 +88,43 @@ TEST(Weights, BadFilesAreClearErrorsAndLeaveTheModelUnchanged) {
   auto deeper = make_mlp("mlp:12-8-3-3");
   save_weights(*deeper, temp("weights_deeper.trpw"));
   expect_load_error(*model, temp("weights_deeper.trpw"), "parameters; the model has");
+}
+
+/// A weights file as `version` writes it, with these names for the model's parameters.
+void write_file(layer& model, const std::string& path, std::uint32_t version, const std::vector<std::string>& names) {
+  byte_writer w;
+  w.write_bytes("TRPW", 4);
+  w.write_raw(version);
+  const auto params = model.parameters();
+  w.write_varint(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    codec<std::string>::encode(w, names[i]);
+    codec<tensor>::encode(w, params[i]->value);
+  }
+  w.write_raw(crc32(w.buffer()));
+  const auto& bytes = w.buffer();
+  write_all(path, std::vector<char>(reinterpret_cast<const char*>(bytes.data()),
+                                    reinterpret_cast<const char*>(bytes.data()) + bytes.size()));
+}
+
+TEST(Weights, FilesOfVersionOneNamedParametersBareAndStillLoad) {
+  auto source = make_mlp("mlp:12-8-3");
+  source->initialize(5);
+  const auto path = temp("weights_v1.trpw");
+  // Before parameters were named by their path, every linear layer's were "weight" and "bias".
+  write_file(*source, path, 1, {"weight", "bias", "weight", "bias"});
+  auto model = make_mlp("mlp:12-8-3");
+  model->initialize(6);
+  load_weights(*model, path);
+  EXPECT_TRUE(same_weights(*model, *source));
+  // From version 2 on, a name is the whole path: bare names are another model's.
+  write_file(*source, path, 2, {"weight", "bias", "weight", "bias"});
+  expect_load_error(*model, path, "parameter 0 is 'weight' f32[8, 12] on cpu; the model expects '0.weight'");
+  write_file(*source, path, 1, {"0.weight", "0.bias", "4.weight", "4.bias"});
+  expect_load_error(*model, path, "parameter 2 is '4.weight'");
+  write_file(*source, path, 3, {"0.weight", "0.bias", "2.weight", "2.bias"});
+  expect_load_error(*model, path, "has format version 3; this build reads versions 1 to 2");
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -335,7 +335,9 @@ TEST(Runtime, RecomputedDropoutDrawsTheSameMasks) {
 }
 
 // A node's own ranks go the way ranks on other nodes go: spawned from their portable form (layer
-// descriptions and values, the schedule as CSV), and still bit-identical to the whole model.
+// descriptions, parameter names and values, the schedule as CSV), and still bit-identical to the
+// whole model. The state is 8-bit but for one parameter named as in the whole model: the rank
+// that holds it must know it by that name.
 TEST(Runtime, RanksSpawnedThroughTheirPortableFormTrainTheSame) {
   troupe::system_config cfg{.threads = 2};
   cfg.node.listen = "127.0.0.1:0";
@@ -345,10 +347,12 @@ TEST(Runtime, RanksSpawnedThroughTheirPortableFormTrainTheSame) {
   const auto s = pipeline::generate("zb-v", 2, 4);
   const auto sizes = sizes_for(s.stages());
   auto whole = initialized(sizes, 9);
+  const kernels::state_options state{
+      .storage = kernels::state_storage::int8, .block_size = 64, .min_8bit_elements = 1, .fp32_params = {"4.weight"}};
   {
-    pipeline::trainer t(head, s, cut(*whole, sizes), {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp()},
-                        {1, 1});
-    kernels::optimizer opt(kernels::optimizer_kind::adamw, {{whole->parameters(), adamw_hp()}},
+    pipeline::trainer t(head, s, cut(*whole, sizes),
+                        {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp(), .state = state}, {1, 1});
+    kernels::optimizer opt(kernels::optimizer_kind::adamw, {{whole->parameters(), adamw_hp(), state}},
                            kernels::optimizer_options{.threads = 1});
     for (int step = 0; step < 2; ++step) {
       const tensor x = random_batch(8, sizes.front(), 40 + static_cast<std::uint64_t>(step));
@@ -363,6 +367,15 @@ TEST(Runtime, RanksSpawnedThroughTheirPortableFormTrainTheSame) {
   EXPECT_EQ(head.live_actors(), 0u);  // the trainer stopped its ranks
   // A rank that cannot be placed fails the constructor, and the ranks made before it go.
   EXPECT_THROW(pipeline::trainer(head, s, cut(*whole, sizes), {}, {1, 9}), troupe::error);
+  EXPECT_EQ(head.live_actors(), 0u);
+  // A name in fp32_params that no stage has would change nothing: refused before any rank is made.
+  try {
+    pipeline::trainer(head, s, cut(*whole, sizes), {.state = {.fp32_params = {"1.weight"}}}, {1, 1});
+    ADD_FAILURE() << "an unknown parameter name was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("fp32_params names '1.weight', which is no parameter of any stage"),
+              std::string::npos) << e.what();
+  }
   EXPECT_EQ(head.live_actors(), 0u);
 }
 
@@ -537,6 +550,7 @@ TEST(CutMlp, BalancesParametersAndCopiesTheValues) {
   ASSERT_EQ(cut_params.size(), params.size());
   for (std::size_t i = 0; i < params.size(); ++i) {
     EXPECT_TRUE(same_bits(cut_params[i]->value, params[i]->value)) << i;
+    EXPECT_EQ(cut_params[i]->name, params[i]->name) << "the whole model's names, not the stage's";
     EXPECT_NE(cut_params[i]->value.bytes(), params[i]->value.bytes()) << "a copy, not a view";
   }
   // The cut model computes what the whole one does.

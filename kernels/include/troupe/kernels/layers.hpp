@@ -26,6 +26,9 @@ namespace troupe::kernels {
 
 /// A trainable tensor and its gradient (same shape), accumulated by backward_weight.
 struct parameter {
+  /// What the layer calls it ("weight", "bias", "gamma", "beta"), prefixed by its place in each
+  /// sequential that holds it, as PyTorch's nn.Sequential names them: "2.weight" is the weight
+  /// of a model's third layer, "1.0.gamma" the first inner layer's of a residual at place 1.
   std::string name;
   tensor value;
   tensor grad;
@@ -84,7 +87,7 @@ std::unique_ptr<layer> make_layer_norm(std::int64_t features, float eps = 1e-5f)
 std::unique_ptr<layer> make_dropout(float p);
 
 /// Layers applied in order; backward_input keeps each parametrized layer's dy for
-/// backward_weight.
+/// backward_weight. add() prefixes the names of the layer's parameters with its place ("0.").
 class sequential : public layer {
 public:
   sequential() = default;

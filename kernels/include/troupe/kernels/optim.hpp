@@ -80,7 +80,8 @@ struct state_options {
   /// Clip each tensor's gradient to this percentile of its last 100 gradient norms
   /// (bitsandbytes' percentile_clipping); 100: off.
   double percentile_clipping = 100;
-  std::vector<std::string> fp32_params{};   ///< parameters (by name) kept in fp32 (embeddings)
+  /// Parameters (by name, "2.weight") kept in fp32 (embeddings); each must be the optimizer's.
+  std::vector<std::string> fp32_params{};
 };
 
 /// Parameters that share hyperparameters.

@@ -57,6 +57,7 @@ struct train_options {
   std::string model = "mlp:784-256-128-10";
   std::string optimizer = "adamw";
   std::string state = "auto";  ///< optimizer state storage: fp32, bf16, int8 or auto (see optim.hpp)
+  std::vector<std::string> fp32_params;  ///< parameters kept in fp32 whatever `state` says ("0.weight")
   int epochs = 8;
   int batch = 64;
   std::uint64_t seed = 0;

@@ -129,7 +129,8 @@ double whole_model_step(kernels::sequential& model, kernels::optimizer& opt, con
 
 /// Cuts an MLP laid out as kernels::make_mlp makes it (`sizes`: its layer sizes; linear layers
 /// with ReLU between them) into `stages` contiguous stages of whole linear layers, balanced by
-/// parameter count (partition_by_parameters), holding copies of `model`'s values. Throws
+/// parameter count (partition_by_parameters), holding copies of `model`'s values under the
+/// model's names ("2.weight" stays "2.weight" in the stage that holds it). Throws
 /// std::invalid_argument when the model has fewer linear layers than stages or does not match
 /// `sizes`.
 std::vector<std::unique_ptr<kernels::sequential>> cut_mlp(kernels::sequential& model,
