@@ -214,6 +214,7 @@ void activate(system_impl& sys, cell_base* c, bool has_on_start) {
 
 bool register_name(system_impl& s, std::string name, cell_base* c) {
   if (!c) throw std::invalid_argument("register_name: the actor_ref is empty");
+  if (name.empty()) throw std::invalid_argument("register_name: a name must not be empty");
   if (!c->alive()) throw error(errc::actor_dead, "register_name: actor is dead");
   {
     std::lock_guard lock(s.names_mutex);

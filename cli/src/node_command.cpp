@@ -104,9 +104,11 @@ int show_status(const std::string& address, const std::string& token, bool json)
     std::string out = "{\"nodes\":[";
     for (std::size_t i = 0; i < nodes.size(); ++i) {
       auto& n = nodes[i];
-      out += fmt::format("{}{{\"node\":{},\"address\":{},\"alive\":{},\"live_actors\":{},\"dead_letters\":{},\"actors\":[",
+      out += fmt::format("{}{{\"node\":{},\"address\":{},\"alive\":{},\"live_actors\":{},\"dead_letters\":{},",
                          i ? "," : "", n.info.id, json_string(n.info.host + ":" + std::to_string(n.info.port)),
                          n.info.alive ? "true" : "false", n.info.actors, n.dead_letters);
+      if (!n.problem.empty()) out += "\"problem\":" + json_string(n.problem) + ",";
+      out += "\"actors\":[";
       for (std::size_t j = 0; j < n.actors.size(); ++j) {
         auto& x = n.actors[j];
         out += fmt::format("{}{{\"id\":{},\"type\":{},\"name\":{},\"mailbox_depth\":{},\"messages\":{},\"messages_per_s\":{:.1f}}}",
@@ -119,8 +121,9 @@ int show_status(const std::string& address, const std::string& token, bool json)
     return 0;
   }
   for (auto& n : nodes) {
-    std::cout << fmt::format("node {} {}:{} {}  actors {}  dead letters {}\n", n.info.id, n.info.host, n.info.port,
-                             n.info.alive ? "alive" : "LOST", n.info.actors, n.dead_letters);
+    std::cout << fmt::format("node {} {}:{} {}  actors {}  dead letters {}{}\n", n.info.id, n.info.host, n.info.port,
+                             n.info.alive ? "alive" : "LOST", n.info.actors, n.dead_letters,
+                             n.problem.empty() ? "" : "  (" + n.problem + ")");
     if (!n.actors.empty())
       std::cout << fmt::format("  {:>8}  {:<32} {:<16} {:>8} {:>12} {:>10}\n", "id", "type", "name", "mailbox",
                                "messages", "msg/s");

@@ -10,6 +10,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <optional>
 #include <cstdlib>
 #include <filesystem>
 #include <future>
@@ -17,11 +21,13 @@
 #include <thread>
 #include <vector>
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
 #include <gtest/gtest.h>
 
+#include "net/transport.hpp"
 #include "remote/remote_types.hpp"
 
 extern char** environ;
@@ -86,10 +92,15 @@ public:
     return "";
   }
   troupe::node_id joined() {
-    auto line = first_line();
-    auto at = line.find("\"node\":");
+    line_ = first_line();
+    auto at = line_.find("\"node\":");
     if (at == std::string::npos) return 0;
-    return static_cast<troupe::node_id>(std::stoul(line.substr(at + 7)));
+    return static_cast<troupe::node_id>(std::stoul(line_.substr(at + 7)));
+  }
+  /// The port it listens on, after joined().
+  std::uint16_t port() const {
+    auto at = line_.find("\"port\":");
+    return at == std::string::npos ? 0 : static_cast<std::uint16_t>(std::stoul(line_.substr(at + 7)));
   }
   void signal(int sig) { kill(pid_, sig); }
   void kill9() {
@@ -108,6 +119,7 @@ private:
   pid_t pid_ = -1;
   int out_ = -1;
   int in_ = -1;
+  std::string line_;
 };
 
 troupe::system_config head_config() {
@@ -569,6 +581,311 @@ TEST(Remote, HostileBytesCloseOnlyTheirConnection) {
   }
   std::this_thread::sleep_for(100ms);
   EXPECT_EQ(a.ask(&worker::add, 2).get(), 3);
+}
+
+/// A peer that holds the cluster's token and speaks the node protocol as it likes: what a
+/// confused or hostile program could send after the handshake.
+class rogue_peer {
+public:
+  // The node's own numbers (net/node.cpp): control codes and node operations.
+  static constexpr std::uint64_t join = 16, hello = 18, members = 19, heartbeat = 20, lost = 24;
+  static constexpr std::uint64_t spawn = 1, register_name = 3, node_stats = 7;
+  using spawn_tuple = std::tuple<std::string, std::uint64_t, std::uint64_t,
+                                 std::tuple<std::uint64_t, std::uint8_t, std::int32_t, std::int64_t, double, std::int64_t, bool, bool>,
+                                 std::vector<std::byte>>;
+  using name_tuple = std::tuple<std::string, std::uint64_t, std::uint32_t, std::string>;
+
+  explicit rogue_peer(std::uint16_t port) {
+    troupe::net::transport_handlers h;
+    h.on_open = [this](const std::shared_ptr<troupe::net::connection>& c) {
+      std::lock_guard lock(mu_);
+      conn_ = c;
+      cv_.notify_all();
+    };
+    h.on_envelope = [this](const std::shared_ptr<troupe::net::connection>&, troupe::net::envelope e) {
+      std::lock_guard lock(mu_);
+      got_.push_back(std::move(e));
+      cv_.notify_all();
+    };
+    h.on_close = [this](const std::shared_ptr<troupe::net::connection>&, const std::string& why) {
+      std::lock_guard lock(mu_);
+      closed_ = why;
+      cv_.notify_all();
+    };
+    net_ = std::make_unique<troupe::net::transport>(io_, troupe::net::transport_config{.token = token}, std::move(h));
+    net_->connect("127.0.0.1", port);
+    thread_ = std::thread([this] { io_.run(); });
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, 5s, [&] { return conn_ || !closed_.empty(); }) || !conn_)
+      throw std::runtime_error("rogue_peer: no connection (" + closed_ + ")");
+  }
+  ~rogue_peer() {
+    beating_ = false;
+    if (beats_.joinable()) beats_.join();
+    net_->close_all("done");
+    work_.reset();
+    io_.stop();
+    thread_.join();
+  }
+  void send(troupe::net::envelope_kind kind, std::uint64_t method, std::vector<std::byte> payload = {},
+            std::uint64_t request = 0) {
+    troupe::net::envelope e;
+    e.kind = kind;
+    e.target = kind == troupe::net::envelope_kind::control ? 0 : troupe::net::node_target;
+    e.method = method;
+    e.request_id = request;
+    e.payload = std::move(payload);
+    conn_->send(std::move(e));
+  }
+  void control(std::uint64_t code, std::vector<std::byte> payload = {}) {
+    send(troupe::net::envelope_kind::control, code, std::move(payload));
+  }
+  /// Why the node closed the connection ("" when it did not within `timeout`).
+  std::string closed(std::chrono::milliseconds timeout = 3s) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return !closed_.empty(); });
+    return closed_;
+  }
+  /// The first envelope that `match` takes, waiting up to `timeout`.
+  std::optional<troupe::net::envelope> next(const std::function<bool(const troupe::net::envelope&)>& match,
+                                            std::chrono::milliseconds timeout = 3s) {
+    std::unique_lock lock(mu_);
+    std::optional<troupe::net::envelope> out;
+    cv_.wait_for(lock, timeout, [&] {
+      for (auto it = got_.begin(); it != got_.end(); ++it)
+        if (match(*it)) {
+          out = std::move(*it);
+          got_.erase(it);
+          return true;
+        }
+      return !closed_.empty();
+    });
+    return out;
+  }
+  /// The answer to call `request`.
+  std::optional<troupe::net::envelope> answer(std::uint64_t request) {
+    return next([request](const troupe::net::envelope& e) {
+      return (e.kind == troupe::net::envelope_kind::reply || e.kind == troupe::net::envelope_kind::error) &&
+             e.request_id == request;
+    });
+  }
+  /// Joins as a node reachable at 127.0.0.1:`port`; its id.
+  troupe::node_id join_as_node(std::uint16_t port = 1) {
+    control(join, troupe::encode(std::tuple<std::string, std::uint16_t>("127.0.0.1", port)));
+    auto welcome = next([](const troupe::net::envelope& e) { return e.kind == troupe::net::envelope_kind::control && e.method == 17; });
+    if (!welcome) throw std::runtime_error("rogue_peer: no welcome (" + closed_ + ")");
+    troupe::byte_reader r(welcome->payload);
+    return troupe::codec<std::uint32_t>::decode(r);
+  }
+  /// Sends heartbeats every 100 ms from now on, as a member does.
+  void keep_alive() {
+    beating_ = true;
+    beats_ = std::thread([this] {
+      while (beating_) {
+        control(heartbeat, troupe::encode(std::uint64_t{0}));
+        std::this_thread::sleep_for(100ms);
+      }
+    });
+  }
+
+private:
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_ = boost::asio::make_work_guard(io_);
+  std::unique_ptr<troupe::net::transport> net_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::shared_ptr<troupe::net::connection> conn_;
+  std::vector<troupe::net::envelope> got_;
+  std::string closed_;
+  std::atomic<bool> beating_{false};
+  std::thread beats_;
+};
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// The cluster as a status shows it: "1:alive 2:alive 3:LOST".
+std::string cluster_summary(troupe::actor_system& head) {
+  std::string out;
+  for (auto& n : troupe::cluster_status(head_of(head), token))
+    out += (out.empty() ? "" : " ") + std::to_string(n.info.id) + ":" + (n.info.alive ? "alive" : "LOST");
+  return out;
+}
+
+// A connection that has not joined nor said which node it is may ask for the status, and
+// nothing else: a member list, a reply or a spawn from it closes it, and the cluster is as it was.
+TEST(Remote, APeerThatIsNoMemberMayOnlyJoinOrAskForTheStatus) {
+  troupe::actor_system head(head_config());
+  child_node w({"--head", head_of(head), "--token", token});
+  auto id = w.joined();
+  ASSERT_EQ(id, 2u);
+  auto a = head.spawn_on<worker>(id, std::int64_t{1});
+  ASSERT_EQ(a.ask(&worker::add, 1).get(), 2);
+  {
+    rogue_peer p(head.node_port());
+    p.control(rogue_peer::members, troupe::encode(std::vector<std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t, std::vector<std::byte>>>{}));
+    EXPECT_TRUE(contains(p.closed(), "a control envelope on a connection that has not said which node it is")) << p.closed();
+  }
+  {
+    rogue_peer p(head.node_port());
+    p.send(troupe::net::envelope_kind::reply, 0, troupe::encode(std::uint64_t{7}), 1);
+    EXPECT_TRUE(contains(p.closed(), "a reply envelope on a connection")) << p.closed();
+  }
+  {
+    rogue_peer p(head.node_port());
+    p.send(troupe::net::envelope_kind::call, rogue_peer::spawn,
+           troupe::encode(rogue_peer::spawn_tuple{"no::such", 0, (std::uint64_t{2} << 40) | 1, {}, {}}), 5);
+    EXPECT_TRUE(contains(p.closed(), "a call envelope on a connection")) << p.closed();
+  }
+  EXPECT_EQ(cluster_summary(head), "1:alive 2:alive");
+  EXPECT_EQ(a.ask(&worker::add, 2).get(), 3);
+}
+
+// A hello names the node a connection comes from, and shows the key the head gave that node:
+// a peer cannot pass for the head, for a member, or for this node, and make it lost.
+TEST(Remote, AHelloMustShowTheKeyTheHeadGaveThatNode) {
+  troupe::actor_system head(head_config());
+  child_node w({"--head", head_of(head), "--token", token});
+  auto id = w.joined();
+  ASSERT_EQ(id, 2u);
+  auto a = head.spawn_on<worker>(id, std::int64_t{1});
+  ASSERT_EQ(a.ask(&worker::add, 1).get(), 2);
+  const std::vector<std::byte> guess(32, std::byte{7});
+  for (std::uint32_t who : {1u, 2u}) {
+    rogue_peer p(head.node_port());
+    p.control(rogue_peer::hello, troupe::encode(std::tuple<std::uint32_t, std::vector<std::byte>>(who, guess)));
+    p.control(rogue_peer::lost);
+    const auto why = p.closed();
+    EXPECT_TRUE(who == 1 ? contains(why, "says it is node 1, which it is not")
+                         : contains(why, "says it is node 2 without that node's key")) << why;
+  }
+  EXPECT_EQ(cluster_summary(head), "1:alive 2:alive");
+  EXPECT_EQ(a.ask(&worker::add, 2).get(), 3);
+}
+
+// A worker takes the member list from the head alone, and a hello shows the key of the node it
+// names; one that names a node the head never lists is dropped.
+TEST(Remote, AWorkerTakesMembersFromTheHeadAloneAndChecksEachHello) {
+  troupe::actor_system head(head_config());
+  child_node w({"--head", head_of(head), "--token", token});
+  ASSERT_EQ(w.joined(), 2u);
+  ASSERT_NE(w.port(), 0);
+  const std::vector<std::byte> key(32, std::byte{9});
+  using hello = std::tuple<std::uint32_t, std::vector<std::byte>>;
+  {
+    rogue_peer p(w.port());
+    p.control(rogue_peer::hello, troupe::encode(hello(1, key)));
+    EXPECT_TRUE(contains(p.closed(), "says it is node 1 without that node's key")) << p.closed();
+  }
+  {
+    rogue_peer p(w.port());
+    p.control(rogue_peer::hello, troupe::encode(hello(9, key)));
+    p.control(rogue_peer::members, troupe::encode(std::vector<std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t, std::vector<std::byte>>>{}));
+    EXPECT_TRUE(contains(p.closed(), "a member list from node 9: only the head sends it")) << p.closed();
+  }
+  {
+    // Alive as far as its heartbeats go, but the head's next list does not have it.
+    rogue_peer p(w.port());
+    p.control(rogue_peer::hello, troupe::encode(hello(10, key)));
+    p.keep_alive();
+    EXPECT_FALSE(p.closed(5s).empty());
+  }
+  auto a = head.spawn_on<worker>(2, std::int64_t{1});
+  EXPECT_EQ(a.ask(&worker::add, 1).get(), 2);
+  EXPECT_EQ(cluster_summary(head), "1:alive 2:alive");
+}
+
+// The head gives each join its own node id once: a second join on the same connection, a join
+// whose host is no host and one without a port are refused.
+TEST(Remote, AJoinIsOnePerConnectionAndNamesAPlaceToReachTheNode) {
+  troupe::actor_system head(head_config());
+  {
+    rogue_peer p(head.node_port());
+    EXPECT_EQ(p.join_as_node(), 2u);
+    p.control(rogue_peer::join, troupe::encode(std::tuple<std::string, std::uint16_t>("127.0.0.1", 1)));
+    EXPECT_TRUE(contains(p.closed(), "a second join on the connection of node 2")) << p.closed();
+  }
+  for (const auto& [host, port] : {std::pair<std::string, std::uint16_t>{std::string(300, 'h'), 1},
+                                   {"host name with spaces", 1}, {"127.0.0.1", 0}}) {
+    rogue_peer p(head.node_port());
+    p.control(rogue_peer::join, troupe::encode(std::tuple<std::string, std::uint16_t>(host, port)));
+    EXPECT_TRUE(contains(p.closed(), port == 0 ? "a join without a port" : "whose host is not a host name or an IP address"))
+        << p.closed();
+  }
+  // Node 2 went with its connection: the status does not wait for it.
+  EXPECT_EQ(cluster_summary(head), "1:alive 2:LOST");
+}
+
+// A member that does not answer the head's request for its report is shown as the head knows
+// it, with why, after node_timeout, instead of failing the whole status; one that answers for
+// another node is shown under its own id, host and port.
+TEST(Remote, AStatusShowsEveryNodeWhenOneDoesNotAnswerOrLies) {
+  troupe::actor_system head(head_config());
+  child_node w({"--head", head_of(head), "--token", token});
+  ASSERT_EQ(w.joined(), 2u);
+  rogue_peer silent(head.node_port()), liar(head.node_port());
+  ASSERT_EQ(silent.join_as_node(4001), 3u);
+  ASSERT_EQ(liar.join_as_node(4002), 4u);
+  silent.keep_alive();
+  liar.keep_alive();
+  std::atomic<bool> done{false};
+  std::thread answers([&] {
+    while (!done) {
+      if (auto ask = liar.next([](const troupe::net::envelope& e) {
+            return e.kind == troupe::net::envelope_kind::call && e.method == rogue_peer::node_stats;
+          }, 50ms)) {
+        // A node_status (net/node.cpp's codec) that says it is node 1, elsewhere.
+        using info = std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t>;
+        using actor = std::tuple<std::uint64_t, std::string, std::string, std::int64_t, std::uint64_t, double>;
+        const std::tuple<info, std::uint64_t, std::vector<actor>, std::string> s{{1, "elsewhere", 4242, true, 999}, 0, {}, {}};
+        liar.send(troupe::net::envelope_kind::reply, 0, troupe::encode(s), ask->request_id);
+      }
+    }
+  });
+  const auto start = clock_type::now();
+  const auto nodes = troupe::cluster_status(head_of(head), token);
+  const auto took = clock_type::now() - start;
+  done = true;
+  answers.join();
+  ASSERT_EQ(nodes.size(), 4u);
+  EXPECT_TRUE(nodes[1].info.alive && nodes[1].problem.empty()) << nodes[1].problem;
+  EXPECT_EQ(nodes[2].info.id, 3u);
+  EXPECT_EQ(nodes[2].info.port, 4001);
+  EXPECT_EQ(nodes[2].problem, "no answer within 800 ms");
+  EXPECT_EQ(nodes[3].info.id, 4u);
+  EXPECT_EQ(nodes[3].info.host, "127.0.0.1");
+  EXPECT_EQ(nodes[3].info.port, 4002);
+  EXPECT_EQ(nodes[3].info.actors, 999u);  // what it says of its own actors stands
+  EXPECT_LT(took, 3s);
+}
+
+// A member spawns under wire ids of its own (the head also under a lost node's, re-creating its
+// actors), never under one that is taken; and a name goes only to an actor that exists.
+TEST(Remote, SpawnsAndNamesFromAMemberAreChecked) {
+  troupe::actor_system head(head_config());
+  child_node w({"--head", head_of(head), "--token", token});
+  ASSERT_EQ(w.joined(), 2u);
+  rogue_peer p(head.node_port());
+  const auto me = p.join_as_node();
+  ASSERT_EQ(me, 3u);
+  p.keep_alive();
+  auto refused = [&](std::uint64_t method, std::vector<std::byte> payload, std::uint64_t request) {
+    p.send(troupe::net::envelope_kind::call, method, std::move(payload), request);
+    auto e = p.answer(request);
+    return e && e->kind == troupe::net::envelope_kind::error ? e->error_message : std::string("(no refusal)");
+  };
+  const std::uint64_t others = (std::uint64_t{2} << 40) | 1, mine = (std::uint64_t{3} << 40) | 1;
+  EXPECT_TRUE(contains(refused(rogue_peer::spawn, troupe::encode(rogue_peer::spawn_tuple{"no::such", 0, others, {}, {}}), 1),
+                       "node 3 spawns under wire id 2199023255553, which is not of its ids"));
+  EXPECT_TRUE(contains(refused(rogue_peer::spawn, troupe::encode(rogue_peer::spawn_tuple{"no::such", 0, mine, {}, {}}), 2),
+                       "does not know the class 'no::such'"));
+  EXPECT_TRUE(contains(refused(rogue_peer::spawn, troupe::encode(rogue_peer::spawn_tuple{"no::such", 0, mine, {}, {}}), 3),
+                       "wire id 3298534883329 is taken on node 1 already"));
+  EXPECT_TRUE(contains(refused(rogue_peer::register_name, troupe::encode(rogue_peer::name_tuple{"ghost", mine + 1, 1, "t"}), 4),
+                       "register_name('ghost'): actor 3298534883330 is gone (or never was)"));
+  EXPECT_TRUE(contains(refused(rogue_peer::register_name, troupe::encode(rogue_peer::name_tuple{"", mine, 3, "t"}), 5),
+                       "a name must not be empty"));
+  EXPECT_FALSE(head.lookup<worker>("ghost"));
 }
 
 TEST(Remote, ClusterStatusListsNodesAndActors) {

@@ -57,12 +57,14 @@ struct troupe::codec<troupe::node_status> {
     troupe::codec<node_info>::encode(w, s.info);
     troupe::codec<std::uint64_t>::encode(w, s.dead_letters);
     troupe::codec<std::vector<actor_status>>::encode(w, s.actors);
+    troupe::codec<std::string>::encode(w, s.problem);
   }
   static node_status decode(byte_reader& r) {
     node_status s;
     s.info = troupe::codec<node_info>::decode(r);
     s.dead_letters = troupe::codec<std::uint64_t>::decode(r);
     s.actors = troupe::codec<std::vector<actor_status>>::decode(r);
+    s.problem = troupe::codec<std::string>::decode(r);
     return s;
   }
 };
@@ -112,7 +114,10 @@ constexpr std::size_t remembered_gone = 1 << 16;
 /// How long the cluster remembers a node that was lost or left.
 constexpr auto forget_after = std::chrono::seconds(10);
 
-using member_tuple = std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t>;
+/// id, host, port, alive, actors, key (see ctl::hello).
+using member_tuple = std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t, std::vector<std::byte>>;
+/// A node's id and key: what it says on a connection it opens to another node.
+using hello_tuple = std::tuple<std::uint32_t, std::vector<std::byte>>;
 using spawn_opts_tuple = std::tuple<std::uint64_t, std::uint8_t, std::int32_t, std::int64_t, double,
                                     std::int64_t, bool, bool>;
 using spawn_tuple =
@@ -362,6 +367,7 @@ public:
       m.id = head_id;
       m.host = cfg_.advertise.empty() ? (wildcard(listen_host_) ? "127.0.0.1" : listen_host_) : cfg_.advertise;
       m.port = port_;
+      m.key = net::random_nonce();
       log().info("troupe node 1 (head) listening on {}:{}", listen_host_, port_);
       return;
     }
@@ -456,9 +462,18 @@ public:
       if (!sink) throw e;  // a tell has nobody else to tell
       failure = std::make_exception_ptr(e);
     } else {
-      std::lock_guard lock(mu_);
+      std::unique_lock lock(mu_);
       if (env.target != net::node_target) to = route(to, env.target);
       auto it = members_.find(to);
+      if (to == self_ && !stopped_ && env.target != net::node_target) {
+        // An actor of another node re-created here: called here, in order with the calls
+        // from the network (through the loop that delivers those).
+        lock.unlock();
+        return asio::post(io_, [weak = weak_from_this(), env = std::move(env),
+                                sink = std::shared_ptr<reply_sink>(std::move(sink))]() mutable {
+          if (auto self = weak.lock()) self->call_here(std::move(env), std::move(sink));
+        });
+      }
       if (stopped_) {
         failure = std::make_exception_ptr(error(errc::system_shutdown, "the node is stopping"));
       } else if (it == members_.end() || !it->second.alive) {
@@ -672,6 +687,10 @@ private:
     std::vector<envelope> backlog;
     std::vector<std::unique_ptr<reply_sink>> in_doubt;  // written before the connection dropped
     clock_type::time_point heard = clock_type::now();
+    /// The random key the head gave the node when it joined: its hello shows it, so that a peer
+    /// that holds the cluster's token is not taken for a member it is not. Empty while unknown.
+    std::vector<std::byte> key;
+    clock_type::time_point said_hello{};  // when known from a hello alone (port 0)
   };
   struct watched {
     node_id host = 0;
@@ -844,7 +863,7 @@ private:
       conn_node_[c->id()] = head_id;
       return;
     }
-    c->send(control(ctl::hello, encode(std::uint32_t{self_})));
+    c->send(control(ctl::hello, encode(hello_tuple(self_, members_[self_].key))));
     attach(to, c);
   }
 
@@ -889,7 +908,7 @@ private:
 
   std::vector<member_tuple> member_list() const {
     std::vector<member_tuple> out;
-    for (auto& [id, m] : members_) out.emplace_back(id, m.host, m.port, m.alive, m.actors);
+    for (auto& [id, m] : members_) out.emplace_back(id, m.host, m.port, m.alive, m.actors, m.key);
     return out;
   }
 
@@ -902,12 +921,22 @@ private:
   void on_members(const std::vector<member_tuple>& list) {  // worker, under mu_
     std::vector<node_id> lost;
     std::unordered_set<node_id> listed;
-    for (auto& [id, host, port, alive, actors] : list) {
+    for (auto& [id, host, port, alive, actors, key] : list) {
       listed.insert(id);
       largest_id_ = std::max(largest_id_, static_cast<node_id>(id));
       if (id == self_) continue;
       auto [it, fresh] = members_.try_emplace(id);
       auto& m = it->second;
+      if (m.key != key) {
+        // Known so far from a hello alone, and the hello did not show the key the head gave
+        // that node: the peer was not it.
+        if (!m.key.empty() && m.conn) {
+          log().warn("troupe node {}: a peer said it was node {} without that node's key; closing its connection", self_, id);
+          m.conn->refuse("hello with another node's id");
+          m.conn.reset();
+        }
+        m.key = key;
+      }
       if (fresh || m.port == 0) {  // new, or known only from its hello so far
         m.id = id;
         m.host = host;
@@ -918,9 +947,17 @@ private:
       if (!alive && m.alive) lost.push_back(id);
     }
     // A node the head no longer lists was forgotten there, long after it was lost.
-    for (auto& [id, m] : members_)
-      if (id != self_ && id != head_id && !listed.contains(id) && m.alive && m.port != 0) lost.push_back(id);
+    std::vector<node_id> unknown;
+    const auto now = clock_type::now();
+    for (auto& [id, m] : members_) {
+      if (id == self_ || id == head_id || listed.contains(id) || !m.alive) continue;
+      if (m.port != 0) lost.push_back(id);
+      // Known from a hello alone, and still not listed a node_timeout later (the head lists a
+      // node before it welcomes it): no node the head made.
+      else if (now - m.said_hello > cfg_.node_timeout) unknown.push_back(id);
+    }
     for (auto id : lost) lose_locked(id, "the head reports it gone", gone::reported);
+    for (auto id : unknown) lose_locked(id, "it said hello as a node the head does not know");
     std::erase_if(members_, [&](const auto& kv) {
       return kv.first != self_ && kv.first != head_id && !kv.second.alive && !listed.contains(kv.first);
     });
@@ -974,18 +1011,23 @@ private:
           if (auto m = members_.find(n->second); m != members_.end()) m->second.heard = std::max(m->second.heard, c->last_read());
       std::uint64_t actors = sys_.live_count.load(std::memory_order_relaxed);
       auto payload = encode(actors);
+      std::vector<std::pair<node_id, std::string>> lost_now;
       for (auto& [id, m] : members_) {
         if (id == self_ || !m.alive) continue;
         if (m.conn) {
           if (now - m.heard > cfg_.node_timeout) {
+            const auto why = "no heartbeat from node " + std::to_string(id) + " for " +
+                             std::to_string(cfg_.node_timeout.count()) + " ms";
             m.timed_out = true;
-            m.conn->close("no heartbeat from node " + std::to_string(id) + " for " +
-                          std::to_string(cfg_.node_timeout.count()) + " ms");
+            // A connection closed already says so no more: lose the node here.
+            if (!m.conn->is_open()) lost_now.push_back({id, why});
+            else m.conn->close(why);
           } else {
             m.conn->send(control(ctl::heartbeat, payload));
           }
         }
       }
+      for (auto& [id, why] : lost_now) lose_locked(id, why);
       if (self_ == head_id) {
         self_member().actors = actors;
         if (++beats_ % 10 == 0) {
@@ -1053,6 +1095,7 @@ private:
 
   void lose_locked(node_id id, const std::string& why, gone how = gone::lost) {
     const bool left = how == gone::left;
+    if (id == self_) return;  // whatever a peer says, this node is not lost to itself
     auto it = members_.find(id);
     if (it == members_.end() || !it->second.alive || stopped_) return;
     auto& m = it->second;
@@ -1136,6 +1179,14 @@ private:
         }
       }
     }
+    // A connection that has not said which node it is (no join, no hello) may only do that, or
+    // ask the head for the cluster's status (`troupe status`): the rest is between members.
+    if (from == 0 && !(env.kind == envelope_kind::control &&
+                       (env.method == static_cast<std::uint64_t>(ctl::join) || env.method == static_cast<std::uint64_t>(ctl::hello))) &&
+        !(env.kind == envelope_kind::call && env.target == net::node_target &&
+          env.method == static_cast<std::uint64_t>(op::cluster_status)))
+      return c->refuse(std::string("a ") + std::string(net::to_string(env.kind)) +
+                      " envelope on a connection that has not said which node it is (join or hello first)");
     decoding_scope decoding(this);  // actor_refs in the payload resolve against this node
     try {
       switch (env.kind) {
@@ -1145,11 +1196,11 @@ private:
           if (env.target == net::node_target) return on_op(c, from, std::move(env));
           return on_call(c, std::move(env));
         case envelope_kind::reply:
-        case envelope_kind::error: return on_reply(std::move(env));
+        case envelope_kind::error: return on_reply(c, from, std::move(env));
       }
     } catch (const std::exception& e) {
       // A peer that sends what cannot be decoded is closed; the node goes on.
-      c->close(std::string("bad ") + std::string(net::to_string(env.kind)) + " envelope: " + e.what());
+      c->refuse(std::string("bad ") + std::string(net::to_string(env.kind)) + " envelope: " + e.what());
     }
   }
 
@@ -1167,13 +1218,23 @@ private:
       case ctl::join: {
         auto [host, port] = decode<std::tuple<std::string, std::uint16_t>>(env.payload);
         std::lock_guard lock(mu_);
-        if (self_ != head_id) return c->close("join sent to a node that is not the head");
+        if (self_ != head_id) return c->refuse("join sent to a node that is not the head");
+        if (auto known = conn_node_.find(c->id()); known != conn_node_.end())
+          return c->refuse("a second join on the connection of node " + std::to_string(known->second));
+        if (port == 0) return c->refuse("a join without a port to reach the node at");
+        if (host.size() > 255 || !std::all_of(host.begin(), host.end(), [](char ch) {
+              return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+                     ch == '-' || ch == ':' || ch == '_' || ch == '%';
+            }))
+          return c->refuse("a join whose host is not a host name or an IP address (" + std::to_string(host.size()) +
+                          " bytes)");
         node_id id = next_node_++;
         auto& m = members_[id];
         m.id = id;
         m.host = host.empty() ? c->remote_host() : host;
         m.port = port;
         m.conn = c;
+        m.key = net::random_nonce();
         conn_node_[c->id()] = id;
         log().info("troupe node 1: node {} joined from {}:{}", id, m.host, m.port);
         c->send(control(ctl::welcome, encode(std::tuple<std::uint32_t, std::vector<member_tuple>>(id, member_list()))));
@@ -1184,9 +1245,14 @@ private:
         auto [id, list] = decode<std::tuple<std::uint32_t, std::vector<member_tuple>>>(env.payload);
         std::lock_guard lock(mu_);
         if (self_ != 0) return;
+        if (!c->outbound() || c->tag() != head_id) return c->refuse("a welcome from a node that is not the head");
+        if (id <= head_id) return c->refuse("a welcome that gives this node id " + std::to_string(id));
         self_ = id;
         auto& me = members_[id];
         me.id = id;
+        for (auto& t : list)
+          if (std::get<0>(t) == id) me.key = std::get<5>(t);
+        if (me.key.empty()) return c->refuse("a welcome without this node's key");
         me.host = cfg_.advertise.empty() ? (wildcard(listen_host_) ? c->local_host() : listen_host_) : cfg_.advertise;
         me.port = port_;
         on_members(list);
@@ -1196,17 +1262,26 @@ private:
         return;
       }
       case ctl::hello: {
-        auto id = decode<std::uint32_t>(env.payload);
+        auto [id, key] = decode<hello_tuple>(env.payload);
         std::lock_guard lock(mu_);
+        if (id == self_ || id == 0 || (self_ == head_id && id == head_id))
+          return c->refuse("hello from a peer that says it is node " + std::to_string(id) + ", which it is not");
+        if (auto known = conn_node_.find(c->id()); known != conn_node_.end())
+          return c->refuse("a second hello on the connection of node " + std::to_string(known->second));
         auto m = members_.find(id);
         // Ids are given in order and never again: one this node has seen given out but no
         // longer knows was lost long ago and forgotten.
         const bool forgotten = m == members_.end() && id != self_ && id < (self_ == head_id ? next_node_ : largest_id_ + 1);
+        if (m != members_.end() && !m->second.key.empty() && m->second.key != key)
+          return c->refuse("hello from a peer that says it is node " + std::to_string(id) + " without that node's key");
         if (m == members_.end() && !forgotten) {
-          // A node this one has not heard of yet: the head's news may be on its way.
-          if (self_ == head_id) return c->close("hello from node " + std::to_string(id) + ", which never joined");
+          // A node this one has not heard of yet: the head's news may be on its way. Its key
+          // is checked then (on_members).
+          if (self_ == head_id) return c->refuse("hello from node " + std::to_string(id) + ", which never joined");
           members_[id].id = id;
           members_[id].alive = true;
+          members_[id].key = key;
+          members_[id].said_hello = clock_type::now();
         } else if (forgotten || !m->second.alive) {
           // Tell it, so that it stops dialling this node (it may have been only stalled). What
           // else comes on this connection (the calls it had queued) is dropped: they already
@@ -1226,7 +1301,7 @@ private:
       }
       case ctl::lost: {
         std::lock_guard lock(mu_);
-        if (from == 0) return c->close("a lost notice on a connection of no node");
+        if (from == 0) return c->refuse("a lost notice on a connection of no node");
         lose_locked(from, "node " + std::to_string(from) + " counts this node as lost (it missed this node's heartbeats)");
         return;
       }
@@ -1238,6 +1313,9 @@ private:
       case ctl::members: {
         auto list = decode<std::vector<member_tuple>>(env.payload);
         std::lock_guard lock(mu_);
+        // The head keeps the list; the others take it from the head alone.
+        if (self_ == head_id || from != head_id)
+          return c->refuse("a member list from node " + std::to_string(from) + ": only the head sends it");
         on_members(list);
         return;
       }
@@ -1260,16 +1338,20 @@ private:
         return;
       }
       default:
-        return c->close("unknown control code " + std::to_string(env.method));
+        return c->refuse("unknown control code " + std::to_string(env.method));
     }
   }
 
-  void on_reply(envelope env) {
+  void on_reply(const std::shared_ptr<connection>& c, node_id from, envelope env) {
     std::unique_ptr<reply_sink> sink;
     {
       std::lock_guard lock(mu_);
       auto it = pending_.find(env.request_id);
       if (it == pending_.end()) return;  // timed out or failed already
+      // Only the node that was called answers: a reply from another is a confused or lying peer.
+      if (it->second.to != from)
+        return c->refuse("a reply to call " + std::to_string(env.request_id) + " from node " + std::to_string(from) +
+                        ", which was made to node " + std::to_string(it->second.to));
       sink = std::move(it->second.sink);
       pending_.erase(it);
     }
@@ -1281,6 +1363,28 @@ private:
     std::shared_ptr<responder> r;
     if (env.kind == envelope_kind::call)
       r = std::make_shared<conn_responder>(weak_from_this(), c->id(), env.request_id);
+    deliver_call(std::move(env), std::move(r));
+  }
+
+  /// A call that call() routed to this node itself: answered into its sink (null for a tell).
+  void call_here(envelope env, std::shared_ptr<reply_sink> sink) {
+    struct sink_responder final : responder {
+      std::shared_ptr<reply_sink> sink;
+      void reply(std::vector<std::byte> payload) noexcept override { sink->deliver(payload); }
+      void error(std::exception_ptr e) noexcept override { sink->fail(std::move(e)); }
+    };
+    std::shared_ptr<responder> r;
+    if (sink) {
+      auto sr = std::make_shared<sink_responder>();
+      sr->sink = std::move(sink);
+      r = std::move(sr);
+    }
+    decoding_scope decoding(this);
+    deliver_call(std::move(env), std::move(r));
+  }
+
+  /// Runs a call or tell to an actor of this node; `r` answers it (null for a tell).
+  void deliver_call(envelope env, std::shared_ptr<responder> r) {
     cell_ptr target;
     const remote_type_entry* type = nullptr;
     std::string failure;
@@ -1329,6 +1433,17 @@ private:
       switch (static_cast<op>(env.method)) {
         case op::spawn: {
           auto [type, ctor, wire, opts, args] = decode<spawn_tuple>(env.payload);
+          {
+            // The wire id is the spawner's (its node id above wire_shift), or the one a lost
+            // node's actor had when the head re-creates it; and it is nobody's here yet.
+            std::lock_guard lock(mu_);
+            if ((wire >> wire_shift) != from && from != head_id)
+              throw error(errc::decode_error, "node " + std::to_string(from) + " spawns under wire id " +
+                                                  std::to_string(wire) + ", which is not of its ids");
+            if (exported_.contains(wire))
+              throw error(errc::decode_error, "wire id " + std::to_string(wire) + " is taken on node " +
+                                                  std::to_string(self_) + " already");
+          }
           std::string failure;
           cell_ptr cell;
           try {
@@ -1341,6 +1456,13 @@ private:
           else {
             std::lock_guard lock(mu_);
             exported_[wire].failure = failure;
+            // Remembered for the calls that were on their way, as long as the gone are.
+            failed_order_.push_back(wire);
+            if (failed_order_.size() > remembered_gone) {
+              if (auto old = exported_.find(failed_order_.front()); old != exported_.end() && !old->second.cell)
+                exported_.erase(old);
+              failed_order_.pop_front();
+            }
             if (auto e = early_watchers_.find(wire); e != early_watchers_.end()) {
               send_down_to(e->second.nodes, down_tuple{wire, static_cast<std::uint8_t>(exit_reason::failed), failure});
               early_watchers_.erase(e);
@@ -1509,11 +1631,12 @@ private:
 
   // ---- names (head) ----------------------------------------------------------------------
 
-  /// Names an actor cluster-wide (on the head); empty, or why the name is refused.
   /// Head: names an actor cluster-wide; on a refusal, its reason (and the code in `code`).
   std::string add_name(name_tuple t, errc& code) {
     std::lock_guard lock(mu_);
     auto& [name, wire, where, type] = t;
+    code = errc::decode_error;
+    if (name.empty()) return "register_name: a name must not be empty";
     code = errc::node_lost;
     const node_id at = route(where, wire);  // where it lives now (re-created elsewhere, perhaps)
     if (auto m = members_.find(at); m == members_.end() || !m->second.alive) {
@@ -1524,8 +1647,11 @@ private:
       m->second.conn->send(make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::watch), encode(wire)));
     }
     code = errc::actor_dead;
-    if (at == self_ && !exported_.contains(wire) && (wire >> wire_shift) == self_)
-      return "register_name('" + name + "'): actor " + std::to_string(wire) + " is gone";
+    if (at == self_) {
+      auto it = exported_.find(wire);
+      if (it == exported_.end() || !it->second.cell)
+        return "register_name('" + name + "'): actor " + std::to_string(wire) + " is gone (or never was)";
+    }
     code = errc::name_taken;
     auto it = names_.find(name);
     if (it != names_.end() && std::get<1>(it->second) != wire) {
@@ -1582,18 +1708,41 @@ private:
   }
 
   void gather_status(std::shared_ptr<responder> r) {
+    // Each live member is asked for its own report; one that has not answered within
+    // node_timeout is shown as the head knows it, with why, instead of holding up the rest.
     struct gather {
       std::mutex mu;
       std::vector<node_status> nodes;
-      std::size_t waiting = 0;
+      std::map<node_id, node_info> waiting;  // asked, not answered yet
+      bool local_added = false, done = false;
       std::shared_ptr<responder> r;
-      void add(node_status s) {
+      /// The report of `id` as the head knows it, with what the node said of itself.
+      void add(node_id id, node_status s) {
         std::lock_guard lock(mu);
+        if (done) return;
+        if (id != 0) {
+          auto it = waiting.find(id);
+          if (it == waiting.end()) return;
+          // A node speaks for its actors; who and where it is, is the head's record.
+          s.info.id = it->second.id;
+          s.info.host = it->second.host;
+          s.info.port = it->second.port;
+          waiting.erase(it);
+        } else {
+          local_added = true;
+        }
         nodes.push_back(std::move(s));
-        finish_if_done();
+        if (local_added && waiting.empty()) finish();
       }
-      void finish_if_done() {
-        if (--waiting != 0) return;
+      void give_up(const std::string& why) {
+        std::lock_guard lock(mu);
+        if (done) return;
+        for (auto& [id, info] : waiting) nodes.push_back(node_status{info, 0, {}, why});
+        waiting.clear();
+        finish();
+      }
+      void finish() {  // under mu
+        done = true;
         std::sort(nodes.begin(), nodes.end(), [](auto& a, auto& b) { return a.info.id < b.info.id; });
         r->reply(encode(nodes));
       }
@@ -1604,17 +1753,17 @@ private:
       void deliver(std::span<const std::byte> p) noexcept override {
         try {
           auto s = decode<node_status>(p);
-          s.info.host = info.host;
-          g->add(std::move(s));
-        } catch (...) {
-          fail(std::current_exception());
+          s.info.alive = true;
+          g->add(info.id, std::move(s));
+        } catch (const std::exception& e) {
+          g->add(info.id, node_status{info, 0, {}, std::string("its report does not decode: ") + e.what()});
         }
       }
-      void fail(std::exception_ptr) noexcept override {
-        node_status s;
-        s.info = info;
-        s.info.alive = false;
-        g->add(std::move(s));
+      void fail(std::exception_ptr e) noexcept override {
+        auto [code, what] = describe(e);
+        node_info lost = info;
+        lost.alive = false;
+        g->add(info.id, node_status{lost, 0, {}, what});
       }
     };
     auto g = std::make_shared<gather>();
@@ -1625,17 +1774,23 @@ private:
       for (auto& [id, m] : members_) {
         if (id == self_) continue;
         if (m.alive) others.push_back({id, m.host, m.port, true, m.actors});
-        else g->nodes.push_back(node_status{{id, m.host, m.port, false, 0}, 0, {}});
+        else g->nodes.push_back(node_status{{id, m.host, m.port, false, 0}, 0, {}, {}});
       }
     }
-    g->waiting = others.size() + 1;
+    for (auto& info : others) g->waiting.emplace(info.id, info);
+    if (!others.empty()) {
+      auto timer = std::make_shared<asio::steady_timer>(io_, cfg_.node_timeout);
+      timer->async_wait([g, timer, ms = cfg_.node_timeout.count()](boost::system::error_code) {
+        g->give_up("no answer within " + std::to_string(ms) + " ms");
+      });
+    }
     for (auto& info : others) {
       auto sink = std::make_unique<status_sink>();
       sink->g = g;
       sink->info = info;
       call(info.id, make_envelope(envelope_kind::call, net::node_target, static_cast<std::uint64_t>(op::node_stats)), std::move(sink));
     }
-    g->add(local_status());
+    g->add(0, local_status());
   }
 
   system_impl& sys_;
@@ -1672,6 +1827,7 @@ private:
   /// The latest exported actors that went (remembered_gone of them), oldest first.
   std::unordered_set<std::uint64_t> gone_;
   std::deque<std::uint64_t> gone_order_;
+  std::deque<std::uint64_t> failed_order_;  // wire ids of failed spawns, oldest first
   std::uint64_t beats_ = 0;
   clock_type::time_point last_beat_ = clock_type::now();
   std::uint64_t next_request_ = 1;

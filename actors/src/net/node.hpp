@@ -21,6 +21,16 @@
 // - A lost node: asks to it fail with node_lost, monitors of its actors receive down notices
 //   (exit_reason::node_lost), the head drops its names. It never comes back under its id; a
 //   restarted process joins as a new node.
+// - Whom a node believes. The token makes a peer a peer; what it may say is checked besides: a
+//   connection that has not joined nor said hello may only ask for the status; the head gives
+//   each node a random key with its id (control(welcome), and to all in the member list), and
+//   a hello shows it (one naming a node this node does not know yet is believed until the
+//   head's next list, and dropped when that list lacks it); member lists come from the head
+//   alone; a reply completes a call only from the node the call went to; a spawn uses a wire id
+//   of the spawner's (or of a lost node's, from the head) that is not taken; a name goes only to
+//   an actor that exists. A peer that breaks these rules is refused (connection::refuse: it
+//   learns why) and the cluster goes on. The members trust each other: a member could still
+//   pass for another, as it holds every key.
 
 #include <memory>
 #include <string_view>

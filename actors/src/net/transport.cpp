@@ -42,12 +42,6 @@ wire_limits handshake_limits(const wire_limits& after) {
   return l;
 }
 
-std::vector<std::byte> random_nonce() {
-  std::vector<std::byte> n(nonce_bytes);
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1)
-    throw error(errc::connection_lost, "the random generator failed to make a handshake nonce");
-  return n;
-}
 
 bool same_proof(std::span<const std::byte> a, std::span<const std::byte> b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
@@ -69,6 +63,13 @@ constexpr std::size_t handshake_read_chunk = 4u << 10;
 constexpr auto direct_write_gap = std::chrono::microseconds(20);
 
 }  // namespace
+
+std::vector<std::byte> random_nonce() {
+  std::vector<std::byte> n(nonce_bytes);
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1)
+    throw error(errc::connection_lost, "the random generator failed");
+  return n;
+}
 
 std::vector<std::byte> handshake_proof(std::string_view token, std::string_view label,
                                        std::span<const std::byte> nonce) {
@@ -163,6 +164,32 @@ void connection::close(std::string reason) {
   asio::post(socket_.get_executor(), [self = shared_from_this(), reason = std::move(reason)]() mutable {
     self->do_close(std::move(reason));
   });
+}
+
+void connection::refuse(std::string reason) {
+  asio::post(socket_.get_executor(), [self = shared_from_this(), reason = std::move(reason)]() mutable {
+    if (self->closed_) return;
+    auto said = reason.substr(0, max_refusal_bytes);
+    self->refuse_now(std::move(reason), std::vector<std::byte>(reinterpret_cast<const std::byte*>(said.data()),
+                                                               reinterpret_cast<const std::byte*>(said.data()) + said.size()));
+  });
+}
+
+void connection::refuse_now(std::string reason, std::vector<std::byte> said) {
+  // Tell the peer why, then close once the refusal is written; read nothing more.
+  {
+    std::lock_guard lock(write_mutex_);
+    if (closing_) return;
+    closing_ = true;
+    closing_reason_ = std::move(reason);
+    if (!write_closed_) enqueue(encode_frame(control(control_code::refuse, std::move(said))));
+  }
+  // Written at once: close now; otherwise write_more closes once the queue is written.
+  std::unique_lock lock(write_mutex_);
+  if (!writing_now_ && queue_.empty()) {
+    lock.unlock();
+    do_close(closing_reason_, true);
+  }
 }
 
 void connection::send_now(envelope env) {
@@ -316,6 +343,16 @@ void connection::on_envelope(envelope env) {
     on_handshake(std::move(env));
     return;
   }
+  if (env.kind == envelope_kind::control && env.method == static_cast<std::uint64_t>(control_code::refuse)) {
+    // The peer closes, and says why (connection::refuse): printable text only goes to the log.
+    std::string why;
+    for (auto b : std::span(env.payload).first(std::min(env.payload.size(), max_refusal_bytes))) {
+      const auto ch = static_cast<char>(b);
+      why += ch >= 0x20 && ch < 0x7f ? ch : '?';
+    }
+    do_close("refused by the peer: " + (why.empty() ? std::string("no reason given") : why), true);
+    return;
+  }
   if (env.kind == envelope_kind::control &&
       env.method <= static_cast<std::uint64_t>(control_code::refuse)) {
     do_close("a handshake envelope after the handshake", true);
@@ -360,19 +397,7 @@ bool connection::on_handshake(envelope env) {
   }
   auto payload = std::span<const std::byte>(env.payload);
   if (!same_proof(payload.first(proof_bytes), handshake_proof(token, client_label, nonce_))) {
-    // Tell the peer why, then close once the refusal is written; read nothing more.
-    {
-      std::lock_guard lock(write_mutex_);
-      closing_ = true;
-      closing_reason_ = "wrong cluster token";
-      if (!write_closed_) enqueue(encode_frame(control(control_code::refuse)));
-    }
-    // Written at once: close now; otherwise write_more closes once the queue is written.
-    std::unique_lock lock(write_mutex_);
-    if (!writing_now_ && queue_.empty()) {
-      lock.unlock();
-      do_close(closing_reason_, true);
-    }
+    refuse_now("wrong cluster token", {});
     return false;
   }
   send_now(control(control_code::accept, handshake_proof(token, server_label, payload.subspan(proof_bytes))));

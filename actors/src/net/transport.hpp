@@ -73,7 +73,13 @@ enum class control_code : std::uint64_t {
 };
 
 inline constexpr std::size_t nonce_bytes = 32;
+/// The most of a refusal's reason that goes to the peer.
+inline constexpr std::size_t max_refusal_bytes = 1024;
 inline constexpr std::size_t proof_bytes = 32;
+
+/// nonce_bytes from OpenSSL's generator (handshake nonces, node keys); throws troupe::error
+/// when the generator fails.
+std::vector<std::byte> random_nonce();
 
 /// HMAC-SHA256(token, label | nonce): the handshake's proof of holding the token.
 std::vector<std::byte> handshake_proof(std::string_view token, std::string_view label,
@@ -122,6 +128,11 @@ public:
   void send(envelope env);
   /// Closes the connection now (queued frames are dropped); the reason is logged. @threadsafe
   void close(std::string reason);
+  /// Closes the connection after telling the peer why (its first max_refusal_bytes, in a
+  /// control(refuse) envelope: the peer's connection closes "refused by the peer: REASON");
+  /// frames queued before it still go out first, nothing is read after. For a peer that broke
+  /// the protocol. @threadsafe
+  void refuse(std::string reason);
 
   /// Frames written and read so far (for statistics and tests).
   std::uint64_t frames_sent() const noexcept { return frames_sent_.load(std::memory_order_relaxed); }
@@ -146,6 +157,7 @@ private:
   void on_envelope(envelope env);
   bool on_handshake(envelope env);
   void send_now(envelope env);
+  void refuse_now(std::string reason, std::vector<std::byte> said);  // on the strand
   void enqueue(outbound_frame f);  // under write_mutex_
   void write_more();
   bool closing_now() {

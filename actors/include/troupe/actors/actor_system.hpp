@@ -192,8 +192,9 @@ public:
     return promise<T>(impl_);
   }
 
-  /// Names an actor so that others find it with lookup<T>(name). Throws
-  /// troupe::error(errc::name_taken) when the name belongs to another live actor. On a node,
+  /// Names an actor so that others find it with lookup<T>(name). Throws std::invalid_argument
+  /// for an empty name, troupe::error(errc::name_taken) when the name belongs to another live
+  /// actor. On a node,
   /// an actor of a TROUPE_REMOTE class is named cluster-wide: every node finds it, and the call
   /// waits for the head's answer (name_taken when another node's actor has the name; nothing
   /// is named then; errc::actor_dead for an actor known to be gone; errc::timeout when no answer

@@ -352,6 +352,9 @@ struct node_status {
   node_info info;
   std::uint64_t dead_letters = 0;
   std::vector<actor_status> actors;
+  /// Empty when the node answered; otherwise why only the head's record of it is shown ("no
+  /// answer within 800 ms", or why it was lost while asked).
+  std::string problem;
 };
 
 /// Asks the head at "HOST:PORT" for the cluster's nodes and actors (as `troupe status` does).
