@@ -34,6 +34,7 @@ void add_bench_command(CLI::App& app, int& rc) {
   remote->add_option("--only", remote_opts->only, remote_only);
   remote->add_option("--peer", remote_opts->peer)->group("");  // the peer process started by the suite
   remote->callback([remote_opts, &rc] {
+    quiet_info_logs();
     rc = remote_opts->peer.empty() ? troupe::bench::run_remote(*remote_opts, std::cout)
                                    : troupe::bench::run_remote_peer(*remote_opts);
   });

@@ -6,7 +6,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+
+#include "troupe/core/log.hpp"
 
 namespace troupe::cli {
 
@@ -35,6 +38,13 @@ inline std::string json_number(double v, const char* format) {
   char buf[64];
   std::snprintf(buf, sizeof buf, format, v);
   return buf;
+}
+
+/// For a command whose output is its report (`status`, `bench remote`): the runtime's info
+/// logs (connections opened and closed, nodes joining) go unless TROUPE_LOG_LEVEL asks for them.
+inline void quiet_info_logs() {
+  if (const char* level = std::getenv("TROUPE_LOG_LEVEL"); level == nullptr || *level == 0)
+    troupe::log().set_level(spdlog::level::warn);
 }
 
 void add_bench_command(CLI::App& app, int& rc);

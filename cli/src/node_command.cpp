@@ -93,6 +93,7 @@ int start_node(const node_args& a) {
 }
 
 int show_status(const std::string& address, const std::string& token, bool json) {
+  quiet_info_logs();
   std::vector<node_status> nodes;
   try {
     nodes = cluster_status(address, token);

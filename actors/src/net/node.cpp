@@ -462,18 +462,9 @@ public:
       if (!sink) throw e;  // a tell has nobody else to tell
       failure = std::make_exception_ptr(e);
     } else {
-      std::unique_lock lock(mu_);
+      std::lock_guard lock(mu_);
       if (env.target != net::node_target) to = route(to, env.target);
       auto it = members_.find(to);
-      if (to == self_ && !stopped_ && env.target != net::node_target) {
-        // An actor of another node re-created here: called here, in order with the calls
-        // from the network (through the loop that delivers those).
-        lock.unlock();
-        return asio::post(io_, [weak = weak_from_this(), env = std::move(env),
-                                sink = std::shared_ptr<reply_sink>(std::move(sink))]() mutable {
-          if (auto self = weak.lock()) self->call_here(std::move(env), std::move(sink));
-        });
-      }
       if (stopped_) {
         failure = std::make_exception_ptr(error(errc::system_shutdown, "the node is stopping"));
       } else if (it == members_.end() || !it->second.alive) {
@@ -933,7 +924,22 @@ private:
         if (!m.key.empty() && m.conn) {
           log().warn("troupe node {}: a peer said it was node {} without that node's key; closing its connection", self_, id);
           m.conn->refuse("hello with another node's id");
+          conn_node_.erase(m.conn->id());
           m.conn.reset();
+          // What went to it went to no node: failed, not left waiting.
+          auto failure = std::make_exception_ptr(error(errc::connection_lost, "the peer that took the call was not node " + std::to_string(id)));
+          auto sinks = std::make_shared<std::vector<std::unique_ptr<reply_sink>>>();
+          for (auto p = pending_.begin(); p != pending_.end();) {
+            if (p->second.to == id && p->second.written) {
+              sinks->push_back(std::move(p->second.sink));
+              p = pending_.erase(p);
+            } else {
+              ++p;
+            }
+          }
+          asio::post(io_, [sinks, failure] {
+            for (auto& s : *sinks) s->fail(failure);
+          });
         }
         m.key = key;
       }
@@ -1095,7 +1101,10 @@ private:
 
   void lose_locked(node_id id, const std::string& why, gone how = gone::lost) {
     const bool left = how == gone::left;
-    if (id == self_) return;  // whatever a peer says, this node is not lost to itself
+    if (id == self_) {  // whatever a peer says, this node is not lost to itself
+      if (auto me = members_.find(id); me != members_.end()) me->second.dialing = false;  // (a failed dial to itself)
+      return;
+    }
     auto it = members_.find(id);
     if (it == members_.end() || !it->second.alive || stopped_) return;
     auto& m = it->second;
@@ -1247,12 +1256,14 @@ private:
         if (self_ != 0) return;
         if (!c->outbound() || c->tag() != head_id) return c->refuse("a welcome from a node that is not the head");
         if (id <= head_id) return c->refuse("a welcome that gives this node id " + std::to_string(id));
+        std::vector<std::byte> key;
+        for (auto& t : list)
+          if (std::get<0>(t) == id) key = std::get<5>(t);
+        if (key.empty()) return c->refuse("a welcome without this node's key");
         self_ = id;
         auto& me = members_[id];
         me.id = id;
-        for (auto& t : list)
-          if (std::get<0>(t) == id) me.key = std::get<5>(t);
-        if (me.key.empty()) return c->refuse("a welcome without this node's key");
+        me.key = std::move(key);
         me.host = cfg_.advertise.empty() ? (wildcard(listen_host_) ? c->local_host() : listen_host_) : cfg_.advertise;
         me.port = port_;
         on_members(list);
@@ -1264,7 +1275,9 @@ private:
       case ctl::hello: {
         auto [id, key] = decode<hello_tuple>(env.payload);
         std::lock_guard lock(mu_);
-        if (id == self_ || id == 0 || (self_ == head_id && id == head_id))
+        // This node's own id comes with its own key only: a node dials itself to reach an actor
+        // of another node that was re-created here (moved_tuple).
+        if (id == 0 || (id == self_ && key != members_[self_].key))
           return c->refuse("hello from a peer that says it is node " + std::to_string(id) + ", which it is not");
         if (auto known = conn_node_.find(c->id()); known != conn_node_.end())
           return c->refuse("a second hello on the connection of node " + std::to_string(known->second));
@@ -1276,7 +1289,8 @@ private:
           return c->refuse("hello from a peer that says it is node " + std::to_string(id) + " without that node's key");
         if (m == members_.end() && !forgotten) {
           // A node this one has not heard of yet: the head's news may be on its way. Its key
-          // is checked then (on_members).
+          // is checked then (on_members). (Until then, a peer with the token that said hello
+          // first under that id keeps the real node out: members trust the token's holders.)
           if (self_ == head_id) return c->refuse("hello from node " + std::to_string(id) + ", which never joined");
           members_[id].id = id;
           members_[id].alive = true;
@@ -1363,28 +1377,6 @@ private:
     std::shared_ptr<responder> r;
     if (env.kind == envelope_kind::call)
       r = std::make_shared<conn_responder>(weak_from_this(), c->id(), env.request_id);
-    deliver_call(std::move(env), std::move(r));
-  }
-
-  /// A call that call() routed to this node itself: answered into its sink (null for a tell).
-  void call_here(envelope env, std::shared_ptr<reply_sink> sink) {
-    struct sink_responder final : responder {
-      std::shared_ptr<reply_sink> sink;
-      void reply(std::vector<std::byte> payload) noexcept override { sink->deliver(payload); }
-      void error(std::exception_ptr e) noexcept override { sink->fail(std::move(e)); }
-    };
-    std::shared_ptr<responder> r;
-    if (sink) {
-      auto sr = std::make_shared<sink_responder>();
-      sr->sink = std::move(sink);
-      r = std::move(sr);
-    }
-    decoding_scope decoding(this);
-    deliver_call(std::move(env), std::move(r));
-  }
-
-  /// Runs a call or tell to an actor of this node; `r` answers it (null for a tell).
-  void deliver_call(envelope env, std::shared_ptr<responder> r) {
     cell_ptr target;
     const remote_type_entry* type = nullptr;
     std::string failure;
@@ -1535,7 +1527,9 @@ private:
           return;
         }
         case op::node_stats: return answer(encode(local_status()));
-        case op::cluster_status: return gather_status(r);
+        case op::cluster_status:
+          if (!r) throw error(errc::decode_error, "cluster_status is a call, not a tell");
+          return gather_status(r);
       }
       throw error(errc::decode_error, "unknown node operation " + std::to_string(env.method));
     } catch (...) {
@@ -1709,7 +1703,8 @@ private:
 
   void gather_status(std::shared_ptr<responder> r) {
     // Each live member is asked for its own report; one that has not answered within
-    // node_timeout is shown as the head knows it, with why, instead of holding up the rest.
+    // node_timeout (2 s at most) is shown as the head knows it, with why, instead of holding up
+    // the rest.
     struct gather {
       std::mutex mu;
       std::vector<node_status> nodes;
@@ -1761,9 +1756,9 @@ private:
       }
       void fail(std::exception_ptr e) noexcept override {
         auto [code, what] = describe(e);
-        node_info lost = info;
-        lost.alive = false;
-        g->add(info.id, node_status{lost, 0, {}, what});
+        node_info shown = info;
+        shown.alive = code != errc::node_lost;  // (a redialled connection: alive, its answer lost)
+        g->add(info.id, node_status{shown, 0, {}, what});
       }
     };
     auto g = std::make_shared<gather>();
@@ -1779,8 +1774,10 @@ private:
     }
     for (auto& info : others) g->waiting.emplace(info.id, info);
     if (!others.empty()) {
-      auto timer = std::make_shared<asio::steady_timer>(io_, cfg_.node_timeout);
-      timer->async_wait([g, timer, ms = cfg_.node_timeout.count()](boost::system::error_code) {
+      // Well within the 5 s a status client waits by default, whatever node_timeout is.
+      const auto patience = std::min<std::chrono::milliseconds>(cfg_.node_timeout, std::chrono::seconds(2));
+      auto timer = std::make_shared<asio::steady_timer>(io_, patience);
+      timer->async_wait([g, timer, ms = patience.count()](boost::system::error_code) {
         g->give_up("no answer within " + std::to_string(ms) + " ms");
       });
     }

@@ -167,23 +167,25 @@ void connection::close(std::string reason) {
 }
 
 void connection::refuse(std::string reason) {
-  asio::post(socket_.get_executor(), [self = shared_from_this(), reason = std::move(reason)]() mutable {
-    if (self->closed_) return;
-    auto said = reason.substr(0, max_refusal_bytes);
-    self->refuse_now(std::move(reason), std::vector<std::byte>(reinterpret_cast<const std::byte*>(said.data()),
-                                                               reinterpret_cast<const std::byte*>(said.data()) + said.size()));
-  });
+  // Closing from now on (on_read reads nothing more), the refusal queued behind what was sent;
+  // the close itself runs on the strand.
+  const auto said = reason.substr(0, max_refusal_bytes);
+  if (!begin_refusal(std::move(reason), {reinterpret_cast<const std::byte*>(said.data()),
+                                         reinterpret_cast<const std::byte*>(said.data()) + said.size()}))
+    return;
+  asio::post(socket_.get_executor(), [self = shared_from_this()] { self->close_if_written(); });
 }
 
-void connection::refuse_now(std::string reason, std::vector<std::byte> said) {
-  // Tell the peer why, then close once the refusal is written; read nothing more.
-  {
-    std::lock_guard lock(write_mutex_);
-    if (closing_) return;
-    closing_ = true;
-    closing_reason_ = std::move(reason);
-    if (!write_closed_) enqueue(encode_frame(control(control_code::refuse, std::move(said))));
-  }
+bool connection::begin_refusal(std::string reason, std::vector<std::byte> said) {
+  std::lock_guard lock(write_mutex_);
+  if (closing_) return false;
+  closing_ = true;
+  closing_reason_ = std::move(reason);
+  if (!write_closed_) enqueue(encode_frame(control(control_code::refuse, std::move(said))));
+  return true;
+}
+
+void connection::close_if_written() {
   // Written at once: close now; otherwise write_more closes once the queue is written.
   std::unique_lock lock(write_mutex_);
   if (!writing_now_ && queue_.empty()) {
@@ -330,12 +332,13 @@ void connection::on_read(std::size_t n) {
     do_close(std::string(to_string(e.code)) + ": " + e.message, true);
     return;
   }
-  while (auto env = decoder_.pop()) {
+  // A connection refused or closed meanwhile (by another thread too) hands on nothing more.
+  while (!closed_ && !closing_now()) {
+    auto env = decoder_.pop();
+    if (!env) return read_more();
     frames_received_.fetch_add(1, std::memory_order_relaxed);
     on_envelope(std::move(*env));
-    if (closed_ || closing_now()) return;
   }
-  read_more();
 }
 
 void connection::on_envelope(envelope env) {
@@ -397,7 +400,8 @@ bool connection::on_handshake(envelope env) {
   }
   auto payload = std::span<const std::byte>(env.payload);
   if (!same_proof(payload.first(proof_bytes), handshake_proof(token, client_label, nonce_))) {
-    refuse_now("wrong cluster token", {});
+    // Tell the peer why, then close once the refusal is written; read nothing more.
+    if (begin_refusal("wrong cluster token", {})) close_if_written();
     return false;
   }
   send_now(control(control_code::accept, handshake_proof(token, server_label, payload.subspan(proof_bytes))));

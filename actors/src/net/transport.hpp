@@ -130,8 +130,8 @@ public:
   void close(std::string reason);
   /// Closes the connection after telling the peer why (its first max_refusal_bytes, in a
   /// control(refuse) envelope: the peer's connection closes "refused by the peer: REASON");
-  /// frames queued before it still go out first, nothing is read after. For a peer that broke
-  /// the protocol. @threadsafe
+  /// frames queued before it still go out first, no envelope is handed on after it returns. For
+  /// a peer that broke the protocol. @threadsafe
   void refuse(std::string reason);
 
   /// Frames written and read so far (for statistics and tests).
@@ -157,7 +157,8 @@ private:
   void on_envelope(envelope env);
   bool on_handshake(envelope env);
   void send_now(envelope env);
-  void refuse_now(std::string reason, std::vector<std::byte> said);  // on the strand
+  bool begin_refusal(std::string reason, std::vector<std::byte> said);  // false: closing already
+  void close_if_written();  // on the strand
   void enqueue(outbound_frame f);  // under write_mutex_
   void write_more();
   bool closing_now() {

@@ -353,7 +353,7 @@ struct node_status {
   std::uint64_t dead_letters = 0;
   std::vector<actor_status> actors;
   /// Empty when the node answered; otherwise why only the head's record of it is shown ("no
-  /// answer within 800 ms", or why it was lost while asked).
+  /// answer within 800 ms": the head waits node_timeout, 2 s at most; or why the call failed).
   std::string problem;
 };
 
