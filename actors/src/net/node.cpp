@@ -928,15 +928,7 @@ private:
           m.conn.reset();
           // What went to it went to no node: failed, not left waiting.
           auto failure = std::make_exception_ptr(error(errc::connection_lost, "the peer that took the call was not node " + std::to_string(id)));
-          auto sinks = std::make_shared<std::vector<std::unique_ptr<reply_sink>>>();
-          for (auto p = pending_.begin(); p != pending_.end();) {
-            if (p->second.to == id && p->second.written) {
-              sinks->push_back(std::move(p->second.sink));
-              p = pending_.erase(p);
-            } else {
-              ++p;
-            }
-          }
+          auto sinks = std::make_shared<std::vector<std::unique_ptr<reply_sink>>>(take_calls_to(id, true));
           asio::post(io_, [sinks, failure] {
             for (auto& s : *sinks) s->fail(failure);
           });
@@ -1079,15 +1071,23 @@ private:
     if (++m->second.redials > max_redials)
       return lose_locked(id, why + " (again after " + std::to_string(max_redials) + " redials in a row)");
     log().info("troupe node {}: connection to node {} closed ({}); redialling", self_, id, why);
+    for (auto& s : take_calls_to(id, true)) m->second.in_doubt.push_back(std::move(s));
+    dial(m->second);
+  }
+
+  /// Takes the pending calls to `id` (only those handed to a connection when `written_only`)
+  /// out of pending_ (under mu_).
+  std::vector<std::unique_ptr<reply_sink>> take_calls_to(node_id id, bool written_only) {
+    std::vector<std::unique_ptr<reply_sink>> out;
     for (auto p = pending_.begin(); p != pending_.end();) {
-      if (p->second.to == id && p->second.written) {
-        m->second.in_doubt.push_back(std::move(p->second.sink));
+      if (p->second.to == id && (p->second.written || !written_only)) {
+        out.push_back(std::move(p->second.sink));
         p = pending_.erase(p);
       } else {
         ++p;
       }
     }
-    dial(m->second);
+    return out;
   }
 
   void lose(node_id id, const std::string& why) {
@@ -1135,14 +1135,7 @@ private:
     auto failure = std::make_exception_ptr(error(errc::node_lost, "node " + std::to_string(id) + " is lost: " + why));
     std::vector<std::unique_ptr<reply_sink>> sinks = std::move(m.in_doubt);
     m.in_doubt.clear();
-    for (auto p = pending_.begin(); p != pending_.end();) {
-      if (p->second.to == id) {
-        sinks.push_back(std::move(p->second.sink));
-        p = pending_.erase(p);
-      } else {
-        ++p;
-      }
-    }
+    for (auto& s : take_calls_to(id, false)) sinks.push_back(std::move(s));
     std::vector<std::pair<watch, down_notice>> fired;
     for (auto w = watches_.begin(); w != watches_.end();) {
       if (w->second.host == id) {
