@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 #include "troupe/kernels/gemm.hpp"
 
@@ -51,8 +52,13 @@ void check_kept(const saved_activations& keep, std::size_t n, const std::string&
 // Device tensors: the layers below run their arithmetic where their parameters (or, for layers
 // without parameters, their input) live, through cuda_ops.hpp, and refuse inputs elsewhere.
 bool on_device(const tensor& t) { return !t.where().is_cpu(); }
-float* fp(tensor& t) { return reinterpret_cast<float*>(t.bytes()); }
-const float* fp(const tensor& t) { return reinterpret_cast<const float*>(t.bytes()); }
+/// A tensor's floats for a device kernel; the layers compute in f32 (the host path's data<float>
+/// checks the same).
+const float* fp(const tensor& t) {
+  if (t.type() != dtype::f32) throw std::invalid_argument("the layers compute in f32; got " + t.str());
+  return reinterpret_cast<const float*>(t.bytes());
+}
+float* fp(tensor& t) { return const_cast<float*>(fp(std::as_const(t))); }
 
 void check_device(const tensor& x, device where, const std::string& who) {
   if (x.where() != where)
@@ -405,6 +411,11 @@ public:
     s >> g;
     if (!s || (s >> std::ws, !s.eof()))
       throw std::invalid_argument(describe() + ": entry " + std::to_string(next) + " is not a generator's state");
+    // An all-zero state (which no generator reaches) draws zeros for ever: every unit dropped.
+    auto probe = g;
+    bool zeros = true;
+    for (std::size_t i = 0; zeros && i < std::mt19937_64::state_size; ++i) zeros = probe() == 0;
+    if (zeros) throw std::invalid_argument(describe() + ": entry " + std::to_string(next) + " is an all-zero generator state");
     rng_ = g;
     ++next;
   }
@@ -609,6 +620,10 @@ public:
     read(true);
     return read(false);
   }
+  std::int64_t parameters() {
+    read(true);
+    return params_;
+  }
 
 private:
   std::unique_ptr<layer> read(bool dry) {
@@ -726,6 +741,8 @@ private:
 std::unique_ptr<layer> make_layer(std::string_view description) {
   return description_reader(description).whole();
 }
+
+std::int64_t parameter_count(std::string_view description) { return description_reader(description).parameters(); }
 
 std::unique_ptr<sequential> make_mlp(const std::string& spec) {
   const auto sizes = mlp_sizes(spec);

@@ -1839,6 +1839,9 @@ bool optimizer::do_step(bool reference) {
 }
 
 std::function<double(std::int64_t, double)> cosine_lr(double total_steps) {
+  if (!(total_steps >= 1) || !std::isfinite(total_steps))
+    throw std::invalid_argument("a cosine schedule needs a finite number of steps of at least 1, not " +
+                                std::to_string(total_steps));
   return [total_steps](std::int64_t step, double base) {
     return base * 0.5 * (1 + std::cos(M_PI * static_cast<double>(step - 1) / total_steps));
   };

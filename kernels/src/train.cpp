@@ -35,7 +35,7 @@ class local_engine final : public train_engine {
 public:
   explicit local_engine(const engine_setup& s)
       : model_(s.model), opt_(s.kind, {{s.model.parameters(), s.hp, s.state}}) {
-    if (s.cosine_steps > 0) opt_.set_lr_schedule(cosine_lr(s.cosine_steps));
+    if (s.cosine_steps != 0) opt_.set_lr_schedule(cosine_lr(s.cosine_steps));
   }
   step_outcome step(const tensor& x, const tensor& labels) override {
     saved_activations keep;

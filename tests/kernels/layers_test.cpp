@@ -237,6 +237,13 @@ TEST(Layers, ASavedRandomStateReplaysTheSameDropoutMasks) {
   next = 0;
   EXPECT_THROW(s.load_random_state(bad, next), std::invalid_argument);
   EXPECT_EQ(next, 0u);
+  // An all-zero state, which no generator reaches, would drop every unit for ever.
+  std::string zero;
+  for (std::size_t i = 0; i < std::mt19937_64::state_size; ++i) zero += "0 ";
+  zero += std::to_string(std::mt19937_64::state_size);
+  std::vector<std::string> zeros{state[0], zero};
+  EXPECT_THROW(s.load_random_state(zeros, next), std::invalid_argument);
+  EXPECT_EQ(next, 0u);
   std::vector<std::string> short_one{state[0]};
   EXPECT_THROW(s.load_random_state(short_one, next), std::invalid_argument);
   std::vector<std::string> unchanged;
@@ -248,7 +255,6 @@ TEST(Layers, ASavedRandomStateReplaysTheSameDropoutMasks) {
   EXPECT_TRUE(none.empty());
 }
 
-// make_layer reads back what describe() writes, exactly (numbers included), and nothing else.
 TEST(Layers, ABackwardNeedsItsForwardAndItsBatch) {
   // Dropout: a second backward (or one without a forward) is refused, as for every layer; in
   // evaluation mode the backward is the identity, once.
@@ -271,6 +277,7 @@ TEST(Layers, ABackwardNeedsItsForwardAndItsBatch) {
   EXPECT_EQ(l->backward(tensor::zeros({2, 3}), kl).dim(0), 2);
 }
 
+// make_layer reads back what describe() writes, exactly (numbers included), and nothing else.
 TEST(Layers, MakeLayerRebuildsWhatDescribeWrites) {
   sequential s;
   s.add(make_linear(6, 8));
@@ -292,6 +299,13 @@ TEST(Layers, MakeLayerRebuildsWhatDescribeWrites) {
   EXPECT_EQ(back->describe(), d);
   EXPECT_EQ(back->parameters().size(), s.parameters().size());
   EXPECT_EQ(make_layer("relu")->describe(), "relu");
+  // parameter_count counts what make_layer would build, without building it.
+  std::int64_t held = 0;
+  for (const auto* p : back->parameters()) held += static_cast<std::int64_t>(p->value.numel());
+  EXPECT_EQ(parameter_count(d), held);
+  EXPECT_EQ(parameter_count("relu"), 0);
+  EXPECT_EQ(parameter_count("sequential(linear(1048576->255))"), 267387135);
+  EXPECT_THROW(parameter_count("conv(3)"), std::invalid_argument);
 
   for (const char* bad : {"", "relu ", "linear(0->3)", "linear(3->)", "linear(2000000->1)", "linear(1048576->1048576)",
                           "dropout(1)", "dropout(nan)", "layer_norm(4, eps=0)", "sequential(relu,gelu)",

@@ -184,6 +184,12 @@ TEST(Optimizer, GroupsKeepTheirOwnHyperparametersAndTheScheduleSetsTheLr) {
   opt.step();
   EXPECT_FLOAT_EQ(f.params[0].value.data<float>()[0], a0 - 0.05f);
   EXPECT_FLOAT_EQ(f.params[1].value.data<float>()[0], b0 - 0.5f);
+  // The cosine schedule: the base at step 1, half of it half way, over at least one step.
+  const auto cosine = cosine_lr(10);
+  EXPECT_DOUBLE_EQ(cosine(1, 0.2), 0.2);
+  EXPECT_NEAR(cosine(6, 0.2), 0.1, 1e-12);
+  for (double steps : {0.0, 0.5, -5.0, std::nan(""), std::numeric_limits<double>::infinity()})
+    EXPECT_THROW(cosine_lr(steps), std::invalid_argument) << steps;
 }
 
 TEST(Optimizer, RefusesHyperparametersTorchRefuses) {

@@ -280,6 +280,16 @@ TEST(Runtime, RefusesWhatCannotRun) {
   broken.ranks[1].pop_back();  // a backward never runs
   EXPECT_THROW(pipeline::trainer(sys, broken, stages()), pipeline::schedule_error);
   EXPECT_THROW(pipeline::trainer(sys, s, stages(), {.hp = {.lr = -1}}), std::invalid_argument);
+  // A cosine schedule over no steps, or over a negative or NaN number of them, changed nothing or
+  // drew a meaningless rate.
+  for (double steps : {std::nan(""), -5.0, 0.5, 1e-300})
+    EXPECT_THROW(pipeline::trainer(sys, s, stages(), {.cosine_steps = steps}), std::invalid_argument) << steps;
+  // Inputs in another dtype than the layers' f32.
+  {
+    pipeline::trainer t(sys, s, stages());
+    EXPECT_THROW(t.step(tensor::zeros({8, sizes.front()}, troupe::dtype::bf16), random_labels(8, 1)),
+                 std::invalid_argument);
+  }
 
   // Ranks on other nodes: one node per rank, a system that is a node, stages that can travel.
   EXPECT_THROW(pipeline::trainer(sys, s, stages(), {}, {2}), std::invalid_argument);

@@ -121,6 +121,10 @@ std::unique_ptr<layer> make_residual(std::unique_ptr<layer> inner);
 /// parameters in all, nesting deeper than 64).
 std::unique_ptr<layer> make_layer(std::string_view description);
 
+/// How many numbers the parameters of the layer `description` describes hold, without building
+/// it (checking first what was sent for a description costs nothing); throws as make_layer does.
+std::int64_t parameter_count(std::string_view description);
+
 /// Moves every parameter (value and gradient) of `l` to `where`.
 void move_to(layer& l, device where);
 

@@ -48,7 +48,8 @@ namespace troupe::kernels {
 enum class optimizer_kind { sgd, adam, adamw };
 
 /// The learning rate along a half cosine from the base to zero over `total_steps` steps (step 1
-/// runs at the base): a schedule for optimizer::set_lr_schedule, as `troupe train` uses.
+/// runs at the base): a schedule for optimizer::set_lr_schedule, as `troupe train` uses. Throws
+/// std::invalid_argument unless `total_steps` is a finite number of at least 1.
 std::function<double(std::int64_t step, double base_lr)> cosine_lr(double total_steps);
 
 /// "sgd", "adam", "adamw"; throws std::invalid_argument otherwise.

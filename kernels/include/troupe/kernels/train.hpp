@@ -47,7 +47,7 @@ struct engine_setup {
   optimizer_kind kind = optimizer_kind::adamw;
   hyperparameters hp;
   state_options state;
-  double cosine_steps = 0;  ///< > 0: the lr follows cosine_lr(cosine_steps); 0: constant
+  double cosine_steps = 0;  ///< not 0: the lr follows cosine_lr(cosine_steps) (at least 1); 0: constant
 };
 using engine_factory = std::function<std::unique_ptr<train_engine>(const engine_setup&)>;
 

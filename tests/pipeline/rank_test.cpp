@@ -1,0 +1,189 @@
+// A rank actor called as the driver on another node calls it: everything it is given came over
+// the network, so what does not fit its schedule is refused with why, and nothing else changes.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <troupe/actors/actor_system.hpp>
+#include <troupe/kernels/layers.hpp>
+#include <troupe/pipeline/generators.hpp>
+#include <troupe/pipeline/schedule.hpp>
+
+#include "rank.hpp"
+
+namespace {
+
+using troupe::tensor;
+namespace kernels = troupe::kernels;
+namespace pipeline = troupe::pipeline;
+using pipeline::detail::outcome;
+using pipeline::detail::portable_stage;
+using pipeline::detail::rank_actor;
+using pipeline::detail::step_plan;
+
+troupe::system_config listening() {
+  troupe::system_config cfg{.threads = 2};
+  cfg.node.listen = "127.0.0.1:0";
+  cfg.node.token = "rank-test-token";
+  return cfg;
+}
+
+/// One stage of 4 inputs and 3 classes, as it travels.
+portable_stage small_stage() {
+  auto m = kernels::make_mlp("mlp:4-3");
+  m->initialize(5);
+  return pipeline::detail::to_portable(*m, 0);
+}
+
+/// One rank, one stage, two microbatches.
+const std::string one_rank = "0F0,0F1,0B0,0B1";
+
+troupe::actor_ref<rank_actor> spawn_rank(troupe::actor_system& sys, int rank, const std::string& csv,
+                                         std::vector<portable_stage> stages, pipeline::training_options options = {}) {
+  return sys.spawn_on<rank_actor>(sys.node(), troupe::spawn_options{.reentrant = true}, rank, std::string("test"), csv,
+                                  std::move(stages), options);
+}
+
+/// Why a rank could not be made ("" when it was): the spawn says so on this node, the first
+/// call on another.
+std::string construction_error(troupe::actor_system& sys, int rank, const std::string& csv,
+                               std::vector<portable_stage> stages, pipeline::training_options options = {}) {
+  try {
+    (void)spawn_rank(sys, rank, csv, std::move(stages), options).ask(&rank_actor::parameter_values, 0).get();
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+tensor rows(std::int64_t n, std::int64_t features) {
+  std::vector<float> v(static_cast<std::size_t>(n * features));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(static_cast<float>(i) * 0.7f);
+  return tensor::from<float>(v, {n, features});
+}
+
+tensor labels(std::int64_t n) {
+  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int64_t>(i % 3);
+  return tensor::from<std::int64_t>(v, {n});
+}
+
+step_plan plan_for(std::uint64_t step, int microbatches, std::int64_t each = 2) {
+  step_plan p{.step = step, .inputs = {}, .labels = {}};
+  for (int j = 0; j < microbatches; ++j) {
+    p.inputs.push_back(rows(each, 4));
+    p.labels.push_back(labels(each));
+  }
+  return p;
+}
+
+/// A connected one-rank pipeline on a listening node.
+struct one_rank_pipeline {
+  troupe::actor_system sys{listening()};
+  troupe::actor_ref<rank_actor> rank = spawn_rank(sys, 0, one_rank, {small_stage()});
+  troupe::actor_ref<pipeline::detail::driver_actor> driver = sys.spawn<pipeline::detail::driver_actor>();
+  one_rank_pipeline() { rank.ask(&rank_actor::connect, std::vector{rank}, driver).get(); }
+  std::vector<tensor> weights() { return rank.ask(&rank_actor::parameter_values, 0).get(); }
+};
+
+bool same(const std::vector<tensor>& a, const std::vector<tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].shape() != b[i].shape() || std::memcmp(a[i].bytes(), b[i].bytes(), a[i].nbytes()) != 0) return false;
+  return true;
+}
+
+TEST(RuntimeRank, ARankMadeOnAnotherNodeChecksWhatItIsGiven) {
+  troupe::actor_system sys(listening());
+  auto refused = [&](int rank, const std::string& csv, std::vector<portable_stage> stages,
+                     pipeline::training_options options, const std::string& why) {
+    const auto got = construction_error(sys, rank, csv, std::move(stages), options);
+    EXPECT_NE(got.find(why), std::string::npos) << "expected '" << why << "', got '" << got << "'";
+  };
+  EXPECT_EQ(construction_error(sys, 0, one_rank, {small_stage()}), "");
+  // The schedule is checked as the driver checks it: a cell twice, a receive nobody sends.
+  refused(0, "0F0,0B0,0F0,0B0", {small_stage()}, {}, "appears a second time");
+  refused(0, "0RECV_F0,0F0,0B0", {small_stage()}, {}, "RECV_F");
+  // The rank and its stages must be the schedule's.
+  refused(5, one_rank, {small_stage()}, {}, "rank 5 is not one of the schedule's 1 ranks");
+  refused(-1, one_rank, {small_stage()}, {}, "rank -1 is not one of the schedule's 1 ranks");
+  refused(0, one_rank, {small_stage(), small_stage()}, {}, "rank 0 got 2 stages; the schedule 'test' gives it 1");
+  // Options no rank can follow.
+  for (double bad : {std::nan(""), -5.0, 1e-300, std::numeric_limits<double>::infinity()})
+    refused(0, one_rank, {small_stage()}, {.cosine_steps = bad}, "cosine_steps must be 0");
+  // A short description of a large stage, without its values: refused before it is built.
+  portable_stage big = small_stage();
+  big.layers = "sequential(linear(1048576->255))";
+  big.names.clear();
+  big.values.clear();
+  const auto t0 = std::chrono::steady_clock::now();
+  refused(0, one_rank, {big}, {}, "(267387135 parameter values) with 0 values");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << "the stage was built first";
+}
+
+TEST(RuntimeRank, AStepsInputsAndLabelsMustFitTheSchedule) {
+  one_rank_pipeline p;
+  const auto before = p.weights();
+  auto run = [&](step_plan plan) { return p.rank.ask(&rank_actor::run, std::move(plan)).get(); };
+  auto expect_bad = [&](step_plan plan, const std::string& why) {
+    const auto step = plan.step;
+    const auto report = run(std::move(plan));
+    EXPECT_EQ(report.result, outcome::bad_input) << report.why;
+    EXPECT_NE(report.why.find(why), std::string::npos) << report.why;
+    p.rank.ask(&rank_actor::apply, step, false).get();
+  };
+  expect_bad(plan_for(1, 3), "rank 0 got 3 microbatches of inputs for a schedule of 2");
+  expect_bad(plan_for(2, 1), "rank 0 got 1 microbatches of inputs for a schedule of 2");
+  auto uneven = plan_for(3, 2);
+  uneven.inputs[1] = rows(3, 4);
+  uneven.labels[1] = labels(3);
+  expect_bad(std::move(uneven), "must have as many rows each");
+  auto no_labels = plan_for(4, 2);
+  no_labels.labels.clear();
+  expect_bad(std::move(no_labels), "0 microbatches of labels");
+  EXPECT_TRUE(same(p.weights(), before));
+  // A transfer for a stage the rank does not hold is dropped; the next step runs as usual.
+  p.rank.tell(&rank_actor::deliver, pipeline::detail::transfer{5, false, 7, 0, rows(2, 4)});
+  p.rank.tell(&rank_actor::deliver, pipeline::detail::transfer{5, true, 0, 9, rows(2, 3)});
+  EXPECT_EQ(run(plan_for(5, 2)).result, outcome::done);
+  p.rank.ask(&rank_actor::apply, std::uint64_t{5}, true).get();
+  EXPECT_FALSE(same(p.weights(), before));
+}
+
+TEST(RuntimeRank, AStepIsAppliedOnceAndOnlyWhenItFinished) {
+  one_rank_pipeline p;
+  const auto start = p.weights();
+  auto apply = [&](std::uint64_t step, bool keep) {
+    try {
+      p.rank.ask(&rank_actor::apply, step, keep).get();
+      return std::string();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  };
+  // Nothing ran yet.
+  EXPECT_NE(apply(0, true).find("has no gradient of step 0"), std::string::npos);
+  EXPECT_NE(apply(1, true).find("cannot apply step 1: its last step is 0"), std::string::npos);
+  // A step that failed half way leaves a partial gradient: it is dropped, never applied.
+  auto bad = plan_for(1, 2);
+  bad.inputs[1] = rows(2, 5);
+  EXPECT_EQ(p.rank.ask(&rank_actor::run, std::move(bad)).get().result, outcome::bad_input);
+  EXPECT_NE(apply(1, true).find("has no gradient of step 1"), std::string::npos);
+  EXPECT_EQ(apply(1, false), "");
+  EXPECT_TRUE(same(p.weights(), start));
+  // A finished step is applied once.
+  EXPECT_EQ(p.rank.ask(&rank_actor::run, plan_for(2, 2)).get().result, outcome::done);
+  EXPECT_EQ(apply(2, true), "");
+  const auto once = p.weights();
+  EXPECT_FALSE(same(once, start));
+  EXPECT_NE(apply(2, true).find("applied it already"), std::string::npos);
+  EXPECT_TRUE(same(p.weights(), once));
+}
+
+}  // namespace
