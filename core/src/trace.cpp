@@ -60,6 +60,18 @@ struct recorder {
   }
 };
 
+/// `s` as a JSON string (a type's name may hold quotes or backslashes).
+void put_json_string(std::FILE* f, const char* s) {
+  std::fputc('"', f);
+  for (; *s; ++s) {
+    const auto c = static_cast<unsigned char>(*s);
+    if (c == '"' || c == '\\') std::fprintf(f, "\\%c", c);
+    else if (c < 0x20) std::fprintf(f, "\\u%04x", c);
+    else std::fputc(c, f);
+  }
+  std::fputc('"', f);
+}
+
 recorder& the_recorder() {
   // Never destroyed: the exit hook that flushes is registered while it is being constructed
   // (TROUPE_TRACE), so it would run after a static recorder's destructor.
@@ -123,11 +135,12 @@ void flush() {
   for (auto& b : r.buffers) {
     std::lock_guard block(b->mutex);
     for (const auto& e : b->events) {
-      std::fprintf(f,
-                   "%s{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
-                   "\"pid\":1,\"tid\":%d,\"args\":{\"id\":%llu}}",
-                   first ? "" : ",\n", e.name, e.category, e.begin_ns / 1000.0, e.dur_ns / 1000.0,
-                   b->tid, static_cast<unsigned long long>(e.id));
+      std::fputs(first ? "{\"name\":" : ",\n{\"name\":", f);
+      put_json_string(f, e.name);
+      std::fputs(",\"cat\":", f);
+      put_json_string(f, e.category);
+      std::fprintf(f, ",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":%d,\"args\":{\"id\":%llu}}",
+                   e.begin_ns / 1000.0, e.dur_ns / 1000.0, b->tid, static_cast<unsigned long long>(e.id));
       first = false;
     }
   }

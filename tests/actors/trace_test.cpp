@@ -31,6 +31,8 @@ TEST(Trace, RecordsEveryHandlerRunAsChromeTraceEvents) {
     for (int i = 0; i < 5; ++i) a.tell(&traced_actor::work, i);
     EXPECT_EQ(a.ask(&traced_actor::work, 1).get(), 2);
   }
+  // Names are JSON strings, whatever they hold.
+  troupe::trace::record("a \"quoted\" back\\slash\n", "test", troupe::trace::now_ns(), 1, 7);
   troupe::trace::stop();
   EXPECT_FALSE(troupe::trace::enabled());
   std::ifstream f(path);
@@ -43,6 +45,7 @@ TEST(Trace, RecordsEveryHandlerRunAsChromeTraceEvents) {
   // Five tells and one ask of this actor type, each a complete ("X") event.
   EXPECT_EQ(count(text, "traced_actor\",\"cat\":\"tell\",\"ph\":\"X\""), 5u);
   EXPECT_EQ(count(text, "traced_actor\",\"cat\":\"ask\",\"ph\":\"X\""), 1u);
+  EXPECT_EQ(count(text, "{\"name\":\"a \\\"quoted\\\" back\\\\slash\\u000a\",\"cat\":\"test\""), 1u) << text;
   std::remove(path.c_str());
 }
 

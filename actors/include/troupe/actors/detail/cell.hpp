@@ -398,10 +398,12 @@ private:
 
 std::string demangle(const char* mangled);
 
+/// T's name, for logs and traces. Never destroyed: the trace file is written at exit, after
+/// function-local statics are gone.
 template <class T>
 const char* type_name_of() {
-  static const std::string name = demangle(typeid(T).name());
-  return name.c_str();
+  static const std::string* const name = new std::string(demangle(typeid(T).name()));
+  return name->c_str();
 }
 
 template <class T>
