@@ -27,9 +27,13 @@ about=(
 )
 here=$(cd "$(dirname "$0")" && pwd)
 
-# A hang is a failure too: give each example a generous limit when `timeout` exists.
+# A hang is a failure too: give each example a generous limit when `timeout` exists. Its
+# output is line-buffered (when `stdbuf` exists) so that printed lines and the log lines on
+# stderr keep their order in a pipe or a file.
 run_limited() {
-  if command -v timeout >/dev/null 2>&1; then timeout 60 "$@"; else "$@"; fi
+  local run=("$@")
+  if command -v stdbuf >/dev/null 2>&1; then run=(stdbuf -oL "${run[@]}"); fi
+  if command -v timeout >/dev/null 2>&1; then timeout 60 "${run[@]}"; else "${run[@]}"; fi
 }
 
 total=${#examples[@]}

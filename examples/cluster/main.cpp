@@ -2,13 +2,14 @@
 // and calls them exactly as it would call local ones. examples/cluster/run.sh starts it all on
 // one machine; on real machines, start the same roles on each (see the README).
 //
-//   example_cluster head   [--port P]          the head: membership and the names
+//   example_cluster head                       the head: membership and the names
 //   example_cluster worker --head HOST:P       a worker node (runs until SIGINT/SIGTERM)
-//   example_cluster driver --head HOST:P       joins, works, leaves
+//   example_cluster driver --head HOST:P       joins, works, cleans up, leaves
 //
 // Every role takes --listen ADDRESS, the interface it accepts connections on: 127.0.0.1 (the
 // default) keeps the cluster on this machine, 0.0.0.0 or the machine's own address lets other
-// machines reach it. Every node needs the cluster's token in TROUPE_CLUSTER_TOKEN.
+// machines reach it; and --port P, the port it listens on (0, the default: any free one).
+// Every node needs the cluster's token: --token T, or TROUPE_CLUSTER_TOKEN.
 
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -62,31 +64,37 @@ namespace {
 std::atomic<bool> stop_requested{false};
 extern "C" void on_signal(int) { stop_requested.store(true); }
 
-std::string listen_host = "127.0.0.1";
+struct options {
+  std::string head;  // empty: this node is the head
+  std::string listen = "127.0.0.1";
+  unsigned port = 0;
+  std::string token;  // empty: TROUPE_CLUSTER_TOKEN
+};
 
-troupe::system_config node_config(const std::string& head, unsigned port) {
+troupe::system_config node_config(const options& o) {
   troupe::system_config cfg{.threads = 2};
-  cfg.node.listen = listen_host + ":" + std::to_string(port);
-  cfg.node.head = head;  // empty: this node is the head
+  cfg.node.listen = o.listen + ":" + std::to_string(o.port);
+  cfg.node.head = o.head;
+  cfg.node.token = o.token;
   return cfg;
 }
 
-int run_node(const std::string& head, unsigned port) {
+int run_node(const options& o) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  troupe::run_node(node_config(head, port), [] { return stop_requested.load(); });
+  troupe::run_node(node_config(o), [] { return stop_requested.load(); });
   return 0;
 }
 
-int run_driver(const std::string& head) {
-  troupe::actor_system sys(node_config(head, 0));
+int run_driver(const options& o) {
+  troupe::actor_system sys(node_config(o));
   std::printf("driver: joined as node %u\n", sys.node());
 
   // Wait until both workers have joined (nodes 2 and 3 in run.sh).
   std::vector<troupe::node_id> workers;
   for (int i = 0; i < 100 && workers.size() < 2; ++i) {
     workers.clear();
-    for (auto& n : troupe::cluster_status(head, ""))
+    for (auto& n : troupe::cluster_status(o.head, o.token))
       if (n.info.alive && n.info.id != 1 && n.info.id != sys.node()) workers.push_back(n.info.id);
     if (workers.size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -95,15 +103,38 @@ int run_driver(const std::string& head) {
     return 1;
   }
 
+  // What the driver makes on the workers, it stops before it leaves, and waits until they are
+  // gone: they would stay on their nodes, the name "kv" with them, for the next driver to trip
+  // over. (The name goes with its actor.)
+  struct stop_on_exit {
+    std::vector<std::function<void()>> stops;
+    std::vector<troupe::future<troupe::down_notice>> gone;
+    ~stop_on_exit() {
+      for (auto& stop : stops) stop();
+      for (auto& g : gone) {
+        try {
+          std::move(g).timeout(std::chrono::seconds(2)).get();
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "driver: an actor did not stop: %s\n", e.what());
+        }
+      }
+    }
+  } cleanup;
+  auto made = [&](auto ref) {
+    cleanup.gone.push_back(sys.monitor(ref));
+    cleanup.stops.push_back([ref] { ref.stop(); });
+    return ref;
+  };
+
   // A store on the first worker, named so that every node can find it.
-  auto store = sys.spawn_on<kv_store>(workers[0]);
+  auto store = made(sys.spawn_on<kv_store>(workers[0]));
   sys.register_name("kv", store);
 
   // One counter per worker; the same calls as in process.
   const std::vector<std::string> texts = {"the quick brown fox", "jumps over the lazy dog",
                                           "actors on other machines", "answer like local ones"};
   std::vector<troupe::actor_ref<word_counter>> counters;
-  for (auto w : workers) counters.push_back(sys.spawn_on<word_counter>(w));
+  for (auto w : workers) counters.push_back(made(sys.spawn_on<word_counter>(w)));
   std::vector<troupe::future<std::int64_t>> counts;
   for (std::size_t i = 0; i < texts.size(); ++i)
     counts.push_back(counters[i % counters.size()].ask(&word_counter::count, texts[i]));
@@ -137,21 +168,31 @@ int run_driver(const std::string& head) {
 
 }  // namespace
 
+const char* const usage =
+    "usage: example_cluster head | worker --head HOST:P | driver --head HOST:P\n"
+    "       each role also takes --listen ADDRESS (127.0.0.1 by default, 0.0.0.0 to be reachable from\n"
+    "       other machines), --port P (0 by default: any free port) and --token T (by default\n"
+    "       TROUPE_CLUSTER_TOKEN)\n"
+    "(examples/cluster/run.sh BIN_DIR starts a head, two workers and the driver)\n";
+
 int main(int argc, char** argv) {
   std::string role = argc > 1 ? argv[1] : "";
-  std::string head;
-  unsigned port = 0;
+  if (role == "--help" || role == "-h") return std::fputs(usage, stdout), 0;
+  options o;
   for (int i = 2; i < argc; i += 2) {
     std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") return std::fputs(usage, stdout), 0;
     if (i + 1 == argc) {
       std::fprintf(stderr, "%s needs a value\n", argv[i]);
       return 2;
     }
     std::string value = argv[i + 1];
     if (flag == "--head") {
-      head = value;
+      o.head = value;
     } else if (flag == "--listen") {
-      listen_host = value;
+      o.listen = value;
+    } else if (flag == "--token") {
+      o.token = value;
     } else if (flag == "--port") {
       char* end = nullptr;
       const unsigned long p = std::strtoul(value.c_str(), &end, 10);
@@ -159,23 +200,24 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "--port %s: not a port number (0-65535)\n", value.c_str());
         return 2;
       }
-      port = static_cast<unsigned>(p);
+      o.port = static_cast<unsigned>(p);
     } else {
-      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
+      std::fprintf(stderr, "unknown flag %s\n%s", argv[i], usage);
       return 2;
     }
   }
+  if (role == "head" && !o.head.empty()) {
+    std::fprintf(stderr, "example_cluster head: the head joins no other (--head %s)\n", o.head.c_str());
+    return 2;
+  }
   try {
-    if (role == "head") return run_node("", port);
-    if (role == "worker" && !head.empty()) return run_node(head, 0);
-    if (role == "driver" && !head.empty()) return run_driver(head);
+    if (role == "head") return run_node(o);
+    if (role == "worker" && !o.head.empty()) return run_node(o);
+    if (role == "driver" && !o.head.empty()) return run_driver(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "example_cluster %s: %s\n", role.c_str(), e.what());
     return 1;
   }
-  std::fprintf(stderr,
-               "usage: example_cluster head [--port P] | worker --head HOST:P | driver --head HOST:P\n"
-               "       (each takes --listen ADDRESS: 127.0.0.1 by default, 0.0.0.0 to be reachable from other machines)\n"
-               "(examples/cluster/run.sh BIN_DIR starts a head, two workers and the driver)\n");
+  std::fputs(usage, stderr);
   return 2;
 }

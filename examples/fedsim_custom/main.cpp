@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <vector>
 
@@ -80,7 +81,7 @@ public:
   }
 };
 
-int main() {
+int run() {
   fl::simulation_options o;
   o.clients = 50, o.per_round = 10, o.partition = "dirichlet:1.0", o.lr = 0.01, o.seed = 1;
   o.train_limit = 10000, o.test_limit = 2000;  // a quick run
@@ -93,6 +94,17 @@ int main() {
     ev = sim.evaluate();
     std::printf("round %2d  train loss %.3f  test accuracy %.3f\n", r, rep.train_loss, ev.accuracy);
   }
-  if (ev.accuracy < 0.7) return std::printf("expected above 0.7\n"), 1;
+  if (ev.accuracy < 0.7) return std::printf("fedsim_custom: FAILED: a test accuracy of %.3f, expected above 0.7\n", ev.accuracy), 1;
   std::printf("a custom client and strategy on %zu client actors\n", sim.population());
+  std::printf("fedsim_custom: all checks passed\n");
+  return 0;
+}
+
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fedsim_custom: FAILED: %s\n", e.what());
+    return 1;
+  }
 }

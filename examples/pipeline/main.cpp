@@ -66,7 +66,7 @@ void make_batch(std::mt19937_64& rng, std::int64_t n, tensor& x, tensor& y) {
 int run() {
   // The schedule: 4 ranks, 8 microbatches per step. Each row is one rank's program.
   const auto schedule = pipeline::generate("1f1b", 4, 8);
-  std::printf("the 1F1B schedule (stage, F or B, microbatch; - is idle):\n%s\n",
+  std::printf("the 1F1B schedule (each rank's work in order: stage, F or B, microbatch):\n%s\n",
               pipeline::to_text(schedule).c_str());
 
   // The model: 4 linear layers with ReLU between them, one per stage. cut_mlp copies the whole

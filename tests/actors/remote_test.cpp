@@ -628,7 +628,9 @@ public:
       closed_ = why;
       cv_.notify_all();
     };
-    net_ = std::make_unique<troupe::net::transport>(io_, troupe::net::transport_config{.token = token}, std::move(h));
+    troupe::net::transport_config cfg;
+    cfg.token = token;
+    net_ = std::make_unique<troupe::net::transport>(io_, cfg, std::move(h));
     net_->connect("127.0.0.1", port);
     thread_ = std::thread([this] { io_.run(); });
     std::unique_lock lock(mu_);

@@ -398,10 +398,10 @@ public:
       conns_.clear();
     }
     for (auto& s : sinks)
-      if (s) s->fail(std::make_exception_ptr(error(errc::system_shutdown, "the node is stopping")));
+      if (s) s->fail(std::make_exception_ptr(error(errc::system_shutdown, "this node is stopping")));
     for (auto& w : watches)
       if (w.st) w.st->fail(std::make_exception_ptr(error(errc::system_shutdown)), true);
-    if (transport_) transport_->close_all("the node is stopping");
+    if (transport_) transport_->close_all("this node is stopping");
     // Let the closes go out, then stop the loop.
     asio::post(io_, [this] { work_.reset(); heartbeat_.cancel(); });
     if (thread_.joinable()) {
@@ -466,7 +466,7 @@ public:
       if (env.target != net::node_target) to = route(to, env.target);
       auto it = members_.find(to);
       if (stopped_) {
-        failure = std::make_exception_ptr(error(errc::system_shutdown, "the node is stopping"));
+        failure = std::make_exception_ptr(error(errc::system_shutdown, "this node is stopping"));
       } else if (it == members_.end() || !it->second.alive) {
         failure = std::make_exception_ptr(
             error(errc::node_lost, "node " + std::to_string(to) +
@@ -838,7 +838,7 @@ private:
 
   void on_open(const std::shared_ptr<connection>& c) {
     std::lock_guard lock(mu_);
-    if (stopped_) return c->close("the node is stopping");
+    if (stopped_) return c->close("this node is stopping");
     conns_[c->id()] = c;
     if (!c->outbound()) return;  // the peer says who it is (hello or join)
     node_id to = static_cast<node_id>(c->tag());
