@@ -274,18 +274,26 @@ public:
     if (step == step_) fail_waiting();
   }
 
-  /// After step `step`, which every rank finished: step the optimizer, or (`keep` false) drop
-  /// the gradients. Once per step, and only for the step this rank finished last: anything else
-  /// would apply a partial or an old gradient.
+  /// After step `step`, which every rank finished: step the optimizer, once, and only for the
+  /// step this rank finished last (anything else would apply a partial or an old gradient).
+  /// `keep` false: drop the step's gradients; a step that is running or is not this rank's last
+  /// has none here to drop (a rank asked to run while it still ran the one before).
   void apply(std::uint64_t step, bool keep) {
+    if (!keep) {
+      if (!running_ && step == step_) {
+        optimizer_->zero_grad();
+        done_step_.reset();
+      }
+      return;
+    }
     if (running_ || step != step_)
       throw std::invalid_argument("rank " + std::to_string(rank_) + " cannot apply step " + std::to_string(step) +
                                   (running_ ? ": step " + std::to_string(step_) + " is running"
                                             : ": its last step is " + std::to_string(step_)));
-    if (keep && done_step_ != step)
+    if (done_step_ != step)
       throw std::invalid_argument("rank " + std::to_string(rank_) + " has no gradient of step " + std::to_string(step) +
                                   " to apply (it did not finish the step, or applied it already)");
-    if (keep) optimizer_->step();
+    optimizer_->step();
     optimizer_->zero_grad();
     done_step_.reset();
   }

@@ -186,4 +186,38 @@ TEST(RuntimeRank, AStepIsAppliedOnceAndOnlyWhenItFinished) {
   EXPECT_TRUE(same(p.weights(), once));
 }
 
+/// Stage `i` of a two-stage model (4 -> 5 -> 3), as it travels.
+portable_stage stage_of_two(int i) {
+  auto l = kernels::make_layer(i == 0 ? "sequential(linear(4->5))" : "sequential(relu, linear(5->3))");
+  auto& s = dynamic_cast<kernels::sequential&>(*l);
+  s.initialize(11);
+  return pipeline::detail::to_portable(s, i);
+}
+
+TEST(RuntimeRank, NothingIsAppliedOrDroppedWhileAStepRuns) {
+  troupe::actor_system sys(listening());
+  const std::string csv = pipeline::to_csv(pipeline::generate("1f1b", 2, 2));
+  auto first = spawn_rank(sys, 0, csv, {stage_of_two(0)});
+  auto second = spawn_rank(sys, 1, csv, {stage_of_two(1)});
+  auto driver = sys.spawn<pipeline::detail::driver_actor>();
+  for (auto& r : {first, second}) r.ask(&rank_actor::connect, std::vector{first, second}, driver).get();
+  const auto before = second.ask(&rank_actor::parameter_values, 1).get();
+  // The second rank waits for activations the first (never run) does not send; the asks after
+  // the run reach the rank (reentrant) while it waits.
+  step_plan plan{.step = 1, .inputs = {}, .labels = {labels(2), labels(2)}};
+  auto running = second.ask(&rank_actor::run, std::move(plan));
+  try {
+    second.ask(&rank_actor::apply, std::uint64_t{1}, true).get();
+    ADD_FAILURE() << "a running step was applied";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot apply step 1: step 1 is running"), std::string::npos) << e.what();
+  }
+  second.ask(&rank_actor::apply, std::uint64_t{1}, false).get();  // nothing to drop yet
+  second.tell(&rank_actor::abort, std::uint64_t{1}, std::string("the test stops it"));
+  const auto report = std::move(running).get();
+  EXPECT_EQ(report.result, outcome::aborted);
+  EXPECT_NE(report.why.find("the test stops it"), std::string::npos) << report.why;
+  EXPECT_TRUE(same(second.ask(&rank_actor::parameter_values, 1).get(), before));
+}
+
 }  // namespace
