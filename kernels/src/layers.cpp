@@ -358,11 +358,12 @@ public:
     }
     const float scale = 1.0f / (1.0f - p_);
     if (on_device(x)) {
+      const float* in = fp(x);  // (an input that is not f32 is refused before any draw)
       // The mask comes from the same host generator (the same draws as on the CPU).
       tensor mask = tensor::empty(x.shape());
       for (float& m : mask.data<float>()) m = uniform01(rng_) < p_ ? 0.0f : scale;
       tensor dmask = mask.to(x.where()), y = tensor::empty(x.shape(), dtype::f32, x.where());
-      cuda::multiply(x.where().index, fp(x), fp(dmask), fp(y), x.numel());
+      cuda::multiply(x.where().index, in, fp(dmask), fp(y), x.numel());
       keep.tensors = {dmask};
       return y;
     }
