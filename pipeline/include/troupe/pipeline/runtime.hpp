@@ -59,7 +59,8 @@ struct training_options {
   kernels::optimizer_kind optimizer = kernels::optimizer_kind::adamw;
   kernels::hyperparameters hp{};
   kernels::state_options state{};
-  /// > 0: the learning rate follows kernels::cosine_lr(cosine_steps); 0: constant.
+  /// 0: a constant learning rate; otherwise (a finite number >= 1) it follows
+  /// kernels::cosine_lr(cosine_steps).
   double cosine_steps = 0;
   /// Seconds a step may take: past them the step is aborted on every rank and step() throws
   /// (nothing is applied). A safety net for a message lost between live nodes; 0 (or 1e9 and
@@ -83,7 +84,7 @@ public:
   /// Spawns one actor per rank of `s` in `sys` (which must outlive the trainer) and gives each
   /// its stages of `stages` (stage i is the model's i-th piece; the last one's output are the
   /// logits). Throws std::invalid_argument when the stage count differs from the schedule's, a
-  /// stage is null, or the optimizer options are refused,
+  /// stage is null, or the optimizer options (or cosine_steps, step_timeout) are refused,
   /// and pipeline::schedule_error when the schedule cannot run.
   ///
   /// `nodes` empty: every rank lives in this process. Otherwise rank r is spawned on node
