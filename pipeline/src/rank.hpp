@@ -171,6 +171,7 @@ public:
   rank_actor(int rank, std::shared_ptr<const schedule> plan, stage_holder holder, training_options options)
       : rank_(rank), plan_(std::move(plan)) {
     auto stages = std::move(*holder);
+    check_place(stages.size());
     setup(std::move(stages), options);
   }
 
@@ -317,8 +318,8 @@ private:
     using std::runtime_error::runtime_error;
   };
 
+  /// After check_place: the stages are as many as the schedule gives this rank.
   void setup(std::vector<std::unique_ptr<kernels::sequential>> stages, const training_options& options) {
-    check_place(stages.size());
     const auto mine = plan_->place.stages_of(rank_);
     for (const auto& a : plan_->ranks.at(static_cast<std::size_t>(rank_)))
       if (a && a->kind == op::recompute) recomputed_.insert({a->stage, a->microbatch});
