@@ -44,6 +44,7 @@ struct node_args {
   unsigned heartbeat_ms = 100;
   unsigned timeout_ms = 800;
   std::vector<std::string> libraries;
+  std::vector<std::string> labels;
   std::string tls_certificate, tls_private_key, tls_ca;
 };
 
@@ -76,6 +77,7 @@ int start_node(const node_args& a) {
   cfg.node.head = a.address;
   cfg.node.advertise = a.advertise;
   cfg.node.token = a.token;
+  cfg.node.labels = a.labels;
   cfg.node.heartbeat = std::chrono::milliseconds(a.heartbeat_ms);
   cfg.node.node_timeout = std::chrono::milliseconds(a.timeout_ms);
   cfg.node.tls_certificate = a.tls_certificate;
@@ -105,16 +107,18 @@ int show_status(const std::string& address, const std::string& token, bool json)
     std::string out = "{\"nodes\":[";
     for (std::size_t i = 0; i < nodes.size(); ++i) {
       auto& n = nodes[i];
-      out += fmt::format("{}{{\"node\":{},\"address\":{},\"alive\":{},\"live_actors\":{},\"dead_letters\":{},",
+      std::string labels;
+      for (auto& l : n.info.labels) labels += (labels.empty() ? "" : ",") + json_string(l);
+      out += fmt::format("{}{{\"node\":{},\"address\":{},\"alive\":{},\"labels\":[{}],\"live_actors\":{},\"dead_letters\":{},",
                          i ? "," : "", n.info.id, json_string(n.info.host + ":" + std::to_string(n.info.port)),
-                         n.info.alive ? "true" : "false", n.info.actors, n.dead_letters);
+                         n.info.alive ? "true" : "false", labels, n.info.actors, n.dead_letters);
       if (!n.problem.empty()) out += "\"problem\":" + json_string(n.problem) + ",";
       out += "\"actors\":[";
       for (std::size_t j = 0; j < n.actors.size(); ++j) {
         auto& x = n.actors[j];
-        out += fmt::format("{}{{\"id\":{},\"type\":{},\"name\":{},\"mailbox_depth\":{},\"messages\":{},\"messages_per_s\":{:.1f}}}",
+        out += fmt::format("{}{{\"id\":{},\"type\":{},\"name\":{},\"mailbox_depth\":{},\"messages\":{},\"messages_per_s\":{:.1f},\"wire_id\":{}}}",
                            j ? "," : "", x.id, json_string(x.type), json_string(x.name), x.mailbox_depth, x.messages,
-                           x.messages_per_s);
+                           x.messages_per_s, x.wire);
       }
       out += "]}";
     }
@@ -122,8 +126,10 @@ int show_status(const std::string& address, const std::string& token, bool json)
     return 0;
   }
   for (auto& n : nodes) {
-    std::cout << fmt::format("node {} {}:{} {}  actors {}  dead letters {}{}\n", n.info.id, n.info.host, n.info.port,
-                             n.info.alive ? "alive" : "LOST", n.info.actors, n.dead_letters,
+    std::string labels;
+    for (auto& l : n.info.labels) labels += (labels.empty() ? "  labels " : ",") + l;
+    std::cout << fmt::format("node {} {}:{} {}  actors {}  dead letters {}{}{}\n", n.info.id, n.info.host, n.info.port,
+                             n.info.alive ? "alive" : "LOST", n.info.actors, n.dead_letters, labels,
                              n.problem.empty() ? "" : "  (" + n.problem + ")");
     if (!n.actors.empty())
       std::cout << fmt::format("  {:>8}  {:<32} {:<16} {:>8} {:>12} {:>10}\n", "id", "type", "name", "mailbox",
@@ -155,6 +161,7 @@ void add_node_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   start->add_option("--node-timeout-ms", a->timeout_ms, "silence after which a node is lost")
       ->check(CLI::Range(2u, 600'000u))->capture_default_str();
+  start->add_option("--label", a->labels, "a tag shown in the status, e.g. worker or gpu (repeatable)");
   start->add_option("--load", a->libraries, "a shared library with TROUPE_REMOTE classes (repeatable)");
   start->add_option("--tls-cert", a->tls_certificate, "PEM certificate: TLS on every connection (default: $TROUPE_TLS_CERTIFICATE)");
   start->add_option("--tls-key", a->tls_private_key, "PEM private key of the certificate (default: $TROUPE_TLS_PRIVATE_KEY)");

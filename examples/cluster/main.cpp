@@ -17,6 +17,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <optional>
@@ -82,7 +83,9 @@ troupe::system_config node_config(const options& o) {
 int run_node(const options& o) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  troupe::run_node(node_config(o), [] { return stop_requested.load(); });
+  auto cfg = node_config(o);
+  if (!o.head.empty()) cfg.node.labels = {"worker"};  // what drivers look for
+  troupe::run_node(cfg, [] { return stop_requested.load(); });
   return 0;
 }
 
@@ -90,12 +93,13 @@ int run_driver(const options& o) {
   troupe::actor_system sys(node_config(o));
   std::printf("driver: joined as node %u\n", sys.node());
 
-  // Wait until both workers have joined (nodes 2 and 3 in run.sh).
+  // Wait until two workers have joined: the nodes labelled "worker" (a driver, the head or
+  // another driver is none).
   std::vector<troupe::node_id> workers;
   for (int i = 0; i < 100 && workers.size() < 2; ++i) {
     workers.clear();
     for (auto& n : troupe::cluster_status(o.head, o.token))
-      if (n.info.alive && n.info.id != 1 && n.info.id != sys.node()) workers.push_back(n.info.id);
+      if (n.info.alive && std::ranges::count(n.info.labels, "worker") && workers.size() < 2) workers.push_back(n.info.id);
     if (workers.size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   if (workers.size() < 2) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `troupe node start` and `troupe status` as processes: a head and a worker join, status lists
-# both (text and JSON), a wrong token is refused, bad flags are errors.
+# both with the worker's labels (text and JSON), a wrong token is refused, bad flags are errors.
 #
 #   tests/actors/node_cli.sh PATH/TO/troupe
 set -euo pipefail
@@ -11,15 +11,16 @@ export TROUPE_CLUSTER_TOKEN=node-cli-test-token
 export TROUPE_LOG_LEVEL=warn
 
 start_head "$troupe"
-"$troupe" node start --address "127.0.0.1:$port" --host 127.0.0.1 --threads 1 >"$dir/worker" 2>"$dir/worker.err" &
+"$troupe" node start --address "127.0.0.1:$port" --host 127.0.0.1 --threads 1 --label worker --label zone=b \
+  >"$dir/worker" 2>"$dir/worker.err" &
 pids+=($!)
 wait_for "$dir/worker" '"node":2'
 
 "$troupe" status --address "127.0.0.1:$port" >"$dir/status"
 grep -q "^node 1 127.0.0.1:$port alive" "$dir/status" || fail "status lacks the head: $(cat "$dir/status")"
-grep -q "^node 2 .* alive" "$dir/status" || fail "status lacks the worker: $(cat "$dir/status")"
+grep -q "^node 2 .* alive .* labels worker,zone=b" "$dir/status" || fail "status lacks the worker: $(cat "$dir/status")"
 "$troupe" status --address "127.0.0.1:$port" --json >"$dir/status.json"
-grep -q '^{"nodes":\[{"node":1,.*"alive":true.*},{"node":2,.*"alive":true' "$dir/status.json" ||
+grep -q '^{"nodes":\[{"node":1,.*"alive":true,"labels":\[\].*},{"node":2,.*"alive":true,"labels":\["worker","zone=b"\]' "$dir/status.json" ||
   fail "bad JSON status: $(cat "$dir/status.json")"
 
 # A wrong token, an unreachable head and bad flags are errors with exit code 1 (or CLI11's).
@@ -28,6 +29,8 @@ grep -q "wrong cluster token" "$dir/err" || fail "no reason for the refusal: $(c
 if "$troupe" status --address "127.0.0.1:1" >/dev/null 2>&1; then fail "an unreachable head gave a status"; fi
 if "$troupe" node start >/dev/null 2>&1; then fail "node start without --head or --address ran"; fi
 if "$troupe" node start --head --port 70000 >/dev/null 2>&1; then fail "port 70000 was accepted"; fi
+if timeout 10 "$troupe" node start --head --label "two words" >/dev/null 2>"$dir/err"; then fail "a label with a space was accepted"; fi
+grep -q "labels (--label)" "$dir/err" || fail "no reason for the bad label: $(cat "$dir/err")"
 if "$troupe" node start --head --load /nonexistent/lib.so >/dev/null 2>&1; then fail "a missing library was accepted"; fi
 
 # A head out of file descriptors waits between accepts and logs the failure once (it spun a core

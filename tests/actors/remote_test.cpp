@@ -610,6 +610,7 @@ public:
                                  std::tuple<std::uint64_t, std::uint8_t, std::int32_t, std::int64_t, double, std::int64_t, bool, bool>,
                                  std::vector<std::byte>>;
   using name_tuple = std::tuple<std::string, std::uint64_t, std::uint32_t, std::string>;
+  using join_tuple = std::tuple<std::string, std::uint16_t, std::vector<std::string>>;  // host, port, labels
 
   explicit rogue_peer(std::uint16_t port) {
     troupe::net::transport_handlers h;
@@ -689,7 +690,7 @@ public:
   }
   /// Joins as a node reachable at 127.0.0.1:`port`; its id.
   troupe::node_id join_as_node(std::uint16_t port = 1) {
-    control(join, troupe::encode(std::tuple<std::string, std::uint16_t>("127.0.0.1", port)));
+    control(join, troupe::encode(join_tuple("127.0.0.1", port, {})));
     auto welcome = next([](const troupe::net::envelope& e) { return e.kind == troupe::net::envelope_kind::control && e.method == 17; });
     if (!welcome) throw std::runtime_error("rogue_peer: no welcome (" + closed_ + ")");
     troupe::byte_reader r(welcome->payload);
@@ -820,15 +821,21 @@ TEST(Remote, AJoinIsOnePerConnectionAndNamesAPlaceToReachTheNode) {
   {
     rogue_peer p(head.node_port());
     EXPECT_EQ(p.join_as_node(), 2u);
-    p.control(rogue_peer::join, troupe::encode(std::tuple<std::string, std::uint16_t>("127.0.0.1", 1)));
+    p.control(rogue_peer::join, troupe::encode(rogue_peer::join_tuple("127.0.0.1", 1, {})));
     EXPECT_TRUE(contains(p.closed(), "a second join on the connection of node 2")) << p.closed();
   }
   for (const auto& [host, port] : {std::pair<std::string, std::uint16_t>{std::string(300, 'h'), 1},
                                    {"host name with spaces", 1}, {"127.0.0.1", 0}}) {
     rogue_peer p(head.node_port());
-    p.control(rogue_peer::join, troupe::encode(std::tuple<std::string, std::uint16_t>(host, port)));
+    p.control(rogue_peer::join, troupe::encode(rogue_peer::join_tuple(host, port, {})));
     EXPECT_TRUE(contains(p.closed(), port == 0 ? "a join without a port" : "whose host is not a host name or an IP address"))
         << p.closed();
+  }
+  for (const auto& labels : {std::vector<std::string>{"ok", ""}, std::vector<std::string>{"new\nline"},
+                             std::vector<std::string>(33, "many")}) {
+    rogue_peer p(head.node_port());
+    p.control(rogue_peer::join, troupe::encode(rogue_peer::join_tuple("127.0.0.1", 1, labels)));
+    EXPECT_TRUE(contains(p.closed(), "a join with bad labels")) << p.closed();
   }
   // Node 2 went with its connection: the status does not wait for it.
   EXPECT_EQ(cluster_summary(head), "1:alive 2:LOST");
@@ -855,9 +862,10 @@ TEST(Remote, AStatusShowsEveryNodeWhenOneDoesNotAnswerOrLies) {
             return e.kind == troupe::net::envelope_kind::call && e.method == rogue_peer::node_stats;
           }, 50ms)) {
         // A node_status (net/node.cpp's codec) that says it is node 1, elsewhere.
-        using info = std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t>;
-        using actor = std::tuple<std::uint64_t, std::string, std::string, std::int64_t, std::uint64_t, double>;
-        const std::tuple<info, std::uint64_t, std::vector<actor>, std::string> s{{1, "elsewhere", 4242, true, 999}, 0, {}, {}};
+        using info = std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t, std::vector<std::string>>;
+        using actor = std::tuple<std::uint64_t, std::string, std::string, std::int64_t, std::uint64_t, double, std::uint64_t>;
+        const std::tuple<info, std::uint64_t, std::vector<actor>, std::string> s{
+            {1, "elsewhere", 4242, true, 999, {"claimed"}}, 0, {}, {}};
         liar.send(troupe::net::envelope_kind::reply, 0, troupe::encode(s), ask->request_id);
       }
     }
@@ -876,6 +884,7 @@ TEST(Remote, AStatusShowsEveryNodeWhenOneDoesNotAnswerOrLies) {
   EXPECT_EQ(nodes[3].info.host, "127.0.0.1");
   EXPECT_EQ(nodes[3].info.port, 4002);
   EXPECT_EQ(nodes[3].info.actors, 999u);  // what it says of its own actors stands
+  EXPECT_TRUE(nodes[3].info.labels.empty());  // its labels are what it joined with
   EXPECT_LT(took, 4500ms);  // (the client waits 5 s)
 }
 
@@ -913,13 +922,17 @@ TEST(Remote, SpawnsAndNamesFromAMemberAreChecked) {
 }
 
 TEST(Remote, ClusterStatusListsNodesAndActors) {
-  troupe::actor_system head(head_config());
-  child_node w({"--head", head_of(head), "--token", token, "--name", "store"});
+  auto cfg = head_config();
+  cfg.node.labels = {"head"};
+  troupe::actor_system head(cfg);
+  child_node w({"--head", head_of(head), "--token", token, "--name", "store", "--label", "worker", "--label", "zone=b"});
   auto id = w.joined();
   ASSERT_NE(id, 0u);
   auto a = head.spawn_on<worker>(id, std::int64_t{1});
   for (int i = 0; i < 100; ++i) a.tell(&worker::record, 0u, static_cast<std::uint64_t>(i));
   ASSERT_EQ(a.ask(&worker::received).get(), 100u);
+  // Named by the head, held by the worker: the worker does not know the name, the head does.
+  head.register_name("counter", a);
   // An actor's counters are written when its slice ends, just after the reply left: a status
   // may be a moment behind, so ask again until it shows the 101 messages (or give up).
   bool found_store = false, found_worker = false;
@@ -928,10 +941,16 @@ TEST(Remote, ClusterStatusListsNodesAndActors) {
     auto nodes = troupe::cluster_status(head_of(head), token);
     ASSERT_EQ(nodes.size(), 2u);
     EXPECT_EQ(nodes[0].info.id, 1u);
+    EXPECT_EQ(nodes[0].info.labels, std::vector<std::string>{"head"});
     EXPECT_EQ(nodes[1].info.id, id);
+    EXPECT_EQ(nodes[1].info.labels, (std::vector<std::string>{"worker", "zone=b"}));
     for (auto& x : nodes[1].actors) {
       if (x.name == "store") found_store = true;
-      if (x.type.find("worker") != std::string::npos && x.messages >= 101) found_worker = true;
+      if (x.type.find("worker") != std::string::npos && x.messages >= 101) {
+        found_worker = true;
+        EXPECT_EQ(x.name, "counter");
+        EXPECT_EQ(x.wire >> 40, 1u);  // spawned by node 1 under one of its wire ids
+      }
     }
   }
   EXPECT_TRUE(found_store);
@@ -945,6 +964,13 @@ TEST(Remote, BadConfigurationIsAClearError) {
   cfg.node.token = token;
   EXPECT_THROW(troupe::actor_system{cfg}, std::invalid_argument);
   cfg.node.listen = "127.0.0.1:0";
+  cfg.node.token = token;
+  for (const auto& labels : {std::vector<std::string>{""}, std::vector<std::string>{"two words"},
+                             std::vector<std::string>{std::string(65, 'x')}, std::vector<std::string>(33, "x")}) {
+    cfg.node.labels = labels;
+    EXPECT_THROW(troupe::actor_system{cfg}, std::invalid_argument);
+  }
+  cfg.node.labels.clear();
   cfg.node.token.clear();
   ::unsetenv("TROUPE_CLUSTER_TOKEN");
   EXPECT_THROW(troupe::actor_system{cfg}, std::invalid_argument);

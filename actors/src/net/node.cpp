@@ -28,26 +28,25 @@
 
 template <>
 struct troupe::codec<troupe::node_info> {
+  using tuple = std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t, std::vector<std::string>>;
   static void encode(byte_writer& w, const node_info& n) {
-    troupe::codec<std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t>>::encode(
-        w, {n.id, n.host, n.port, n.alive, n.actors});
+    troupe::codec<tuple>::encode(w, {n.id, n.host, n.port, n.alive, n.actors, n.labels});
   }
   static node_info decode(byte_reader& r) {
-    auto [id, host, port, alive, actors] =
-        troupe::codec<std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t>>::decode(r);
-    return {id, std::move(host), port, alive, actors};
+    auto [id, host, port, alive, actors, labels] = troupe::codec<tuple>::decode(r);
+    return {id, std::move(host), port, alive, actors, std::move(labels)};
   }
 };
 
 template <>
 struct troupe::codec<troupe::actor_status> {
-  using tuple = std::tuple<std::uint64_t, std::string, std::string, std::int64_t, std::uint64_t, double>;
+  using tuple = std::tuple<std::uint64_t, std::string, std::string, std::int64_t, std::uint64_t, double, std::uint64_t>;
   static void encode(byte_writer& w, const actor_status& a) {
-    troupe::codec<tuple>::encode(w, {a.id, a.type, a.name, a.mailbox_depth, a.messages, a.messages_per_s});
+    troupe::codec<tuple>::encode(w, {a.id, a.type, a.name, a.mailbox_depth, a.messages, a.messages_per_s, a.wire});
   }
   static actor_status decode(byte_reader& r) {
-    auto [id, type, name, depth, messages, rate] = troupe::codec<tuple>::decode(r);
-    return {id, std::move(type), std::move(name), depth, messages, rate};
+    auto [id, type, name, depth, messages, rate, wire] = troupe::codec<tuple>::decode(r);
+    return {id, std::move(type), std::move(name), depth, messages, rate, wire};
   }
 };
 
@@ -115,6 +114,7 @@ constexpr std::size_t remembered_gone = 1 << 16;
 constexpr auto forget_after = std::chrono::seconds(10);
 
 /// id, host, port, alive, actors, key (see ctl::hello).
+using join_tuple = std::tuple<std::string, std::uint16_t, std::vector<std::string>>;  // host, port, labels
 using member_tuple = std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t, std::vector<std::byte>>;
 /// A node's id and key: what it says on a connection it opens to another node.
 using hello_tuple = std::tuple<std::uint32_t, std::vector<std::byte>>;
@@ -159,6 +159,19 @@ envelope make_envelope(envelope_kind kind, std::uint64_t target, std::uint64_t m
 }
 envelope control(ctl code, std::vector<std::byte> payload = {}) {
   return make_envelope(envelope_kind::control, 0, static_cast<std::uint64_t>(code), std::move(payload));
+}
+
+/// Why `labels` are not node labels (node_config::labels), or "" when they are.
+std::string label_problem(const std::vector<std::string>& labels) {
+  if (labels.size() > 32) return std::to_string(labels.size()) + " labels, more than 32";
+  for (auto& l : labels) {
+    if (l.empty() || l.size() > 64) return "a label of " + std::to_string(l.size()) + " characters (1 to 64)";
+    for (char ch : l)
+      if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')) &&
+          std::string_view("._:=/-").find(ch) == std::string_view::npos)
+        return "the label '" + l + "' has a character outside [A-Za-z0-9._:=/-]";
+  }
+  return {};
 }
 
 /// "HOST:PORT" (IPv6 hosts in brackets) into its parts.
@@ -331,6 +344,8 @@ public:
           "a node needs the cluster's token: set node_config::token (--token) or TROUPE_CLUSTER_TOKEN");
     if (cfg_.heartbeat.count() <= 0 || cfg_.node_timeout <= cfg_.heartbeat)
       throw std::invalid_argument("node_config: heartbeat must be positive and below node_timeout");
+    if (auto why = label_problem(cfg_.labels); !why.empty())
+      throw std::invalid_argument("node_config::labels (--label): " + why);
     std::tie(listen_host_, listen_port_) = split_address(cfg_.listen, "node_config::listen (--host, --port)");
     if (!cfg_.head.empty()) std::tie(head_host_, head_port_) = split_address(cfg_.head, "node_config::head (the CLI's --address or --head)");
   }
@@ -670,6 +685,7 @@ private:
     bool alive = true;
     std::uint64_t actors = 0;
     std::uint64_t placed = 0;  // actors this node placed there since its last load report
+    std::vector<std::string> labels;  // the head's: what it joined with
     std::shared_ptr<connection> conn;
     bool dialing = false;
     bool timed_out = false;
@@ -846,7 +862,7 @@ private:
       // Joining: say where this node can be reached.
       std::string host = cfg_.advertise;
       if (host.empty()) host = wildcard(listen_host_) ? c->local_host() : listen_host_;
-      c->send(control(ctl::join, encode(std::tuple<std::string, std::uint16_t>(host, port_))));
+      c->send(control(ctl::join, encode(join_tuple(host, port_, cfg_.labels))));
       auto& m = members_[head_id];
       m.conn = c;
       m.dialing = false;
@@ -1218,7 +1234,7 @@ private:
         return;
       }
       case ctl::join: {
-        auto [host, port] = decode<std::tuple<std::string, std::uint16_t>>(env.payload);
+        auto [host, port, labels] = decode<join_tuple>(env.payload);
         std::lock_guard lock(mu_);
         if (self_ != head_id) return c->refuse("join sent to a node that is not the head");
         if (auto known = conn_node_.find(c->id()); known != conn_node_.end())
@@ -1230,11 +1246,13 @@ private:
             }))
           return c->refuse("a join whose host is not a host name or an IP address (" + std::to_string(host.size()) +
                           " bytes)");
+        if (auto why = label_problem(labels); !why.empty()) return c->refuse("a join with bad labels: " + why);
         node_id id = next_node_++;
         auto& m = members_[id];
         m.id = id;
         m.host = host.empty() ? c->remote_host() : host;
         m.port = port;
+        m.labels = std::move(labels);
         m.conn = c;
         m.key = net::random_nonce();
         conn_node_[c->id()] = id;
@@ -1666,10 +1684,13 @@ private:
 
   node_status local_status() {
     node_status s;
+    std::unordered_map<actor_id, std::uint64_t> wires;
     {
       std::lock_guard lock(mu_);
       auto& me = members_[self_];
-      s.info = {self_, me.host, port_, true, sys_.live_count.load()};
+      s.info = {self_, me.host, port_, true, sys_.live_count.load(), cfg_.labels};
+      for (auto& [wire, e] : exported_)
+        if (e.cell) wires.emplace(e.cell->id(), wire);
     }
     s.dead_letters = sys_.dead_letters.load();
     std::unordered_map<actor_id, std::string> names;
@@ -1681,8 +1702,9 @@ private:
     std::lock_guard lock(rates_mu_);
     std::unordered_map<actor_id, std::pair<std::uint64_t, clock_type::time_point>> next;
     for (auto& a : all_stats(sys_)) {
-      actor_status x{a.id, a.type, {}, a.mailbox_depth, a.messages, 0};
+      actor_status x{a.id, a.type, {}, a.mailbox_depth, a.messages, 0, 0};
       if (auto n = names.find(a.id); n != names.end()) x.name = n->second;
+      if (auto w = wires.find(a.id); w != wires.end()) x.wire = w->second;
       if (auto prev = rates_.find(a.id); prev != rates_.end()) {
         double dt = std::chrono::duration<double>(now - prev->second.second).count();
         if (dt > 0) x.messages_per_s = static_cast<double>(a.messages - prev->second.first) / dt;
@@ -1702,6 +1724,7 @@ private:
       std::mutex mu;
       std::vector<node_status> nodes;
       std::map<node_id, node_info> waiting;  // asked, not answered yet
+      std::map<std::pair<node_id, std::uint64_t>, std::string> names;  // the head's: (node, wire) -> name
       bool local_added = false, done = false;
       std::shared_ptr<responder> r;
       /// The report of `id` as the head knows it, with what the node said of itself.
@@ -1715,10 +1738,15 @@ private:
           s.info.id = it->second.id;
           s.info.host = it->second.host;
           s.info.port = it->second.port;
+          s.info.labels = it->second.labels;
           waiting.erase(it);
         } else {
           local_added = true;
         }
+        // An actor named by another node has its name here only (the head keeps the names).
+        for (auto& a : s.actors)
+          if (a.name.empty() && a.wire != 0)
+            if (auto n = names.find({s.info.id, a.wire}); n != names.end()) a.name = n->second;
         nodes.push_back(std::move(s));
         if (local_added && waiting.empty()) finish();
       }
@@ -1759,10 +1787,11 @@ private:
     std::vector<node_info> others;
     {
       std::lock_guard lock(mu_);
+      for (auto& [name, entry] : names_) g->names.try_emplace({std::get<2>(entry), std::get<1>(entry)}, name);
       for (auto& [id, m] : members_) {
         if (id == self_) continue;
-        if (m.alive) others.push_back({id, m.host, m.port, true, m.actors});
-        else g->nodes.push_back(node_status{{id, m.host, m.port, false, 0}, 0, {}, {}});
+        if (m.alive) others.push_back({id, m.host, m.port, true, m.actors, m.labels});
+        else g->nodes.push_back(node_status{{id, m.host, m.port, false, 0, m.labels}, 0, {}, {}});
       }
     }
     for (auto& info : others) g->waiting.emplace(info.id, info);

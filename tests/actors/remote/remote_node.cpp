@@ -1,7 +1,7 @@
 // A worker node for the remote tests: joins the head, optionally names a kv store, and runs
 // until its standard input closes (the test ends) or it is killed.
 //
-//   remote_test_node --head HOST:PORT --token T [--listen HOST:PORT] [--name NAME]
+//   remote_test_node --head HOST:PORT --token T [--listen HOST:PORT] [--name NAME] [--label L]...
 //                    [--tls-cert PEM --tls-key PEM --tls-ca PEM] [--pester NAME]
 //
 // --pester NAME: tells the kv store named NAME a put every millisecond, numbered from 0.
@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
     else if (flag == "--token") cfg.node.token = value;
     else if (flag == "--listen") cfg.node.listen = value;
     else if (flag == "--name") name = value;
+    else if (flag == "--label") cfg.node.labels.push_back(value);
     else if (flag == "--pester") pester = value;
     else if (flag == "--tls-cert") cfg.node.tls_certificate = value;
     else if (flag == "--tls-key") cfg.node.tls_private_key = value;

@@ -54,6 +54,10 @@ struct node_config {
   std::string tls_certificate;
   std::string tls_private_key;
   std::string tls_ca;
+  /// Free-form tags of this node ("worker", "gpu", "zone=b"), shown in the cluster status so
+  /// that a driver can pick the nodes it spawns on. Each of 1 to 64 characters from
+  /// [A-Za-z0-9._:=/-], at most 32 of them.
+  std::vector<std::string> labels;
   std::chrono::milliseconds heartbeat{100};
   /// Silence after which a node is lost: asks to it fail with errc::node_lost, monitors of
   /// its actors receive down notices.

@@ -335,16 +335,18 @@ struct node_info {
   std::uint16_t port = 0;
   bool alive = true;
   std::uint64_t actors = 0;  ///< live actors at its last heartbeat
+  std::vector<std::string> labels;  ///< node_config::labels it joined with
 };
 
 /// One actor in a cluster status report.
 struct actor_status {
   std::uint64_t id = 0;
   std::string type;
-  std::string name;  ///< its registered name, if any
+  std::string name;  ///< a name it is registered under, here or by another node; "" if none
   std::int64_t mailbox_depth = 0;
   std::uint64_t messages = 0;
   double messages_per_s = 0;  ///< over the last status interval
+  std::uint64_t wire = 0;     ///< the id other nodes (and their error messages) call it by; 0 if none has
 };
 
 /// One node in a cluster status report.
