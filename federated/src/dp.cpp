@@ -181,11 +181,12 @@ rdp_accountant::spent rdp_accountant::epsilon(double delta) const {
   return best;
 }
 
-void adaptive_clipping::update(std::int64_t unclipped, double clients, std::uint64_t seed) {
+void adaptive_clipping::update(double centred_count, double clients, std::uint64_t seed) {
   if (!(clients > 0)) throw std::invalid_argument("adaptive_clipping: clients must be > 0");
-  double noisy = static_cast<double>(unclipped);
+  if (!std::isfinite(centred_count)) throw std::invalid_argument("adaptive_clipping: the count must be finite");
+  double noisy = centred_count;
   if (count_noise > 0) noisy += count_noise * detail::normal_draws(seed).next();
-  bound *= std::exp(-learning_rate * (noisy / clients - target_quantile));
+  bound *= std::exp(-learning_rate * (noisy / clients + 0.5 - target_quantile));
 }
 
 double adaptive_clipping::sum_noise_multiplier(double total) const {

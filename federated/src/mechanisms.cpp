@@ -98,9 +98,10 @@ std::size_t sampled_clients(const dp_options& o) { return o.sampled_clients ? o.
 
 /// The server's half of DP-FedAvg once it holds the sum of the round's clipped updates (added
 /// by itself, or unmasked by secure aggregation): N(0, (z S)²) on every coordinate, the division
-/// by K, one accountant step and, when adaptive, the bound's update from the unclipped count.
+/// by K, one accountant step and, when adaptive, the bound's update from the centred count of
+/// unclipped clients, Σ(b_i - ½) (see adaptive_clipping::update).
 /// The draws depend only on the round's seed, so both paths add the same noise.
-void noise_sum(dp_state& s, std::span<float> sum, std::int64_t unclipped, std::uint64_t round_seed) {
+void noise_sum(dp_state& s, std::span<float> sum, double centred_count, std::uint64_t round_seed) {
   const double stddev = s.sum_multiplier * s.clipping.bound;
   const double k = static_cast<double>(s.options.expected_clients);
   splitmix64 g{derive_seed(round_seed, 0xD1FF)};
@@ -109,7 +110,7 @@ void noise_sum(dp_state& s, std::span<float> sum, std::int64_t unclipped, std::u
   for (float& x : sum) x = static_cast<float>(x / k);
   s.accountant.compose(static_cast<double>(sampled_clients(s.options)) / static_cast<double>(s.options.population),
                        s.options.noise, 1);
-  if (s.options.adaptive) s.clipping.update(unclipped, k, g.next());
+  if (s.options.adaptive) s.clipping.update(centred_count, k, g.next());
 }
 
 void report_dp(const dp_state& s, std::vector<std::pair<std::string, double>>& metrics) {
@@ -164,7 +165,7 @@ public:
   std::string name() const override { return "dp-gaussian"; }
   void begin(const round_info& round) override {
     sum_.assign(round.dim, 0.0);
-    unclipped_ = 0;
+    centred_ = 0;
     added_ = 0;
     seed_ = round.seed;
   }
@@ -178,21 +179,22 @@ public:
       squares += static_cast<double>(delta[i]) * delta[i];
     }
     // A clipped update sits on the bound (up to float rounding); one below it was not clipped.
-    if (std::sqrt(squares) < s_->clipping.bound * (1 - 1e-5)) ++unclipped_;
+    centred_ += std::sqrt(squares) < s_->clipping.bound * (1 - 1e-5) ? 0.5 : -0.5;
     ++added_;
   }
   std::vector<float> finish() override {
     if (added_ == 0) throw std::logic_error("dp-gaussian: no updates in this round");
     std::vector<float> out(sum_.size());
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(sum_[i]);
-    noise_sum(*s_, out, unclipped_, seed_);
+    noise_sum(*s_, out, centred_, seed_);
     return out;
   }
 
 private:
   std::shared_ptr<dp_state> s_;
   std::vector<double> sum_;
-  std::int64_t unclipped_ = 0, added_ = 0;
+  double centred_ = 0;  // Σ(b_i - ½)
+  std::int64_t added_ = 0;
   std::uint64_t seed_ = 0;
 };
 
@@ -355,12 +357,12 @@ public:
     input.resize(r.cfg.dim);
     if (s_->dp) {
       // DP-FedAvg: the client clips its own update (unweighted: the sum's sensitivity is S);
-      // under adaptive clipping it adds S when it was not clipped, 0 when it was, so that the
-      // server learns only how many were (the sum of that coordinate over S).
+      // under adaptive clipping it adds S/2 when it was not clipped, -S/2 when it was, so that
+      // the server learns only the centred count Σ(b_i - ½) (that coordinate's sum over S).
       const double bound = s_->dp->clipping.bound;
       const double norm = clip_l2(u.delta, bound);
       std::copy(u.delta.begin(), u.delta.end(), input.begin());
-      if (s_->dp->options.adaptive) input.back() = norm <= bound ? static_cast<float>(bound) : 0.0f;
+      if (s_->dp->options.adaptive) input.back() = static_cast<float>(norm <= bound ? bound / 2 : -bound / 2);
     } else {
       // The weighted mean (see make_secure_aggregation): (w / W) clip(delta) and (w / W) clip,
       // every coordinate in [-clip, clip] whatever the weight.
@@ -411,7 +413,7 @@ public:
       throw round_aborted("secure aggregation needs at least two clients in a round; this one has " +
                           std::to_string(round.participants.size()));
     // Under DP every input's L2 norm is at most the bound S, so is each coordinate's magnitude
-    // (the unclipped indicator is 0 or S): clipping coordinates to S changes nothing, and the
+    // (the unclipped indicator is ±S/2): clipping coordinates to S changes nothing, and the
     // scale keeps the sum of max_clients inputs below 2^31 (see secagg_options::dp).
     // Without DP, a coordinate of the sum is at most clip * (the round's weights) / max_weight.
     const std::size_t most = std::max(s_->options.max_clients, round.participants.size());
@@ -483,12 +485,12 @@ public:
     s_->survivors = r.server->survivors();
     r = {};
     if (s_->dp) {
-      std::int64_t unclipped = 0;
+      double centred = 0;  // a whole multiple of ½, up to the fixed point's rounding
       if (s_->dp->options.adaptive) {
-        unclipped = std::llround(sum.back() / s_->dp->clipping.bound);
+        centred = std::round(2 * sum.back() / s_->dp->clipping.bound) / 2;
         sum.pop_back();
       }
-      noise_sum(*s_->dp, sum, unclipped, seed_);
+      noise_sum(*s_->dp, sum, centred, seed_);
       return sum;
     }
     // Both sums have the same scale: the mean is the ratio of the integers, times clip.

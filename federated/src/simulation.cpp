@@ -203,6 +203,9 @@ struct engine_state {
   std::vector<std::unique_ptr<update_transform>> transforms;
   std::vector<std::size_t> transform_offset;  // into a client's state, after SCAFFOLD's c_i
   std::size_t state_floats = 0;
+  /// SCAFFOLD's c_i+ - c_i is kept within this, as secure aggregation's encoding keeps what it
+  /// sums: c_i moves by what the server adds into c (infinite: no bound).
+  double control_bound = std::numeric_limits<double>::infinity();
   latency_model latency;
   std::atomic<std::size_t> state_bytes{0};
   const std::uint64_t id = next_engine_id.fetch_add(1);
@@ -330,7 +333,8 @@ public:
       // Option II: c_i+ = c_i - c + (x - y_i) / (K lr); the client sends c_i+ - c_i.
       const double scale = 1.0 / (static_cast<double>(r.steps) * e.options.lr);
       for (std::size_t p = 0; p < dim; ++p) {
-        const float dc = static_cast<float>(-ctx->control[p] + (global[p] - w.model[p]) * scale);
+        const float dc = static_cast<float>(
+            std::clamp(-ctx->control[p] + (global[p] - w.model[p]) * scale, -e.control_bound, e.control_bound));
         u.delta[dim + p] = dc;
         ci[p] += dc;
       }
@@ -834,6 +838,15 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
   impl_->buffer = parse_async(o.async);
   if (impl_->buffer && e.rule.control_variates)
     throw std::invalid_argument("--async with scaffold is not supported: its control variates assume synchronous rounds");
+  // SCAFFOLD's server control variate is the mean of the clients' (Karimireddy et al.): each
+  // client adds its c_i+ - c_i to c_i, so an update clipped, noised or compressed on its way
+  // leaves the server's c off that mean for good. Secure aggregation only clamps coordinates,
+  // as the client can itself.
+  if (e.rule.control_variates && (o.dp_clip != 0 || o.dp_noise != 0 || o.dp_adaptive || !o.compress.empty()))
+    throw std::invalid_argument(
+        "scaffold with --dp-* or --compress is not supported: its server control variate must stay the mean of the "
+        "clients', and those change the update on its way");
+  if (e.rule.control_variates && o.secagg) e.control_bound = secagg_options{}.clip;
 
   auto global = std::make_shared<std::vector<float>>(e.dim);
   impl_->server_trainer->initialize(*global, derive_seed(o.seed, stream_model));

@@ -119,12 +119,14 @@ TEST(GaussianNoise, HasTheRequestedMomentsAndDependsOnlyOnTheSeed) {
 
 TEST(AdaptiveClipping, MovesTheBoundTowardTheTargetQuantile) {
   adaptive_clipping clip{.bound = 1.0, .target_quantile = 0.5, .learning_rate = 0.2};
-  clip.update(10, 10, 1);  // everybody unclipped: the bound is too large, it shrinks
+  // The count is centred: Σ(b_i - ½) over 10 clients.
+  clip.update(5, 10, 1);  // everybody unclipped: the bound is too large, it shrinks
   EXPECT_NEAR(clip.bound, std::exp(-0.2 * 0.5), 1e-12);
-  clip.update(0, 10, 2);  // everybody clipped: it grows
+  clip.update(-5, 10, 2);  // everybody clipped: it grows
   EXPECT_NEAR(clip.bound, 1.0, 1e-12);
-  clip.update(5, 10, 3);  // at the quantile: unchanged
+  clip.update(0, 10, 3);  // at the quantile: unchanged
   EXPECT_NEAR(clip.bound, 1.0, 1e-12);
+  EXPECT_THROW(clip.update(std::nan(""), 10, 4), std::invalid_argument);
 }
 
 TEST(AdaptiveClipping, TakesTheCountsNoiseOutOfTheSumsMultiplier) {

@@ -551,6 +551,21 @@ TEST(FedBuff, LearnsFashionMnistOnIidData) {
   EXPECT_LT(after.loss, 1.2);
 }
 
+// SCAFFOLD's server c must stay the mean of the clients' c_i; a transform that changes the
+// update on its way (clipping, noise, compression) broke that silently.
+TEST(Simulation, RefusesScaffoldWithATransformThatChangesTheUpdate) {
+  auto o = small("scaffold", 1);
+  auto refused = [&](auto change) {
+    auto b = o;
+    change(b);
+    expect_error<std::invalid_argument>([&] { simulation sim(b, fashion()); }, "scaffold with --dp-* or --compress");
+  };
+  refused([](simulation_options& b) { b.dp_clip = 1, b.dp_noise = 1; });
+  refused([](simulation_options& b) { b.compress = "topk:0.1"; });
+  refused([](simulation_options& b) { b.compress = "qsgd:4"; });
+  EXPECT_NO_THROW(simulation(o, fashion()));
+}
+
 TEST(FedBuff, RefusesWhatItCannotDo) {
   auto o = small("fedavg", 1);
   auto refuse = [&](simulation_options bad, const std::string& message) {

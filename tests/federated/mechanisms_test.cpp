@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include <troupe/federated/dp.hpp>
@@ -191,7 +193,7 @@ TEST(PrivateSecureAggregation, CountsTheUnclippedClientsThroughTheSecureSumOnly)
   const std::uint64_t count_seed = g.next();
   for (std::int64_t unclipped : {2, 3, 4}) {
     adaptive_clipping c{.bound = 1.0, .count_noise = 1.0};
-    c.update(unclipped, double(k), count_seed);
+    c.update(double(unclipped) - double(k) / 2, double(k), count_seed);
     if (unclipped == 3)
       EXPECT_DOUBLE_EQ(b[1].second, c.bound);
     else
@@ -203,6 +205,30 @@ TEST(PrivateSecureAggregation, CountsTheUnclippedClientsThroughTheSecureSumOnly)
   EXPECT_EQ(saved[0], b[1].second);
   EXPECT_NO_THROW(secure.transform->load_state(saved));
   EXPECT_THROW(secure.transform->load_state(std::vector<double>{0.0}), std::invalid_argument);
+}
+
+// Andrew et al.'s Theorem 1 (the count's noise σ_b costs the sum's multiplier as (2σ_b)⁻²)
+// holds when one client more or less moves the noised count by ½: the count is centred,
+// Σ(b_i - ½). A plain count moved by 1 and the reported ε was too small (19.4 for 11.0).
+TEST(PrivateSecureAggregation, OneClientMoreOrLessMovesTheAdaptiveCountByAHalf) {
+  const std::size_t k = 6;
+  const dp_options dp{.clip = 1.0, .noise = 0.5, .expected_clients = k, .population = 60, .adaptive = true, .count_noise = 1.0};
+  const auto updates = random_updates(k, 500, 1.0, 21);  // the first unclipped, the last clipped
+  for (const bool secure : {false, true}) {
+    auto bound_after = [&](std::vector<client_update> round) {
+      auto m = secure ? make_secure_aggregation({.max_clients = k, .dp = dp}) : make_differential_privacy(dp);
+      drive(m, std::move(round), 9, 60);
+      std::vector<std::pair<std::string, double>> metrics;
+      m.transform->end_round({}, metrics);
+      return metrics.at(1).second;
+    };
+    const double all = bound_after(updates);
+    const double less_unclipped = bound_after({updates.begin() + 1, updates.end()});
+    const double less_clipped = bound_after({updates.begin(), updates.end() - 1});
+    // C' = C exp(-η (b̃ - γ)) with b̃ = (Σ(b_i - ½) + noise) / K + ½, η = 0.2, K = 6.
+    EXPECT_NEAR(std::log(all / less_unclipped), -0.2 * 0.5 / double(k), 1e-9) << "secure " << secure;
+    EXPECT_NEAR(std::log(all / less_clipped), 0.2 * 0.5 / double(k), 1e-9) << "secure " << secure;
+  }
 }
 
 TEST(PrivateSecureAggregation, TheServerHoldsOnlyMaskedClippedInputs) {
@@ -484,6 +510,54 @@ TEST(SecureAggregation, MatchesThePlainWeightedMeanOnUnequalShardsNoopAndScaffol
       for (std::size_t i = 0; i < plain.size(); ++i)
         EXPECT_NEAR(s[i], plain[i], 2e-8) << "base " << base << " coordinate " << i;
     }
+  }
+}
+
+// A client whose gradient is a constant g_k: its corrections c - c_i, summed over every client
+// of a full-participation run, stay 0 (SCAFFOLD's c is the mean of the c_i). Under SecAgg a
+// c_i+ - c_i beyond the encoding's ±4 was clamped for the server and not for the client, and
+// the sum drifted to -9 by round 4.
+class constant_gradient final : public local_trainer {
+public:
+  explicit constant_gradient(std::map<std::uint64_t, double>& seen, std::mutex& mu) : seen_(seen), mu_(mu) {}
+  std::size_t dim() const override { return 2; }
+  void initialize(std::span<float> m, std::uint64_t) override { std::fill(m.begin(), m.end(), 0.0f); }
+  local_result train(const local_job& job, std::span<float> m, splitmix64&) override {
+    const double c = job.correction.empty() ? 0 : job.correction[0];
+    {
+      std::lock_guard lock(mu_);
+      seen_[job.client] = c;
+    }
+    local_result r{};
+    for (int step = 0; step < 5; ++step, ++r.steps) m[0] -= static_cast<float>(job.lr * (1.0 + 3.0 * double(job.client) + c));
+    r.samples = 5;
+    return r;
+  }
+  evaluation evaluate(std::span<const float>) override { return {}; }
+
+private:
+  std::map<std::uint64_t, double>& seen_;
+  std::mutex& mu_;
+};
+
+TEST(SecureAggregation, KeepsScaffoldsControlVariateTheMeanOfTheClients) {
+  for (const bool secure : {false, true}) {
+    auto o = small();
+    o.clients = 4;
+    o.per_round = 4;
+    o.partition = "iid";
+    o.strategy = "scaffold";
+    o.lr = 0.1;
+    o.secagg = secure;
+    std::map<std::uint64_t, double> seen;
+    std::mutex mu;
+    simulation sim(o, fashion(), [&](const shared_data&) { return std::make_unique<constant_gradient>(seen, mu); });
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(sim.run_round().aborted, "");
+    ASSERT_EQ(seen.size(), 4u);
+    double sum = 0, largest = 0;
+    for (auto& [client, c] : seen) sum += c, largest = std::max(largest, std::abs(c));
+    EXPECT_GT(largest, 1.0) << "secure " << secure;  // the corrections are not all zero
+    EXPECT_NEAR(sum, 0, 1e-4) << "secure " << secure;
   }
 }
 

@@ -81,10 +81,13 @@ struct adaptive_clipping {
   double learning_rate = 0.2;     ///< η_C
   double count_noise = 0;         ///< σ_b: stddev of the noise on the unclipped count (in clients)
 
-  /// Updates the bound from the round's count of unclipped clients out of `clients` (the expected
-  /// number per round), noising the count with `count_noise` drawn from `seed`:
-  ///   C ← C · exp(-η_C (b̃ - γ)),  b̃ = (unclipped + N(0, σ_b²)) / clients.
-  void update(std::int64_t unclipped, double clients, std::uint64_t seed);
+  /// Updates the bound from the round's centred count Σ(b_i - ½) (b_i = 1 for a client whose
+  /// update was not clipped, 0 for one that was), noised with `count_noise` drawn from `seed`:
+  ///   C ← C · exp(-η_C (b̃ - γ)),  b̃ = (Σ(b_i - ½) + N(0, σ_b²)) / clients + ½,
+  /// `clients` being the expected number per round. Centred, one client more or less moves the
+  /// noised value by ½, the sensitivity sum_noise_multiplier's formula assumes (a plain count
+  /// moves by 1, and the round would cost more than the multiplier it reports).
+  void update(double centred_count, double clients, std::uint64_t seed);
 
   /// The noise multiplier left for the sum when the whole round must cost that of multiplier
   /// `total` (the paper's Theorem 1): z_Δ = (total⁻² - (2 σ_b)⁻²)^(-1/2). With count_noise 0 the

@@ -99,9 +99,9 @@ struct secagg_options {
   double dropout = 0;         ///< fraction of participants lost after masking (rounded; seeded choice)
   /// Differential privacy on the secure sum (clip and noise 0: none; otherwise validated as by
   /// make_differential_privacy). Each client clips its own update to the current bound S and
-  /// masks it unweighted (plus, under adaptive clipping, S when it was not clipped and 0 when
-  /// it was); the server unmasks only the sum, takes the unclipped count from its last
-  /// coordinate, and noises and divides the sum exactly as DP-FedAvg does. The fixed-point
+  /// masks it unweighted (plus, under adaptive clipping, S/2 when it was not clipped and -S/2
+  /// when it was); the server unmasks only the sum, takes the centred count of unclipped
+  /// clients from its last coordinate, and noises and divides the sum exactly as DP-FedAvg does. The fixed-point
   /// encoding then clips coordinates to S instead of `clip`: an L2-clipped update has no
   /// coordinate above S, so nothing more is cut, and K inputs sum below 2^31 (resolution
   /// quantum of at most K S / 2^30; the sum is off by at most K / 2 quanta). The weights are
