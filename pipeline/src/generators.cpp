@@ -246,6 +246,9 @@ struct generator {
   const char* name;
   int default_v;
   schedule (*make)(int, int, int);
+  /// Built over at least 2p - 1 microbatches (or a timeline as long), those beyond m left out:
+  /// its work, and the cells it is held to, grow as p x max(m, 2p - 1).
+  bool padded = false;
 };
 
 const generator generators[] = {
@@ -256,10 +259,10 @@ const generator generators[] = {
     {"looped-bfs", 2, looped_bfs},
     {"zb-h1", 1, zb_h1},
     {"zb-h2", 1, zb_h2},
-    {"zb-v", 2, zb_v},
+    {"zb-v", 2, zb_v, true},
     {"dualpipe-v", 2, dualpipe_v},
-    {"v-half", 2, v_half},
-    {"v-min", 2, v_min},
+    {"v-half", 2, v_half, true},
+    {"v-min", 2, v_min, true},
 };
 
 const generator& find_generator(const std::string& name) {
@@ -288,12 +291,14 @@ schedule generate(const std::string& name, int ranks, int microbatches, int virt
   const int v = virtual_stages == 0 ? g.default_v : virtual_stages;
   // Every (rank, microbatch, virtual stage) holds a few operations: refuse what would not fit
   // in memory instead of failing to allocate it.
+  // A padded generator is held to its padded count (p = 20000, m = 1 took 23 GB and was killed).
   constexpr std::int64_t most = max_schedule_cells;
-  const std::int64_t cells = std::int64_t{ranks} * microbatches * v;
-  if (cells > most || cells / ranks / microbatches != v)
-    refuse(name, std::to_string(ranks) + " stages x " + std::to_string(microbatches) + " microbatches x " +
-                     std::to_string(v) + " virtual stages is more than " + std::to_string(most) +
-                     " cells (make the schedule smaller)");
+  const std::int64_t built = g.padded ? std::max<std::int64_t>(microbatches, 2 * std::int64_t{ranks} - 1) : microbatches;
+  const std::int64_t cells = std::int64_t{ranks} * built * v;
+  if (cells > most || cells / ranks / built != v)
+    refuse(name, std::to_string(ranks) + " stages x " + std::to_string(built) + " microbatches" +
+                     (built != microbatches ? " (it is built over at least 2p - 1)" : "") + " x " + std::to_string(v) +
+                     " virtual stages is more than " + std::to_string(most) + " cells (make the schedule smaller)");
   return g.make(ranks, microbatches, v);
 }
 

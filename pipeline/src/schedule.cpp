@@ -262,8 +262,12 @@ schedule with_checkpointing(const schedule& s, const checkpoint_policy& policy, 
     std::vector<std::optional<action>> next;
     next.reserve(row.size() * 3 / 2);
     for (const auto& a : row) {
-      if (a && (a->kind == op::B || a->kind == op::I))
-        next.emplace_back(action{a->stage, op::recompute, a->microbatch});
+      if (a && (a->kind == op::B || a->kind == op::I)) {
+        // Before the backward, or before the overlapped pair the backward closes: a pair stays
+        // one step (its recompute inside it would take the forward's place).
+        const bool closes_pair = !next.empty() && next.back() && next.back()->overlapped;
+        next.insert(closes_pair ? next.end() - 1 : next.end(), action{a->stage, op::recompute, a->microbatch});
+      }
       next.push_back(a);
     }
     row = std::move(next);

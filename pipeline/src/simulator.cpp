@@ -87,7 +87,7 @@ std::string rational::str() const {
 
 cost_model cost_model::parse(std::string_view text) {
   cost_model m;
-  bool b_given = false, iw_given = false;
+  bool b_given = false, i_given = false, w_given = false;
   std::vector<std::string> seen;
   std::string_view rest = text;
   while (!rest.empty()) {
@@ -106,14 +106,29 @@ cost_model cost_model::parse(std::string_view text) {
     if (v < rational(0)) throw std::invalid_argument("cost " + key + " must not be negative");
     if (key == "f") m.uniform.f = v;
     else if (key == "b") m.uniform.b = v, b_given = true;
-    else if (key == "i") m.uniform.i = v, iw_given = true;
-    else if (key == "w") m.uniform.w = v, iw_given = true;
+    else if (key == "i") m.uniform.i = v, i_given = true;
+    else if (key == "w") m.uniform.w = v, w_given = true;
     else if (key == "comm") m.uniform.comm = v;
     else if (key == "fb") m.uniform.fb = v;
     else
       throw std::invalid_argument("unknown cost '" + key + "' (use F, B, I, W, comm and FB)");
   }
-  if (iw_given && !b_given) m.uniform.b = m.uniform.i + m.uniform.w;
+  // One backward, split or not: B = I + W always, so that schedules with the split and those
+  // without compare on the same model. What is not given follows from what is.
+  auto& c = m.uniform;
+  if (!b_given) {
+    c.b = c.i + c.w;  // (I and W default to 1)
+  } else if (!i_given && !w_given) {
+    c.i = c.w = c.b / rational(2);
+  } else if (!w_given || !i_given) {
+    (i_given ? c.w : c.i) = c.b - (i_given ? c.i : c.w);
+    if (c.w < rational(0) || c.i < rational(0))
+      throw std::invalid_argument("cost " + std::string(i_given ? "I" : "W") + " is more than B (" + c.b.str() +
+                                  "): a backward is B = I + W");
+  } else if (c.b != c.i + c.w) {
+    throw std::invalid_argument("costs B=" + c.b.str() + ", I=" + c.i.str() + ", W=" + c.w.str() +
+                                ": a backward is B = I + W, split or not");
+  }
   return m;
 }
 
@@ -140,6 +155,9 @@ void check_costs(const action_costs& c, const std::string& where) {
   for (const auto& [name, v] : all)
     if (v != nullptr && *v < rational(0))
       throw std::invalid_argument("cost " + std::string(name) + where + " is " + v->str() + "; costs must not be negative");
+  if (c.b != c.i + c.w)
+    throw std::invalid_argument("cost B" + where + " is " + c.b.str() + " but I + W is " + (c.i + c.w).str() +
+                                ": a backward is B = I + W, split or not");
 }
 
 class engine {

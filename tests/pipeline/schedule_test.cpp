@@ -86,6 +86,13 @@ TEST(Generators, RefuseWhatTheyCannotScheduleWithAMessageSayingWhatToChange) {
   EXPECT_THROW(generate("gpipe", 2'000'000'000, 1), std::invalid_argument);
   EXPECT_THROW(generate("interleaved-1f1b", 2, 4, 2'000'000'000), std::invalid_argument);
   EXPECT_THROW(generate("1f1b", 65'536, 65'536), std::invalid_argument);
+  // The V-shaped generators built over 2p - 1 microbatches whatever m: 20000 stages and one
+  // microbatch (40000 cells) took 23 GB before they were held to what they build.
+  for (const char* padded : {"zb-v", "v-half", "v-min"}) {
+    EXPECT_THROW(generate(padded, 20'000, 1), std::invalid_argument) << padded;
+    EXPECT_NO_THROW(generate(padded, 100, 1)) << padded;
+  }
+  EXPECT_NO_THROW(generate("1f1b", 20'000, 1));
 }
 
 TEST(Generators, EveryScheduleIsValidForSmallShapes) {
@@ -208,6 +215,25 @@ TEST(Costs, ParseNamesAndExactValues) {
   cost_model per_stage;
   per_stage.per_stage = {action_costs{}, action_costs{.f = rational(-1)}};
   EXPECT_THROW(simulate(generate("1f1b", 2, 2), per_stage), std::invalid_argument);
+  // One backward, split or not: B = I + W. B alone split 4 into 2 + 2 for the split schedules
+  // only while the others ran with 4 (ZB-H1 took 27 to 1F1B's 55 at p=4 m=8).
+  const auto b_alone = cost_model::parse("F=1,B=4").uniform;
+  EXPECT_EQ(b_alone.i, rational(2));
+  EXPECT_EQ(b_alone.w, rational(2));
+  const auto b_and_i = cost_model::parse("B=4,I=3").uniform;
+  EXPECT_EQ(b_and_i.w, rational(1));
+  EXPECT_EQ(cost_model::parse("I=3,W=2").uniform.b, rational(5));
+  EXPECT_EQ(cost_model::parse("W=3").uniform.b, rational(4));  // I stays 1
+  EXPECT_THROW(cost_model::parse("B=1,I=1,W=1"), std::invalid_argument);
+  EXPECT_THROW(cost_model::parse("B=1,W=2"), std::invalid_argument);
+  cost_model uneven;
+  uneven.uniform.b = rational(4);  // I and W stay 1
+  EXPECT_THROW(simulate(generate("1f1b", 2, 2), uneven), std::invalid_argument);
+  // With one model, the split schedules are faster, never by a wrong backward.
+  const auto model = cost_model::parse("F=1,B=4");
+  EXPECT_EQ(simulate(generate("1f1b", 4, 8), model).makespan, rational(3 * 5 + 8 * 5));
+  EXPECT_LT(simulate(generate("zb-h1", 4, 8), model).makespan, simulate(generate("1f1b", 4, 8), model).makespan);
+  EXPECT_GT(simulate(generate("zb-h1", 4, 8), model).makespan, rational(8 * 5));
 }
 
 TEST(Rational, ArithmeticIsExactOrThrowsNeverWraps) {
@@ -323,8 +349,8 @@ TEST(ZeroBubble, ReproducesThePapersTable5FromItsProfiledTimes) {
     split.uniform.i = rational::parse(r.b);
     split.uniform.w = rational::parse(r.w);
     split.uniform.comm = rational::parse(r.c);
-    cost_model full = split;
-    full.uniform.b = split.uniform.i + split.uniform.w;
+    split.uniform.b = split.uniform.i + split.uniform.w;
+    const cost_model& full = split;  // 1F1B's backward is the two halves
     const std::string at = "p=" + std::to_string(r.p) + " m=" + std::to_string(r.m) + " F=" + r.f;
     EXPECT_NEAR(simulate(generate("1f1b", r.p, r.m), full).bubble_span, r.one_f_one_b, 5e-4) << at;
     EXPECT_NEAR(simulate(generate("zb-h1", r.p, r.m), split).bubble_span, r.h1, 5e-4) << at;
@@ -374,6 +400,28 @@ TEST(Checkpointing, TheSplitBackwardKeepsRecomputedActivationsUntilW) {
   // Rank 0 of ZB-H2 (p = 2): F0 F1 F2 hold 3 x 1/3; the recompute of 0 restores 2/3; its I
   // frees nothing; W0 frees all of microbatch 0.
   EXPECT_DOUBLE_EQ(sim.peak_activations[0], 5.0 / 3.0);
+}
+
+// A recompute goes before the overlapped pair its backward closes: put between the two, it
+// took the forward's place in the pair, and the pair's FB price was silently lost.
+TEST(Checkpointing, KeepsDualPipeVsOverlappedPairsOfAForwardAndABackward) {
+  const auto s = with_checkpointing(generate("dualpipe-v", 2, 4), checkpoint_policy::parse("sqrt"), 4);
+  EXPECT_NO_THROW(validate(s));
+  int pairs = 0;
+  for (const auto& row : s.ranks)
+    for (std::size_t k = 0; k + 1 < row.size(); ++k)
+      if (row[k] && row[k]->overlapped) {
+        ++pairs;
+        ASSERT_TRUE(row[k + 1]);
+        EXPECT_TRUE((row[k]->kind == op::F && row[k + 1]->kind == op::B) ||
+                    (row[k]->kind == op::B && row[k + 1]->kind == op::F))
+            << to_string(*row[k]) << " with " << to_string(*row[k + 1]);
+      }
+  EXPECT_GT(pairs, 0);
+  // So an overlapped step's price counts: FB = 2 instead of F + B = 6.
+  const auto slow = simulate(s, cost_model::parse("F=2,B=4,I=2,W=2"));
+  const auto fast = simulate(s, cost_model::parse("F=2,B=4,I=2,W=2,FB=2"));
+  EXPECT_LT(fast.makespan, slow.makespan);
 }
 
 TEST(Checkpointing, IsRefusedOnALoweredSchedule) {

@@ -35,7 +35,9 @@ struct cost_model {
 
   /// Parses "F=1,B=2,I=1,W=1,comm=0,FB=2.5" (any subset, in any order; names are
   /// case-insensitive; FB is an overlapped forward + backward step).
-  /// For schedules without the split, a backward costs I + W when I or W is given and B is not.
+  /// A backward is one cost, split or not: B = I + W. Without B it is I + W (each 1 unless
+  /// given); B alone splits in halves; B with one of I and W gives the other the rest. Throws
+  /// std::invalid_argument for B ≠ I + W (the simulator refuses that from code too).
   static cost_model parse(std::string_view text);
 };
 
