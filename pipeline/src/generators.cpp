@@ -71,11 +71,15 @@ schedule one_f_one_b(int p, int m, int v) {
 schedule interleaved(const std::string& name, int p, int m, int v, bool split) {
   if (v < 2) refuse(name, "needs at least 2 stages per rank (use " +
                               std::string(split ? "zb-h1" : "1f1b") + " for one)");
+  auto splits = [p](int n) { return n % std::max(1, n / p) == 0; };
   const int rounds = std::max(1, m / p);
-  if (m % rounds != 0)
-    refuse(name, "needs the microbatches to split into equal rounds (p=" + std::to_string(p) +
-                     ", m=" + std::to_string(m) + "): use a multiple of " + std::to_string(p) +
-                     " such as m=" + std::to_string((m / p + 1) * p));
+  if (!splits(m)) {
+    int below = m - 1, above = m + 1;  // the nearest that do (m = p-1 always does: one round)
+    while (!splits(below)) --below;
+    while (!splits(above)) ++above;
+    refuse(name, "needs the microbatches to split into rounds of equal size, floor(m/p) rounds (p=" + std::to_string(p) +
+                     ", m=" + std::to_string(m) + "): use m=" + std::to_string(below) + " or m=" + std::to_string(above));
+  }
   const int k = m / rounds;  // microbatches per round
   auto s = empty_schedule(name, p, m, v, placement_kind::looped);
   const int total = v * m;
