@@ -409,21 +409,23 @@ private:
           break;
         case op::send_f:
           need_local(n, find(st, op::F, mb), to_string(action{st, op::F, mb}));
-          if (st == last || find(st + 1, op::recv_f, mb) < 0)
-            fail(n, "has no matching " + to_string(action{st + 1, op::recv_f, mb}));
+          if (st == last) fail(n, "sends a forward from the last stage, which has no next stage");
+          if (find(st + 1, op::recv_f, mb) < 0) fail(n, "has no matching " + to_string(action{st + 1, op::recv_f, mb}));
           break;
         case op::send_b:
           need_local(n, backward_of(st, mb), "the backward of stage " + std::to_string(st));
-          if (st == 0 || find(st - 1, op::recv_b, mb) < 0)
-            fail(n, "has no matching " + to_string(action{st - 1, op::recv_b, mb}));
+          if (st == 0) fail(n, "sends a gradient from stage 0, which has no previous stage");
+          if (find(st - 1, op::recv_b, mb) < 0) fail(n, "has no matching " + to_string(action{st - 1, op::recv_b, mb}));
           break;
         case op::recv_f: {
+          if (st == 0) fail(n, "receives a forward on stage 0, which has no previous stage");
           int snd = find(st - 1, op::send_f, mb);
           if (snd < 0) fail(n, "has no matching " + to_string(action{st - 1, op::send_f, mb}));
           n.deps.emplace_back(snd, true);
           break;
         }
         case op::recv_b: {
+          if (st == last) fail(n, "receives a gradient on the last stage, which has no next stage");
           int snd = find(st + 1, op::send_b, mb);
           if (snd < 0) fail(n, "has no matching " + to_string(action{st + 1, op::send_b, mb}));
           n.deps.emplace_back(snd, true);

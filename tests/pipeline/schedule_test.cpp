@@ -148,6 +148,21 @@ TEST(Validator, PointsAtTheFirstOffendingAction) {
   auto wrong_rank = generate("gpipe", 2, 1);
   wrong_rank.ranks[0][0] = action{1, op::F, 0};
   EXPECT_THROW(validate(wrong_rank), schedule_error);
+  // Data that would cross the pipeline's ends is named as such (a receive on stage 0 was
+  // reported as lacking "-1SEND_F0").
+  const std::pair<const char*, const char*> ends[] = {
+      {"0RECV_F0,0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n", "receives a forward on stage 0"},
+      {"0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1SEND_F0,1B0,1SEND_B0\n", "sends a forward from the last stage"},
+      {"0F0,0SEND_F0,0RECV_B0,0B0,0SEND_B0\n1RECV_F0,1F0,1B0,1SEND_B0\n", "sends a gradient from stage 0"},
+      {"0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1RECV_B0,1B0,1SEND_B0\n", "receives a gradient on the last stage"}};
+  for (const auto& [csv, why] : ends) {
+    try {
+      validate(from_csv(csv));
+      ADD_FAILURE() << csv;
+    } catch (const schedule_error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Validator, FindsADeadlockAcrossRanks) {
