@@ -49,7 +49,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--model", o.model, "mlp:IN-H1-...-OUT")->capture_default_str();
   cmd->add_option("--partition", o.partition, "iid, dirichlet:A, shards:K or powerlaw:A")->capture_default_str();
   cmd->add_option("--strategy", o.strategy,
-                  troupe::federated::strategy_names() + ", or a robust rule: median, trimmed-mean:B, krum:F, multi-krum:F:M")
+                  troupe::federated::strategy_names() + ", or a robust rule: median, trimmed-mean:B, krum:F, multi-krum:F:M, geomed, norm-bound:M")
       ->capture_default_str();
   cmd->add_option("--server-lr", o.server.server_lr, "server learning rate (default: the strategy's)")
       ->check(positive_number);

@@ -47,9 +47,9 @@ std::size_t count(const std::string& text, const std::string& spec) {
 
 class buffered_rule final : public aggregator {
 public:
-  enum class kind { median, trimmed_mean, krum };
-  buffered_rule(std::string name, kind k, std::size_t a, std::size_t b)
-      : name_(std::move(name)), kind_(k), a_(a), b_(b), least_(least_updates(name_)) {}
+  enum class kind { median, trimmed_mean, krum, geometric_median, norm_bound };
+  buffered_rule(std::string name, kind k, std::size_t a, std::size_t b, double bound = 0)
+      : name_(std::move(name)), kind_(k), a_(a), b_(b), least_(least_updates(name_)), bound_(bound) {}
   std::string name() const override { return name_; }
   void begin(const round_info& round) override {
     dim_ = round.dim;
@@ -71,6 +71,8 @@ public:
       case kind::median: return coordinate_median(views);
       case kind::trimmed_mean: return trimmed_mean(views, a_);
       case kind::krum: return multi_krum(views, a_, b_);
+      case kind::geometric_median: return geometric_median(views);
+      case kind::norm_bound: return norm_bounded_mean(views, bound_);
     }
     return {};
   }
@@ -79,6 +81,7 @@ private:
   std::string name_;
   kind kind_;
   std::size_t a_, b_, least_, dim_ = 0;
+  double bound_;
   std::vector<std::vector<float>> updates_;
 };
 
@@ -521,7 +524,8 @@ private:
 
 bool is_robust_rule(const std::string& spec) {
   const auto name = detail::split_spec(spec).front();
-  return name == "median" || name == "trimmed-mean" || name == "krum" || name == "multi-krum";
+  return name == "median" || name == "trimmed-mean" || name == "krum" || name == "multi-krum" || name == "geomed" ||
+         name == "norm-bound";
 }
 
 std::size_t least_updates(const std::string& spec) {
@@ -537,6 +541,12 @@ std::unique_ptr<aggregator> make_robust_aggregator(const std::string& spec) {
   const auto p = detail::split_spec(spec);
   using k = buffered_rule::kind;
   if (p[0] == "median" && p.size() == 1) return std::make_unique<buffered_rule>(spec, k::median, 0, 0);
+  if (p[0] == "geomed" && p.size() == 1) return std::make_unique<buffered_rule>(spec, k::geometric_median, 0, 0);
+  if (p[0] == "norm-bound" && p.size() == 2) {
+    const double bound = number(p[1], spec);
+    if (!(bound > 0) || !std::isfinite(bound)) bad("'" + spec + "': the norm bound M must be > 0 and finite");
+    return std::make_unique<buffered_rule>(spec, k::norm_bound, 0, 0, bound);
+  }
   if (p[0] == "trimmed-mean" && p.size() == 2) return std::make_unique<buffered_rule>(spec, k::trimmed_mean, count(p[1], spec), 0);
   if (p[0] == "krum" && p.size() == 2) return std::make_unique<buffered_rule>(spec, k::krum, count(p[1], spec), 1);
   if (p[0] == "multi-krum" && p.size() == 3) {
@@ -544,7 +554,7 @@ std::unique_ptr<aggregator> make_robust_aggregator(const std::string& spec) {
     if (m < 1) bad("'" + spec + "': M must be at least 1");
     return std::make_unique<buffered_rule>(spec, k::krum, count(p[1], spec), m);
   }
-  bad("unknown robust aggregation rule '" + spec + "' (median, trimmed-mean:B, krum:F, multi-krum:F:M)");
+  bad("unknown robust aggregation rule '" + spec + "' (median, trimmed-mean:B, krum:F, multi-krum:F:M, geomed, norm-bound:M)");
 }
 
 namespace {

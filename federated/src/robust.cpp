@@ -111,6 +111,64 @@ std::vector<float> multi_krum(std::span<const update_view> updates, std::size_t 
   return out;
 }
 
+std::vector<float> geometric_median(std::span<const update_view> updates, int iterations, double nu, double tolerance) {
+  const std::size_t dim = check_updates(updates, "geometric_median"), n = updates.size();
+  if (!(nu > 0) || !std::isfinite(nu)) throw std::invalid_argument("geometric_median: nu must be > 0 and finite");
+  if (iterations < 1) throw std::invalid_argument("geometric_median: iterations must be >= 1");
+  if (!(tolerance >= 0)) throw std::invalid_argument("geometric_median: the tolerance must be >= 0");
+  std::vector<double> z(dim, 0.0), next(dim);
+  for (const auto& u : updates)
+    for (std::size_t j = 0; j < dim; ++j) z[j] += u[j];
+  for (double& x : z) x /= static_cast<double>(n);
+  std::vector<double> distance(n);
+  auto distances = [&](const std::vector<double>& at) {  // fills `distance`, returns their sum
+    double total = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      double d = 0;
+      for (std::size_t j = 0; j < dim; ++j) {
+        const double diff = at[j] - updates[i][j];
+        d += diff * diff;
+      }
+      distance[i] = std::sqrt(d);
+      total += distance[i];
+    }
+    return total;
+  };
+  double objective = distances(z);
+  for (int it = 0; it < iterations; ++it) {
+    std::fill(next.begin(), next.end(), 0.0);
+    double weights = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double beta = 1 / std::max(nu, distance[i]);
+      weights += beta;
+      for (std::size_t j = 0; j < dim; ++j) next[j] += beta * updates[i][j];
+    }
+    for (double& x : next) x /= weights;
+    const double improved = distances(next);
+    z.swap(next);
+    const bool settled = objective - improved <= tolerance * objective;
+    objective = improved;
+    if (settled) break;
+  }
+  return std::vector<float>(z.begin(), z.end());
+}
+
+std::vector<float> norm_bounded_mean(std::span<const update_view> updates, double bound) {
+  const std::size_t dim = check_updates(updates, "norm_bounded_mean"), n = updates.size();
+  if (!(bound > 0) || !std::isfinite(bound))
+    throw std::invalid_argument("norm_bounded_mean: the bound must be > 0 and finite");
+  std::vector<double> sum(dim, 0.0);
+  for (const auto& u : updates) {
+    double squares = 0;
+    for (float x : u) squares += static_cast<double>(x) * x;
+    const double norm = std::sqrt(squares), scale = norm > bound ? bound / norm : 1.0;
+    for (std::size_t j = 0; j < dim; ++j) sum[j] += scale * u[j];
+  }
+  std::vector<float> out(dim);
+  for (std::size_t j = 0; j < dim; ++j) out[j] = static_cast<float>(sum[j] / static_cast<double>(n));
+  return out;
+}
+
 void apply_update_attack(update_attack attack, std::span<float> update, double factor) {
   switch (attack) {
     case update_attack::none: return;

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <random>
 #include <vector>
@@ -54,6 +55,75 @@ TEST(TrimmedMean, DropsTheExtremesOfEachCoordinate) {
   EXPECT_EQ(trimmed_mean(u.views(), 1), (std::vector<float>{2, 0}));
   EXPECT_EQ(trimmed_mean(u.views(), 0)[0], (1 + 2 + 3 + 1000 - 1000) / 5.0f);
   EXPECT_THROW(trimmed_mean(u.views(), 3), std::invalid_argument);
+}
+
+/// Σ ‖z − u_i‖, in double.
+double distance_sum(const std::vector<double>& z, const round_updates& u) {
+  double total = 0;
+  for (const auto& v : u.data) {
+    double d = 0;
+    for (std::size_t j = 0; j < z.size(); ++j) d += (z[j] - v[j]) * (z[j] - v[j]);
+    total += std::sqrt(d);
+  }
+  return total;
+}
+
+TEST(GeometricMedian, FindsTheKnownMedians) {
+  // On a line with an odd count it is the median; of a square's corners, its centre.
+  round_updates line{{{0}, {1}, {10}}};
+  EXPECT_NEAR(geometric_median(line.views())[0], 1.0, 1e-4);
+  round_updates square{{{0, 0}, {2, 0}, {0, 2}, {2, 2}}};
+  const auto centre = geometric_median(square.views());
+  EXPECT_NEAR(centre[0], 1.0, 1e-6);
+  EXPECT_NEAR(centre[1], 1.0, 1e-6);
+  // Three points whose angles are all below 120 degrees: the Fermat point, where the unit
+  // vectors towards the three sum to zero.
+  // (Weiszfeld converges linearly: tightly, to check the iteration; by default, near it.)
+  round_updates triangle{{{0, 0}, {4, 0}, {1, 3}}};
+  const auto f = geometric_median(triangle.views(), 10'000, 1e-9, 1e-15);
+  double gx = 0, gy = 0;
+  for (const auto& v : triangle.data) {
+    const double dx = v[0] - f[0], dy = v[1] - f[1], n = std::hypot(dx, dy);
+    gx += dx / n, gy += dy / n;
+  }
+  EXPECT_LT(std::hypot(gx, gy), 1e-4);
+  const auto near = geometric_median(triangle.views());
+  EXPECT_LT(std::hypot(near[0] - f[0], near[1] - f[1]), 1e-2);
+}
+
+TEST(GeometricMedian, MinimizesTheSumOfDistancesAndIgnoresAFarMinority) {
+  auto u = random_updates(9, 50, 5);
+  const auto gm = geometric_median(u.views());
+  const std::vector<double> z(gm.begin(), gm.end());
+  const double best = distance_sum(z, u);
+  // No better point nearby, nor the mean or the coordinate-wise median.
+  const auto median = coordinate_median(u.views());
+  EXPECT_LE(best, distance_sum(std::vector<double>(median.begin(), median.end()), u) + 1e-9);
+  std::mt19937 rng(3);
+  std::normal_distribution<double> step(0, 1e-2);
+  for (int t = 0; t < 20; ++t) {
+    auto moved = z;
+    for (double& x : moved) x += step(rng);
+    EXPECT_LE(best, distance_sum(moved, u) + 1e-6);
+  }
+  // Four of ten far away: the median stays with the six.
+  round_updates attacked{{}};
+  for (int i = 0; i < 6; ++i) attacked.data.push_back({float(i % 3) * 0.1f, float(i % 2) * 0.1f});
+  for (int i = 0; i < 4; ++i) attacked.data.push_back({1000, -1000});
+  const auto robust = geometric_median(attacked.views());
+  EXPECT_LT(std::hypot(robust[0], robust[1]), 1.0);
+  EXPECT_THROW(geometric_median(u.views(), 0), std::invalid_argument);
+  EXPECT_THROW(geometric_median(u.views(), 10, 0.0), std::invalid_argument);
+}
+
+TEST(NormBoundedMean, ScalesLongUpdatesDownToTheBoundBeforeTheMean) {
+  round_updates u{{{0.3f, 0.4f}, {6, 8}}};  // norms 0.5 and 10
+  const auto mean = norm_bounded_mean(u.views(), 1.0);
+  EXPECT_FLOAT_EQ(mean[0], (0.3f + 0.6f) / 2);
+  EXPECT_FLOAT_EQ(mean[1], (0.4f + 0.8f) / 2);
+  EXPECT_EQ(norm_bounded_mean(u.views(), 100.0), (std::vector<float>{3.15f, 4.2f}));
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()})
+    EXPECT_THROW(norm_bounded_mean(u.views(), bad), std::invalid_argument) << bad;
 }
 
 TEST(Krum, ScoresBySquaredDistancesToTheNearestNeighbours) {

@@ -9,6 +9,10 @@
 /// - Krum and Multi-Krum (Blanchard et al., 2017): each update's score is the sum of squared L2
 ///   distances to its n - f - 2 nearest other updates; Krum returns the update with the lowest
 ///   score, Multi-Krum the mean of the m lowest-scoring ones. Needs n > 2f + 2.
+/// - the geometric median (RFA, Pillutla et al., 2022): the point minimizing the sum of L2
+///   distances to the updates, by the smoothed Weiszfeld iteration from their mean;
+/// - norm bounding (Sun et al., 2019): the mean of the updates, each first scaled down to an L2
+///   norm of at most M.
 /// All of them read every update of the round, so unlike the mean they buffer the round's updates.
 /// Ties are broken by position, so results depend only on the inputs and their order.
 ///
@@ -41,6 +45,17 @@ krum_choice krum_select(std::span<const update_view> updates, std::size_t byzant
 
 /// The mean of the updates krum_select chooses.
 std::vector<float> multi_krum(std::span<const update_view> updates, std::size_t byzantine, std::size_t m = 1);
+
+/// The smoothed Weiszfeld iteration: z ← Σ β_i u_i / Σ β_i with β_i = 1 / max(ν, ‖z − u_i‖), from
+/// the mean, until the sum of distances improves by less than `tolerance` of itself or after
+/// `iterations` steps. In double precision, so the result depends only on the inputs and their
+/// order. Throws std::invalid_argument also for ν <= 0 or iterations < 1.
+std::vector<float> geometric_median(std::span<const update_view> updates, int iterations = 100, double nu = 1e-6,
+                                    double tolerance = 1e-6);
+
+/// The mean of the updates, each scaled to an L2 norm of at most `bound`. Throws
+/// std::invalid_argument also unless bound > 0 and finite.
+std::vector<float> norm_bounded_mean(std::span<const update_view> updates, double bound);
 
 // ---- attacks --------------------------------------------------------------------------------------
 
