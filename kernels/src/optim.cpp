@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <immintrin.h>
+#include <limits>
 #include <new>
 #include <stdexcept>
 #include <thread>
@@ -1464,17 +1465,17 @@ namespace {
 // on one thread at 50 M, twice the 16-lane loop's time; docs/PERFORMANCE.md).
 constexpr std::uint32_t exponent_bits = 0x7f800000u;
 
-bool finite_scalar(const float* x, std::size_t n) {
-  std::uint32_t bad = 0;
+std::uint32_t top_exponent_scalar(const float* x, std::size_t n) {
+  std::uint32_t top = 0;
   for (std::size_t i = 0; i < n; ++i) {
     std::uint32_t b;
     std::memcpy(&b, x + i, 4);
-    bad |= static_cast<std::uint32_t>((b & exponent_bits) == exponent_bits);
+    top = std::max(top, b & exponent_bits);
   }
-  return bad == 0;
+  return top;
 }
 
-TROUPE_AVX512 bool finite_avx512(const float* x, std::size_t n) {
+TROUPE_AVX512 std::uint32_t top_exponent_avx512(const float* x, std::size_t n) {
   const __m512i e = _mm512_set1_epi32(static_cast<int>(exponent_bits));
   __m512i top = _mm512_setzero_si512();
   std::size_t i = 0;
@@ -1486,10 +1487,10 @@ TROUPE_AVX512 bool finite_avx512(const float* x, std::size_t n) {
     const __m512i d = _mm512_and_si512(_mm512_loadu_si512(x + i + 48), e);
     top = _mm512_max_epu32(top, _mm512_max_epu32(_mm512_max_epu32(a, b), _mm512_max_epu32(c, d)));
   }
-  return _mm512_cmpeq_epi32_mask(top, e) == 0 && finite_scalar(x + i, n - i);
+  return std::max(static_cast<std::uint32_t>(_mm512_reduce_max_epu32(top)), top_exponent_scalar(x + i, n - i));
 }
 
-__attribute__((target("avx2"))) bool finite_avx2(const float* x, std::size_t n) {
+__attribute__((target("avx2"))) std::uint32_t top_exponent_avx2(const float* x, std::size_t n) {
   const __m256i e = _mm256_set1_epi32(static_cast<int>(exponent_bits));
   __m256i top = _mm256_setzero_si256();
   std::size_t i = 0;
@@ -1501,16 +1502,26 @@ __attribute__((target("avx2"))) bool finite_avx2(const float* x, std::size_t n) 
     const __m256i d = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 24)), e);
     top = _mm256_max_epu32(top, _mm256_max_epu32(_mm256_max_epu32(a, b), _mm256_max_epu32(c, d)));
   }
-  return _mm256_movemask_epi8(_mm256_cmpeq_epi32(top, e)) == 0 && finite_scalar(x + i, n - i);
+  alignas(32) std::uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), top);
+  std::uint32_t most = top_exponent_scalar(x + i, n - i);
+  for (std::uint32_t l : lanes) most = std::max(most, l);
+  return most;
 }
 
-/// True when no value of x[0, n) is NaN or infinite.
-bool all_finite(const float* x, std::size_t n) {
+/// The largest exponent field (x & 0x7f800000) among x[0, n): 0x7f800000 when a value is NaN or
+/// infinite.
+std::uint32_t top_exponent(const float* x, std::size_t n) {
   const int level = quant::simd_level();
-  if (level >= 2) return finite_avx512(x, n);
-  if (level == 1) return finite_avx2(x, n);
-  return finite_scalar(x, n);
+  if (level >= 2) return top_exponent_avx512(x, n);
+  if (level == 1) return top_exponent_avx2(x, n);
+  return top_exponent_scalar(x, n);
 }
+
+/// Below this exponent field a gradient's square is finite with room to spare (|g| < 2^63, g^2 <
+/// 2^126): what 8-bit second moments need, whose block scale an infinite g^2 made infinite (and
+/// every zero code of the block NaN at the next decode).
+constexpr std::uint32_t square_finite_bits = static_cast<std::uint32_t>(127 + 63) << 23;
 
 }  // namespace
 
@@ -1578,20 +1589,27 @@ bool optimizer::grads_finite(std::vector<double>& sums) const {
     const float* g;
     std::size_t n, slot;
     bool sum;
+    std::uint32_t limit;  // the exponent fields allowed are below it
   };
   std::vector<piece> pieces;
   std::size_t total = 0;
   for (std::size_t k = 0; k < params.size(); ++k) {
     const auto g = std::as_const(*params[k].first).grad.data<float>();
-    const bool sum = groups_[params[k].second].state.percentile_clipping < 100;
+    const auto& state = groups_[params[k].second].state;
+    const bool sum = state.percentile_clipping < 100;
+    // 8-bit (or automatic, which may pick it) second moments also refuse a gradient whose square
+    // is not finite.
+    const bool int8 = kind_ != optimizer_kind::sgd &&
+                      (state.storage == state_storage::int8 || state.storage == state_storage::automatic);
+    const std::uint32_t limit = int8 ? square_finite_bits : exponent_bits;
     for (std::size_t b = 0; b < g.size(); b += 1u << 16)
-      pieces.push_back({g.data() + b, std::min<std::size_t>(1u << 16, g.size() - b), k, sum});
+      pieces.push_back({g.data() + b, std::min<std::size_t>(1u << 16, g.size() - b), k, sum, limit});
     total += g.size();
   }
   std::vector<double> piece_sums(pieces.size(), 0.0);
   std::atomic<bool> finite{true};
   run_jobs(pieces.size(), thread_count(total), [&](std::size_t j) {
-    if (!all_finite(pieces[j].g, pieces[j].n)) finite.store(false, std::memory_order_relaxed);
+    if (top_exponent(pieces[j].g, pieces[j].n) >= pieces[j].limit) finite.store(false, std::memory_order_relaxed);
     else if (pieces[j].sum) piece_sums[j] = sum_of_squares(pieces[j].g, pieces[j].n);
   });
   for (std::size_t j = 0; j < pieces.size(); ++j) sums[pieces[j].slot] += piece_sums[j];
@@ -1614,13 +1632,15 @@ bool optimizer::do_step(bool reference) {
     ++skipped_;
     return false;
   }
-  if (schedule_)
-    for (const auto& grp : groups_) {
-      const double lr = schedule_(steps_ + 1, grp.hp.lr);
-      if (!(lr >= 0) || !std::isfinite(lr))
-        bad("the lr schedule gave " + std::to_string(lr) + " at step " + std::to_string(steps_ + 1) +
-            " (it must be finite and >= 0)");
-    }
+  // The schedule is asked once per group and step: what was checked is what is used.
+  std::vector<double> group_lr(groups_.size());
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const double lr = schedule_ ? schedule_(steps_ + 1, groups_[g].hp.lr) : groups_[g].hp.lr;
+    if (!(lr >= 0) || !std::isfinite(lr))
+      bad("the lr schedule gave " + std::to_string(lr) + " at step " + std::to_string(steps_ + 1) +
+          " (it must be finite and >= 0)");
+    group_lr[g] = lr;
+  }
   sync_slots();
   prepare();
   const std::int64_t t = ++steps_;
@@ -1640,18 +1660,20 @@ bool optimizer::do_step(bool reference) {
     auto& s = slots_[k];
     const auto& grp = groups_[s.group];
     const auto& hp = grp.hp;
-    const double lr = schedule_ ? schedule_(t, hp.lr) : hp.lr;
+    const double lr = group_lr[s.group];
     float gscale = 1.0f;
     if (grp.state.percentile_clipping < 100) {
-      // bitsandbytes' percentile clipping over the last 100 squared norms (this one included);
-      // unlike bitsandbytes, the history holds only the norms seen so far (no zeros at the start).
+      // bitsandbytes' percentile clipping over the last 100 squared norms (this one included):
+      // the clip is the sorted history's entry at index p (0-based, of 100). Unlike bitsandbytes,
+      // the history holds only the norms seen so far (no zeros at the start): index p N / 100.
       const double sq = squares[k];
       if (s.gnorms.size() == 100) s.gnorms.erase(s.gnorms.begin());
-      s.gnorms.push_back(static_cast<float>(sq));
+      s.gnorms.push_back(static_cast<float>(std::min(sq, static_cast<double>(std::numeric_limits<float>::max()))));
       std::vector<float> sorted = s.gnorms;
       std::sort(sorted.begin(), sorted.end());
-      const auto rank = static_cast<std::size_t>(std::ceil(grp.state.percentile_clipping / 100.0 * sorted.size()));
-      const double clip = std::sqrt(static_cast<double>(sorted[std::max<std::size_t>(rank, 1) - 1]));
+      const auto index = std::min(sorted.size() - 1, static_cast<std::size_t>(std::floor(
+                                                         grp.state.percentile_clipping / 100.0 * sorted.size())));
+      const double clip = std::sqrt(static_cast<double>(sorted[index]));
       const double current = std::sqrt(sq);
       if (current > clip) gscale = static_cast<float>(clip / current);
     }

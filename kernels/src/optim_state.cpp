@@ -136,10 +136,12 @@ void optimizer::load(const std::string& path) {
           fail(path, where + " " + mname + " is " + mo->data.str() + "; expected " + std::to_string(n) + " of " +
                          name_of(want));
         if (mo->mode == 1 || mo->mode == 2) {
-          // What a step could have written: finite, and the second moment and its maximum >= 0.
+          // What a step could have written: no NaN, and the second moment and its maximum >= 0.
+          // (A finite gradient above 2^64 makes its square, and so the second moment, infinite,
+          // as in torch.optim.)
           for (std::int64_t i = 0; i < n; ++i) {
             const float x = mo->mode == 1 ? mo->data.data<float>()[i] : quant::from_bf16(mo->data.data<std::uint16_t>()[i]);
-            if (!std::isfinite(x) || (!is_signed && x < 0))
+            if (std::isnan(x) || (!is_signed && x < 0))
               fail(path, where + " " + mname + " holds " + std::to_string(x) + " at element " + std::to_string(i));
           }
         }

@@ -249,6 +249,41 @@ TEST(OptimizerStorage, ANonFiniteGradientLeavesCompressedStateUntouched) {
   std::filesystem::remove(b);
 }
 
+// A finite gradient whose square is not: 8-bit moments made their block's scale infinite and
+// the next step turned 255 parameters NaN; now the step is skipped as a non-finite one. fp32
+// moments take the infinite second moment per element, as torch.optim does, and that state
+// (and a percentile clipping history of such norms) saves and loads.
+TEST(OptimizerStorage, AGradientWhoseSquareOverflowsIsSkippedFor8BitStateAndKeptByFp32) {
+  for (auto storage : {state_storage::int8, state_storage::automatic, state_storage::fp32})
+  for (double clip : {100.0, 95.0}) {
+    model m(4, {8192});
+    optimizer opt(optimizer_kind::adam, {{m.ptrs(), {.lr = 1e-3}, {.storage = storage, .percentile_clipping = clip}}});
+    std::mt19937 g(5);
+    m.fresh_grads(g);
+    ASSERT_TRUE(opt.step());
+    m.fresh_grads(g);
+    m.params[0].grad.data<float>()[0] = 1e21f;
+    const bool compressed = storage != state_storage::fp32;
+    EXPECT_EQ(opt.step(), !compressed) << name_of(storage);
+    EXPECT_EQ(opt.skipped(), compressed ? 1 : 0);
+    m.fresh_grads(g);
+    m.params[0].grad.data<float>()[1] = 5e18f;  // below 2^63: its square fits
+    EXPECT_TRUE(opt.step()) << name_of(storage);
+    for (int s = 0; s < 3; ++s) {
+      m.fresh_grads(g);
+      ASSERT_TRUE(opt.step());
+    }
+    int bad = 0;
+    for (float x : m.params[0].value.data<float>()) bad += !std::isfinite(x);
+    EXPECT_EQ(bad, 0) << name_of(storage);
+    const auto path = temp_path("overflow");
+    opt.save(path);
+    optimizer back(optimizer_kind::adam, {{m.ptrs(), {.lr = 1e-3}, {.storage = storage, .percentile_clipping = clip}}});
+    EXPECT_NO_THROW(back.load(path)) << name_of(storage) << " clip " << clip;
+    std::filesystem::remove(path);
+  }
+}
+
 TEST(OptimizerStorage, ChangesBetweenStepsAreHonored) {
   model m(6, {10'000}), twin(6, {10'000});
   optimizer opt(optimizer_kind::adam, {{m.ptrs(), {.lr = 1e-2}}});

@@ -275,6 +275,43 @@ TEST(Optimizer, ARefusedResizeKeepsTheStateOfEveryOtherTensor) {
       ASSERT_EQ(a.params[k].value.data<float>()[i], b.params[k].value.data<float>()[i]) << "tensor " << k << " element " << i;
 }
 
+// The schedule is asked once per group and step, and the lr it gave is the one checked and used
+// (it was asked again per tensor: a counting schedule gave three tensors three lrs, and one
+// that went bad after its first answer passed the check and wrote NaN).
+TEST(Optimizer, AsksTheScheduleOncePerGroupAndStep) {
+  fixture f(12, {4, 4, 4});
+  for (auto& p : f.params)
+    for (float& g : p.grad.data<float>()) g = 1;
+  std::vector<float> before;
+  for (auto& p : f.params) before.push_back(p.value.data<float>()[0]);
+  optimizer opt(optimizer_kind::sgd, {{f.ptrs(), {.lr = 0.1}}});
+  int calls = 0;
+  opt.set_lr_schedule([&](std::int64_t, double base) { return calls++ == 0 ? base : std::nan(""); });
+  ASSERT_TRUE(opt.step());
+  EXPECT_EQ(calls, 1);
+  for (std::size_t k = 0; k < f.params.size(); ++k) EXPECT_FLOAT_EQ(f.params[k].value.data<float>()[0], before[k] - 0.1f);
+  EXPECT_THROW(opt.step(), std::invalid_argument);  // the second step's lr is NaN: refused
+}
+
+// bitsandbytes clips to the sorted history's entry at index p of 100 (0-based): with norms 2 to
+// 100 and 1000, p = 90 clips the 1000 to 92 (it clipped to 91), p = 99 leaves it.
+TEST(Optimizer, PercentileClippingPicksBitsandbytesEntry) {
+  for (const auto& [percentile, expected] : {std::pair{90.0, 92.0}, {5.0, 7.0}, {99.0, 1000.0}}) {
+    fixture f(13, {1});
+    optimizer opt(optimizer_kind::sgd, {{f.ptrs(), {.lr = 1.0}, {.percentile_clipping = percentile}}});
+    float& g = f.params[0].grad.data<float>()[0];
+    float& x = f.params[0].value.data<float>()[0];
+    for (int norm = 1; norm <= 100; ++norm) {
+      g = static_cast<float>(norm);
+      ASSERT_TRUE(opt.step());
+    }
+    g = 1000;
+    const float start = x;
+    ASSERT_TRUE(opt.step());
+    EXPECT_NEAR(start - x, expected, 1e-3) << "percentile " << percentile;
+  }
+}
+
 TEST(Optimizer, RefusesAScheduleThatGivesABadLrAndChangesNothing) {
   fixture f(10, {4});
   for (float& g : f.params[0].grad.data<float>()) g = 1;

@@ -11,7 +11,8 @@
 ///
 /// Non-finite gradients: by default a step whose gradients hold a NaN or an infinity changes
 /// nothing (parameters and state stay as they were), returns false and is counted in
-/// skipped(); the step count does not advance.
+/// skipped(); the step count does not advance. On the host, Adam's 8-bit (or automatic) state
+/// also counts a gradient of magnitude >= 2^63 so (its square would not be finite).
 ///
 /// State storage, per parameter group (state_options), per tensor:
 /// - fp32 (the default): torch.optim's state, exactly.
