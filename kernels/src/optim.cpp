@@ -307,7 +307,7 @@ void store_moment(optimizer::moment& mo, std::size_t b, std::size_t n, const flo
     case mode_int8: {
       const auto o = block_opts(mo, r);
       float& s = mo.scales.data<float>()[b / o.block];
-      s = quant::block_scale(x, n, o.percentile);
+      s = quant::stored_scale(quant::block_scale(x, n, o.percentile));
       std::uint8_t* c = mo.data.data<std::uint8_t>().data() + b;
       if (reference) quant::quantize_block_reference(x, n, s, map_of(mo), o, r.key, static_cast<std::uint32_t>(b), c);
       else quant::quantize_block(x, n, s, map_of(mo), o, r.key, static_cast<std::uint32_t>(b), c);
@@ -599,7 +599,7 @@ __attribute__((target("avx2"))) void sgd_int8_blocks_avx2(float* p, const float*
       buf[i] = sgd_element<Wd>(pb[i], gb[i], values[cb[i]] * msc[k], c, first);
       am = std::max(am, std::fabs(buf[i]));
     }
-    const float s = percentile > 0 ? quant::block_scale(buf, n, percentile) : am;
+    const float s = quant::stored_scale(percentile > 0 ? quant::block_scale(buf, n, percentile) : am);
     msc[k] = s;
     quant::quantize_block(buf, n, s, map, opts, key, static_cast<std::uint32_t>(b), mc + b);
   }
@@ -856,7 +856,8 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_
     prev.n = n;
     prev.first = static_cast<std::uint32_t>(b);
     for (int m = set::first; m < set::end; ++m) {
-      const float scale = mo.percentile > 0 ? quant::block_scale(mbuf + m * block, n, mo.percentile) : absmax[m];
+      const float scale =
+          quant::stored_scale(mo.percentile > 0 ? quant::block_scale(mbuf + m * block, n, mo.percentile) : absmax[m]);
       mo.scales[m][k] = scale;
       prev.codes[m] = mo.codes[m] + b;
       prev.buf[m] = mbuf + m * block;
@@ -961,7 +962,7 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
       buf[j] = sgd_element<Wd>(pb[j], gb[j], map.value(cb[j]) * msc[k], c, first);
       am = std::max(am, std::fabs(buf[j]));
     }
-    const float s = percentile > 0 ? quant::block_scale(buf, n, percentile) : am;
+    const float s = quant::stored_scale(percentile > 0 ? quant::block_scale(buf, n, percentile) : am);
     msc[k] = s;
     prev = {mc + b, buf, n, s > 0 ? 1.0f / s : 0.0f, s, static_cast<std::uint32_t>(b)};
   }
@@ -1096,7 +1097,8 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     });
     for (int j = 0; j < 3; ++j) {
       if (mos[j]->mode != mode_int8) continue;
-      const float scale = absmax_scale ? d.absmax[j] : quant::block_scale(d.buf[j], n, rs[j]->percentile);
+      const float scale =
+          quant::stored_scale(absmax_scale ? d.absmax[j] : quant::block_scale(d.buf[j], n, rs[j]->percentile));
       mos[j]->scales.data<float>()[k] = scale;
       quant::quantize_block(d.buf[j], n, scale, *maps[j], opts[j], rs[j]->key,
                             static_cast<std::uint32_t>(b), mos[j]->data.data<std::uint8_t>().data() + b);

@@ -407,7 +407,10 @@ __global__ void blockwise_step(const tensor_update* tensors, const std::int64_t*
     for (int q = 0; q < 3; ++q) {
       const moment_ref& mo = *mos[q];
       if (mo.mode != store_int8) continue;
-      const float s = block_max(absmax[q], scratch);  // synchronizes: every value is in shared memory
+      // synchronizes: every value is in shared memory. Below the smallest normal float, 0 (the
+      // host's quant::stored_scale: 1/s would be infinite).
+      float s = block_max(absmax[q], scratch);
+      if (s < 1.17549435e-38f) s = 0.0f;
       auto* codes = static_cast<std::uint8_t*>(mo.data);
       const int map = mo.is_signed ? 0 : 1;
       for (int j = threadIdx.x; j < w.length; j += blockDim.x) {

@@ -735,7 +735,7 @@ void quantize_blockwise(const float* x, std::size_t n, const qmap& map, const bl
                         std::uint8_t* codes, float* scales) {
   for (std::size_t b = 0, k = 0; b < n; b += o.block, ++k) {
     const std::size_t len = std::min(o.block, n - b);
-    scales[k] = block_scale(x + b, len, o.percentile);
+    scales[k] = stored_scale(block_scale(x + b, len, o.percentile));
     quantize_block(x + b, len, scales[k], map, o, key, static_cast<std::uint32_t>(b), codes + b);
   }
 }

@@ -234,6 +234,11 @@ struct block_options {
 /// The scale of one block: its absmax, or the percentile of |x| (the absmax when that is 0).
 float block_scale(const float* x, std::size_t n, double percentile);
 
+/// The scale a block is stored with: `s`, or 0 (the block stored as zeros) when `s` is below the
+/// smallest normal float, whose reciprocal is infinite (x / s would be 0 x inf = NaN for a zero).
+/// Every path, the CUDA kernels included, stores scales through this rule.
+inline float stored_scale(float s) noexcept { return s >= 1.17549435e-38f ? s : 0.0f; }
+
 /// Codes of one block of n values scaled by `scale`. `first` is the index of x[0] in its tensor
 /// (for the random bits of stochastic rounding).
 void quantize_block(const float* x, std::size_t n, float scale, const qmap& map, const block_options& o,

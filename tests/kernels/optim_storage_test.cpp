@@ -555,6 +555,43 @@ TEST(OptimizerStorage, EveryVectorPathGivesTheSameBits) {
   }
 }
 
+// Gradients of 1e-20 make second moments of 1e-43, subnormal, whose 1/scale is infinite: the
+// AVX-512 quantizer coded a zero as 255 (0 x inf is NaN) where the others coded 0. A block whose
+// scale is below the smallest normal float is stored as zeros (scale 0) on every path.
+TEST(OptimizerStorage, BlocksOfSubnormalMomentsAreZerosOnEveryPath) {
+  struct restore {
+    int cap;
+    ~restore() { troupe::kernels::quant::limit_simd(cap); }
+  } guard{troupe::kernels::quant::limit_simd(2)};
+  const int top = troupe::kernels::quant::simd_level();
+  for (const auto kind : {optimizer_kind::adam, optimizer_kind::sgd}) {
+    std::vector<std::vector<char>> saved;
+    for (int level = top; level >= 0; --level) {
+      troupe::kernels::quant::limit_simd(level);
+      for (const bool reference : {false, true}) {
+        model m(3, {8192});
+        const hyperparameters hp = kind == optimizer_kind::sgd ? hyperparameters{.lr = 1e-2, .momentum = 0.9}
+                                                               : hyperparameters{.lr = 1e-2};
+        optimizer opt(kind, {{m.ptrs(), hp, {.storage = state_storage::int8}}}, {.threads = 1});
+        const auto before = m.params[0].value.clone();
+        for (int step = 0; step < 3; ++step) {
+          auto g = m.params[0].grad.data<float>();
+          for (std::size_t i = 0; i < g.size(); ++i) g[i] = i % 2 ? (kind == optimizer_kind::sgd ? 1e-41f : 1e-20f) : 0.0f;
+          ASSERT_TRUE(reference ? opt.reference_step() : opt.step());
+        }
+        // A coordinate whose gradient was always zero has not moved.
+        EXPECT_EQ(m.params[0].value.data<float>()[0], before.data<float>()[0]);
+        const auto path = temp_path("subnormal");
+        opt.save(path);
+        saved.push_back(file_bytes(path));
+        std::filesystem::remove(path);
+      }
+      troupe::kernels::quant::limit_simd(top);
+    }
+    for (std::size_t k = 1; k < saved.size(); ++k) EXPECT_EQ(saved[k], saved[0]) << "run " << k;
+  }
+}
+
 TEST(OptimizerStorage, FusedCompressedAdamEqualsTheReferenceStateToTheBit) {
   // The bf16 and 8-bit Adam kernels that convert moments in registers, against the reference
   // step: parameters and the saved state (codes, scales, bf16 words) must be identical. Sizes
