@@ -30,6 +30,8 @@
 ///   fp32 state stay fp32. `TROUPE_OPTIM_STATE=fp32|bf16|int8|auto` decides for automatic
 ///   groups. If allocating state fails (std::bad_alloc), the state of automatic groups is
 ///   converted one level down (fp32 -> bf16 -> int8), logged, and the allocation retried.
+///   Explicit storage that does not fit throws std::bad_alloc from step(), which then does not
+///   run; tensors converted before the one that failed stay converted (docs/OPTIMIZERS.md).
 /// Changing a group's hyperparameters or state options between steps is honored at the next
 /// step: state is converted (or allocated, or released), never silently kept.
 /// Device: every parameter and gradient of an optimizer lives on one device (the CPU, or one CUDA
