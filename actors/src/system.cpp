@@ -319,7 +319,8 @@ future<down_notice> actor_system::monitor_cell(detail::cell_base& target) {
       st->complete_value(true, n);
       st.reset();
     }
-    bool abandoned() const noexcept override { return !st || st->sole_owner(); }  // the future was dropped
+    // The future was dropped, and no then() consumed it (which gives its reference up).
+    bool abandoned() const noexcept override { return !st || (st->sole_owner() && !st->has_continuation()); }
     detail::state_ptr<down_notice> st;
   };
   auto st = detail::make_state<down_notice>();

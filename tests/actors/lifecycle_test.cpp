@@ -532,6 +532,24 @@ TEST(Monitor, WatchersThatAreGoneAreForgottenAsTheListGrows) {
   EXPECT_EQ(last.ask(&watcher::seen).get().size(), 1u);
 }
 
+// A monitor consumed by then() gives its future's reference up: pruning took it for a dropped
+// one once the target had 16 watchers, and its callback got system_shutdown while the target
+// lived (and never the down notice).
+TEST(Monitor, AMonitorConsumedByThenIsKeptWhenTheListIsPruned) {
+  troupe::actor_system sys{{.threads = 2}};
+  auto t = sys.spawn<slow_target>();
+  std::atomic<int> notices{0}, errors{0};
+  for (int i = 0; i < 40; ++i)
+    sys.monitor(t).then([&](const troupe::down_notice&) { ++notices; }, [&](std::exception_ptr) { ++errors; });
+  (void)sys.monitor(t);  // dropped at once: may be pruned
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(errors.load(), 0);
+  t.stop();
+  for (int i = 0; i < 200 && notices.load() < 40; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(notices.load(), 40);
+  EXPECT_EQ(errors.load(), 0);
+}
+
 TEST(Lifecycle, StoppingTwiceLosesNothingAndCountsNoDeadLetter) {
   test_system sys;
   auto a = sys.spawn<fragile>();

@@ -61,8 +61,13 @@ public:
   void dispose() noexcept final { release(); }
 
   bool ready() const noexcept { return status_.load(std::memory_order_acquire) & st_ready; }
-  /// The caller holds the only reference: no future or continuation can see the result.
+  /// The caller holds the only reference: no future can see the result. (A continuation may:
+  /// then() gives its future's reference up once the continuation is installed; see
+  /// has_continuation.)
   bool sole_owner() const noexcept { return refs_.load(std::memory_order_acquire) == 1; }
+  /// A continuation (then() or co_await) waits for the result. Set before then() releases its
+  /// reference, so that sole_owner() && !has_continuation() means nobody will see the result.
+  bool has_continuation() const noexcept { return status_.load(std::memory_order_acquire) & st_cont; }
 
   /// Blocks until ready; refuses on actor threads; drives a test system instead of sleeping.
   void wait();
