@@ -275,6 +275,8 @@ bool cell_base::park_on(cell_base* receiver) noexcept {
   // message is in, one past the receiver's capacity.
   for (cell_base* c = receiver; c != nullptr; c = c->parked_on_.load(std::memory_order_relaxed))
     if (c == this) return false;
+  // Nor may it park on an actor that awaits its reply: that one drains only once the reply is in.
+  if (receiver->awaiting_.load(std::memory_order_relaxed) == this) return false;
   // A stop that came meanwhile runs first: either it is seen here, or its sender sees
   // parked_on_ (stop: flag, push, fence, load) and unparks this cell once the mutex is free.
   parked_on_.store(receiver, std::memory_order_seq_cst);
@@ -286,6 +288,19 @@ bool cell_base::park_on(cell_base* receiver) noexcept {
   // On the waiter list: the receiver may run this cell on another worker at any moment, so
   // nothing of it is touched from here on.
   return true;
+}
+
+void cell_base::awaiting_reply_from(const cell_base* target) noexcept {
+  if (target == nullptr || target == this || capacity_ == 0 || reentrant_) {
+    reply_came();
+    return;
+  }
+  std::lock_guard lock(system_->park_mutex);
+  awaiting_.store(target, std::memory_order_relaxed);
+  // Parked on this mailbox already: it runs on. (A cell on the waiter list is still
+  // "scheduled" and owns its scheduler reference, so it is alive.)
+  auto* sender = const_cast<cell_base*>(target);
+  if (remove_waiter(sender)) system_->reschedule(sender);
 }
 
 void cell_base::unpark_for_urgent() noexcept {

@@ -65,6 +65,7 @@ void state_base::continue_in(cell_base& self) noexcept {
     cont_callback_.reset();
     return;
   }
+  if (cont_handle_) self.reply_came();  // a coroutine resumes: it awaits nobody now
   continue_now();  // the continuation phase, in the awaiting actor's context
 }
 

@@ -41,6 +41,47 @@ struct producer {
   }
 };
 
+// A bounded receiver whose method awaits the actor that filled its mailbox: the sender was
+// paused until the receiver drained, the receiver waited for the paused sender's answer, and
+// neither ran again. An actor is not paused on the mailbox of one that awaits its reply.
+struct asks_back;
+struct answers {
+  actor_ref<asks_back> to;
+  int next = 0;
+  void connect(actor_ref<asks_back> r) { to = std::move(r); }
+  int value() { return ++next; }
+  void flood(int n);
+};
+struct asks_back {
+  actor_ref<answers> from;
+  int sum = 0, done = 0;
+  troupe::task<void> work() {
+    sum += co_await from.ask(&answers::value);
+    ++done;
+  }
+  int finished() const { return done; }
+  int total() const { return sum; }
+};
+void answers::flood(int n) {
+  for (int i = 0; i < n; ++i) to.tell(&asks_back::work);
+}
+
+TEST(Mailbox, AReceiverThatAwaitsItsPausedSenderDoesNotStallForGood) {
+  for (int round = 0; round < 20; ++round) {
+    troupe::actor_system sys{{.threads = 2}};
+    auto a = sys.spawn<answers>();
+    auto b = sys.spawn<asks_back>(spawn_options{.mailbox_capacity = 4}, a);
+    a.ask(&answers::connect, b).get();
+    a.tell(&answers::flood, 40);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (sys.stats(b).messages < 40 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_GE(sys.stats(b).messages, 40u) << "the receiver stalled in round " << round;
+    EXPECT_EQ(b.ask(&asks_back::finished).get(), 40);
+    EXPECT_EQ(b.ask(&asks_back::total).get(), 40 * 41 / 2);
+  }
+}
+
 TEST(Mailbox, AFullBoundedMailboxPausesTheSendingActorInsteadOfGrowing) {
   test_system sys;
   auto s = sys.spawn<sink>(spawn_options{.mailbox_capacity = 100});

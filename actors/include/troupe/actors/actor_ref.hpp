@@ -271,6 +271,7 @@ public:
     check();
     auto* m = std::make_unique<msg_t>(method, std::forward<Args>(args)...).release();
     m->set_system(&cell_->system());
+    m->set_asked(cell_.get());
     m->add_ref();  // one reference for the mailbox, one for the future
     future<reply> f{detail::state_ptr<reply>(m)};
     detail::deliver(*cell_, detail::message_ptr(m));

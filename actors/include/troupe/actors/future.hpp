@@ -98,6 +98,9 @@ public:
 
   system_impl* system() const noexcept { return sys_; }
   void set_system(system_impl* s) noexcept { sys_ = s; }
+  /// The actor an ask went to (identity only: it may be gone), or null.
+  const cell_base* asked() const noexcept { return asked_; }
+  void set_asked(const cell_base* c) noexcept { asked_ = c; }
 
 protected:
   state_base() noexcept = default;
@@ -133,6 +136,7 @@ private:
   std::atomic<std::uint32_t> status_{0};
   std::uint8_t phase_ = phase_request;
   system_impl* sys_ = nullptr;
+  const cell_base* asked_ = nullptr;
   cell_base* cont_cell_ = nullptr;  // holds a reference while set
   std::uint32_t cont_incarnation_ = 0;  // of cont_cell_ when the continuation was installed
   std::coroutine_handle<> cont_handle_;
@@ -327,7 +331,11 @@ public:
       detail::state_ptr<T> st;
       bool await_ready() const noexcept { return st->ready(); }
       bool await_suspend(std::coroutine_handle<> h) noexcept {
-        return st->set_resume(detail::tls_current_cell(), h);
+        detail::cell_base* self = detail::tls_current_cell();
+        if (self) self->awaiting_reply_from(st->asked());
+        if (st->set_resume(self, h)) return true;
+        if (self) self->reply_came();  // there already: no wait
+        return false;
       }
       T await_resume() { return st->take(); }
     };

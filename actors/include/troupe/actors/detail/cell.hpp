@@ -311,6 +311,14 @@ public:
   bool remove_waiter(cell_base* sender) noexcept;
   /// Blocks a thread outside the actors until this bounded mailbox has room.
   void wait_for_room() noexcept;
+  /// A coroutine of this actor is about to await a reply of `target` (null: of no actor). A
+  /// bounded, non-reentrant actor takes no message until the reply comes, so `target` is not
+  /// paused on its mailbox meanwhile (one paused already runs on): neither would run again.
+  void awaiting_reply_from(const cell_base* target) noexcept;
+  /// The awaited reply came (or was there already).
+  void reply_came() noexcept {
+    if (awaiting_.load(std::memory_order_relaxed) != nullptr) awaiting_.store(nullptr, std::memory_order_relaxed);
+  }
 
 private:
   bool accepts_normal() const noexcept {
@@ -351,6 +359,9 @@ private:
   // in the actor's context under system_impl::park_mutex, read by others under it.
   std::atomic<cell_base*> parked_on_{nullptr};
   std::atomic<bool> stop_requested_{false};  // set by stop(): unparks
+  // Whose reply a suspended method awaits (identity only, never dereferenced); set under
+  // system_impl::park_mutex, read by park_on under it.
+  std::atomic<const cell_base*> awaiting_{nullptr};
   bool park_on(cell_base* receiver) noexcept;
   void unpark_for_urgent() noexcept;
   std::unique_ptr<cell_extras> extras_;
