@@ -290,11 +290,7 @@ bool cell_base::park_on(cell_base* receiver) noexcept {
   return true;
 }
 
-void cell_base::awaiting_reply_from(const cell_base* target) noexcept {
-  if (target == nullptr || target == this || capacity_ == 0 || reentrant_) {
-    reply_came();
-    return;
-  }
+void cell_base::note_awaiting(const cell_base* target) noexcept {
   std::lock_guard lock(system_->park_mutex);
   awaiting_.store(target, std::memory_order_relaxed);
   // Parked on this mailbox already: it runs on. (A cell on the waiter list is still

@@ -314,7 +314,10 @@ public:
   /// A coroutine of this actor is about to await a reply of `target` (null: of no actor). A
   /// bounded, non-reentrant actor takes no message until the reply comes, so `target` is not
   /// paused on its mailbox meanwhile (one paused already runs on): neither would run again.
-  void awaiting_reply_from(const cell_base* target) noexcept;
+  void awaiting_reply_from(const cell_base* target) noexcept {
+    if (target != nullptr && target != this && capacity_ != 0 && !reentrant_) note_awaiting(target);
+    else reply_came();
+  }
   /// The awaited reply came (or was there already).
   void reply_came() noexcept {
     if (awaiting_.load(std::memory_order_relaxed) != nullptr) awaiting_.store(nullptr, std::memory_order_relaxed);
@@ -364,6 +367,7 @@ private:
   std::atomic<const cell_base*> awaiting_{nullptr};
   bool park_on(cell_base* receiver) noexcept;
   void unpark_for_urgent() noexcept;
+  void note_awaiting(const cell_base* target) noexcept;  // awaiting_reply_from, bounded and not reentrant
   std::unique_ptr<cell_extras> extras_;
 };
 
