@@ -161,15 +161,20 @@ envelope control(ctl code, std::vector<std::byte> payload = {}) {
   return make_envelope(envelope_kind::control, 0, static_cast<std::uint64_t>(code), std::move(payload));
 }
 
+/// True when every character of `text` is an ASCII letter or digit, or one of `others`.
+bool made_of(std::string_view text, std::string_view others) {
+  return std::all_of(text.begin(), text.end(), [others](char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           others.find(ch) != std::string_view::npos;
+  });
+}
+
 /// Why `labels` are not node labels (node_config::labels), or "" when they are.
 std::string label_problem(const std::vector<std::string>& labels) {
   if (labels.size() > 32) return std::to_string(labels.size()) + " labels, more than 32";
   for (auto& l : labels) {
     if (l.empty() || l.size() > 64) return "a label of " + std::to_string(l.size()) + " characters (1 to 64)";
-    for (char ch : l)
-      if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')) &&
-          std::string_view("._:=/-").find(ch) == std::string_view::npos)
-        return "the label '" + l + "' has a character outside [A-Za-z0-9._:=/-]";
+    if (!made_of(l, "._:=/-")) return "the label '" + l + "' has a character outside [A-Za-z0-9._:=/-]";
   }
   return {};
 }
@@ -1240,10 +1245,7 @@ private:
         if (auto known = conn_node_.find(c->id()); known != conn_node_.end())
           return c->refuse("a second join on the connection of node " + std::to_string(known->second));
         if (port == 0) return c->refuse("a join without a port to reach the node at");
-        if (host.size() > 255 || !std::all_of(host.begin(), host.end(), [](char ch) {
-              return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
-                     ch == '-' || ch == ':' || ch == '_' || ch == '%';
-            }))
+        if (host.size() > 255 || !made_of(host, ".-:_%"))
           return c->refuse("a join whose host is not a host name or an IP address (" + std::to_string(host.size()) +
                           " bytes)");
         if (auto why = label_problem(labels); !why.empty()) return c->refuse("a join with bad labels: " + why);
