@@ -121,6 +121,7 @@ cell_base::cell_base(system_impl& sys, actor_id id, const spawn_options& opts)
   if (opts.restart.max_restarts < -1)
     throw std::invalid_argument("restart_policy.max_restarts must be -1 (forever) or >= 0");
   sys.add_ref();  // after the last throw: the destructor that releases it runs from here on
+  if (capacity_ != 0) sys.has_bounded.store(true, std::memory_order_relaxed);
   if (opts.restart.max_restarts != 0) {
     extras().restart = opts.restart;
     extras().next_backoff = opts.restart.backoff;
@@ -130,6 +131,7 @@ cell_base::cell_base(system_impl& sys, actor_id id, const spawn_options& opts)
 cell_base::~cell_base() {
   // Normally empty: a queued message keeps its cell scheduled and therefore alive.
   reject_all(errc::actor_dead);
+  reply_came();  // (a stop forgets it first)
   system_->release();
 }
 
@@ -268,21 +270,71 @@ bool cell_base::remove_waiter(cell_base* sender) noexcept {
   return true;
 }
 
+namespace {
+
+using wait_graph = std::unordered_map<const cell_base*, system_impl::waits_for>;
+
+// The actors on a chain of waits from `from` to `to` (both included), or none when no chain
+// leads there. Breadth-first over what each actor waits for (at most two others).
+std::vector<const cell_base*> wait_path(const wait_graph& waits, const cell_base* from,
+                                        const cell_base* to) {
+  struct step {
+    const cell_base* cell;
+    std::size_t before;  // index of the actor that waits for this one
+  };
+  std::vector<step> seen{{from, 0}};
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    if (seen[i].cell == to) {
+      std::vector<const cell_base*> path;
+      for (std::size_t k = i;; k = seen[k].before) {
+        path.push_back(seen[k].cell);
+        if (k == 0) break;
+      }
+      std::reverse(path.begin(), path.end());
+      return path;
+    }
+    auto it = waits.find(seen[i].cell);
+    if (it == waits.end()) continue;
+    for (const cell_base* next : {static_cast<const cell_base*>(it->second.parked_on), it->second.awaits})
+      if (next != nullptr && std::none_of(seen.begin(), seen.end(), [next](const step& s) { return s.cell == next; }))
+        seen.push_back({next, i});
+  }
+  return {};
+}
+
+void set_parked_on(wait_graph& waits, const cell_base* c, cell_base* receiver) {
+  if (receiver != nullptr) {
+    waits[c].parked_on = receiver;
+    return;
+  }
+  auto it = waits.find(c);
+  if (it == waits.end()) return;
+  it->second.parked_on = nullptr;
+  if (it->second.awaits == nullptr) waits.erase(it);
+}
+
+}  // namespace
+
 bool cell_base::park_on(cell_base* receiver) noexcept {
   std::lock_guard lock(system_->park_mutex);
-  // Parking would close a cycle of actors each waiting for the next one's mailbox (two
-  // actors filling each other's): none would run again. This one runs on instead; its
-  // message is in, one past the receiver's capacity.
-  for (cell_base* c = receiver; c != nullptr; c = c->parked_on_.load(std::memory_order_relaxed))
-    if (c == this) return false;
-  // Nor may it park on an actor that awaits its reply: that one drains only once the reply is in.
-  if (receiver->awaiting_.load(std::memory_order_relaxed) == this) return false;
+  auto& waits = system_->waits;
+  try {
+    // Parking would close a loop of actors each waiting for the next one: for its mailbox to
+    // drain (two actors filling each other's), or for its reply (an actor that awaits this
+    // one's, or one that this one is paused on). None would run again. This one runs on
+    // instead; its message is in, one past the receiver's capacity.
+    if (!wait_path(waits, receiver, this).empty()) return false;
+    set_parked_on(waits, this, receiver);
+  } catch (const std::bad_alloc&) {
+    return false;  // unrecorded, the pause could not be checked: none is taken
+  }
   // A stop that came meanwhile runs first: either it is seen here, or its sender sees
   // parked_on_ (stop: flag, push, fence, load) and unparks this cell once the mutex is free.
   parked_on_.store(receiver, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (stop_requested_.load(std::memory_order_seq_cst) || !receiver->add_waiter(this)) {  // (false: drained already)
     parked_on_.store(nullptr, std::memory_order_relaxed);
+    set_parked_on(waits, this, nullptr);
     return false;
   }
   // On the waiter list: the receiver may run this cell on another worker at any moment, so
@@ -291,12 +343,37 @@ bool cell_base::park_on(cell_base* receiver) noexcept {
 }
 
 void cell_base::note_awaiting(const cell_base* target) noexcept {
+  if (!system_->has_bounded.load(std::memory_order_relaxed)) return;  // nothing pauses
   std::lock_guard lock(system_->park_mutex);
-  awaiting_.store(target, std::memory_order_relaxed);
-  // Parked on this mailbox already: it runs on. (A cell on the waiter list is still
-  // "scheduled" and owns its scheduler reference, so it is alive.)
-  auto* sender = const_cast<cell_base*>(target);
-  if (remove_waiter(sender)) system_->reschedule(sender);
+  auto& waits = system_->waits;
+  std::vector<const cell_base*> loop;
+  try {
+    waits[this].awaits = target;
+    awaiting_ = true;
+    loop = wait_path(waits, target, this);
+  } catch (const std::bad_alloc&) {
+    // Unrecorded: a loop this await closes is not seen (as without bounded mailboxes).
+  }
+  // The await closes a loop: one actor on it that is parked runs on. (A cell on a waiter list
+  // is still "scheduled" and owns its scheduler reference, so it is alive; so is the
+  // receiver it holds a reference to.)
+  for (std::size_t k = 0; k + 1 < loop.size(); ++k) {
+    auto it = waits.find(loop[k]);
+    if (it == waits.end() || it->second.parked_on != loop[k + 1]) continue;
+    auto* parked = const_cast<cell_base*>(loop[k]);
+    if (it->second.parked_on->remove_waiter(parked)) system_->reschedule(parked);
+    break;
+  }
+}
+
+void cell_base::forget_awaiting() noexcept {
+  awaiting_ = false;
+  std::lock_guard lock(system_->park_mutex);
+  auto& waits = system_->waits;
+  auto it = waits.find(this);
+  if (it == waits.end()) return;
+  it->second.awaits = nullptr;
+  if (it->second.parked_on == nullptr) waits.erase(it);
 }
 
 void cell_base::unpark_for_urgent() noexcept {
@@ -372,6 +449,7 @@ void cell_base::run_slice(unsigned budget) noexcept {
     {
       std::lock_guard lock(system_->park_mutex);
       receiver = parked_on_.exchange(nullptr, std::memory_order_relaxed);
+      set_parked_on(system_->waits, this, nullptr);
     }
     receiver->release();
   }
@@ -474,19 +552,18 @@ void cell_base::coroutine_finished(void* frame) noexcept {
   for (auto& n : deferred) handle_down(n);
 }
 
-namespace {
-void destroy_frames(cell_extras* ex, std::atomic_flag& lock,
-                    std::uint32_t& suspended) noexcept {
+void cell_base::destroy_frames() noexcept {
+  reply_came();  // an await of theirs is over
+  cell_extras* ex = extras_if_any();
   if (!ex) return;
   std::vector<void*> frames;
   {
-    flag_guard g(lock);
+    flag_guard g(lock_);
     frames.swap(ex->frames);
   }
-  suspended = 0;
+  suspended_ = 0;
   for (void* f : frames) std::coroutine_handle<>::from_address(f).destroy();
 }
-}  // namespace
 
 // ---- lifecycle --------------------------------------------------------------------
 
@@ -530,7 +607,7 @@ void cell_base::fail(std::exception_ptr e) noexcept {
   // callback on the old object) are dropped when they arrive.
   incarnation_.fetch_add(1, std::memory_order_relaxed);
   if (life == life_running) {
-    destroy_frames(ex, lock_, suspended_);
+    destroy_frames();
     call_on_stop();
   }
   destroy_object();
@@ -570,7 +647,7 @@ void cell_base::handle_restart() noexcept {
 void cell_base::handle_stop(exit_reason why, const std::string& what) noexcept {
   const auto life = life_.load(std::memory_order_relaxed);
   if (life == life_dead) return;
-  if (life == life_running) destroy_frames(extras_if_any(), lock_, suspended_);
+  if (life == life_running) destroy_frames();
   life_.store(life_dead, std::memory_order_release);
   if (life == life_running) call_on_stop();
   destroy_object();

@@ -98,9 +98,20 @@ public:
   unsigned throughput;
 
   std::mutex names_mutex;
-  /// Guards every cell's parked_on_ (actors paused by a full mailbox): parking, the cycle
-  /// check, and the unparking of an actor that an urgent message reached.
+  /// Guards every cell's parked_on_ (actors paused by a full mailbox) and `waits`: parking,
+  /// the cycle check, and the unparking of an actor that an urgent message reached.
   std::mutex park_mutex;
+  /// What an actor waits for before it drains its mailbox or replies: the receiver it is
+  /// parked on (which it holds a reference to), and the actor whose reply its suspended,
+  /// non-reentrant method awaits (an identity, never dereferenced; recorded only once the
+  /// system has a bounded mailbox, the only thing that pauses). A pause that would close a
+  /// loop of such waits is not taken, or released when an await closes it.
+  struct waits_for {
+    cell_base* parked_on = nullptr;
+    const cell_base* awaits = nullptr;
+  };
+  std::unordered_map<const cell_base*, waits_for> waits;
+  std::atomic<bool> has_bounded{false};  // a bounded mailbox was ever spawned
   std::unordered_map<std::string, cell_ptr> names;
 
   spinlock live_lock;  // guards the list; short sections on the spawn/stop paths

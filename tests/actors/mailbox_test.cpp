@@ -82,6 +82,109 @@ TEST(Mailbox, AReceiverThatAwaitsItsPausedSenderDoesNotStallForGood) {
   }
 }
 
+// The same loop through a third actor: the bounded receiver awaits a relay, the relay awaits
+// the sender, and the sender is paused on the receiver's mailbox (or the sender, paused on
+// the relay's, is itself paused on the receiver's). The pause that closes the loop is not
+// taken, or is released when the await closes it.
+struct relay_receiver;
+struct relay_sender {
+  actor_ref<relay_receiver> to;
+  int next = 0;
+  void connect(actor_ref<relay_receiver> r) { to = std::move(r); }
+  int value() { return ++next; }
+  void flood(int n);
+};
+struct relay {
+  actor_ref<relay_sender> from;
+  troupe::task<int> value() { co_return co_await from.ask(&relay_sender::value); }
+};
+struct relay_receiver {
+  actor_ref<relay> via;
+  int sum = 0, done = 0;
+  troupe::task<void> work() {
+    sum += co_await via.ask(&relay::value);
+    ++done;
+  }
+  int finished() const { return done; }
+  int total() const { return sum; }
+};
+void relay_sender::flood(int n) {
+  for (int i = 0; i < n; ++i) to.tell(&relay_receiver::work);
+}
+
+class MailboxLoop : public ::testing::TestWithParam<std::size_t> {};
+
+TEST_P(MailboxLoop, AReceiverThatAwaitsItsPausedSenderThroughARelayDoesNotStallForGood) {
+  for (int round = 0; round < 20; ++round) {
+    troupe::actor_system sys{{.threads = 2}};
+    auto a = sys.spawn<relay_sender>();
+    auto m = sys.spawn<relay>(spawn_options{.mailbox_capacity = GetParam()}, a);
+    auto b = sys.spawn<relay_receiver>(spawn_options{.mailbox_capacity = 4}, m);
+    a.ask(&relay_sender::connect, b).get();
+    a.tell(&relay_sender::flood, 40);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (sys.stats(b).messages < 40 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_GE(sys.stats(b).messages, 40u) << "the receiver stalled in round " << round;
+    EXPECT_EQ(b.ask(&relay_receiver::finished).get(), 40);
+    EXPECT_EQ(b.ask(&relay_receiver::total).get(), 40 * 41 / 2);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RelayMailbox, MailboxLoop, ::testing::Values(std::size_t{0}, std::size_t{4}),
+                         [](const auto& info) { return info.param == 0 ? "Unbounded" : "Bounded"; });
+
+// Two pauses and an await: a floods b (bounded), c floods a (bounded), and b's method awaits
+// c. c is paused on a's mailbox, a on b's, and b waits for c's reply.
+struct chain_b;
+struct chain_a {
+  actor_ref<chain_b> to;
+  int got = 0;
+  void connect(actor_ref<chain_b> r) { to = std::move(r); }
+  void take(int) {
+    ++got;
+    if (got == 1) flood_b();
+  }
+  void flood_b();
+};
+struct chain_c {
+  actor_ref<chain_a> to;
+  int next = 0;
+  int value() { return ++next; }
+  void flood(int n) {
+    for (int i = 0; i < n; ++i) to.tell(&chain_a::take, i);
+  }
+};
+struct chain_b {
+  actor_ref<chain_c> from;
+  int sum = 0, done = 0;
+  troupe::task<void> work() {
+    sum += co_await from.ask(&chain_c::value);
+    ++done;
+  }
+  int finished() const { return done; }
+};
+void chain_a::flood_b() {
+  for (int i = 0; i < 40; ++i) to.tell(&chain_b::work);
+}
+
+TEST(Mailbox, AnAwaitThroughTwoPausedActorsDoesNotStallForGood) {
+  for (int round = 0; round < 20; ++round) {
+    troupe::actor_system sys{{.threads = 2}};
+    auto a = sys.spawn<chain_a>(spawn_options{.mailbox_capacity = 4});
+    auto c = sys.spawn<chain_c>(a);
+    auto b = sys.spawn<chain_b>(spawn_options{.mailbox_capacity = 4}, c);
+    a.ask(&chain_a::connect, b).get();
+    c.tell(&chain_c::flood, 40);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while ((sys.stats(b).messages < 40 || sys.stats(a).messages < 41) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_GE(sys.stats(b).messages, 40u) << "b stalled in round " << round;
+    ASSERT_GE(sys.stats(a).messages, 41u) << "a stalled in round " << round;
+    EXPECT_EQ(b.ask(&chain_b::finished).get(), 40);
+  }
+}
+
 TEST(Mailbox, AFullBoundedMailboxPausesTheSendingActorInsteadOfGrowing) {
   test_system sys;
   auto s = sys.spawn<sink>(spawn_options{.mailbox_capacity = 100});

@@ -312,15 +312,16 @@ public:
   /// Blocks a thread outside the actors until this bounded mailbox has room.
   void wait_for_room() noexcept;
   /// A coroutine of this actor is about to await a reply of `target` (null: of no actor). A
-  /// bounded, non-reentrant actor takes no message until the reply comes, so `target` is not
-  /// paused on its mailbox meanwhile (one paused already runs on): neither would run again.
+  /// non-reentrant actor takes no message and sends no reply until it comes, so no actor that
+  /// `target` waits for, directly or through others, may be paused on its mailbox meanwhile
+  /// (one paused already runs on): none of them would run again.
   void awaiting_reply_from(const cell_base* target) noexcept {
-    if (target != nullptr && target != this && capacity_ != 0 && !reentrant_) note_awaiting(target);
+    if (target != nullptr && target != this && !reentrant_) note_awaiting(target);
     else reply_came();
   }
-  /// The awaited reply came (or was there already).
+  /// The awaited reply came (or was there already), or the awaiting coroutine is gone.
   void reply_came() noexcept {
-    if (awaiting_.load(std::memory_order_relaxed) != nullptr) awaiting_.store(nullptr, std::memory_order_relaxed);
+    if (awaiting_) forget_awaiting();
   }
 
 private:
@@ -362,12 +363,13 @@ private:
   // in the actor's context under system_impl::park_mutex, read by others under it.
   std::atomic<cell_base*> parked_on_{nullptr};
   std::atomic<bool> stop_requested_{false};  // set by stop(): unparks
-  // Whose reply a suspended method awaits (identity only, never dereferenced); set under
-  // system_impl::park_mutex, read by park_on under it.
-  std::atomic<const cell_base*> awaiting_{nullptr};
+  // A suspended method's await is recorded in system_impl::waits (actor context only).
+  bool awaiting_ = false;
   bool park_on(cell_base* receiver) noexcept;
   void unpark_for_urgent() noexcept;
-  void note_awaiting(const cell_base* target) noexcept;  // awaiting_reply_from, bounded and not reentrant
+  void note_awaiting(const cell_base* target) noexcept;  // awaiting_reply_from, not reentrant
+  void forget_awaiting() noexcept;
+  void destroy_frames() noexcept;  // of the suspended coroutines, on a stop or restart
   std::unique_ptr<cell_extras> extras_;
 };
 
