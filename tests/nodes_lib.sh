@@ -17,9 +17,9 @@ wait_for() {  # FILE PATTERN
   fail "no '$2' in $1: $(cat "$1" 2>/dev/null)"
 }
 
-# start_head TROUPE: a head node on a free loopback port (output in $dir/head); sets $port.
+# start_head TROUPE [ARGS...]: a head node on a free loopback port (output in $dir/head); sets $port.
 start_head() {
-  "$1" node start --head --host 127.0.0.1 --port 0 --threads 1 >"$dir/head" 2>"$dir/head.err" &
+  "$1" node start --head --host 127.0.0.1 --port 0 --threads 1 "${@:2}" >"$dir/head" 2>"$dir/head.err" &
   pids+=($!)
   wait_for "$dir/head" '"port"'
   port=$(sed -n 's/.*"port":\([0-9]*\).*/\1/p' "$dir/head")
