@@ -201,6 +201,23 @@ TEST(Remote, SpawnCallsAndErrorsAcrossProcesses) {
   a.ask(&worker::add, 3).then([&](std::int64_t v) { got.set_value(v); });
   EXPECT_EQ(got.get_future().get(), 43);
 
+  // A call that cannot cross the wire (a lambda, arguments or a result without a codec)
+  // compiles and serves an actor in this process; to one on another node it is refused.
+  auto local = head.spawn<worker>(std::int64_t{5});
+  EXPECT_EQ(local.ask([](worker& w) { return w.add(1); }).get(), 6);
+  EXPECT_EQ(local.ask(&worker::apply, [](std::int64_t b) { return 2 * b; }).get(), 10);
+  EXPECT_EQ(*local.ask(&worker::base_ptr).get(), 5);
+  auto refused = [](auto&& call, const char* why) {
+    try {
+      call();
+      ADD_FAILURE() << "not refused: " << why;
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused([&] { a.ask([](worker& w) { return w.add(1); }); }, "a lambda or other callable is no method");
+  refused([&] { a.tell(&worker::apply, [](std::int64_t b) { return b; }); }, "a parameter of this method has no troupe::codec");
+  refused([&] { a.ask(&worker::base_ptr); }, "the result of this method has no troupe::codec");
   // A method's exception reaches the caller with its message.
   try {
     a.ask(&worker::fail, std::string("boom")).get();

@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -65,6 +67,9 @@ public:
   }
   troupe::actor_ref<worker> self_ref() const { return troupe::this_actor::self<worker>(); }
   troupe::actor_ref<worker> echo_ref(troupe::actor_ref<worker> r) const { return r; }
+  /// Neither listed in TROUPE_REMOTE nor encodable: for workers in the caller's process.
+  std::int64_t apply(std::function<std::int64_t(std::int64_t)> f) const { return f(base_); }
+  std::shared_ptr<std::int64_t> base_ptr() const { return std::make_shared<std::int64_t>(base_); }
 
 private:
   std::int64_t base_;

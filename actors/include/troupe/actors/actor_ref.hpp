@@ -266,7 +266,7 @@ public:
     using reply = detail::reply_t<detail::method_result_t<T, M, std::decay_t<Args>...>>;
     using msg_t = detail::ask_message_for<T, M, std::decay_t<Args>...>;
     if constexpr (detail::remote_capable<T>) {
-      if (remote_) return detail::remote_ask_typed<T>(*remote_, method, std::forward<Args>(args)...);
+      if (remote_) return detail::remote_ask_typed<T, reply>(*remote_, method, std::forward<Args>(args)...);
     }
     check();
     auto* m = std::make_unique<msg_t>(method, std::forward<Args>(args)...).release();

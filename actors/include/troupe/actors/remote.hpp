@@ -129,14 +129,26 @@ private:
 template <class M>
 using remote_args_t = typename member_fn<M>::args;
 
+// A ref may be local or remote, and only the ref knows which: a call that cannot cross the
+// wire (a lambda, a method whose arguments or result have no codec, one not listed) compiles,
+// serves local actors, and is refused when the actor is on another node.
+[[noreturn]] inline void refuse_remote_call(std::string_view type, const char* why) {
+  throw std::logic_error(std::string(why) + ": it cannot be called on an actor of " + std::string(type) +
+                         " on another node (only methods listed in TROUPE_REMOTE(" + std::string(type) +
+                         ", ...) can)");
+}
+
 template <class T, class M, class... Args>
 std::vector<std::byte> encode_call(M method, std::uint64_t& id, Args&&... args) {
-  static_assert(std::is_member_function_pointer_v<M>,
-                "only methods listed in TROUPE_REMOTE can be called on a remote actor");
-  static_assert(serializable<remote_args_t<M>>,
-                "every parameter of a remote method needs a troupe::codec");
-  id = method_id_of<T>(method);
-  return troupe::encode(remote_args_t<M>(std::forward<Args>(args)...));
+  constexpr auto type = remote_interface<T>::type_name;
+  if constexpr (!std::is_member_function_pointer_v<M>) {
+    refuse_remote_call(type, "a lambda or other callable is no method");
+  } else if constexpr (!serializable<remote_args_t<M>>) {
+    refuse_remote_call(type, "a parameter of this method has no troupe::codec");
+  } else {
+    id = method_id_of<T>(method);
+    return troupe::encode(remote_args_t<M>(std::forward<Args>(args)...));
+  }
 }
 
 template <class T, class M, class... Args>
@@ -146,19 +158,21 @@ void remote_tell_typed(remote_actor& a, M method, Args&&... args) {
   remote_call(a, id, std::move(bytes), nullptr);
 }
 
-template <class T, class M, class... Args>
+template <class T, class R, class M, class... Args>
 auto remote_ask_typed(remote_actor& a, M method, Args&&... args) {
-  using R = reply_t<typename member_fn<M>::result>;
-  static_assert(std::is_void_v<R> || serializable<R>,
-                "the result of a remote method needs a troupe::codec");
-  std::uint64_t id = 0;
-  auto bytes = encode_call<T>(method, id, std::forward<Args>(args)...);
-  auto* st = make_state<R>();
-  st->set_system(&remote_system(a));
-  st->add_ref();  // one for the future, one for the sink
-  future<R> f{state_ptr<R>(st)};
-  remote_call(a, id, std::move(bytes), std::make_unique<typed_sink<R>>(st));
-  return f;
+  if constexpr (!std::is_void_v<R> && !serializable<R>) {
+    refuse_remote_call(remote_interface<T>::type_name, "the result of this method has no troupe::codec");
+    return future<R>{state_ptr<R>()};
+  } else {
+    std::uint64_t id = 0;
+    auto bytes = encode_call<T>(method, id, std::forward<Args>(args)...);
+    auto* st = make_state<R>();
+    st->set_system(&remote_system(a));
+    st->add_ref();  // one for the future, one for the sink
+    future<R> f{state_ptr<R>(st)};
+    remote_call(a, id, std::move(bytes), std::make_unique<typed_sink<R>>(st));
+    return f;
+  }
 }
 
 // ---- the receiving side --------------------------------------------------------------------

@@ -86,7 +86,7 @@ void remote_stop(remote_actor& a);
 // Defined in remote.hpp (instantiated only for remote_capable classes).
 template <class T, class M, class... Args>
 void remote_tell_typed(remote_actor& a, M method, Args&&... args);
-template <class T, class M, class... Args>
+template <class T, class R, class M, class... Args>
 auto remote_ask_typed(remote_actor& a, M method, Args&&... args);
 
 }  // namespace detail
