@@ -42,13 +42,16 @@ ranks_left() {  # the rank actors the cluster lists (a failed status fails the t
   grep -q '"nodes":\[{"node"' <<<"$status" || fail "troupe status listed no nodes: $status"
   grep -o 'rank_actor' <<<"$status" | wc -l
 }
+wait_for_ranks() {  # N: the driver prints its placement before it loads the data and spawns the ranks
+  for _ in $(seq 300); do [ "$(ranks_left)" -eq "$1" ] && return 0; sleep 0.1; done
+  fail "the $1 ranks are not on the nodes: $("$troupe" status --address "$head")"
+}
 "$troupe" train --epochs 5 --pipeline 1f1b --ranks 2 --microbatches 4 --head "$head" \
   >"$dir/orphan.out" 2>"$dir/orphan.err" &
 driver=$!
 pids+=($driver)
 wait_for "$dir/orphan.err" 'ranks on nodes'
-sleep 1
-[ "$(ranks_left)" -eq 2 ] || fail "the two ranks are not on the nodes: $("$troupe" status --address "$head")"
+wait_for_ranks 2
 kill -KILL "$driver"
 for _ in $(seq 150); do [ "$(ranks_left)" -eq 0 ] && break; sleep 0.1; done
 [ "$(ranks_left)" -eq 0 ] || fail "ranks stayed on their nodes after their driver was killed: $("$troupe" status --address "$head")"
@@ -59,7 +62,8 @@ for _ in $(seq 150); do [ "$(ranks_left)" -eq 0 ] && break; sleep 0.1; done
 run=$!
 pids+=($run)
 wait_for "$dir/killed.err" 'ranks on nodes'
-sleep 1
+wait_for_ranks 3
+sleep 1  # mid-step
 kill -KILL "${pids[2]}"
 start=$(date +%s)
 if wait "$run"; then fail "the run went on after its node was killed"; fi
