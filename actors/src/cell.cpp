@@ -580,6 +580,10 @@ void cell_base::handle_start() noexcept {
   }
 }
 
+void cell_base::on_stop_threw(std::exception_ptr e) noexcept {
+  log().error("actor {} ({}): on_stop threw (ignored, the actor stops anyway): {}", id_, type_name(), describe(e));
+}
+
 void cell_base::fail(std::exception_ptr e) noexcept {
   const auto life = life_.load(std::memory_order_relaxed);
   if (life == life_dead) return;

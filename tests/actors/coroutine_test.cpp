@@ -107,6 +107,27 @@ TEST(Coroutine, MutualCallbacksCompleteWithReentrancy) {
   EXPECT_EQ(a.ask(&caller::go).get(), 42);
 }
 
+// An actor that awaits its own ask: not reentrant, it would take the ask only after the
+// awaiting method returned. The await fails at once; the actor goes on serving.
+struct self_asker {
+  int answer() { return 7; }
+  task<int> ask_myself() { co_return co_await troupe::this_actor::self<self_asker>().ask(&self_asker::answer); }
+};
+
+TEST(Coroutine, AnActorThatAwaitsItsOwnAskGetsWouldDeadlockUnlessReentrant) {
+  troupe::actor_system sys{{.threads = 2}};
+  auto a = sys.spawn<self_asker>();
+  try {
+    a.ask(&self_asker::ask_myself).timeout(std::chrono::seconds(10)).get();
+    FAIL() << "expected would_deadlock";
+  } catch (const troupe::error& e) {
+    EXPECT_EQ(e.code_value(), errc::would_deadlock) << e.what();
+  }
+  EXPECT_EQ(a.ask(&self_asker::answer).get(), 7);
+  auto r = sys.spawn<self_asker>(troupe::spawn_options{.reentrant = true});
+  EXPECT_EQ(r.ask(&self_asker::ask_myself).timeout(std::chrono::seconds(10)).get(), 7);
+}
+
 TEST(Coroutine, StoppingASuspendedActorFailsItsPendingAskWithActorDead) {
   test_system sys;
   auto b = sys.spawn<callee>();

@@ -329,15 +329,26 @@ public:
   auto operator co_await() && noexcept {
     struct awaiter {
       detail::state_ptr<T> st;
+      bool on_itself = false;
       bool await_ready() const noexcept { return st->ready(); }
       bool await_suspend(std::coroutine_handle<> h) noexcept {
         detail::cell_base* self = detail::tls_current_cell();
+        if (self && self->awaits_itself(st->asked())) {
+          on_itself = true;  // refused at once instead of a wait that never ends
+          return false;
+        }
         if (self) self->awaiting_reply_from(st->asked());
         if (st->set_resume(self, h)) return true;
         if (self) self->reply_came();  // there already: no wait
         return false;
       }
-      T await_resume() { return st->take(); }
+      T await_resume() {
+        if (on_itself)
+          throw error(errc::would_deadlock,
+                      "an actor awaited its own ask: it takes the ask only after the awaiting method "
+                      "returns (use .then, a tell, or spawn_options::reentrant)");
+        return st->take();
+      }
     };
     check_valid();
     return awaiter{std::move(st_)};

@@ -111,7 +111,7 @@ struct pooled {
   static void operator delete(void* p, std::size_t n) noexcept { pool_free(p, n); }
   // Over-aligned actor classes and arguments (alignas(64) and up) bypass the pool.
   static void* operator new(std::size_t n, std::align_val_t a) { return ::operator new(n, a); }
-  static void operator delete(void* p, std::size_t n, std::align_val_t a) noexcept { ::operator delete(p, n, a); }
+  static void operator delete(void* p, std::size_t, std::align_val_t a) noexcept { ::operator delete(p, a); }
 };
 
 struct link {
@@ -311,6 +311,9 @@ public:
   bool remove_waiter(cell_base* sender) noexcept;
   /// Blocks a thread outside the actors until this bounded mailbox has room.
   void wait_for_room() noexcept;
+  /// True when a coroutine of this actor awaiting `target`'s reply would wait for good: the
+  /// actor itself, which takes no message while one of its non-reentrant methods is suspended.
+  bool awaits_itself(const cell_base* target) const noexcept { return target == this && !reentrant_; }
   /// A coroutine of this actor is about to await a reply of `target` (null: of no actor). A
   /// non-reentrant actor takes no message and sends no reply until it comes, so no actor that
   /// `target` waits for, directly or through others, may be paused on its mailbox meanwhile
@@ -319,6 +322,8 @@ public:
     if (target != nullptr && target != this && !reentrant_) note_awaiting(target);
     else reply_came();
   }
+  /// Logs an exception that escaped on_stop.
+  void on_stop_threw(std::exception_ptr e) noexcept;
   /// The awaited reply came (or was there already), or the awaiting coroutine is gone.
   void reply_came() noexcept {
     if (awaiting_) forget_awaiting();
@@ -488,20 +493,34 @@ public:
   ~cell() override { destroy_object(); }
 
 private:
+  // A hook's result would be dropped: a coroutine hook (returning a task) would never run.
+  template <class R>
+  static constexpr void check_hook_result() {
+    static_assert(std::is_void_v<R>,
+                  "on_start, on_stop and on_down must return void (a coroutine hook would never run: "
+                  "start such work from the hook with a tell to the actor itself)");
+  }
   void call_on_start() override {
-    if constexpr (has_on_start_hook<T>) get().on_start();
+    if constexpr (has_on_start_hook<T>) {
+      check_hook_result<decltype(get().on_start())>();
+      get().on_start();
+    }
   }
   void call_on_stop() noexcept override {
     if constexpr (has_on_stop_hook<T>) {
+      check_hook_result<decltype(get().on_stop())>();
       try {
         get().on_stop();
       } catch (...) {
-        // on_stop must not throw; the actor is stopping anyway.
+        on_stop_threw(std::current_exception());  // logged; the actor is stopping anyway
       }
     }
   }
   void call_on_down(const down_notice& n) override {
-    if constexpr (has_on_down_hook<T>) get().on_down(n);
+    if constexpr (has_on_down_hook<T>) {
+      check_hook_result<decltype(get().on_down(n))>();
+      get().on_down(n);
+    }
   }
   bool has_on_down() const noexcept override { return has_on_down_hook<T>; }
   void destroy_object() noexcept override {
