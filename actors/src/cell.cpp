@@ -468,9 +468,10 @@ void cell_base::run_slice(unsigned budget) noexcept {
         if (!accepts_normal()) break;
         l = normal_.pop();
         if (l == nullptr) break;
-        // A rejecting mailbox frees its slot at once, so that no sender is refused for room
-        // that exists; the others settle their count once per slice.
-        if (overflow_ == overflow_policy::reject && capacity_ != 0) after_drain(1);
+        // A bounded mailbox frees its slot at once, so that no sender is refused or kept
+        // waiting for room that exists (a slice may take many slow messages); unbounded ones
+        // settle their count once per slice.
+        if (capacity_ != 0) after_drain(1);
         else ++taken;
       }
       handle(static_cast<message*>(l));

@@ -258,6 +258,26 @@ TEST(Mailbox, AThreadOutsideActorsWaitsForRoomAndLosesNothing) {
   EXPECT_LE(peak.load(), 16 + 1);  // a blocked sender re-checks after each wake
 }
 
+// A thread waiting for room gets in once the receiver has taken enough messages, not once it
+// has finished its slice (up to `throughput` slow messages).
+TEST(Mailbox, AWaitingThreadGetsInAsSoonAsTheMailboxHasDrainedToHalf) {
+  struct slow {
+    std::atomic<int>* handled;
+    void take() {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      handled->fetch_add(1);
+    }
+  };
+  std::atomic<int> handled{0};
+  troupe::actor_system sys{{.threads = 1}};
+  const int capacity = 40;
+  auto s = sys.spawn<slow>(spawn_options{.mailbox_capacity = capacity}, &handled);
+  for (int i = 0; i < capacity; ++i) s.tell(&slow::take);
+  s.tell(&slow::take);  // waits, if the mailbox is still full, until it has drained to half
+  EXPECT_LE(handled.load(), capacity / 2 + 2);
+  while (handled.load() < capacity + 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 TEST(Mailbox, BoundedFanInOnThreadsKeepsEveryMessageInOrderPerSender) {
   troupe::actor_system sys{{.threads = 2}};
   auto s = sys.spawn<sink>(spawn_options{.mailbox_capacity = 64});

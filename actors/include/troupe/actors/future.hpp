@@ -209,6 +209,12 @@ struct root_hook {
 struct task_promise_base {
   std::coroutine_handle<> continuation;
   std::exception_ptr error;
+  // An awaited task starts inside its awaiter's await_suspend; the first of the two to get here
+  // leaves the resumption of the awaiting coroutine to the other. A task that finishes at once
+  // thus returns to it without a transfer (no frame per iteration of an awaiting loop, even
+  // where the compiler makes no tail call of the transfer, as GCC at -O0).
+  enum : std::uint8_t { running, detached, finished_at_once };
+  std::atomic<std::uint8_t> start_state{running};
   std::suspend_always initial_suspend() noexcept { return {}; }
   void unhandled_exception() noexcept { error = std::current_exception(); }
 };
@@ -218,7 +224,12 @@ struct final_awaiter {
   bool await_ready() const noexcept { return false; }
   std::coroutine_handle<> await_suspend(std::coroutine_handle<task_promise<T>> h) noexcept {
     auto& p = h.promise();
-    if (p.continuation) return p.continuation;
+    if (p.continuation) {
+      if (p.start_state.exchange(task_promise_base::finished_at_once, std::memory_order_acq_rel) ==
+          task_promise_base::detached)
+        return p.continuation;
+      return std::noop_coroutine();  // back into the awaiter's await_suspend, which goes on
+    }
     if (p.root) {
       auto* hook = std::exchange(p.root, nullptr);
       hook->root_finished(p);  // may destroy the frame
@@ -337,10 +348,12 @@ public:
           on_itself = true;  // refused at once instead of a wait that never ends
           return false;
         }
-        if (self) self->awaiting_reply_from(st->asked());
-        if (st->set_resume(self, h)) return true;
-        if (self) self->reply_came();  // there already: no wait
-        return false;
+        const detail::cell_base* asked = st->asked();
+        if (!st->set_resume(self, h)) return false;  // there already: no wait
+        // The reply resumes this coroutine through the actor's mailbox, so not before this
+        // slice ends: the wait is recorded in time.
+        if (self) self->awaiting_reply_from(asked);
+        return true;
       }
       T await_resume() {
         if (on_itself)
@@ -521,9 +534,12 @@ public:
     struct awaiter {
       std::coroutine_handle<promise_type> h;
       bool await_ready() const noexcept { return false; }
-      std::coroutine_handle<> await_suspend(std::coroutine_handle<> cont) noexcept {
-        h.promise().continuation = cont;
-        return h;
+      bool await_suspend(std::coroutine_handle<> cont) noexcept {
+        auto& p = h.promise();
+        p.continuation = cont;
+        h.resume();  // until it first suspends, or to its end
+        return p.start_state.exchange(detail::task_promise_base::detached, std::memory_order_acq_rel) !=
+               detail::task_promise_base::finished_at_once;
       }
       T await_resume() { return h.promise().take(); }
     };
