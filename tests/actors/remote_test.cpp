@@ -215,9 +215,9 @@ TEST(Remote, SpawnCallsAndErrorsAcrossProcesses) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   };
-  refused([&] { a.ask([](worker& w) { return w.add(1); }); }, "a lambda or other callable is no method");
+  refused([&] { (void)a.ask([](worker& w) { return w.add(1); }); }, "a lambda or other callable is no method");
   refused([&] { a.tell(&worker::apply, [](std::int64_t b) { return b; }); }, "a parameter of this method has no troupe::codec");
-  refused([&] { a.ask(&worker::base_ptr); }, "the result of this method has no troupe::codec");
+  refused([&] { (void)a.ask(&worker::base_ptr); }, "the result of this method has no troupe::codec");
   // A method's exception reaches the caller with its message.
   try {
     a.ask(&worker::fail, std::string("boom")).get();

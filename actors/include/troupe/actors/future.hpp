@@ -288,7 +288,7 @@ using reply_t = typename reply_of<R>::type;
 
 /// The reply of an ask. Move-only; consume it once (get, co_await or then).
 template <class T>
-class future {
+class [[nodiscard]] future {
 public:
   using value_type = T;
 
