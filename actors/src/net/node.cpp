@@ -1149,8 +1149,9 @@ private:
       head_lost_ = left ? "the head left the cluster" : why;
       // A head that stopped in order (the end of a run) is no failure; one that went silent is.
       log().log(left ? spdlog::level::warn : spdlog::level::err,
-                "troupe node {}: the head {}, so this node is out of the cluster (its names, lookups and "
-                "placements are gone); restart it to join again",
+                "troupe node {}: the head {}, so this node is out of the cluster: names, lookups and the "
+                "head's placement are gone (calls to the actors and nodes it knows still go through); "
+                "restart it to join again",
                 self_, left ? "left the cluster" : "is lost");
     }
     auto failure = std::make_exception_ptr(error(errc::node_lost, "node " + std::to_string(id) + " is lost: " + why));
