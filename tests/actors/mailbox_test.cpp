@@ -41,6 +41,15 @@ struct producer {
   }
 };
 
+// Waits up to 10 s for actor `r` to have handled `n` messages; true once it has.
+template <class T>
+bool handled(troupe::actor_system& sys, const actor_ref<T>& r, std::uint64_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (sys.stats(r).messages < n && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return sys.stats(r).messages >= n;
+}
+
 // A bounded receiver whose method awaits the actor that filled its mailbox: the sender was
 // paused until the receiver drained, the receiver waited for the paused sender's answer, and
 // neither ran again. An actor is not paused on the mailbox of one that awaits its reply.
@@ -73,10 +82,7 @@ TEST(Mailbox, AReceiverThatAwaitsItsPausedSenderDoesNotStallForGood) {
     auto b = sys.spawn<asks_back>(spawn_options{.mailbox_capacity = 4}, a);
     a.ask(&answers::connect, b).get();
     a.tell(&answers::flood, 40);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (sys.stats(b).messages < 40 && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ASSERT_GE(sys.stats(b).messages, 40u) << "the receiver stalled in round " << round;
+    ASSERT_TRUE(handled(sys, b, 40)) << "the receiver stalled in round " << round;
     EXPECT_EQ(b.ask(&asks_back::finished).get(), 40);
     EXPECT_EQ(b.ask(&asks_back::total).get(), 40 * 41 / 2);
   }
@@ -122,10 +128,7 @@ TEST_P(MailboxLoop, AReceiverThatAwaitsItsPausedSenderThroughARelayDoesNotStallF
     auto b = sys.spawn<relay_receiver>(spawn_options{.mailbox_capacity = 4}, m);
     a.ask(&relay_sender::connect, b).get();
     a.tell(&relay_sender::flood, 40);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (sys.stats(b).messages < 40 && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ASSERT_GE(sys.stats(b).messages, 40u) << "the receiver stalled in round " << round;
+    ASSERT_TRUE(handled(sys, b, 40)) << "the receiver stalled in round " << round;
     EXPECT_EQ(b.ask(&relay_receiver::finished).get(), 40);
     EXPECT_EQ(b.ask(&relay_receiver::total).get(), 40 * 41 / 2);
   }
@@ -176,11 +179,8 @@ TEST(Mailbox, AnAwaitThroughTwoPausedActorsDoesNotStallForGood) {
     auto b = sys.spawn<chain_b>(spawn_options{.mailbox_capacity = 4}, c);
     a.ask(&chain_a::connect, b).get();
     c.tell(&chain_c::flood, 40);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while ((sys.stats(b).messages < 40 || sys.stats(a).messages < 41) && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ASSERT_GE(sys.stats(b).messages, 40u) << "b stalled in round " << round;
-    ASSERT_GE(sys.stats(a).messages, 41u) << "a stalled in round " << round;
+    ASSERT_TRUE(handled(sys, b, 40)) << "b stalled in round " << round;
+    ASSERT_TRUE(handled(sys, a, 41)) << "a stalled in round " << round;
     EXPECT_EQ(b.ask(&chain_b::finished).get(), 40);
   }
 }
