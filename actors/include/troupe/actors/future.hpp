@@ -344,11 +344,11 @@ public:
       bool await_ready() const noexcept { return st->ready(); }
       bool await_suspend(std::coroutine_handle<> h) noexcept {
         detail::cell_base* self = detail::tls_current_cell();
-        if (self && self->awaits_itself(st->asked())) {
+        const detail::cell_base* asked = st->asked();
+        if (self && self->awaits_itself(asked)) {
           on_itself = true;  // refused at once instead of a wait that never ends
           return false;
         }
-        const detail::cell_base* asked = st->asked();
         if (!st->set_resume(self, h)) return false;  // there already: no wait
         // The reply resumes this coroutine through the actor's mailbox, so not before this
         // slice ends: the wait is recorded in time.

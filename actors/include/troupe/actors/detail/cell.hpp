@@ -318,9 +318,9 @@ public:
   /// non-reentrant actor takes no message and sends no reply until it comes, so no actor that
   /// `target` waits for, directly or through others, may be paused on its mailbox meanwhile
   /// (one paused already runs on): none of them would run again.
+  /// (Called once the reply is known not to be there; the resumption forgets it, reply_came.)
   void awaiting_reply_from(const cell_base* target) noexcept {
     if (target != nullptr && target != this && !reentrant_) note_awaiting(target);
-    else reply_came();
   }
   /// Logs an exception that escaped on_stop.
   void on_stop_threw(std::exception_ptr e) noexcept;
