@@ -1021,11 +1021,32 @@ TEST(Remote, AnActorWithARestartPolicyIsRecreatedOnASurvivingNode) {
   ASSERT_EQ(a.ask(&worker::add, 1).get(), 6);
   auto other = head.spawn_on<worker>(doomed, std::int64_t{5});  // no restart policy
   ASSERT_EQ(other.ask(&worker::add, 1).get(), 6);
+  // Monitors from the head and from another node (in this process): those of the re-created
+  // actor follow it to its new node, those of the other get node_lost.
+  auto cfg = head_config();
+  cfg.node.head = head_of(head);
+  troupe::actor_system member(cfg);
+  head.register_name("restartable", a);
+  head.register_name("not restartable", other);
+  auto a_there = member.lookup<worker>("restartable");
+  auto other_there = member.lookup<worker>("not restartable");
+  ASSERT_TRUE(a_there && other_there);
+  std::vector<troupe::future<troupe::down_notice>> follow, fire;
+  follow.push_back(head.monitor(a));
+  follow.push_back(member.monitor(*a_there));
+  fire.push_back(head.monitor(other));
+  fire.push_back(member.monitor(*other_there));
+  const auto killed = clock_type::now();
   w1.kill9();
   // The same handle reaches the new instance once it exists (asks in flight when the node
   // died fail; a call is never delivered twice).
   auto answer = first_answer(a, 2);
   EXPECT_EQ(answer, 7);
+  EXPECT_EQ(first_answer(*a_there, 0), 5);
+  for (auto& f : fire) EXPECT_EQ(std::move(f).timeout(5s).get().reason, troupe::exit_reason::node_lost);
+  // (Past the longest a watch waits for the head's word: 3 node timeouts.)
+  std::this_thread::sleep_until(killed + 3 * cfg.node.node_timeout + 500ms);
+  for (auto& f : follow) EXPECT_FALSE(f.ready()) << "a monitor of the re-created actor fired";
   EXPECT_NE(a.node(), doomed);
   EXPECT_TRUE(a.alive());
   EXPECT_NE(a.ask(&worker::pid).get(), first_pid);
@@ -1040,9 +1061,9 @@ TEST(Remote, AnActorWithARestartPolicyIsRecreatedOnASurvivingNode) {
   // Where it lives now (here: the head, the least loaded), it answers with refs to itself, is
   // watched and stops as any actor does.
   EXPECT_EQ(a.ask(&worker::self_ref).timeout(5s).get().ask(&worker::add, 4).timeout(5s).get(), 9);
-  auto down = head.monitor(a);
+  follow.push_back(head.monitor(a));
   a.stop();
-  EXPECT_EQ(std::move(down).timeout(5s).get().reason, troupe::exit_reason::stopped);
+  for (auto& f : follow) EXPECT_EQ(std::move(f).timeout(5s).get().reason, troupe::exit_reason::stopped);
   EXPECT_THROW(a.ask(&worker::add, 1).timeout(5s).get(), troupe::error);
 }
 

@@ -89,6 +89,7 @@ enum class ctl : std::uint64_t {
   leave = 22,
   moved = 23,  // an actor was re-created on another node (head -> all)
   lost = 24,   // "this node counts you as lost": the receiver stops dialling the sender
+  relocated = 25,  // the head has re-created what it will of a lost node (head -> all)
 };
 /// Operations of the node itself (calls and tells to net::node_target).
 enum class op : std::uint64_t {
@@ -671,10 +672,14 @@ public:
       where = route(a.where, a.wire);
       auto it = members_.find(where);
       lost = stopped_ || it == members_.end() || !it->second.alive;
-      if (!lost) {
+      if (!lost || may_relocate(where)) {
         auto& entry = watches_[a.wire];
         entry.host = where;
         entry.list.push_back(std::move(w));
+        if (lost) {  // its node is lost: the watch waits for the head's word (see watched)
+          entry.held_since = it->second.lost_at;
+          return;
+        }
       }
     }
     if (lost) return fire(std::move(w), down_notice{a.wire, exit_reason::node_lost, "node " + std::to_string(where) + " is lost"});
@@ -696,6 +701,7 @@ private:
     bool timed_out = false;
     int redials = 0;  // redials in a row whose connection carried nothing
     clock_type::time_point lost_at{};  // when it was lost (members lost long ago are forgotten)
+    bool left = false;  // gone on purpose (said goodbye): nothing of it is re-created
     std::vector<envelope> backlog;
     std::vector<std::unique_ptr<reply_sink>> in_doubt;  // written before the connection dropped
     clock_type::time_point heard = clock_type::now();
@@ -704,15 +710,83 @@ private:
     std::vector<std::byte> key;
     clock_type::time_point said_hello{};  // when known from a hello alone (port 0)
   };
+  /// The monitors of one remote actor. When its host is lost, the head may re-create it
+  /// elsewhere (a restart policy): the watches are held, not fired, until the head says where
+  /// it went (ctl::moved: they move there) or that it re-created all it will of that node
+  /// (ctl::relocated: they fire node_lost). A head that never says fires them after hold_limit().
   struct watched {
     node_id host = 0;
     std::vector<watch> list;
+    clock_type::time_point held_since{};  // while held; epoch when not
+    bool held() const { return held_since != clock_type::time_point{}; }
+  };
+  /// What a change of membership sets off outside mu_: completing a future may run its
+  /// continuations inline, and a call takes mu_.
+  struct aftermath {
+    std::vector<std::unique_ptr<reply_sink>> failed;
+    std::exception_ptr failure;
+    std::vector<std::pair<watch, down_notice>> fired;
+    std::vector<std::pair<node_id, std::uint64_t>> rewatch;  // (host, wire): monitor it there
   };
   struct restartable {
     node_id host = 0;
     spawn_tuple spawn;  // how to make it again (its wire id included)
     int restarts = 0;
   };
+
+  std::chrono::milliseconds hold_limit() const { return 3 * cfg_.node_timeout; }
+
+  /// Whether the head may still re-create actors of lost node `id` elsewhere (under mu_).
+  bool may_relocate(node_id id) const {
+    if (stopped_ || id == head_id) return false;
+    auto m = members_.find(id);
+    if (m == members_.end() || m->second.alive || m->second.left) return false;
+    if (clock_type::now() - m->second.lost_at > hold_limit()) return false;
+    if (self_ == head_id) return true;
+    auto h = members_.find(head_id);
+    return h != members_.end() && h->second.alive;
+  }
+
+  /// The watched actor `wire` lives on `to` now (under mu_): its watches go there.
+  void rehost(std::uint64_t wire, node_id to, aftermath& out) {
+    auto it = watches_.find(wire);
+    if (it == watches_.end() || it->second.host == to) return;
+    it->second.host = to;
+    auto m = members_.find(to);
+    if (m != members_.end() && m->second.alive) {
+      it->second.held_since = {};
+      out.rewatch.emplace_back(to, wire);
+    } else {
+      it->second.held_since = clock_type::now();  // lost as well: held (hold_limit() at most)
+    }
+  }
+
+  /// Takes out the watches `pred` picks, to fire node_lost (under mu_).
+  template <class Pred>
+  void take_watches(Pred pred, aftermath& out) {
+    for (auto w = watches_.begin(); w != watches_.end();) {
+      if (!pred(w->second)) {
+        ++w;
+        continue;
+      }
+      for (auto& x : w->second.list)
+        out.fired.emplace_back(std::move(x), down_notice{w->first, exit_reason::node_lost,
+                                                         "node " + std::to_string(w->second.host) + " is lost"});
+      w = watches_.erase(w);
+    }
+  }
+
+  void post(aftermath a) {
+    if (a.failed.empty() && a.fired.empty() && a.rewatch.empty()) return;
+    asio::post(io_, [weak = weak_from_this(), a = std::make_shared<aftermath>(std::move(a))] {
+      for (auto& s : a->failed) s->fail(a->failure);
+      if (auto self = weak.lock())
+        for (auto& [host, wire] : a->rewatch)
+          self->call(host, make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::watch), encode(wire)),
+                     nullptr);
+      for (auto& [w, n] : a->fired) fire(std::move(w), n);
+    });
+  }
 
   node_id route(node_id made_on, std::uint64_t wire) const {  // under mu_
     if (relocated_.empty()) return made_on;
@@ -725,10 +799,12 @@ private:
     restartable_[std::get<2>(record)] = {host, record, 0};
   }
 
-  /// Head: re-creates the restartable actors of a lost node on the least-loaded live node,
-  /// under the same wire id, and tells every node where they are now.
-  void relocate(node_id lost) {
+  /// Head: re-creates the restartable actors of a lost node (not one that left: `recreate`
+  /// false) on the least-loaded live node, under the same wire id, tells every node where they
+  /// are now, then that this is all (the watches of its other actors fire).
+  void relocate(node_id lost, bool recreate) {
     std::vector<std::pair<node_id, spawn_tuple>> todo;
+    aftermath after;
     {
       std::lock_guard lock(mu_);
       if (stopped_) return;
@@ -736,6 +812,10 @@ private:
         auto& r = it->second;
         if (r.host != lost) {
           ++it;
+          continue;
+        }
+        if (!recreate) {
+          it = restartable_.erase(it);
           continue;
         }
         int max = std::get<2>(std::get<3>(r.spawn));
@@ -754,10 +834,15 @@ private:
         auto payload = encode(moved_tuple{it->first, to});
         for (auto& [id, m] : members_)
           if (id != self_ && m.alive && m.conn) m.conn->send(control(ctl::moved, payload));
+        rehost(it->first, to, after);
         log().info("troupe node 1: re-creating actor {} ({}) of lost node {} on node {}", it->first,
                    std::get<0>(r.spawn), lost, to);
         ++it;
       }
+      auto payload = encode(static_cast<std::uint32_t>(lost));
+      for (auto& [id, m] : members_)
+        if (id != self_ && m.alive && m.conn) m.conn->send(control(ctl::relocated, payload));
+      take_watches([lost](const watched& w) { return w.host == lost; }, after);
     }
     for (auto& [to, record] : todo) {
       if (to == self()) {
@@ -779,6 +864,7 @@ private:
       call(to, make_envelope(envelope_kind::call, net::node_target, static_cast<std::uint64_t>(op::spawn), encode(record)),
            std::make_unique<respawn_sink>());
     }
+    post(std::move(after));  // (the watches go to the new hosts after the spawns)
   }
   struct pending_call {
     node_id to;
@@ -1047,6 +1133,9 @@ private:
         }
       }
       for (auto& [id, why] : lost_now) lose_locked(id, why);
+      aftermath after;
+      take_watches([&](const watched& w) { return w.held() && now - w.held_since > hold_limit(); }, after);
+      post(std::move(after));
       if (self_ == head_id) {
         self_member().actors = actors;
         if (++beats_ % 10 == 0) {
@@ -1131,6 +1220,7 @@ private:
     auto& m = it->second;
     m.alive = false;
     m.lost_at = clock_type::now();
+    m.left = left;
     m.dialing = false;
     if (m.conn) m.conn->close("node " + std::to_string(id) + " is lost");
     m.conn.reset();
@@ -1154,33 +1244,31 @@ private:
                 "restart it to join again",
                 self_, left ? "left the cluster" : "is lost");
     }
-    auto failure = std::make_exception_ptr(error(errc::node_lost, "node " + std::to_string(id) + " is lost: " + why));
-    std::vector<std::unique_ptr<reply_sink>> sinks = std::move(m.in_doubt);
+    aftermath after;
+    after.failure = std::make_exception_ptr(error(errc::node_lost, "node " + std::to_string(id) + " is lost: " + why));
+    after.failed = std::move(m.in_doubt);
     m.in_doubt.clear();
-    for (auto& s : take_calls_to(id, false)) sinks.push_back(std::move(s));
-    std::vector<std::pair<watch, down_notice>> fired;
-    for (auto w = watches_.begin(); w != watches_.end();) {
-      if (w->second.host == id) {
-        for (auto& x : w->second.list) fired.emplace_back(std::move(x), down_notice{w->first, exit_reason::node_lost, "node " + std::to_string(id) + " is lost"});
-        w = watches_.erase(w);
-      } else {
-        ++w;
-      }
+    for (auto& s : take_calls_to(id, false)) after.failed.push_back(std::move(s));
+    // Watches of its actors: those the head re-created already go to their new host; the
+    // others wait for the head's word when it may still re-create them (see watched).
+    const bool hold = may_relocate(id);
+    for (auto& [wire, w] : watches_) {
+      if (w.host != id) continue;
+      if (auto to = route(id, wire); to != id) rehost(wire, to, after);
+      else if (hold) w.held_since = m.lost_at;
     }
+    // Without a head nothing is re-created any more: what waited for it fires.
+    const bool headless = id == head_id && self_ != head_id;
+    take_watches([id, headless](const watched& w) { return (w.host == id && !w.held()) || (headless && w.held()); }, after);
     for (auto& [wire, e] : exported_) std::erase(e.watchers, id);
     if (self_ == head_id) {
       std::erase_if(names_, [id](const auto& kv) { return std::get<2>(kv.second) == id; });
       broadcast_members();
-      if (!left) asio::post(io_, [weak = weak_from_this(), id] {
-        if (auto self = weak.lock()) self->relocate(id);
+      asio::post(io_, [weak = weak_from_this(), id, left] {
+        if (auto self = weak.lock()) self->relocate(id, !left);
       });
     }
-    // Completing futures may run continuations inline: do it outside the lock.
-    asio::post(io_, [sinks = std::make_shared<decltype(sinks)>(std::move(sinks)),
-                     fired = std::make_shared<decltype(fired)>(std::move(fired)), failure]() mutable {
-      for (auto& s : *sinks) s->fail(failure);
-      for (auto& [w, n] : *fired) fire(std::move(w), n);
-    });
+    post(std::move(after));
   }
 
   static void fire(watch w, const down_notice& n) {
@@ -1323,8 +1411,25 @@ private:
       }
       case ctl::moved: {
         auto [wire, to] = decode<moved_tuple>(env.payload);
-        std::lock_guard lock(mu_);
-        if (from == head_id) relocated_[wire] = to;
+        aftermath after;
+        {
+          std::lock_guard lock(mu_);
+          if (from != head_id) return c->refuse("a moved notice from node " + std::to_string(from) + ": only the head sends it");
+          relocated_[wire] = to;
+          rehost(wire, to, after);
+        }
+        post(std::move(after));
+        return;
+      }
+      case ctl::relocated: {
+        auto lost = decode<std::uint32_t>(env.payload);
+        aftermath after;
+        {
+          std::lock_guard lock(mu_);
+          if (from != head_id) return c->refuse("a relocated notice from node " + std::to_string(from) + ": only the head sends it");
+          take_watches([lost](const watched& w) { return w.host == lost; }, after);
+        }
+        post(std::move(after));
         return;
       }
       case ctl::lost: {

@@ -18,9 +18,12 @@
 //   the peer is lost, if it succeeds the calls that were already written fail with
 //   connection_lost (they may or may not have run: a call is delivered at most once), and the
 //   calls still queued go out on the new connection.
-// - A lost node: asks to it fail with node_lost, monitors of its actors receive down notices
-//   (exit_reason::node_lost), the head drops its names. It never comes back under its id; a
-//   restarted process joins as a new node.
+// - A lost node: asks to it fail with node_lost, the head drops its names. It never comes back
+//   under its id; a restarted process joins as a new node. The head re-creates its actors that
+//   have a restart policy elsewhere under the same wire id, tells every node where each went
+//   (control(moved)), then that this is all (control(relocated)). Meanwhile monitors of the lost
+//   node's actors wait: those of a moved actor watch it on its new node, the others receive
+//   down notices (exit_reason::node_lost).
 // - Whom a node believes. The token makes a peer a peer; what it may say is checked besides: a
 //   connection that has not joined nor said hello may only ask for the status; the head gives
 //   each node a random key with its id (control(welcome), and to all in the member list), and
