@@ -18,7 +18,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
-#include <functional>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -107,38 +106,18 @@ int run_driver(const options& o) {
     return 1;
   }
 
-  // What the driver makes on the workers, it stops before it leaves, and waits until they are
-  // gone: they would stay on their nodes, the name "kv" with them, for the next driver to trip
-  // over. (The name goes with its actor.)
-  struct stop_on_exit {
-    std::vector<std::function<void()>> stops;
-    std::vector<troupe::future<troupe::down_notice>> gone;
-    ~stop_on_exit() {
-      for (auto& stop : stops) stop();
-      for (auto& g : gone) {
-        try {
-          std::move(g).timeout(std::chrono::seconds(2)).get();
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "driver: an actor did not stop: %s\n", e.what());
-        }
-      }
-    }
-  } cleanup;
-  auto made = [&](auto ref) {
-    cleanup.gone.push_back(sys.monitor(ref));
-    cleanup.stops.push_back([ref] { ref.stop(); });
-    return ref;
-  };
-
+  // What the driver makes on the workers lives as long as the driver: when it leaves, their
+  // nodes stop it (the name "kv" goes with its actor), so the driver can run again against the
+  // same nodes.
   // A store on the first worker, named so that every node can find it.
-  auto store = made(sys.spawn_on<kv_store>(workers[0]));
+  auto store = sys.spawn_on<kv_store>(workers[0]);
   sys.register_name("kv", store);
 
   // One counter per worker; the same calls as in process.
   const std::vector<std::string> texts = {"the quick brown fox", "jumps over the lazy dog",
                                           "actors on other machines", "answer like local ones"};
   std::vector<troupe::actor_ref<word_counter>> counters;
-  for (auto w : workers) counters.push_back(made(sys.spawn_on<word_counter>(w)));
+  for (auto w : workers) counters.push_back(sys.spawn_on<word_counter>(w));
   std::vector<troupe::future<std::int64_t>> counts;
   for (std::size_t i = 0; i < texts.size(); ++i)
     counts.push_back(counters[i % counters.size()].ask(&word_counter::count, texts[i]));

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts a head and two worker nodes on this machine, runs the driver, and stops the nodes.
+# Starts a head and two worker nodes on this machine, runs the driver twice, and stops the nodes.
 #
 #   examples/cluster/run.sh BIN_DIR     (BIN_DIR holds example_cluster; `make tour` runs it)
 set -euo pipefail
@@ -30,4 +30,6 @@ for w in 1 2; do
   for _ in $(seq 100); do grep -q '"node"' "$out/worker$w" 2>/dev/null && break; sleep 0.05; done
   echo "worker $w: $(cat "$out/worker$w")"
 done
+"$bin" driver --head "127.0.0.1:$port"
+# What a driver made goes with it: a second run finds the nodes as the first did.
 "$bin" driver --head "127.0.0.1:$port"

@@ -621,10 +621,11 @@ TEST(Remote, HostileBytesCloseOnlyTheirConnection) {
 class rogue_peer {
 public:
   // The node's own numbers (net/node.cpp): control codes and node operations.
-  static constexpr std::uint64_t join = 16, hello = 18, members = 19, heartbeat = 20, lost = 24;
+  static constexpr std::uint64_t join = 16, hello = 18, members = 19, heartbeat = 20, moved = 23, lost = 24,
+                                 relocated = 25;
   static constexpr std::uint64_t spawn = 1, register_name = 3, node_stats = 7;
   using spawn_tuple = std::tuple<std::string, std::uint64_t, std::uint64_t,
-                                 std::tuple<std::uint64_t, std::uint8_t, std::int32_t, std::int64_t, double, std::int64_t, bool, bool>,
+                                 std::tuple<std::uint64_t, std::uint8_t, std::int32_t, std::int64_t, double, std::int64_t, bool, bool, bool>,
                                  std::vector<std::byte>>;
   using name_tuple = std::tuple<std::string, std::uint64_t, std::uint32_t, std::string>;
   using join_tuple = std::tuple<std::string, std::uint16_t, std::vector<std::string>>;  // host, port, labels
@@ -663,11 +664,12 @@ public:
     io_.stop();
     thread_.join();
   }
+  /// To the node itself unless `target` names an actor's wire id.
   void send(troupe::net::envelope_kind kind, std::uint64_t method, std::vector<std::byte> payload = {},
-            std::uint64_t request = 0) {
+            std::uint64_t request = 0, std::uint64_t target = troupe::net::node_target) {
     troupe::net::envelope e;
     e.kind = kind;
-    e.target = kind == troupe::net::envelope_kind::control ? 0 : troupe::net::node_target;
+    e.target = kind == troupe::net::envelope_kind::control ? 0 : target;
     e.method = method;
     e.request_id = request;
     e.payload = std::move(payload);
@@ -819,6 +821,19 @@ TEST(Remote, AWorkerTakesMembersFromTheHeadAloneAndChecksEachHello) {
     p.control(rogue_peer::members, troupe::encode(std::vector<std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t, std::vector<std::byte>>>{}));
     EXPECT_TRUE(contains(p.closed(), "a member list from node 9: only the head sends it")) << p.closed();
   }
+  // Where the head re-created a lost node's actors, and that it is done: from the head alone.
+  {
+    rogue_peer p(w.port());
+    p.control(rogue_peer::hello, troupe::encode(hello(11, key)));
+    p.control(rogue_peer::moved, troupe::encode(std::tuple<std::uint64_t, std::uint32_t>((std::uint64_t{1} << 40) | 1, 11)));
+    EXPECT_TRUE(contains(p.closed(), "a moved notice from node 11: only the head sends it")) << p.closed();
+  }
+  {
+    rogue_peer p(w.port());
+    p.control(rogue_peer::hello, troupe::encode(hello(12, key)));
+    p.control(rogue_peer::relocated, troupe::encode(std::uint32_t{1}));
+    EXPECT_TRUE(contains(p.closed(), "a relocated notice from node 12: only the head sends it")) << p.closed();
+  }
   {
     // Alive as far as its heartbeats go, but the head's next list does not have it.
     rogue_peer p(w.port());
@@ -936,6 +951,33 @@ TEST(Remote, SpawnsAndNamesFromAMemberAreChecked) {
   p.send(troupe::net::envelope_kind::tell, 8);
   EXPECT_TRUE(contains(p.closed(), "cluster_status is a call, not a tell")) << p.closed();
   EXPECT_EQ(cluster_summary(head).substr(0, 15), "1:alive 2:alive");
+}
+
+// A ref can travel faster than the spawn of its actor (on another connection): a call that
+// comes first waits for the actor and runs when it comes, in arrival order.
+TEST(Remote, ACallThatOvertakesItsActorsSpawnWaitsForIt) {
+  troupe::actor_system head(head_config());
+  rogue_peer p(head.node_port());
+  const auto me = p.join_as_node();
+  p.keep_alive();
+  const std::uint64_t wire = (std::uint64_t{me} << 40) | 1;
+  using call = troupe::net::envelope_kind;
+  std::uint64_t add = 0;
+  for (std::int64_t i = 0; i < 3; ++i)
+    p.send(call::call, add, troupe::detail::encode_call<worker>(&worker::add, add, i), 10 + static_cast<std::uint64_t>(i), wire);
+  p.send(call::call, rogue_peer::spawn,
+         troupe::encode(rogue_peer::spawn_tuple{"remote_test::worker", troupe::detail::constructor_key<std::int64_t>(), wire,
+                                                {}, troupe::encode(std::tuple<std::int64_t>{40})}),
+         1);
+  auto spawned = p.answer(1);
+  ASSERT_TRUE(spawned);
+  EXPECT_EQ(spawned->kind, call::reply) << spawned->error_message;
+  for (std::int64_t i = 0; i < 3; ++i) {
+    auto sum = p.answer(10 + static_cast<std::uint64_t>(i));
+    ASSERT_TRUE(sum);
+    ASSERT_EQ(sum->kind, call::reply) << sum->error_message;
+    EXPECT_EQ(troupe::decode<std::int64_t>(sum->payload), 40 + i);
+  }
 }
 
 TEST(Remote, ClusterStatusListsNodesAndActors) {
@@ -1065,6 +1107,51 @@ TEST(Remote, AnActorWithARestartPolicyIsRecreatedOnASurvivingNode) {
   a.stop();
   for (auto& f : follow) EXPECT_EQ(std::move(f).timeout(5s).get().reason, troupe::exit_reason::stopped);
   EXPECT_THROW(a.ask(&worker::add, 1).timeout(5s).get(), troupe::error);
+}
+
+TEST(Remote, ActorsEndWithTheNodeThatSpawnedThemUnlessDetached) {
+  troupe::actor_system head(head_config());
+  // A node that leaves: a driver in this process.
+  auto cfg = head_config();
+  cfg.node.head = head_of(head);
+  std::optional<troupe::actor_system> driver(std::in_place, cfg);
+  auto owned = driver->spawn_on<worker>(head.node(), std::int64_t{1});
+  auto detached = driver->spawn_on<worker>(head.node(), troupe::spawn_options{.detached = true}, std::int64_t{2});
+  ASSERT_EQ(owned.ask(&worker::add, 0).get(), 1);
+  ASSERT_EQ(detached.ask(&worker::add, 0).get(), 2);
+  driver->register_name("owned", owned);
+  driver->register_name("detached", detached);
+  auto owned_here = head.lookup<worker>("owned");
+  auto detached_here = head.lookup<worker>("detached");
+  ASSERT_TRUE(owned_here && detached_here);
+  auto owned_down = head.monitor(*owned_here);
+  auto detached_down = head.monitor(*detached_here);
+  driver.reset();
+  EXPECT_EQ(std::move(owned_down).timeout(5s).get().reason, troupe::exit_reason::stopped);
+  EXPECT_EQ(detached_here->ask(&worker::add, 1).timeout(5s).get(), 3);
+
+  // A node that is lost (its process killed): what it spawned on the head and on another node
+  // stops, a detached actor and the actors others spawned there live on.
+  child_node w({"--head", head_of(head), "--token", token});
+  auto owner = w.joined();
+  ASSERT_NE(owner, 0u);
+  troupe::actor_system member(cfg);
+  auto spawner = head.spawn_on<worker>(owner, std::int64_t{0});
+  std::vector<troupe::actor_ref<worker>> stop, live;
+  for (auto where : {head.node(), member.node()}) {
+    stop.push_back(spawner.ask(&worker::spawn_at, where, std::int64_t{10}, false).get());
+    live.push_back(spawner.ask(&worker::spawn_at, where, std::int64_t{10}, true).get());
+  }
+  live.push_back(member.spawn_on<worker>(head.node(), std::int64_t{10}));
+  std::vector<troupe::future<troupe::down_notice>> downs;
+  for (auto& a : stop) {
+    ASSERT_EQ(a.ask(&worker::add, 1).get(), 11);
+    downs.push_back(head.monitor(a));
+  }
+  w.kill9();
+  for (auto& d : downs) EXPECT_EQ(std::move(d).timeout(5s).get().reason, troupe::exit_reason::stopped);
+  for (auto& a : live) EXPECT_EQ(a.ask(&worker::add, 1).timeout(5s).get(), 11);
+  EXPECT_EQ(detached_here->ask(&worker::add, 1).timeout(5s).get(), 3);
 }
 
 }  // namespace

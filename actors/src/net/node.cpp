@@ -120,7 +120,7 @@ using member_tuple = std::tuple<std::uint32_t, std::string, std::uint16_t, bool,
 /// A node's id and key: what it says on a connection it opens to another node.
 using hello_tuple = std::tuple<std::uint32_t, std::vector<std::byte>>;
 using spawn_opts_tuple = std::tuple<std::uint64_t, std::uint8_t, std::int32_t, std::int64_t, double,
-                                    std::int64_t, bool, bool>;
+                                    std::int64_t, bool, bool, bool>;
 using spawn_tuple =
     std::tuple<std::string, std::uint64_t, std::uint64_t, spawn_opts_tuple, std::vector<std::byte>>;
 using name_tuple = std::tuple<std::string, std::uint64_t, std::uint32_t, std::string>;
@@ -131,7 +131,7 @@ using moved_tuple = std::tuple<std::uint64_t, std::uint32_t>;
 spawn_opts_tuple pack(const spawn_options& o) {
   return {o.mailbox_capacity, static_cast<std::uint8_t>(o.overflow), o.restart.max_restarts,
           o.restart.backoff.count(), o.restart.backoff_multiplier, o.restart.max_backoff.count(),
-          o.reentrant, o.fail_on_ask_exception};
+          o.reentrant, o.fail_on_ask_exception, o.detached};
 }
 spawn_options unpack(const spawn_opts_tuple& t) {
   spawn_options o;
@@ -145,6 +145,7 @@ spawn_options unpack(const spawn_opts_tuple& t) {
   o.restart.max_backoff = std::chrono::milliseconds(std::get<5>(t));
   o.reentrant = std::get<6>(t);
   o.fail_on_ask_exception = std::get<7>(t);
+  o.detached = std::get<8>(t);
   return o;
 }
 
@@ -408,6 +409,7 @@ public:
         for (auto& x : entry.list) watches.push_back(std::move(x));
       watches_.clear();
       exported_.clear();
+      early_calls_.clear();
       wire_of_.clear();
       for (auto& [id, m] : members_) {
         if (m.conn && self_ != 0) m.conn->send(control(ctl::leave));  // not lost: gone on purpose
@@ -727,6 +729,7 @@ private:
     std::exception_ptr failure;
     std::vector<std::pair<watch, down_notice>> fired;
     std::vector<std::pair<node_id, std::uint64_t>> rewatch;  // (host, wire): monitor it there
+    std::vector<cell_ptr> orphans;  // actors whose owner went (spawn_options::detached)
   };
   struct restartable {
     node_id host = 0;
@@ -777,7 +780,7 @@ private:
   }
 
   void post(aftermath a) {
-    if (a.failed.empty() && a.fired.empty() && a.rewatch.empty()) return;
+    if (a.failed.empty() && a.fired.empty() && a.rewatch.empty() && a.orphans.empty()) return;
     asio::post(io_, [weak = weak_from_this(), a = std::make_shared<aftermath>(std::move(a))] {
       for (auto& s : a->failed) s->fail(a->failure);
       if (auto self = weak.lock())
@@ -785,6 +788,7 @@ private:
           self->call(host, make_envelope(envelope_kind::tell, net::node_target, static_cast<std::uint64_t>(op::watch), encode(wire)),
                      nullptr);
       for (auto& [w, n] : a->fired) fire(std::move(w), n);
+      for (auto& c : a->orphans) c->stop(exit_reason::stopped);
     });
   }
 
@@ -847,12 +851,15 @@ private:
     for (auto& [to, record] : todo) {
       if (to == self()) {
         auto& [type, ctor, wire, opts, args] = record;
+        cell_ptr cell;
+        std::string failure;
         try {
-          auto cell = construct_local(type, ctor, args, unpack(opts));
-          export_at(wire, *cell, find_type(type));
-        } catch (const std::exception& e) {
-          log().warn("troupe node 1: re-creating actor {} failed: {}", wire, e.what());
+          cell = construct_local(type, ctor, args, unpack(opts));
+        } catch (...) {
+          failure = "re-creating " + type + " on node 1 failed: " + describe(std::current_exception()).second;
+          log().warn("troupe node 1: {}", failure);
         }
+        host_spawned(wire, cell, type, opts, failure);
         continue;
       }
       struct respawn_sink final : reply_sink {
@@ -876,6 +883,7 @@ private:
     const remote_type_entry* type = nullptr;
     std::string failure;           // set when construction failed
     std::vector<node_id> watchers;
+    node_id owner = 0;  // the node whose end ends it (spawned from there, not detached)
   };
 
   class conn_responder final : public responder {
@@ -1090,6 +1098,7 @@ private:
   }
 
   void beat() {
+    std::vector<std::pair<std::uint64_t, early_call_list>> never_came;
     {
       std::lock_guard lock(mu_);
       if (stopped_) return;
@@ -1101,6 +1110,14 @@ private:
       last_beat_ = now;
       for (auto& [cid, t] : told_lost_)
         if (now - t.since > cfg_.node_timeout) t.conn->close("a lost node's connection, still open after it was told");
+      for (auto e = early_calls_.begin(); e != early_calls_.end();) {
+        if (now - e->second.since > forget_after) {
+          never_came.emplace_back(e->first, std::move(e->second));
+          e = early_calls_.erase(e);
+        } else {
+          ++e;
+        }
+      }
       for (auto e = early_watchers_.begin(); e != early_watchers_.end();) {
         if (now - e->second.since > forget_after) {
           send_down_to(e->second.nodes, down_tuple{e->first, static_cast<std::uint8_t>(exit_reason::stopped), "no such actor"});
@@ -1146,6 +1163,13 @@ private:
         }
       }
     }
+    for (auto& [wire, list] : never_came)
+      for (auto& [c, env] : list.calls) {
+        if (env.kind == envelope_kind::call)
+          conn_responder(weak_from_this(), c->id(), env.request_id).error(std::make_exception_ptr(error(errc::actor_dead, no_actor(wire))));
+        else
+          sys_.dead_letters.fetch_add(1, std::memory_order_relaxed);
+      }
     arm_heartbeat();
   }
 
@@ -1260,9 +1284,18 @@ private:
     // Without a head nothing is re-created any more: what waited for it fires.
     const bool headless = id == head_id && self_ != head_id;
     take_watches([id, headless](const watched& w) { return (w.host == id && !w.held()) || (headless && w.held()); }, after);
-    for (auto& [wire, e] : exported_) std::erase(e.watchers, id);
+    for (auto& [wire, e] : exported_) {
+      std::erase(e.watchers, id);
+      if (e.owner == id && e.cell) after.orphans.push_back(e.cell);
+    }
+    if (!after.orphans.empty())
+      log().info("troupe node {}: stopping {} actor(s) that node {} spawned here (not detached)", self_, after.orphans.size(), id);
     if (self_ == head_id) {
       std::erase_if(names_, [id](const auto& kv) { return std::get<2>(kv.second) == id; });
+      // Nor are they re-created elsewhere.
+      std::erase_if(restartable_, [id](const auto& kv) {
+        return (kv.first >> wire_shift) == id && !std::get<8>(std::get<3>(kv.second.spawn));
+      });
       broadcast_members();
       asio::post(io_, [weak = weak_from_this(), id, left] {
         if (auto self = weak.lock()) self->relocate(id, !left);
@@ -1506,6 +1539,16 @@ private:
         target = it->second.cell;
         type = it->second.type;
         failure = it->second.failure;
+      } else if ((env.target >> wire_shift) != self_ && !gone_.contains(env.target) && !stopped_) {
+        // An actor another node spawns here, whose spawn may still be on its way (a ref to it
+        // can travel faster, on another connection): the call waits for it, forget_after at
+        // most, and runs in arrival order when it comes (host_spawned).
+        auto& early = early_calls_[env.target];
+        if (early.calls.size() < remembered_gone) {
+          if (early.calls.empty()) early.since = clock_type::now();
+          early.calls.emplace_back(c, std::move(env));
+          return;
+        }
       }
     }
     auto refuse = [&](errc code, std::string what) {
@@ -1513,9 +1556,7 @@ private:
       else sys_.dead_letters.fetch_add(1, std::memory_order_relaxed);
     };
     if (!failure.empty()) return refuse(errc::actor_dead, failure);
-    if (!target)
-      return refuse(errc::actor_dead, "no actor " + std::to_string(env.target) + " on node " +
-                                          std::to_string(self()) + " (stopped, or never spawned)");
+    if (!target) return refuse(errc::actor_dead, no_actor(env.target));
     if (!type)
       return refuse(errc::decode_error, "actor " + std::to_string(env.target) + " on node " + std::to_string(self()) +
                                             " is of a class this program does not declare remote");
@@ -1531,6 +1572,43 @@ private:
       auto [code, what] = describe(std::current_exception());
       refuse(code, "arguments of a call to " + std::string(type->name) + ": " + what);
     }
+  }
+
+  std::string no_actor(std::uint64_t wire) const {
+    return "no actor " + std::to_string(wire) + " on node " + std::to_string(self()) + " (stopped, or never spawned)";
+  }
+
+  /// An actor another node spawned here (or the head re-created here) was made, or failed:
+  /// exports it, or remembers why not for the calls on their way; then runs the calls and
+  /// watches that came first. On the I/O thread, so no call comes in between.
+  void host_spawned(std::uint64_t wire, cell_ptr cell, const std::string& type, const spawn_opts_tuple& opts,
+                    const std::string& failure) {
+    if (cell) {
+      export_spawned(wire, *cell, type, opts);
+    } else {
+      std::lock_guard lock(mu_);
+      exported_[wire].failure = failure;
+      // Remembered for the calls that were on their way, as long as the gone are.
+      failed_order_.push_back(wire);
+      if (failed_order_.size() > remembered_gone) {
+        if (auto old = exported_.find(failed_order_.front()); old != exported_.end() && !old->second.cell)
+          exported_.erase(old);
+        failed_order_.pop_front();
+      }
+      if (auto e = early_watchers_.find(wire); e != early_watchers_.end()) {
+        send_down_to(e->second.nodes, down_tuple{wire, static_cast<std::uint8_t>(exit_reason::failed), failure});
+        early_watchers_.erase(e);
+      }
+    }
+    std::vector<std::pair<std::shared_ptr<connection>, envelope>> early;
+    {
+      std::lock_guard lock(mu_);
+      if (auto e = early_calls_.find(wire); e != early_calls_.end()) {
+        early = std::move(e->second.calls);
+        early_calls_.erase(e);
+      }
+    }
+    for (auto& [c, env] : early) on_call(c, std::move(env));
   }
 
   void on_op(const std::shared_ptr<connection>& c, node_id from, envelope env) {
@@ -1563,22 +1641,7 @@ private:
             failure = "constructing " + type + " on node " + std::to_string(self()) + " failed: " +
                       describe(std::current_exception()).second;
           }
-          if (cell) export_at(wire, *cell, find_type(type));
-          else {
-            std::lock_guard lock(mu_);
-            exported_[wire].failure = failure;
-            // Remembered for the calls that were on their way, as long as the gone are.
-            failed_order_.push_back(wire);
-            if (failed_order_.size() > remembered_gone) {
-              if (auto old = exported_.find(failed_order_.front()); old != exported_.end() && !old->second.cell)
-                exported_.erase(old);
-              failed_order_.pop_front();
-            }
-            if (auto e = early_watchers_.find(wire); e != early_watchers_.end()) {
-              send_down_to(e->second.nodes, down_tuple{wire, static_cast<std::uint8_t>(exit_reason::failed), failure});
-              early_watchers_.erase(e);
-            }
-          }
+          host_spawned(wire, cell, type, opts, failure);
           if (!failure.empty()) throw error(errc::actor_dead, failure);
           return answer({});
         }
@@ -1719,6 +1782,24 @@ private:
     auto payload = encode(d);
     for (auto w : nodes)
       if (auto m = members_.find(w); m != members_.end() && m->second.conn) m->second.conn->send(control(ctl::down, payload));
+  }
+
+  /// Exports an actor spawned here by another node (or re-created here for a lost one's
+  /// spawner), tied to the node that spawned it unless detached: stopped at once when that node
+  /// is gone already.
+  void export_spawned(std::uint64_t wire, cell_base& c, const std::string& type, const spawn_opts_tuple& opts) {
+    export_at(wire, c, find_type(type));
+    if (std::get<8>(opts)) return;
+    const auto owner = static_cast<node_id>(wire >> wire_shift);
+    {
+      std::lock_guard lock(mu_);
+      auto it = exported_.find(wire);
+      if (it == exported_.end()) return;  // (this node is stopping)
+      it->second.owner = owner;
+      auto m = members_.find(owner);
+      if (owner == self_ || (m != members_.end() && m->second.alive)) return;
+    }
+    c.stop(exit_reason::stopped);
   }
 
   void exported_down(std::uint64_t wire, const down_notice& n) {
@@ -1945,6 +2026,11 @@ private:
     clock_type::time_point since;
   };
   std::unordered_map<std::uint64_t, early_watch> early_watchers_;
+  struct early_call_list {
+    std::vector<std::pair<std::shared_ptr<connection>, envelope>> calls;
+    clock_type::time_point since;
+  };
+  std::unordered_map<std::uint64_t, early_call_list> early_calls_;  // calls that came before their actor
   /// Connections of lost nodes that were told so (ctl::lost), by connection id.
   struct told_lost {
     std::shared_ptr<connection> conn;

@@ -23,7 +23,8 @@
 //   have a restart policy elsewhere under the same wire id, tells every node where each went
 //   (control(moved)), then that this is all (control(relocated)). Meanwhile monitors of the lost
 //   node's actors wait: those of a moved actor watch it on its new node, the others receive
-//   down notices (exit_reason::node_lost).
+//   down notices (exit_reason::node_lost). The actors a lost or departed node spawned elsewhere
+//   (its wire ids, not detached) are stopped by their hosts and not re-created.
 // - Whom a node believes. The token makes a peer a peer; what it may say is checked besides: a
 //   connection that has not joined nor said hello may only ask for the status; the head gives
 //   each node a random key with its id (control(welcome), and to all in the member list), and

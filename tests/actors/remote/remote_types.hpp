@@ -67,6 +67,10 @@ public:
   }
   troupe::actor_ref<worker> self_ref() const { return troupe::this_actor::self<worker>(); }
   troupe::actor_ref<worker> echo_ref(troupe::actor_ref<worker> r) const { return r; }
+  /// A new worker on node `where`, spawned by this actor's node.
+  troupe::actor_ref<worker> spawn_at(std::uint32_t where, std::int64_t base, bool detached) const {
+    return troupe::this_actor::system().spawn_on<worker>(where, troupe::spawn_options{.detached = detached}, base);
+  }
   /// Neither listed in TROUPE_REMOTE nor encodable: for workers in the caller's process.
   std::int64_t apply(std::function<std::int64_t(std::int64_t)> f) const { return f(base_); }
   std::shared_ptr<std::int64_t> base_ptr() const { return std::make_shared<std::int64_t>(base_); }
@@ -82,7 +86,7 @@ private:
 
 TROUPE_REMOTE(remote_test::kv, put, get, size)
 TROUPE_REMOTE(remote_test::worker, add, fail, echo, bytes, checksum, record, received, out_of_order, pid,
-              sleep_ms, twice, add_via, self_ref, echo_ref)
+              sleep_ms, twice, add_via, self_ref, echo_ref, spawn_at)
 // The worker node never calls spawn_on<worker>(std::int64_t) itself, so it learns the
 // constructor here.
 TROUPE_REMOTE_CTOR(remote_test::worker, std::int64_t)

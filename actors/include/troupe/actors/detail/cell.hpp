@@ -74,6 +74,10 @@ struct spawn_options {
   /// Also treat an exception escaping an asked method as a failure of the actor (restart
   /// policy applies). The asker receives the exception either way.
   bool fail_on_ask_exception = false;
+  /// An actor spawned on another node (spawn_on) lives as long as the node that spawned it:
+  /// when that node is lost or leaves the cluster, the actor is stopped (Ray's owner
+  /// fate-sharing). A detached actor lives on until stopped (or its own node goes).
+  bool detached = false;
 };
 
 namespace detail {
