@@ -58,9 +58,11 @@ void system_impl::remove_live(cell_base* c) noexcept {
     else live_head = c->live_next_;
     if (c->live_next_) c->live_next_->live_prev_ = c->live_prev_;
     c->live_prev_ = c->live_next_ = nullptr;
-    last = live_count.fetch_sub(1, std::memory_order_acq_rel) == 1;
+    last = live_count.fetch_sub(1, std::memory_order_seq_cst) == 1;
   }
-  if (last && shutting_down.load(std::memory_order_acquire)) futex_wake_all(live_count);
+  // (seq_cst with await_all_actors_done's: it sees the 0, or this sees it waiting.)
+  if (last && (shutting_down.load(std::memory_order_acquire) || idle_waiters.load(std::memory_order_seq_cst) != 0))
+    futex_wake_all(live_count);
 }
 
 void system_impl::dead_letter(const cell_base& target, const char* kind, errc why) noexcept {
@@ -77,6 +79,16 @@ void system_impl::forget_names_of(cell_base* c) noexcept {
   std::erase_if(names, [c](const auto& kv) { return kv.second.get() == c; });
 }
 
+void system_impl::stop_all() noexcept {
+  // Each removes itself from the list when its stop has run.
+  std::vector<cell_ptr> live;
+  {
+    std::lock_guard lock(live_lock);
+    for (auto* c = live_head; c; c = c->live_next_) live.emplace_back(c);
+  }
+  for (auto& c : live) c->stop(exit_reason::shutdown);
+}
+
 void system_impl::shutdown() noexcept {
   if (tls_on_worker()) {
     log().critical("actor_system::shutdown() (or its destructor) called on a worker thread: "
@@ -88,14 +100,7 @@ void system_impl::shutdown() noexcept {
   // Leave the cluster first: no call from another node arrives while the actors stop.
   if (node) stop_node(*node);
   shutting_down.store(true);
-  // Stop every live actor; each removes itself from the list when its stop has run.
-  std::vector<cell_ptr> live;
-  {
-    std::lock_guard lock(live_lock);
-    for (auto* c = live_head; c; c = c->live_next_) live.emplace_back(c);
-  }
-  for (auto& c : live) c->stop(exit_reason::shutdown);
-  live.clear();
+  stop_all();
   if (manual) {
     manual->run_until_idle();
   } else {
@@ -280,6 +285,39 @@ std::uint64_t dead_letters(system_impl& s) { return s.dead_letters.load(); }
 std::size_t live_actors(system_impl& s) { return s.live_count.load(std::memory_order_acquire); }
 
 void shutdown(system_impl& s) noexcept { s.shutdown(); }
+
+void stop_all_actors(system_impl& s) noexcept { s.stop_all(); }
+
+bool await_all_actors_done(system_impl& s, std::optional<std::chrono::nanoseconds> timeout) {
+  if (tls_on_worker())
+    throw std::logic_error("await_all_actors_done() on a thread of the actor system: it would wait for itself");
+  if (s.manual) {
+    s.manual->run_until_idle();
+    const auto left = s.live_count.load(std::memory_order_acquire);
+    if (left != 0 && !timeout)
+      throw std::logic_error("await_all_actors_done(): " + std::to_string(left) +
+                             " actor(s) still live with nothing left to run (a test_system runs only when told)");
+    return left == 0;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(std::chrono::nanoseconds::zero());
+  s.idle_waiters.fetch_add(1, std::memory_order_seq_cst);
+  bool done = false;
+  for (std::uint32_t n;;) {
+    if ((n = s.live_count.load(std::memory_order_seq_cst)) == 0) {
+      done = true;
+      break;
+    }
+    if (!timeout) {
+      futex_wait(s.live_count, n);
+      continue;
+    }
+    auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::nanoseconds::zero()) break;
+    futex_wait_for(s.live_count, n, left.count());
+  }
+  s.idle_waiters.fetch_sub(1, std::memory_order_relaxed);
+  return done;
+}
 
 actor_system& facade_of(system_impl& s) {
   if (!s.facade) throw error(errc::system_shutdown, "the actor system is gone");

@@ -88,6 +88,8 @@ public:
   void dead_letter(const cell_base& target, const char* kind, errc why) noexcept;
   void forget_names_of(cell_base* c) noexcept;
   void shutdown() noexcept;
+  /// Stops every live actor (exit_reason::shutdown) without waiting.
+  void stop_all() noexcept;
 
   // Keeps the runtime alive while cells exist: the facade holds one, every cell one.
   void add_ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
@@ -117,6 +119,7 @@ public:
   spinlock live_lock;  // guards the list; short sections on the spawn/stop paths
   cell_base* live_head = nullptr;
   std::atomic<std::uint32_t> live_count{0};  // a futex word: shutdown sleeps until it is 0
+  std::atomic<std::uint32_t> idle_waiters{0};  // threads in await_all_actors_done (woken at 0)
   std::atomic<bool> shutting_down{false};
   std::atomic<std::uint64_t> dead_letters{0};
   /// The node part when the system is a node of a cluster (net/node.cpp).

@@ -620,3 +620,62 @@ TEST(Timer, TellAfterMovesAMoveOnlyArgumentIntoItsMessage) {
 TEST(System, RefusesMoreWorkerThreadsThanItsLimit) {
   EXPECT_THROW(troupe::actor_system({.threads = troupe::system_config::max_threads + 1}), std::invalid_argument);
 }
+
+// A program whose actors decide when it ends: one of them stops them all, the main thread waits.
+struct ender {
+  std::shared_ptr<std::atomic<int>> stops;
+  explicit ender(std::shared_ptr<std::atomic<int>> s) : stops(std::move(s)) {}
+  void on_stop() { stops->fetch_add(1); }
+  void end_all() { troupe::this_actor::system().stop_all_actors(); }
+  void end_self() { troupe::this_actor::stop(); }
+  void slow(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+  int value() const { return 7; }
+  bool await_inside() { return troupe::this_actor::system().await_all_actors_done(1ms); }
+};
+
+TEST(System, AnActorEndsTheProgramAndTheMainThreadWaitsForIt) {
+  troupe::actor_system sys{{.threads = 2}};
+  auto stops = std::make_shared<std::atomic<int>>(0);
+  std::vector<actor_ref<ender>> all;
+  for (int i = 0; i < 10; ++i) all.push_back(sys.spawn<ender>(stops));
+  EXPECT_FALSE(sys.await_all_actors_done(20ms));
+  // Waiting from inside an actor would wait for itself.
+  EXPECT_THROW(all[0].ask(&ender::await_inside).get(), std::logic_error);
+  all[1].tell(&ender::slow, 50);
+  auto queued = all[1].ask(&ender::value);  // behind the slow one: fails when the stop comes
+  all[0].tell(&ender::end_all);
+  sys.await_all_actors_done();
+  EXPECT_EQ(sys.live_actors(), 0u);
+  EXPECT_EQ(stops->load(), 10);
+  try {
+    queued.get();
+    ADD_FAILURE() << "an ask queued behind the stop was answered";
+  } catch (const troupe::error& e) {
+    EXPECT_EQ(e.code_value(), errc::actor_dead);
+  }
+  // The system is still up, and waits again for actors that stop themselves.
+  auto a = sys.spawn<ender>(stops);
+  auto b = sys.spawn<ender>(stops);
+  EXPECT_EQ(a.ask(&ender::value).get(), 7);
+  std::thread late([&] {
+    std::this_thread::sleep_for(30ms);
+    a.tell(&ender::end_self);
+    b.tell(&ender::end_self);
+  });
+  EXPECT_TRUE(sys.await_all_actors_done(5000ms));
+  late.join();
+  EXPECT_EQ(stops->load(), 12);
+}
+
+TEST(System, ATestSystemRunsUntilItsActorsAreDoneOrSaysWhyNot) {
+  test_system sys;
+  auto stops = std::make_shared<std::atomic<int>>(0);
+  auto a = sys.spawn<ender>(stops);
+  auto b = sys.spawn<ender>(stops);
+  EXPECT_FALSE(sys.await_all_actors_done(1ms));
+  EXPECT_THROW(sys.await_all_actors_done(), std::logic_error);
+  a.tell(&ender::end_self);
+  b.tell(&ender::end_all);
+  sys.await_all_actors_done();
+  EXPECT_EQ(stops->load(), 2);
+}

@@ -120,6 +120,8 @@ std::vector<actor_stats> all_stats(system_impl& s);
 std::uint64_t dead_letters(system_impl& s);
 std::size_t live_actors(system_impl& s);
 void shutdown(system_impl& s) noexcept;
+void stop_all_actors(system_impl& s) noexcept;
+bool await_all_actors_done(system_impl& s, std::optional<std::chrono::nanoseconds> timeout);
 actor_system& facade_of(system_impl& s);
 // test_system
 bool manual_run_one(system_impl& s);
@@ -301,6 +303,20 @@ public:
 
   /// Stops every actor and joins the workers; idempotent. Not from an actor thread.
   void shutdown() { detail::shutdown(*impl_); }
+
+  /// Blocks until no actor of this system is alive (each stopped, or failed past its restart
+  /// policy), e.g. until the actors ended the program with stop_all_actors() or stopped
+  /// themselves. Not from an actor thread (std::logic_error). A test_system runs until idle
+  /// instead, and throws std::logic_error when actors still live then.
+  void await_all_actors_done() { detail::await_all_actors_done(*impl_, std::nullopt); }
+  /// As await_all_actors_done(), for at most `timeout`: false when actors still live.
+  bool await_all_actors_done(std::chrono::milliseconds timeout) {
+    return detail::await_all_actors_done(*impl_, timeout);
+  }
+  /// Stops every live actor as shutdown() does (exit_reason::shutdown; queued asks fail with
+  /// errc::actor_dead, on_stop runs) without waiting for them: the way to end a program from
+  /// inside an actor. The system stays up (spawning works). @threadsafe, inside actors too.
+  void stop_all_actors() noexcept { detail::stop_all_actors(*impl_); }
 
   detail::system_impl& impl() noexcept { return *impl_; }
 
