@@ -13,7 +13,9 @@ namespace {
 }
 }  // namespace
 
-bool all_finite(const std::vector<const float*>&, const std::vector<std::int64_t>&, int) { no_cuda(); }
+bool all_finite(const std::vector<const float*>&, const std::vector<std::int64_t>&, const std::vector<std::uint32_t>&, int) {
+  no_cuda();
+}
 void optimizer_step(bool, const std::vector<tensor_update>&, int) { no_cuda(); }
 void fill_zero(void*, std::size_t, int) { no_cuda(); }
 std::size_t free_memory(int) { no_cuda(); }

@@ -51,8 +51,11 @@ struct tensor_update {
 /// shared memory).
 constexpr std::int64_t max_int8_block = 4096;
 
-/// True when no gradient holds a NaN or an infinity (one pass over all of them; synchronizes).
-bool all_finite(const std::vector<const float*>& grads, const std::vector<std::int64_t>& sizes, int device);
+/// True when no element of gradient k has a float exponent field (bits & 0x7f800000) at or
+/// above limits[k]: 0x7f800000 refuses NaN and infinity; (127 + 63) << 23 also a magnitude of
+/// 2^63 or more (one pass over all of them; synchronizes).
+bool all_finite(const std::vector<const float*>& grads, const std::vector<std::int64_t>& sizes,
+                const std::vector<std::uint32_t>& limits, int device);
 
 /// One fused optimizer step over every tensor (SGD when `sgd`, else Adam/AdamW by the constants):
 /// one launch for the tensors without 8-bit moments, one for those with (a thread block per

@@ -1575,14 +1575,24 @@ bool optimizer::grads_finite(std::vector<double>& sums) const {
   // Over the parameters as the groups list them now (the slots' order once synced).
   const auto params = members();
   sums.assign(params.size(), 0.0);
+  // 8-bit (or automatic, which may pick it) second moments also refuse a gradient whose square
+  // is not finite.
+  auto limit_of = [&](std::size_t group) {
+    const auto& state = groups_[group].state;
+    const bool int8 = kind_ != optimizer_kind::sgd &&
+                      (state.storage == state_storage::int8 || state.storage == state_storage::automatic);
+    return int8 ? square_finite_bits : exponent_bits;
+  };
   if (!where_.is_cpu()) {
     std::vector<const float*> grads;
     std::vector<std::int64_t> sizes;
-    for (const auto& [p, g] : params) {
+    std::vector<std::uint32_t> limits;
+    for (const auto& [p, group] : params) {
       grads.push_back(reinterpret_cast<const float*>(std::as_const(*p).grad.bytes()));
       sizes.push_back(p->grad.numel());
+      limits.push_back(limit_of(group));
     }
-    return cuda::all_finite(grads, sizes, where_.index);
+    return cuda::all_finite(grads, sizes, limits, where_.index);
   }
   // Pieces of at most 1<<16 elements, checked in parallel for large steps. A slot's sum of squares
   // is the sum of its pieces' in piece order (sum_of_squares within a piece), so that it is the
@@ -1597,13 +1607,8 @@ bool optimizer::grads_finite(std::vector<double>& sums) const {
   std::size_t total = 0;
   for (std::size_t k = 0; k < params.size(); ++k) {
     const auto g = std::as_const(*params[k].first).grad.data<float>();
-    const auto& state = groups_[params[k].second].state;
-    const bool sum = state.percentile_clipping < 100;
-    // 8-bit (or automatic, which may pick it) second moments also refuse a gradient whose square
-    // is not finite.
-    const bool int8 = kind_ != optimizer_kind::sgd &&
-                      (state.storage == state_storage::int8 || state.storage == state_storage::automatic);
-    const std::uint32_t limit = int8 ? square_finite_bits : exponent_bits;
+    const bool sum = groups_[params[k].second].state.percentile_clipping < 100;
+    const std::uint32_t limit = limit_of(params[k].second);
     for (std::size_t b = 0; b < g.size(); b += 1u << 16)
       pieces.push_back({g.data() + b, std::min<std::size_t>(1u << 16, g.size() - b), k, sum, limit});
     total += g.size();

@@ -424,13 +424,14 @@ __global__ void blockwise_step(const tensor_update* tensors, const std::int64_t*
   }
 }
 
-__global__ void finite_check(const float* const* grads, const std::int64_t* sizes, const std::int64_t* first, int count,
-                             int* bad) {
+__global__ void finite_check(const float* const* grads, const std::int64_t* sizes, const std::uint32_t* limits,
+                             const std::int64_t* first, int count, int* bad) {
   const work_item w = item_of(blockIdx.x, first, count, sizes, nullptr, 4 * chunk);
   const float* g = grads[w.tensor];
+  const std::uint32_t limit = limits[w.tensor];
   std::uint32_t any = 0;
   for (std::int64_t i = w.begin + threadIdx.x; i < w.begin + w.length; i += blockDim.x)
-    any |= (__float_as_uint(g[i]) & 0x7f800000u) == 0x7f800000u;
+    any |= (__float_as_uint(g[i]) & 0x7f800000u) >= limit;
   if (__syncthreads_or(static_cast<int>(any)) && threadIdx.x == 0) *bad = 1;
 }
 
@@ -473,16 +474,18 @@ unsigned grid_of(const std::vector<std::int64_t>& first) {
 
 }  // namespace
 
-bool all_finite(const std::vector<const float*>& grads, const std::vector<std::int64_t>& sizes, int device) {
+bool all_finite(const std::vector<const float*>& grads, const std::vector<std::int64_t>& sizes,
+                const std::vector<std::uint32_t>& limits, int device) {
   const auto first = first_blocks(sizes, std::vector<std::int64_t>(sizes.size(), 4 * chunk));
   if (first.back() == 0) return true;
   use_device(device);
   staging s;
-  const auto g_at = s.add(grads), n_at = s.add(sizes), f_at = s.add(first), flag_at = s.add(std::vector<int>{0});
+  const auto g_at = s.add(grads), n_at = s.add(sizes), l_at = s.add(limits), f_at = s.add(first),
+             flag_at = s.add(std::vector<int>{0});
   s.upload(device);
   finite_check<<<grid_of(first), threads_per_block>>>(s.at<const float* const>(g_at), s.at<std::int64_t>(n_at),
-                                                      s.at<std::int64_t>(f_at), static_cast<int>(sizes.size()),
-                                                      s.at<int>(flag_at));
+                                                      s.at<std::uint32_t>(l_at), s.at<std::int64_t>(f_at),
+                                                      static_cast<int>(sizes.size()), s.at<int>(flag_at));
   check(cudaGetLastError(), "finite_check launch");
   int bad = 0;
   check(cudaMemcpy(&bad, s.at<int>(flag_at), sizeof bad, cudaMemcpyDeviceToHost), "cudaMemcpy");
