@@ -329,6 +329,16 @@ std::size_t manual_run_until_idle(system_impl& s) { return s.manual->run_until_i
 void manual_advance(system_impl& s, std::chrono::nanoseconds d) { s.manual->advance(d); }
 std::chrono::nanoseconds manual_now(system_impl& s) { return s.manual->now(); }
 
+void bind_child(cell_base& parent, cell_base& child) {
+  struct stop_child final : down_callback {
+    explicit stop_child(cell_ptr c) : child(std::move(c)) {}
+    void notify(const down_notice&) noexcept override { child->stop(exit_reason::stopped); }
+    bool abandoned() const noexcept override { return !child->alive(); }
+    cell_ptr child;
+  };
+  parent.on_down(std::make_unique<stop_child>(cell_ptr(&child)));  // (stops it at once if the parent is gone)
+}
+
 cell_base& current_cell_or_throw(const char* what) {
   auto* c = tls_current_cell();
   if (!c) throw std::logic_error(std::string(what) + " called outside an actor");

@@ -679,3 +679,66 @@ TEST(System, ATestSystemRunsUntilItsActorsAreDoneOrSaysWhyNot) {
   sys.await_all_actors_done();
   EXPECT_EQ(stops->load(), 2);
 }
+
+// A parent and its children: they go when it goes for good, not when it restarts.
+struct family {
+  std::vector<actor_ref<family>> kids;
+  void have(int n) {
+    for (int i = 0; i < n; ++i) kids.push_back(troupe::this_actor::spawn_child<family>());
+  }
+  actor_ref<family> kid(int i) const { return kids.at(static_cast<std::size_t>(i)); }
+  void crash() { throw std::runtime_error("parent failed"); }
+  int ping() const { return 1; }
+};
+
+TEST(Supervision, ChildrenStopWhenTheirParentIsGoneForGood) {
+  test_system sys;
+  auto parent = sys.spawn<family>(spawn_options{.restart = {.max_restarts = 1}});
+  parent.tell(&family::have, 3);
+  sys.run_until_idle();
+  std::vector<actor_ref<family>> k;
+  for (int i = 0; i < 3; ++i) {
+    auto kid = parent.ask(&family::kid, i);
+    sys.run_until_idle();
+    k.push_back(kid.get());
+  }
+  k[0].tell(&family::have, 2);  // grandchildren
+  sys.run_until_idle();
+  auto grandchild = k[0].ask(&family::kid, 1);
+  sys.run_until_idle();
+  auto g = grandchild.get();
+  // A child that ends leaves the others and the parent alone.
+  k[2].stop();
+  sys.run_until_idle();
+  EXPECT_TRUE(parent.alive());
+  EXPECT_TRUE(k[1].alive());
+  // A restart keeps the children (the new instance does not know them: its state is fresh).
+  parent.tell(&family::crash);
+  sys.run_until_idle();
+  EXPECT_TRUE(parent.alive());
+  EXPECT_TRUE(k[0].alive() && k[1].alive() && g.alive());
+  std::vector<troupe::future<down_notice>> downs;
+  for (auto& c : {k[0], k[1], g}) downs.push_back(sys.monitor(c));
+  // The final failure ends them all, down to the grandchildren.
+  parent.tell(&family::crash);
+  sys.run_until_idle();
+  EXPECT_FALSE(parent.alive());
+  for (auto& d : downs) {
+    ASSERT_TRUE(d.ready());
+    EXPECT_EQ(d.get().reason, exit_reason::stopped);
+  }
+  EXPECT_EQ(sys.live_actors(), 0u);
+}
+
+TEST(Supervision, SpawnChildIsForActorsAndAStoppedParentTakesItsChildrenWithIt) {
+  EXPECT_THROW(troupe::this_actor::spawn_child<family>(), std::logic_error);
+  troupe::actor_system sys{{.threads = 2}};
+  auto parent = sys.spawn<family>();
+  parent.tell(&family::have, 100);
+  auto last = parent.ask(&family::kid, 99).get();
+  EXPECT_EQ(last.ask(&family::ping).get(), 1);
+  auto gone = sys.monitor(last);
+  parent.stop();
+  EXPECT_EQ(std::move(gone).timeout(5s).get().reason, exit_reason::stopped);
+  sys.await_all_actors_done();
+}

@@ -129,6 +129,8 @@ std::size_t manual_run_until_idle(system_impl& s);
 void manual_advance(system_impl& s, std::chrono::nanoseconds d);
 std::chrono::nanoseconds manual_now(system_impl& s);
 cell_base& current_cell_or_throw(const char* what);
+/// Stops `child` when `parent` is gone for good (this_actor::spawn_child).
+void bind_child(cell_base& parent, cell_base& child);
 // Remote actors (defined in src/net/node.cpp; templates in remote.hpp).
 template <class T, class... A>
 actor_ref<T> spawn_on_typed(actor_system& sys, node_id where, const spawn_options& opts, A&&... args);
@@ -399,6 +401,24 @@ actor_ref<T> self() {
                 std::string("this_actor::self<") + detail::type_name_of<T>() + ">() in a " +
                     c.type_name());
   return actor_ref<T>(detail::cell_ptr(&c));
+}
+
+/// Spawns an actor that belongs to the running one: it is stopped (exit_reason::stopped) when
+/// the running actor is gone for good, whatever ended it, and so on down its own children. A
+/// restart of the running actor keeps its children, as it keeps its monitors; a child's end
+/// reaches the parent only if the parent monitors it.
+template <class T, class... Args>
+  requires std::constructible_from<T, Args&&...>
+actor_ref<T> spawn_child(const spawn_options& opts, Args&&... args) {
+  auto& parent = detail::current_cell_or_throw("this_actor::spawn_child");
+  auto child = detail::facade_of(parent.system()).spawn<T>(opts, std::forward<Args>(args)...);
+  detail::bind_child(parent, *child.cell());
+  return child;
+}
+template <class T, class... Args>
+  requires std::constructible_from<T, Args&&...>
+actor_ref<T> spawn_child(Args&&... args) {
+  return spawn_child<T>(spawn_options{}, std::forward<Args>(args)...);
 }
 
 /// Watches `target`: the running actor's on_down(const down_notice&) is called when it is
