@@ -218,6 +218,8 @@ TEST(Remote, SpawnCallsAndErrorsAcrossProcesses) {
   refused([&] { (void)a.ask([](worker& w) { return w.add(1); }); }, "a lambda or other callable is no method");
   refused([&] { a.tell(&worker::apply, [](std::int64_t b) { return b; }); }, "a parameter of this method has no troupe::codec");
   refused([&] { (void)a.ask(&worker::base_ptr); }, "the result of this method has no troupe::codec");
+  refused([&] { (void)a.ask(&worker::base); }, "this method is not listed in TROUPE_REMOTE: it cannot be called on an actor of");
+  EXPECT_EQ(local.ask(&worker::base).get(), 5);
   // A method's exception reaches the caller with its message.
   try {
     a.ask(&worker::fail, std::string("boom")).get();

@@ -74,6 +74,8 @@ public:
   /// Neither listed in TROUPE_REMOTE nor encodable: for workers in the caller's process.
   std::int64_t apply(std::function<std::int64_t(std::int64_t)> f) const { return f(base_); }
   std::shared_ptr<std::int64_t> base_ptr() const { return std::make_shared<std::int64_t>(base_); }
+  /// Encodable, but not listed in TROUPE_REMOTE.
+  std::int64_t base() const { return base_; }
 
 private:
   std::int64_t base_;

@@ -75,6 +75,15 @@ struct remote_method {
   }
 };
 
+// A ref may be local or remote, and only the ref knows which: a call that cannot cross the
+// wire (a lambda, a method whose arguments or result have no codec, one not listed) compiles,
+// serves local actors, and is refused when the actor is on another node.
+[[noreturn]] inline void refuse_remote_call(std::string_view type, const char* why) {
+  throw std::logic_error(std::string(why) + ": it cannot be called on an actor of " + std::string(type) +
+                         " on another node (only methods listed in TROUPE_REMOTE(" + std::string(type) +
+                         ", ...) can)");
+}
+
 template <class T, class M>
 std::uint64_t method_id_of(M m) {
   constexpr auto type = remote_interface<T>::type_name;
@@ -89,10 +98,7 @@ std::uint64_t method_id_of(M m) {
             ...);
       },
       remote_interface<T>::methods);
-  if (id == 0)
-    throw std::logic_error("this method of " + std::string(type) +
-                           " cannot be called on another node: list it in TROUPE_REMOTE(" +
-                           std::string(type) + ", ...)");
+  if (id == 0) refuse_remote_call(type, "this method is not listed in TROUPE_REMOTE");
   return id;
 }
 
@@ -129,14 +135,6 @@ private:
 template <class M>
 using remote_args_t = typename member_fn<M>::args;
 
-// A ref may be local or remote, and only the ref knows which: a call that cannot cross the
-// wire (a lambda, a method whose arguments or result have no codec, one not listed) compiles,
-// serves local actors, and is refused when the actor is on another node.
-[[noreturn]] inline void refuse_remote_call(std::string_view type, const char* why) {
-  throw std::logic_error(std::string(why) + ": it cannot be called on an actor of " + std::string(type) +
-                         " on another node (only methods listed in TROUPE_REMOTE(" + std::string(type) +
-                         ", ...) can)");
-}
 
 template <class T, class M, class... Args>
 std::vector<std::byte> encode_call(M method, std::uint64_t& id, Args&&... args) {
