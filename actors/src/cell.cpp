@@ -164,26 +164,40 @@ void mark_named(cell_base& c) {
 
 void deliver(cell_base& c, message_ptr m) { c.enqueue(std::move(m)); }
 
-void cell_base::enqueue(message_ptr m) {
-  // A message for an actor that is gone (before, or while the sender waited for room).
+bool try_deliver(cell_base& c, message_ptr m, std::chrono::nanoseconds timeout) {
+  const auto now = std::chrono::steady_clock::now();
+  // (A timeout too long for the clock waits as long as it takes.)
+  const auto deadline = timeout >= std::chrono::steady_clock::time_point::max() - now
+                            ? std::chrono::steady_clock::time_point::max()
+                            : now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+  return c.enqueue(std::move(m), &deadline);
+}
+
+bool cell_base::enqueue(message_ptr m, const std::chrono::steady_clock::time_point* deadline) {
+  // A message for an actor that is gone (before, or while the sender waited for room). A
+  // try_tell's is dropped: its sender learns it from the result.
   auto refused_dead = [&] {
     if (alive()) return false;
+    if (deadline) return true;
     if (!m->dropped_silently()) system_->dead_letter(*this, m->kind(), errc::actor_dead);
     m->reject(errc::actor_dead);
     return true;
   };
-  if (refused_dead()) return;
+  if (refused_dead()) return false;
   if (capacity_ == 0) {
     size_.fetch_add(1, std::memory_order_relaxed);
   } else {
     for (;;) {
       auto prev = size_.fetch_add(1, std::memory_order_seq_cst);
       if (prev < static_cast<std::int64_t>(capacity_)) break;
-      if (overflow_ == overflow_policy::reject) {
+      const bool thread_may_wait = tls_current_cell() == nullptr && !tls_on_worker() &&
+                                   !(system_->manual != nullptr && system_->manual->firing());
+      if (overflow_ == overflow_policy::reject || (deadline && !thread_may_wait)) {
         size_.fetch_sub(1, std::memory_order_relaxed);
+        if (deadline) return false;
         system_->dead_letter(*this, m->kind(), errc::mailbox_full);
         m->reject(errc::mailbox_full);
-        return;
+        return false;
       }
       cell_base* sender = tls_current_cell();
       // (An actor of another actor_system is not paused: its system's workers run it, and a
@@ -198,17 +212,19 @@ void cell_base::enqueue(message_ptr m) {
         if (system_->manual->firing()) break;  // its timers get in past the capacity, as on the timer thread
         // A test_system runs on the sender's thread: drain here, deterministically, or refuse.
         size_.fetch_sub(1, std::memory_order_seq_cst);
-        while (size_.load(std::memory_order_seq_cst) >= static_cast<std::int64_t>(capacity_) && alive())
-          if (!system_->manual->run_something())
-            throw error(errc::would_deadlock,
-                        "a tell to a full mailbox in a test_system would wait for good: nothing runnable "
-                        "drains it (advance the clock, or use overflow_policy::reject)");
-        if (refused_dead()) return;
+        while (size_.load(std::memory_order_seq_cst) >= static_cast<std::int64_t>(capacity_) && alive()) {
+          if (system_->manual->run_something()) continue;
+          if (deadline) return false;  // (its clock is virtual: nothing would make room)
+          throw error(errc::would_deadlock,
+                      "a tell to a full mailbox in a test_system would wait for good: nothing runnable "
+                      "drains it (advance the clock, or use overflow_policy::reject)");
+        }
+        if (refused_dead()) return false;
         continue;
       }
       size_.fetch_sub(1, std::memory_order_seq_cst);
-      wait_for_room();
-      if (refused_dead()) return;
+      if (!wait_for_room(deadline)) return false;
+      if (refused_dead()) return false;
     }
   }
   normal_.push(m.release());
@@ -217,6 +233,7 @@ void cell_base::enqueue(message_ptr m) {
     add_ref();
     system_->schedule(this);
   }
+  return true;
 }
 
 void cell_base::enqueue_urgent(message_ptr m) noexcept {
@@ -384,18 +401,42 @@ void cell_base::unpark_for_urgent() noexcept {
   if (receiver != nullptr && receiver->remove_waiter(this)) system_->reschedule(this);
 }
 
-void cell_base::wait_for_room() noexcept {
+bool cell_base::wait_for_room(const std::chrono::steady_clock::time_point* deadline) noexcept {
   std::atomic<std::uint32_t> word{0};
   {
     flag_guard g(lock_);
     has_waiters_.store(true, std::memory_order_seq_cst);
     if (size_.load(std::memory_order_seq_cst) <= low_watermark(capacity_) || !alive()) {
       if (!extras_ || extras_->waiters.empty()) has_waiters_.store(false, std::memory_order_relaxed);
-      return;
+      return true;
     }
     extras().waiters.push_back({cell_ptr(), &word});
   }
-  while (word.load(std::memory_order_acquire) == 0) futex_wait(word, 0);
+  while (word.load(std::memory_order_acquire) == 0) {
+    if (deadline == nullptr) {
+      futex_wait(word, 0);
+      continue;
+    }
+    const auto left = *deadline - std::chrono::steady_clock::now();
+    if (left > std::chrono::steady_clock::duration::zero()) {
+      futex_wait_for(word, 0, std::chrono::duration_cast<std::chrono::nanoseconds>(left).count());
+      continue;
+    }
+    // Time is up: leave the list, unless a release took this waiter off it already (then its
+    // word is about to be set, and must be, before this frame goes).
+    {
+      flag_guard g(lock_);
+      auto& waiters = extras().waiters;
+      auto it = std::find_if(waiters.begin(), waiters.end(), [&](const cell_extras::waiter& w) { return w.word == &word; });
+      if (it != waiters.end()) {
+        waiters.erase(it);
+        if (waiters.empty()) has_waiters_.store(false, std::memory_order_relaxed);
+        return false;
+      }
+    }
+    while (word.load(std::memory_order_acquire) == 0) futex_wait(word, 0);
+  }
+  return true;
 }
 
 namespace {
@@ -616,6 +657,7 @@ void cell_base::fail(std::exception_ptr e) noexcept {
     call_on_stop();
   }
   destroy_object();
+  stop_children();  // the new object makes its own
   life_.store(life_restarting, std::memory_order_release);
   if (delay.count() <= 0) {
     enqueue_urgent(message_ptr(std::make_unique<restart_message>().release()));
@@ -657,6 +699,7 @@ void cell_base::handle_stop(exit_reason why, const std::string& what) noexcept {
   if (life == life_running) call_on_stop();
   destroy_object();
   reject_all(errc::actor_dead);
+  stop_children();
 
   std::vector<cell_extras::waiter> waiters;
   std::vector<cell_extras::watcher> watchers;
@@ -740,6 +783,34 @@ void cell_base::add_watcher(cell_base* watcher) {
 
 void send_down_notice(cell_base& watcher, const down_notice& n) {
   watcher.enqueue_urgent(message_ptr(std::make_unique<down_message>(n).release()));
+}
+
+void cell_base::adopt_child(cell_base& child) {
+  std::vector<cell_ptr> gone;
+  {
+    flag_guard g(lock_);
+    if (!down_sent_) {
+      auto& ex = extras();
+      if (ex.children.size() >= ex.prune_children_at) {  // children that ended leave the list
+        auto keep = std::partition(ex.children.begin(), ex.children.end(), [](const cell_ptr& c) { return c->alive(); });
+        gone.assign(std::make_move_iterator(keep), std::make_move_iterator(ex.children.end()));
+        ex.children.erase(keep, ex.children.end());
+        ex.prune_children_at = std::max<std::size_t>(16, 2 * ex.children.size());
+      }
+      ex.children.emplace_back(&child);
+      return;
+    }
+  }
+  child.stop(exit_reason::stopped);
+}
+
+void cell_base::stop_children() noexcept {
+  std::vector<cell_ptr> children;
+  {
+    flag_guard g(lock_);
+    if (extras_) children.swap(extras_->children);
+  }
+  for (auto& c : children) c->stop(exit_reason::stopped);
 }
 
 void cell_base::on_down(std::unique_ptr<down_callback> f) {

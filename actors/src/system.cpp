@@ -43,6 +43,9 @@ void system_impl::add_live(cell_base* c) {
   std::lock_guard lock(live_lock);
   if (shutting_down.load(std::memory_order_relaxed))
     throw error(errc::system_shutdown, "spawn after the actor system began to shut down");
+  if (draining.load(std::memory_order_relaxed))
+    throw error(errc::system_shutdown,
+                "spawn while stop_all_actors() stops every actor (spawning works again once they are gone)");
   c->live_prev_ = nullptr;
   c->live_next_ = live_head;
   if (live_head) live_head->live_prev_ = c;
@@ -59,6 +62,7 @@ void system_impl::remove_live(cell_base* c) noexcept {
     if (c->live_next_) c->live_next_->live_prev_ = c->live_prev_;
     c->live_prev_ = c->live_next_ = nullptr;
     last = live_count.fetch_sub(1, std::memory_order_seq_cst) == 1;
+    if (last) draining.store(false, std::memory_order_relaxed);
   }
   // (seq_cst with await_all_actors_done's: it sees the 0, or this sees it waiting.)
   if (last && (shutting_down.load(std::memory_order_acquire) || idle_waiters.load(std::memory_order_seq_cst) != 0))
@@ -79,11 +83,12 @@ void system_impl::forget_names_of(cell_base* c) noexcept {
   std::erase_if(names, [c](const auto& kv) { return kv.second.get() == c; });
 }
 
-void system_impl::stop_all() noexcept {
+void system_impl::stop_all(bool drain) noexcept {
   // Each removes itself from the list when its stop has run.
   std::vector<cell_ptr> live;
   {
     std::lock_guard lock(live_lock);
+    if (drain && live_head) draining.store(true, std::memory_order_relaxed);
     for (auto* c = live_head; c; c = c->live_next_) live.emplace_back(c);
   }
   for (auto& c : live) c->stop(exit_reason::shutdown);
@@ -100,7 +105,7 @@ void system_impl::shutdown() noexcept {
   // Leave the cluster first: no call from another node arrives while the actors stop.
   if (node) stop_node(*node);
   shutting_down.store(true);
-  stop_all();
+  stop_all(false);
   if (manual) {
     manual->run_until_idle();
   } else {
@@ -286,7 +291,7 @@ std::size_t live_actors(system_impl& s) { return s.live_count.load(std::memory_o
 
 void shutdown(system_impl& s) noexcept { s.shutdown(); }
 
-void stop_all_actors(system_impl& s) noexcept { s.stop_all(); }
+void stop_all_actors(system_impl& s) noexcept { s.stop_all(true); }
 
 bool await_all_actors_done(system_impl& s, std::optional<std::chrono::nanoseconds> timeout) {
   if (tls_on_worker())
@@ -299,7 +304,9 @@ bool await_all_actors_done(system_impl& s, std::optional<std::chrono::nanosecond
                              " actor(s) still live with nothing left to run (a test_system runs only when told)");
     return left == 0;
   }
-  const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(std::chrono::nanoseconds::zero());
+  const auto now = std::chrono::steady_clock::now();
+  if (timeout && *timeout >= std::chrono::steady_clock::time_point::max() - now) timeout.reset();  // no limit
+  const auto deadline = timeout ? now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(*timeout) : now;
   s.idle_waiters.fetch_add(1, std::memory_order_seq_cst);
   bool done = false;
   for (std::uint32_t n;;) {
@@ -329,15 +336,7 @@ std::size_t manual_run_until_idle(system_impl& s) { return s.manual->run_until_i
 void manual_advance(system_impl& s, std::chrono::nanoseconds d) { s.manual->advance(d); }
 std::chrono::nanoseconds manual_now(system_impl& s) { return s.manual->now(); }
 
-void bind_child(cell_base& parent, cell_base& child) {
-  struct stop_child final : down_callback {
-    explicit stop_child(cell_ptr c) : child(std::move(c)) {}
-    void notify(const down_notice&) noexcept override { child->stop(exit_reason::stopped); }
-    bool abandoned() const noexcept override { return !child->alive(); }
-    cell_ptr child;
-  };
-  parent.on_down(std::make_unique<stop_child>(cell_ptr(&child)));  // (stops it at once if the parent is gone)
-}
+void bind_child(cell_base& parent, cell_base& child) { parent.adopt_child(child); }
 
 cell_base& current_cell_or_throw(const char* what) {
   auto* c = tls_current_cell();

@@ -62,6 +62,8 @@ struct cell_extras {
   std::vector<waiter> waiters;
   std::vector<watcher> watchers;
   std::size_t prune_watchers_at = 16;   // prune the gone ones when watchers reaches this
+  std::vector<cell_ptr> children;       // this_actor::spawn_child: stopped with this actor
+  std::size_t prune_children_at = 16;
   std::vector<void*> frames;            // suspended root coroutines (actor context)
   std::vector<down_notice> deferred;    // down notices held while suspended
   std::unique_ptr<restart_factory> factory;
@@ -88,8 +90,9 @@ public:
   void dead_letter(const cell_base& target, const char* kind, errc why) noexcept;
   void forget_names_of(cell_base* c) noexcept;
   void shutdown() noexcept;
-  /// Stops every live actor (exit_reason::shutdown) without waiting.
-  void stop_all() noexcept;
+  /// Stops every live actor (exit_reason::shutdown) without waiting; with `drain`, refuses
+  /// spawns until none is left (stop_all_actors).
+  void stop_all(bool drain) noexcept;
 
   // Keeps the runtime alive while cells exist: the facade holds one, every cell one.
   void add_ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
@@ -120,6 +123,9 @@ public:
   cell_base* live_head = nullptr;
   std::atomic<std::uint32_t> live_count{0};  // a futex word: shutdown sleeps until it is 0
   std::atomic<std::uint32_t> idle_waiters{0};  // threads in await_all_actors_done (woken at 0)
+  /// Set by stop_all_actors() until no actor is left: spawns are refused meanwhile, so that
+  /// an actor cannot outlive it by spawning one as it stops.
+  std::atomic<bool> draining{false};
   std::atomic<bool> shutting_down{false};
   std::atomic<std::uint64_t> dead_letters{0};
   /// The node part when the system is a node of a cluster (net/node.cpp).

@@ -667,6 +667,32 @@ TEST(System, AnActorEndsTheProgramAndTheMainThreadWaitsForIt) {
   EXPECT_EQ(stops->load(), 12);
 }
 
+// Actors that keep spawning cannot outlive stop_all_actors(): spawns are refused until the last
+// actor is gone, and work again then. A wait too long for the clock has no limit.
+struct breeder {
+  void breed() {
+    troupe::this_actor::system().spawn<breeder>().tell(&breeder::breed);
+    troupe::this_actor::self<breeder>().tell(&breeder::breed);
+  }
+};
+
+TEST(System, StopAllActorsOutrunsActorsThatKeepSpawning) {
+  troupe::actor_system sys{{.threads = 2}};
+  sys.spawn<breeder>().tell(&breeder::breed);
+  while (sys.live_actors() < 1000) std::this_thread::yield();
+  sys.stop_all_actors();
+  EXPECT_TRUE(sys.await_all_actors_done(10'000ms)) << sys.live_actors() << " actors left";
+  auto stops = std::make_shared<std::atomic<int>>(0);
+  auto a = sys.spawn<ender>(stops);
+  std::thread late([&] {
+    std::this_thread::sleep_for(30ms);
+    a.tell(&ender::end_self);
+  });
+  EXPECT_TRUE(sys.await_all_actors_done(std::chrono::milliseconds::max()));
+  late.join();
+  EXPECT_EQ(stops->load(), 1);
+}
+
 TEST(System, ATestSystemRunsUntilItsActorsAreDoneOrSaysWhyNot) {
   test_system sys;
   auto stops = std::make_shared<std::atomic<int>>(0);
@@ -680,9 +706,12 @@ TEST(System, ATestSystemRunsUntilItsActorsAreDoneOrSaysWhyNot) {
   EXPECT_EQ(stops->load(), 2);
 }
 
-// A parent and its children: they go when it goes for good, not when it restarts.
+// A parent and its children: they go when it stops or restarts; a restart makes new ones.
 struct family {
   std::vector<actor_ref<family>> kids;
+  int at_start = 0;
+  explicit family(int n = 0) : at_start(n) {}
+  void on_start() { have(at_start); }
   void have(int n) {
     for (int i = 0; i < n; ++i) kids.push_back(troupe::this_actor::spawn_child<family>());
   }
@@ -690,44 +719,55 @@ struct family {
   void crash() { throw std::runtime_error("parent failed"); }
   int ping() const { return 1; }
 };
+struct precocious {
+  precocious() { troupe::this_actor::spawn_child<family>(); }
+};
+struct spawns_precocious {
+  void go() { troupe::this_actor::spawn_child<precocious>(); }
+};
 
-TEST(Supervision, ChildrenStopWhenTheirParentIsGoneForGood) {
+TEST(Supervision, ChildrenStopWithTheirParentAndARestartMakesNewOnes) {
   test_system sys;
-  auto parent = sys.spawn<family>(spawn_options{.restart = {.max_restarts = 1}});
-  parent.tell(&family::have, 3);
+  auto parent = sys.spawn<family>(spawn_options{.restart = {.max_restarts = 1}}, 3);
   sys.run_until_idle();
-  std::vector<actor_ref<family>> k;
-  for (int i = 0; i < 3; ++i) {
-    auto kid = parent.ask(&family::kid, i);
+  auto kid = [&](const actor_ref<family>& of, int i) {
+    auto f = of.ask(&family::kid, i);
     sys.run_until_idle();
-    k.push_back(kid.get());
-  }
+    return f.get();
+  };
+  std::vector<actor_ref<family>> k{kid(parent, 0), kid(parent, 1), kid(parent, 2)};
   k[0].tell(&family::have, 2);  // grandchildren
   sys.run_until_idle();
-  auto grandchild = k[0].ask(&family::kid, 1);
-  sys.run_until_idle();
-  auto g = grandchild.get();
+  auto g = kid(k[0], 1);
   // A child that ends leaves the others and the parent alone.
   k[2].stop();
   sys.run_until_idle();
   EXPECT_TRUE(parent.alive());
   EXPECT_TRUE(k[1].alive());
-  // A restart keeps the children (the new instance does not know them: its state is fresh).
+  // A restart stops them, down to the grandchildren; the new object (on_start) makes three more.
+  std::vector<troupe::future<down_notice>> downs;
+  for (auto& c : {k[0], k[1], g}) downs.push_back(sys.monitor(c));
   parent.tell(&family::crash);
   sys.run_until_idle();
   EXPECT_TRUE(parent.alive());
-  EXPECT_TRUE(k[0].alive() && k[1].alive() && g.alive());
-  std::vector<troupe::future<down_notice>> downs;
-  for (auto& c : {k[0], k[1], g}) downs.push_back(sys.monitor(c));
-  // The final failure ends them all, down to the grandchildren.
-  parent.tell(&family::crash);
-  sys.run_until_idle();
-  EXPECT_FALSE(parent.alive());
   for (auto& d : downs) {
     ASSERT_TRUE(d.ready());
     EXPECT_EQ(d.get().reason, exit_reason::stopped);
   }
+  EXPECT_EQ(sys.live_actors(), 4u);
+  std::vector<actor_ref<family>> again{kid(parent, 0), kid(parent, 1), kid(parent, 2)};
+  for (auto& c : again) EXPECT_TRUE(c.alive());
+  // The final failure ends them too.
+  parent.tell(&family::crash);
+  sys.run_until_idle();
+  EXPECT_FALSE(parent.alive());
   EXPECT_EQ(sys.live_actors(), 0u);
+  // A constructor runs as its spawner: spawn_child there would give the child to the wrong
+  // parent, and throws.
+  auto s = sys.spawn<spawns_precocious>();
+  auto refused = s.ask(&spawns_precocious::go);
+  sys.run_until_idle();
+  EXPECT_THROW(refused.get(), std::logic_error);
 }
 
 TEST(Supervision, SpawnChildIsForActorsAndAStoppedParentTakesItsChildrenWithIt) {

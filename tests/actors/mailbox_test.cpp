@@ -431,3 +431,111 @@ TEST(Mailbox, ATestSystemTimerGetsPastACapacityAsTheTimerThreadDoes) {
 }
 
 }  // namespace
+
+namespace {
+
+struct gated {
+  int taken = 0;
+  void block(std::shared_ptr<std::atomic<bool>> entered, std::shared_ptr<std::atomic<bool>> open) {
+    entered->store(true);
+    while (!open->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  void take() { ++taken; }
+  int count() const { return taken; }
+};
+struct try_sender {
+  actor_ref<gated> to;
+  std::vector<int> send(int n) {  // {went in, refused}
+    std::vector<int> out{0, 0};
+    for (int i = 0; i < n; ++i) ++out[to.try_tell(std::chrono::seconds(10), &gated::take) ? 0 : 1];
+    return out;
+  }
+};
+
+TEST(Mailbox, TryTellWaitsForRoomAtMostItsTimeoutAndNeverPausesAnActor) {
+  using namespace std::chrono_literals;
+  troupe::actor_system sys{{.threads = 2}};
+  auto entered = std::make_shared<std::atomic<bool>>(false), open = std::make_shared<std::atomic<bool>>(false);
+  auto g = sys.spawn<gated>(spawn_options{.mailbox_capacity = 4});
+  g.tell(&gated::block, entered, open);
+  for (int i = 0; i < 1000 && !entered->load(); ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(entered->load());
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(g.try_tell(0ms, &gated::take));
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(g.try_tell(30ms, &gated::take));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 30ms);
+  EXPECT_FALSE(g.try_tell(0ms, &gated::take));
+  // An actor gets false at once, whatever its timeout, and is not paused (it answers again).
+  auto s = sys.spawn<try_sender>(g);
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(s.ask(&try_sender::send, 3).get(), (std::vector<int>{0, 3}));
+  EXPECT_EQ(s.ask(&try_sender::send, 0).get(), (std::vector<int>{0, 0}));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  // Room that comes while a thread waits lets its message in.
+  std::thread opener([&] {
+    std::this_thread::sleep_for(30ms);
+    open->store(true);
+  });
+  EXPECT_TRUE(g.try_tell(10s, &gated::take));
+  opener.join();
+  EXPECT_TRUE(handled(sys, g, 6));  // block, 4 + 1 takes
+  EXPECT_EQ(g.ask(&gated::count).get(), 5);
+  EXPECT_TRUE(g.try_tell(std::chrono::nanoseconds::max(), &gated::take));
+  EXPECT_EQ(g.ask(&gated::count).get(), 6);
+  // Refused messages are no dead letters: the sender knows. Nor is one to a dead actor.
+  EXPECT_EQ(sys.dead_letters(), 0u);
+  auto down = sys.monitor(g);
+  g.stop();
+  std::move(down).timeout(10s).get();
+  EXPECT_FALSE(g.try_tell(1s, &gated::take));
+  EXPECT_EQ(sys.dead_letters(), 0u);
+}
+
+// Threads whose waits time out while the receiver drains (a release may take a waiter off
+// the list just as its time is up): every message that went in is handled, no other.
+TEST(Mailbox, TryTellsThatTimeOutWhileTheMailboxDrainsLoseNothing) {
+  troupe::actor_system sys{{.threads = 2}};
+  auto s = sys.spawn<sink>(spawn_options{.mailbox_capacity = 8});
+  std::atomic<std::uint64_t> in{0};
+  std::vector<std::thread> senders;
+  for (int t = 0; t < 4; ++t)
+    senders.emplace_back([&, t] {
+      for (int i = 0; i < 2000; ++i)
+        if (s.try_tell(std::chrono::microseconds(i % 50), &sink::take, t * 1'000'000 + i)) in.fetch_add(1);
+    });
+  for (auto& t : senders) t.join();
+  EXPECT_TRUE(handled(sys, s, in.load()));
+  EXPECT_EQ(s.ask(&sink::count).get(), in.load());
+  EXPECT_GT(in.load(), 0u);
+  EXPECT_EQ(sys.dead_letters(), 0u);
+}
+
+TEST(Mailbox, TryTellToARejectingOrTestSystemMailbox) {
+  using namespace std::chrono_literals;
+  {
+    troupe::actor_system sys{{.threads = 2}};
+    auto entered = std::make_shared<std::atomic<bool>>(false), open = std::make_shared<std::atomic<bool>>(false);
+    auto g = sys.spawn<gated>(spawn_options{.mailbox_capacity = 1, .overflow = overflow_policy::reject});
+    g.tell(&gated::block, entered, open);
+    for (int i = 0; i < 1000 && !entered->load(); ++i) std::this_thread::sleep_for(1ms);
+    EXPECT_TRUE(g.try_tell(1s, &gated::take));
+    EXPECT_FALSE(g.try_tell(1s, &gated::take));
+    EXPECT_EQ(sys.dead_letters(), 0u);
+    open->store(true);
+    EXPECT_TRUE(handled(sys, g, 2));
+    EXPECT_EQ(g.ask(&gated::count).get(), 1);
+  }
+  // A test_system runs its actors to make room, and says false where nothing can.
+  test_system sys;
+  auto s = sys.spawn<sink>(spawn_options{.mailbox_capacity = 1});
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(s.try_tell(0ms, &sink::take, i));
+  sys.run_until_idle();
+  EXPECT_EQ(s.ask(&sink::count).get(), 5u);
+  auto h = sys.spawn<held_sink>(spawn_options{.mailbox_capacity = 1});
+  h.tell(&held_sink::hold);
+  sys.run_until_idle();
+  EXPECT_TRUE(h.try_tell(1s, &held_sink::noop));
+  EXPECT_FALSE(h.try_tell(1s, &held_sink::noop));
+}
+
+}  // namespace

@@ -625,7 +625,8 @@ public:
   // The node's own numbers (net/node.cpp): control codes and node operations.
   static constexpr std::uint64_t join = 16, hello = 18, members = 19, heartbeat = 20, moved = 23, lost = 24,
                                  relocated = 25;
-  static constexpr std::uint64_t spawn = 1, register_name = 3, node_stats = 7;
+  static constexpr std::uint64_t down = 21;
+  static constexpr std::uint64_t spawn = 1, register_name = 3, watch = 6, node_stats = 7;
   using spawn_tuple = std::tuple<std::string, std::uint64_t, std::uint64_t,
                                  std::tuple<std::uint64_t, std::uint8_t, std::int32_t, std::int64_t, double, std::int64_t, bool, bool, bool>,
                                  std::vector<std::byte>>;
@@ -957,7 +958,7 @@ TEST(Remote, SpawnsAndNamesFromAMemberAreChecked) {
 
 // A ref can travel faster than the spawn of its actor (on another connection): a call that
 // comes first waits for the actor and runs when it comes, in arrival order.
-TEST(Remote, ACallThatOvertakesItsActorsSpawnWaitsForIt) {
+TEST(Remote, ACallThatOvertakesItsActorsSpawnWaitsForItAndHearsWhyItFailed) {
   troupe::actor_system head(head_config());
   rogue_peer p(head.node_port());
   const auto me = p.join_as_node();
@@ -980,6 +981,23 @@ TEST(Remote, ACallThatOvertakesItsActorsSpawnWaitsForIt) {
     ASSERT_EQ(sum->kind, call::reply) << sum->error_message;
     EXPECT_EQ(troupe::decode<std::int64_t>(sum->payload), 40 + i);
   }
+  // When the constructor throws, the waiting call and a later watch hear why.
+  p.send(call::call, add, troupe::detail::encode_call<worker>(&worker::add, add, std::int64_t{1}), 20, wire + 1);
+  p.send(call::call, rogue_peer::spawn,
+         troupe::encode(rogue_peer::spawn_tuple{"remote_test::worker", troupe::detail::constructor_key<std::int64_t>(), wire + 1,
+                                                {}, troupe::encode(std::tuple<std::int64_t>{-1})}),
+         2);
+  auto refused = p.answer(20);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->kind, call::error);
+  EXPECT_NE(refused->error_message.find("worker: a negative base"), std::string::npos) << refused->error_message;
+  p.send(call::tell, rogue_peer::watch, troupe::encode(wire + 1));
+  auto down = p.next([](const troupe::net::envelope& e) { return e.kind == call::control && e.method == rogue_peer::down; });
+  ASSERT_TRUE(down);
+  auto [what, reason, why] = troupe::decode<std::tuple<std::uint64_t, std::uint8_t, std::string>>(down->payload);
+  EXPECT_EQ(what, wire + 1);
+  EXPECT_EQ(reason, static_cast<std::uint8_t>(troupe::exit_reason::failed));
+  EXPECT_NE(why.find("worker: a negative base"), std::string::npos) << why;
 }
 
 TEST(Remote, ClusterStatusListsNodesAndActors) {

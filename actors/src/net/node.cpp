@@ -730,6 +730,7 @@ private:
     std::vector<std::pair<watch, down_notice>> fired;
     std::vector<std::pair<node_id, std::uint64_t>> rewatch;  // (host, wire): monitor it there
     std::vector<cell_ptr> orphans;  // actors whose owner went (spawn_options::detached)
+    std::vector<std::pair<std::shared_ptr<connection>, envelope>> unmade;  // early calls to refuse
   };
   struct restartable {
     node_id host = 0;
@@ -780,7 +781,7 @@ private:
   }
 
   void post(aftermath a) {
-    if (a.failed.empty() && a.fired.empty() && a.rewatch.empty() && a.orphans.empty()) return;
+    if (a.failed.empty() && a.fired.empty() && a.rewatch.empty() && a.orphans.empty() && a.unmade.empty()) return;
     asio::post(io_, [weak = weak_from_this(), a = std::make_shared<aftermath>(std::move(a))] {
       for (auto& s : a->failed) s->fail(a->failure);
       if (auto self = weak.lock())
@@ -789,6 +790,9 @@ private:
                      nullptr);
       for (auto& [w, n] : a->fired) fire(std::move(w), n);
       for (auto& c : a->orphans) c->stop(exit_reason::stopped);
+      if (auto self = weak.lock())
+        for (auto& [c, env] : a->unmade)
+          self->refuse_call(c, env, a->failure);
     });
   }
 
@@ -1164,12 +1168,7 @@ private:
       }
     }
     for (auto& [wire, list] : never_came)
-      for (auto& [c, env] : list.calls) {
-        if (env.kind == envelope_kind::call)
-          conn_responder(weak_from_this(), c->id(), env.request_id).error(std::make_exception_ptr(error(errc::actor_dead, no_actor(wire))));
-        else
-          sys_.dead_letters.fetch_add(1, std::memory_order_relaxed);
-      }
+      for (auto& [c, env] : list.calls) refuse_call(c, env, std::make_exception_ptr(error(errc::actor_dead, no_actor(wire))));
     arm_heartbeat();
   }
 
@@ -1287,6 +1286,15 @@ private:
     for (auto& [wire, e] : exported_) {
       std::erase(e.watchers, id);
       if (e.owner == id && e.cell) after.orphans.push_back(e.cell);
+    }
+    // Calls waiting for an actor the lost node was spawning here: its spawn will not come.
+    for (auto e = early_calls_.begin(); e != early_calls_.end();) {
+      if ((e->first >> wire_shift) == id) {
+        for (auto& [c, env] : e->second.calls) after.unmade.emplace_back(c, std::move(env));
+        e = early_calls_.erase(e);
+      } else {
+        ++e;
+      }
     }
     if (!after.orphans.empty())
       log().info("troupe node {}: stopping {} actor(s) that node {} spawned here (not detached)", self_, after.orphans.size(), id);
@@ -1574,6 +1582,12 @@ private:
     }
   }
 
+  /// Answers a call with `e` (a tell: a dead letter).
+  void refuse_call(const std::shared_ptr<connection>& c, const envelope& env, std::exception_ptr e) {
+    if (env.kind == envelope_kind::call) conn_responder(weak_from_this(), c->id(), env.request_id).error(std::move(e));
+    else sys_.dead_letters.fetch_add(1, std::memory_order_relaxed);
+  }
+
   std::string no_actor(std::uint64_t wire) const {
     return "no actor " + std::to_string(wire) + " on node " + std::to_string(self()) + " (stopped, or never spawned)";
   }
@@ -1693,7 +1707,10 @@ private:
             if (early.nodes.empty()) early.since = clock_type::now();
             if (std::find(early.nodes.begin(), early.nodes.end(), from) == early.nodes.end()) early.nodes.push_back(from);
           } else if (c) {
-            c->send(control(ctl::down, encode(down_tuple{wire, static_cast<std::uint8_t>(exit_reason::stopped), "no such actor"})));
+            // A spawn that failed says why; otherwise it is gone (or never was).
+            const bool failed = it != exported_.end() && !it->second.failure.empty();
+            c->send(control(ctl::down, encode(down_tuple{wire, static_cast<std::uint8_t>(failed ? exit_reason::failed : exit_reason::stopped),
+                                                         failed ? it->second.failure : std::string("no such actor")})));
           }
           return;
         }

@@ -214,6 +214,8 @@ using ask_message_for = std::conditional_t<is_task<method_result_t<T, M, Args...
                                            ask_message<T, M, Args...>>;
 
 void deliver(cell_base& c, message_ptr m);
+/// try_tell's delivery: false when the message did not go in within `timeout`.
+bool try_deliver(cell_base& c, message_ptr m, std::chrono::nanoseconds timeout);
 
 }  // namespace detail
 
@@ -255,6 +257,27 @@ public:
     check();
     detail::deliver(*cell_, detail::message_ptr(
                                 std::make_unique<msg_t>(method, std::forward<Args>(args)...).release()));
+  }
+
+  /// As tell, but never waits long for room: true when the message went in, false when it did
+  /// not (nothing sent, no dead letter). A full bounded mailbox (overflow_policy::wait) is
+  /// waited for at most `timeout` by a thread outside the actors; an actor, a timer or a node's
+  /// thread never waits nor is paused: full is false at once. A dead actor is false. To a
+  /// remote actor the message is sent (true) unless its node is lost (its mailbox is not seen).
+  template <class Rep, class Period, class M, class... Args>
+    requires std::invocable<M, T&, std::decay_t<Args>...>
+  bool try_tell(std::chrono::duration<Rep, Period> timeout, M method, Args&&... args) const {
+    if constexpr (detail::remote_capable<T>) {
+      if (remote_) {
+        if (!detail::remote_alive(*remote_)) return false;
+        detail::remote_tell_typed<T>(*remote_, method, std::forward<Args>(args)...);
+        return true;
+      }
+    }
+    using msg_t = detail::tell_message_for<T, M, std::decay_t<Args>...>;
+    check();
+    return detail::try_deliver(*cell_, detail::message_ptr(std::make_unique<msg_t>(method, std::forward<Args>(args)...).release()),
+                               detail::saturated_ns(timeout));
   }
 
   /// Calls `method(args...)` and returns a future of its result (X when it returns task<X>).

@@ -312,12 +312,14 @@ public:
   /// instead, and throws std::logic_error when actors still live then.
   void await_all_actors_done() { detail::await_all_actors_done(*impl_, std::nullopt); }
   /// As await_all_actors_done(), for at most `timeout`: false when actors still live.
-  bool await_all_actors_done(std::chrono::milliseconds timeout) {
-    return detail::await_all_actors_done(*impl_, timeout);
+  template <class Rep, class Period>
+  bool await_all_actors_done(std::chrono::duration<Rep, Period> timeout) {
+    return detail::await_all_actors_done(*impl_, detail::saturated_ns(timeout));
   }
   /// Stops every live actor as shutdown() does (exit_reason::shutdown; queued asks fail with
   /// errc::actor_dead, on_stop runs) without waiting for them: the way to end a program from
-  /// inside an actor. The system stays up (spawning works). @threadsafe, inside actors too.
+  /// inside an actor. Until the last is gone, spawns throw errc::system_shutdown (so none
+  /// outlives it); then the system is as before. @threadsafe, inside actors too.
   void stop_all_actors() noexcept { detail::stop_all_actors(*impl_); }
 
   detail::system_impl& impl() noexcept { return *impl_; }
@@ -404,13 +406,15 @@ actor_ref<T> self() {
 }
 
 /// Spawns an actor that belongs to the running one: it is stopped (exit_reason::stopped) when
-/// the running actor is gone for good, whatever ended it, and so on down its own children. A
-/// restart of the running actor keeps its children, as it keeps its monitors; a child's end
-/// reaches the parent only if the parent monitors it.
+/// the running actor stops, whatever ended it, or restarts (the new object makes its own), and
+/// so on down its own children. A child's end reaches the parent only if the parent monitors
+/// it. Not from a constructor, which runs as its spawner (std::logic_error): use on_start.
 template <class T, class... Args>
   requires std::constructible_from<T, Args&&...>
 actor_ref<T> spawn_child(const spawn_options& opts, Args&&... args) {
   auto& parent = detail::current_cell_or_throw("this_actor::spawn_child");
+  if (detail::tls_constructing() != 0)
+    throw std::logic_error("this_actor::spawn_child in a constructor, which runs as its spawner: spawn children in on_start");
   auto child = detail::facade_of(parent.system()).spawn<T>(opts, std::forward<Args>(args)...);
   detail::bind_child(parent, *child.cell());
   return child;

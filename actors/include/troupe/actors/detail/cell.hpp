@@ -93,6 +93,21 @@ struct down_callback {
   virtual bool abandoned() const noexcept { return false; }
 };
 
+/// `d` in nanoseconds, saturated: a wait too long for the clock is nanoseconds::max() (no limit).
+template <class Rep, class Period>
+constexpr std::chrono::nanoseconds saturated_ns(std::chrono::duration<Rep, Period> d) noexcept {
+  if (d <= d.zero()) return std::chrono::nanoseconds::zero();
+  if (std::chrono::duration<double>(d).count() >= 9.0e9) return std::chrono::nanoseconds::max();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(d);
+}
+
+/// How many actor objects this thread is constructing now (a constructor runs on its
+/// spawner's thread, as the spawner: this_actor::spawn_child refuses it).
+inline int& tls_constructing() noexcept {
+  thread_local int n = 0;
+  return n;
+}
+
 /// The actor running on this thread, if any.
 inline cell_base*& tls_current_cell() noexcept {
   thread_local cell_base* current = nullptr;
@@ -228,7 +243,10 @@ public:
   std::uint32_t incarnation() const noexcept { return incarnation_.load(std::memory_order_relaxed); }
 
   /// Queues a normal message, applying the mailbox's capacity policy. @threadsafe
-  void enqueue(message_ptr m);
+  /// With a `deadline` (try_tell), a full mailbox is waited for until then by a thread outside
+  /// the actors and not at all elsewhere (no sending actor is paused): false when the message
+  /// did not go in (dropped: no dead letter), or the actor is dead.
+  bool enqueue(message_ptr m, const std::chrono::steady_clock::time_point* deadline = nullptr);
   /// Queues a system message or continuation: never refused, overtakes normal messages.
   /// @threadsafe
   void enqueue_urgent(message_ptr m) noexcept;
@@ -266,6 +284,9 @@ public:
   /// Runs `f(notice)` on the thread that ends this actor (or now when it is gone).
   /// @threadsafe
   void on_down(std::unique_ptr<down_callback> f);
+  /// Makes `child` stop when this actor stops or restarts (this_actor::spawn_child); stops it
+  /// at once when this actor is gone already.
+  void adopt_child(cell_base& child);
 
   virtual const char* type_name() const noexcept = 0;
   virtual const std::type_info& type() const noexcept = 0;
@@ -313,8 +334,9 @@ public:
   bool add_waiter(cell_base* sender) noexcept;
   /// Takes a throttled sender off the waiter list; false when it was not on it.
   bool remove_waiter(cell_base* sender) noexcept;
-  /// Blocks a thread outside the actors until this bounded mailbox has room.
-  void wait_for_room() noexcept;
+  /// Blocks a thread outside the actors until this bounded mailbox has room (or `deadline`
+  /// passes: false).
+  bool wait_for_room(const std::chrono::steady_clock::time_point* deadline) noexcept;
   /// True when a coroutine of this actor awaiting `target`'s reply would wait for good: the
   /// actor itself, which takes no message while one of its non-reentrant methods is suspended.
   bool awaits_itself(const cell_base* target) const noexcept { return target == this && !reentrant_; }
@@ -328,6 +350,7 @@ public:
   }
   /// Logs an exception that escaped on_stop.
   void on_stop_threw(std::exception_ptr e) noexcept;
+  void stop_children() noexcept;
   /// The awaited reply came (or was there already), or the awaiting coroutine is gone.
   void reply_came() noexcept {
     if (awaiting_) forget_awaiting();
@@ -473,6 +496,10 @@ public:
   /// (the rest are value-initialized, as spawning with fewer arguments intends).
   template <class... A>
   static void construct_in(void* storage, A&&... a) {
+    struct counted {
+      counted() { ++tls_constructing(); }
+      ~counted() { --tls_constructing(); }
+    } constructing;
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
     ::new (storage) T(std::forward<A>(a)...);
