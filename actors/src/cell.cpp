@@ -165,11 +165,7 @@ void mark_named(cell_base& c) {
 void deliver(cell_base& c, message_ptr m) { c.enqueue(std::move(m)); }
 
 bool try_deliver(cell_base& c, message_ptr m, std::chrono::nanoseconds timeout) {
-  const auto now = std::chrono::steady_clock::now();
-  // (A timeout too long for the clock waits as long as it takes.)
-  const auto deadline = timeout >= std::chrono::steady_clock::time_point::max() - now
-                            ? std::chrono::steady_clock::time_point::max()
-                            : now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+  const auto deadline = deadline_after(timeout);
   return c.enqueue(std::move(m), &deadline);
 }
 

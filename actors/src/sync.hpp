@@ -2,6 +2,7 @@
 // Small synchronization primitives of the runtime (Linux futex, a spinlock, cpu_relax).
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <ctime>
 
@@ -17,6 +18,13 @@ inline void cpu_relax() noexcept {
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
+}
+
+/// `timeout` from now; time_point::max() (no limit) when that is past the clock's range.
+inline std::chrono::steady_clock::time_point deadline_after(std::chrono::nanoseconds timeout) noexcept {
+  const auto now = std::chrono::steady_clock::now();
+  if (timeout >= std::chrono::steady_clock::time_point::max() - now) return std::chrono::steady_clock::time_point::max();
+  return now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
 }
 
 /// Sleeps while `*word == expected` (spurious wake-ups possible: callers loop).

@@ -304,9 +304,8 @@ bool await_all_actors_done(system_impl& s, std::optional<std::chrono::nanosecond
                              " actor(s) still live with nothing left to run (a test_system runs only when told)");
     return left == 0;
   }
-  const auto now = std::chrono::steady_clock::now();
-  if (timeout && *timeout >= std::chrono::steady_clock::time_point::max() - now) timeout.reset();  // no limit
-  const auto deadline = timeout ? now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(*timeout) : now;
+  const auto deadline = deadline_after(timeout.value_or(std::chrono::nanoseconds::max()));
+  if (deadline == std::chrono::steady_clock::time_point::max()) timeout.reset();  // no limit
   s.idle_waiters.fetch_add(1, std::memory_order_seq_cst);
   bool done = false;
   for (std::uint32_t n;;) {
