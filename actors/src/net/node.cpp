@@ -854,16 +854,8 @@ private:
     }
     for (auto& [to, record] : todo) {
       if (to == self()) {
-        auto& [type, ctor, wire, opts, args] = record;
-        cell_ptr cell;
-        std::string failure;
-        try {
-          cell = construct_local(type, ctor, args, unpack(opts));
-        } catch (...) {
-          failure = "re-creating " + type + " on node 1 failed: " + describe(std::current_exception()).second;
-          log().warn("troupe node 1: {}", failure);
-        }
-        host_spawned(wire, cell, type, opts, failure);
+        if (auto failure = host_spawned(record); !failure.empty())
+          log().warn("troupe node 1: re-creating actor {} failed: {}", std::get<2>(record), failure);
         continue;
       }
       struct respawn_sink final : reply_sink {
@@ -1559,10 +1551,7 @@ private:
         }
       }
     }
-    auto refuse = [&](errc code, std::string what) {
-      if (r) r->error(std::make_exception_ptr(error(code, what)));
-      else sys_.dead_letters.fetch_add(1, std::memory_order_relaxed);
-    };
+    auto refuse = [&](errc code, std::string what) { refuse_call(c, env, std::make_exception_ptr(error(code, what))); };
     if (!failure.empty()) return refuse(errc::actor_dead, failure);
     if (!target) return refuse(errc::actor_dead, no_actor(env.target));
     if (!type)
@@ -1592,11 +1581,19 @@ private:
     return "no actor " + std::to_string(wire) + " on node " + std::to_string(self()) + " (stopped, or never spawned)";
   }
 
-  /// An actor another node spawned here (or the head re-created here) was made, or failed:
-  /// exports it, or remembers why not for the calls on their way; then runs the calls and
+  /// Makes an actor another node spawns here (or the head re-creates here): exports it, or
+  /// remembers why it failed (returned) for the calls on their way; then runs the calls and
   /// watches that came first. On the I/O thread, so no call comes in between.
-  void host_spawned(std::uint64_t wire, cell_ptr cell, const std::string& type, const spawn_opts_tuple& opts,
-                    const std::string& failure) {
+  std::string host_spawned(const spawn_tuple& record) {
+    const auto& [type, ctor, wire, opts, args] = record;
+    cell_ptr cell;
+    std::string failure;
+    try {
+      cell = construct_local(type, ctor, args, unpack(opts));
+    } catch (...) {
+      failure = "constructing " + type + " on node " + std::to_string(self()) + " failed: " +
+                describe(std::current_exception()).second;
+    }
     if (cell) {
       export_spawned(wire, *cell, type, opts);
     } else {
@@ -1623,6 +1620,7 @@ private:
       }
     }
     for (auto& [c, env] : early) on_call(c, std::move(env));
+    return failure;
   }
 
   void on_op(const std::shared_ptr<connection>& c, node_id from, envelope env) {
@@ -1635,7 +1633,8 @@ private:
     try {
       switch (static_cast<op>(env.method)) {
         case op::spawn: {
-          auto [type, ctor, wire, opts, args] = decode<spawn_tuple>(env.payload);
+          const auto record = decode<spawn_tuple>(env.payload);
+          const auto wire = std::get<2>(record);
           {
             // The wire id is the spawner's (its node id above wire_shift), or the one a lost
             // node's actor had when the head re-creates it; and it is nobody's here yet.
@@ -1647,16 +1646,7 @@ private:
               throw error(errc::decode_error, "wire id " + std::to_string(wire) + " is taken on node " +
                                                   std::to_string(self_) + " already");
           }
-          std::string failure;
-          cell_ptr cell;
-          try {
-            cell = construct_local(type, ctor, args, unpack(opts));
-          } catch (...) {
-            failure = "constructing " + type + " on node " + std::to_string(self()) + " failed: " +
-                      describe(std::current_exception()).second;
-          }
-          host_spawned(wire, cell, type, opts, failure);
-          if (!failure.empty()) throw error(errc::actor_dead, failure);
+          if (auto failure = host_spawned(record); !failure.empty()) throw error(errc::actor_dead, failure);
           return answer({});
         }
         case op::lookup: {
