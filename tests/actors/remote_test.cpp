@@ -623,8 +623,8 @@ TEST(Remote, HostileBytesCloseOnlyTheirConnection) {
 class rogue_peer {
 public:
   // The node's own numbers (net/node.cpp): control codes and node operations.
-  static constexpr std::uint64_t join = 16, hello = 18, members = 19, heartbeat = 20, moved = 23, lost = 24,
-                                 relocated = 25;
+  static constexpr std::uint64_t join = 16, hello = 18, members = 19, heartbeat = 20, leave = 22, moved = 23,
+                                 lost = 24, relocated = 25;
   static constexpr std::uint64_t down = 21;
   static constexpr std::uint64_t spawn = 1, register_name = 3, watch = 6, node_stats = 7;
   using spawn_tuple = std::tuple<std::string, std::uint64_t, std::uint64_t,
@@ -998,6 +998,36 @@ TEST(Remote, ACallThatOvertakesItsActorsSpawnWaitsForItAndHearsWhyItFailed) {
   EXPECT_EQ(what, wire + 1);
   EXPECT_EQ(reason, static_cast<std::uint8_t>(troupe::exit_reason::failed));
   EXPECT_NE(why.find("worker: a negative base"), std::string::npos) << why;
+}
+
+// Calls and watches from a third node that wait for an actor whose spawner leaves before the
+// spawn arrives hear at once that it will never be made (not "no such actor" 10 s later).
+TEST(Remote, WhatWaitsForAnActorHearsWhenItsSpawnerLeavesFirst) {
+  troupe::actor_system head(head_config());
+  rogue_peer spawner(head.node_port()), third(head.node_port());
+  const auto s = spawner.join_as_node();
+  third.join_as_node();
+  spawner.keep_alive();
+  third.keep_alive();
+  const std::uint64_t wire = (std::uint64_t{s} << 40) | 3;
+  using call = troupe::net::envelope_kind;
+  std::uint64_t add = 0;
+  third.send(call::call, add, troupe::detail::encode_call<worker>(&worker::add, add, std::int64_t{1}), 7, wire);
+  third.send(call::tell, rogue_peer::watch, troupe::encode(wire));
+  std::this_thread::sleep_for(200ms);  // both are held by the head by now
+  const auto t0 = std::chrono::steady_clock::now();
+  spawner.control(rogue_peer::leave);
+  auto refused = third.answer(7);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->kind, call::error);
+  EXPECT_TRUE(contains(refused->error_message, "node " + std::to_string(s))) << refused->error_message;
+  auto down = third.next([](const troupe::net::envelope& e) { return e.kind == call::control && e.method == rogue_peer::down; });
+  ASSERT_TRUE(down);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  auto [what, reason, why] = troupe::decode<std::tuple<std::uint64_t, std::uint8_t, std::string>>(down->payload);
+  EXPECT_EQ(what, wire);
+  EXPECT_EQ(reason, static_cast<std::uint8_t>(troupe::exit_reason::stopped));
+  EXPECT_TRUE(contains(why, "never made: node " + std::to_string(s) + ", which was spawning it, left")) << why;
 }
 
 TEST(Remote, ClusterStatusListsNodesAndActors) {

@@ -409,7 +409,7 @@ public:
         for (auto& x : entry.list) watches.push_back(std::move(x));
       watches_.clear();
       exported_.clear();
-      early_calls_.clear();
+      awaited_.clear();
       wire_of_.clear();
       for (auto& [id, m] : members_) {
         if (m.conn && self_ != 0) m.conn->send(control(ctl::leave));  // not lost: gone on purpose
@@ -730,7 +730,7 @@ private:
     std::vector<std::pair<watch, down_notice>> fired;
     std::vector<std::pair<node_id, std::uint64_t>> rewatch;  // (host, wire): monitor it there
     std::vector<cell_ptr> orphans;  // actors whose owner went (spawn_options::detached)
-    std::vector<std::pair<std::shared_ptr<connection>, envelope>> unmade;  // early calls to refuse
+    std::vector<std::pair<std::shared_ptr<connection>, envelope>> unmade;  // calls to an actor never made
   };
   struct restartable {
     node_id host = 0;
@@ -1094,7 +1094,7 @@ private:
   }
 
   void beat() {
-    std::vector<std::pair<std::uint64_t, early_call_list>> never_came;
+    std::vector<std::pair<std::uint64_t, std::vector<early_call>>> never_came;
     {
       std::lock_guard lock(mu_);
       if (stopped_) return;
@@ -1106,18 +1106,11 @@ private:
       last_beat_ = now;
       for (auto& [cid, t] : told_lost_)
         if (now - t.since > cfg_.node_timeout) t.conn->close("a lost node's connection, still open after it was told");
-      for (auto e = early_calls_.begin(); e != early_calls_.end();) {
+      for (auto e = awaited_.begin(); e != awaited_.end();) {
         if (now - e->second.since > forget_after) {
-          never_came.emplace_back(e->first, std::move(e->second));
-          e = early_calls_.erase(e);
-        } else {
-          ++e;
-        }
-      }
-      for (auto e = early_watchers_.begin(); e != early_watchers_.end();) {
-        if (now - e->second.since > forget_after) {
-          send_down_to(e->second.nodes, down_tuple{e->first, static_cast<std::uint8_t>(exit_reason::stopped), "no such actor"});
-          e = early_watchers_.erase(e);
+          send_down_to(e->second.watchers, down_tuple{e->first, static_cast<std::uint8_t>(exit_reason::stopped), "no such actor"});
+          never_came.emplace_back(e->first, std::move(e->second.calls));
+          e = awaited_.erase(e);
         } else {
           ++e;
         }
@@ -1159,8 +1152,8 @@ private:
         }
       }
     }
-    for (auto& [wire, list] : never_came)
-      for (auto& [c, env] : list.calls) refuse_call(c, env, std::make_exception_ptr(error(errc::actor_dead, no_actor(wire))));
+    for (auto& [wire, calls] : never_came)
+      for (auto& [c, env] : calls) refuse_call(c, env, std::make_exception_ptr(error(errc::actor_dead, no_actor(wire))));
     arm_heartbeat();
   }
 
@@ -1279,11 +1272,15 @@ private:
       std::erase(e.watchers, id);
       if (e.owner == id && e.cell) after.orphans.push_back(e.cell);
     }
-    // Calls waiting for an actor the lost node was spawning here: its spawn will not come.
-    for (auto e = early_calls_.begin(); e != early_calls_.end();) {
+    // Calls and watches waiting for an actor the lost node was spawning here: its spawn will
+    // not come.
+    for (auto e = awaited_.begin(); e != awaited_.end();) {
       if ((e->first >> wire_shift) == id) {
-        for (auto& [c, env] : e->second.calls) after.unmade.emplace_back(c, std::move(env));
-        e = early_calls_.erase(e);
+        send_down_to(e->second.watchers, down_tuple{e->first, static_cast<std::uint8_t>(left ? exit_reason::stopped : exit_reason::node_lost),
+                                                    "never made: node " + std::to_string(id) + ", which was spawning it, " +
+                                                        (left ? "left" : "is lost")});
+        for (auto& call : e->second.calls) after.unmade.push_back(std::move(call));
+        e = awaited_.erase(e);
       } else {
         ++e;
       }
@@ -1543,9 +1540,8 @@ private:
         // An actor another node spawns here, whose spawn may still be on its way (a ref to it
         // can travel faster, on another connection): the call waits for it, forget_after at
         // most, and runs in arrival order when it comes (host_spawned).
-        auto& early = early_calls_[env.target];
+        auto& early = awaiting(env.target);
         if (early.calls.size() < remembered_gone) {
-          if (early.calls.empty()) early.since = clock_type::now();
           early.calls.emplace_back(c, std::move(env));
           return;
         }
@@ -1606,20 +1602,15 @@ private:
           exported_.erase(old);
         failed_order_.pop_front();
       }
-      if (auto e = early_watchers_.find(wire); e != early_watchers_.end()) {
-        send_down_to(e->second.nodes, down_tuple{wire, static_cast<std::uint8_t>(exit_reason::failed), failure});
-        early_watchers_.erase(e);
-      }
     }
-    std::vector<std::pair<std::shared_ptr<connection>, envelope>> early;
+    awaited early;
     {
       std::lock_guard lock(mu_);
-      if (auto e = early_calls_.find(wire); e != early_calls_.end()) {
-        early = std::move(e->second.calls);
-        early_calls_.erase(e);
-      }
+      if (auto e = awaited_.extract(wire)) early = std::move(e.mapped());
+      // (A made actor's watchers were taken by export_at.)
+      if (!cell) send_down_to(early.watchers, down_tuple{wire, static_cast<std::uint8_t>(exit_reason::failed), failure});
     }
-    for (auto& [c, env] : early) on_call(c, std::move(env));
+    for (auto& [c, env] : early.calls) on_call(c, std::move(env));
     return failure;
   }
 
@@ -1693,9 +1684,8 @@ private:
           } else if (it == exported_.end() && (wire >> wire_shift) != self_ && from != 0 && !gone_.contains(wire)) {
             // Spawned here by another node, whose spawn may still be on its way (it travels on
             // another connection): the watch waits for it, forget_after at most.
-            auto& early = early_watchers_[wire];
-            if (early.nodes.empty()) early.since = clock_type::now();
-            if (std::find(early.nodes.begin(), early.nodes.end(), from) == early.nodes.end()) early.nodes.push_back(from);
+            auto& early = awaiting(wire);
+            if (std::find(early.watchers.begin(), early.watchers.end(), from) == early.watchers.end()) early.watchers.push_back(from);
           } else if (c) {
             // A spawn that failed says why; otherwise it is gone (or never was).
             const bool failed = it != exported_.end() && !it->second.failure.empty();
@@ -1765,10 +1755,7 @@ private:
       it->second.cell = cell_ptr(&c);
       it->second.type = type;
       wire_of_.try_emplace(&c, wire);
-      if (auto e = early_watchers_.find(wire); e != early_watchers_.end()) {
-        it->second.watchers = std::move(e->second.nodes);
-        early_watchers_.erase(e);
-      }
+      if (auto e = awaited_.find(wire); e != awaited_.end()) it->second.watchers = std::move(e->second.watchers);
     }
     struct on_gone final : down_callback {
       std::weak_ptr<node_runtime> node;
@@ -2027,17 +2014,17 @@ private:
   node_id self_ = 0;
   node_id next_node_ = 2;
   node_id largest_id_ = 0;  // a worker's: the largest node id the head has listed
-  /// Watches of actors other nodes spawn here that have not arrived yet (see op::watch).
-  struct early_watch {
-    std::vector<node_id> nodes;
-    clock_type::time_point since;
+  /// Calls and watches of an actor another node spawns here that came before it (a ref can
+  /// travel faster than the spawn, on another connection): kept forget_after at most, and handed
+  /// over by host_spawned (calls, in arrival order) and export_at (watches).
+  using early_call = std::pair<std::shared_ptr<connection>, envelope>;
+  struct awaited {
+    std::vector<early_call> calls;
+    std::vector<node_id> watchers;
+    clock_type::time_point since = clock_type::now();
   };
-  std::unordered_map<std::uint64_t, early_watch> early_watchers_;
-  struct early_call_list {
-    std::vector<std::pair<std::shared_ptr<connection>, envelope>> calls;
-    clock_type::time_point since;
-  };
-  std::unordered_map<std::uint64_t, early_call_list> early_calls_;  // calls that came before their actor
+  std::unordered_map<std::uint64_t, awaited> awaited_;
+  awaited& awaiting(std::uint64_t wire) { return awaited_.try_emplace(wire).first->second; }  // under mu_
   /// Connections of lost nodes that were told so (ctl::lost), by connection id.
   struct told_lost {
     std::shared_ptr<connection> conn;
