@@ -714,6 +714,10 @@ void cell_base::handle_stop(exit_reason why, const std::string& what) noexcept {
     down_sent_ = true;
   }
   has_waiters_.store(false, std::memory_order_relaxed);
+  // Gone from the names and the live count before anyone hears of it: a monitor that fires
+  // sees live_actors() without it and may register its name again.
+  if (named) system_->forget_names_of(this);
+  system_->remove_live(this);
   release_waiters(*system_, waiters);
   if (!watchers.empty()) {
     down_notice n{id_, why, why == exit_reason::failed ? what : std::string()};
@@ -722,8 +726,7 @@ void cell_base::handle_stop(exit_reason why, const std::string& what) noexcept {
       else w.callback->notify(n);
     }
   }
-  if (named) system_->forget_names_of(this);
-  system_->remove_live(this);
+  system_->left_live();
   release();  // the system's reference (the scheduler still holds one while we run)
 }
 

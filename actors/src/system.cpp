@@ -54,6 +54,7 @@ void system_impl::add_live(cell_base* c) {
 }
 
 void system_impl::remove_live(cell_base* c) noexcept {
+  leaving.fetch_add(1, std::memory_order_relaxed);
   bool last = false;
   {
     std::lock_guard lock(live_lock);
@@ -111,6 +112,8 @@ void system_impl::shutdown() noexcept {
   } else {
     for (std::uint32_t n; (n = live_count.load(std::memory_order_acquire)) != 0;)
       futex_wait(live_count, n);
+    // The last ones may still be telling their watchers (a few instructions' worth).
+    while (leaving.load(std::memory_order_acquire) != 0) std::this_thread::yield();
   }
   if (timers_) timers_->stop();
   if (manual) manual->stop();

@@ -86,7 +86,10 @@ public:
 
   actor_id next_id() noexcept { return next_id_.fetch_add(1, std::memory_order_relaxed); }
   void add_live(cell_base* c);
+  /// A stopping actor leaves the live list (and count), then tells its watchers, then calls
+  /// left_live(): shutdown waits for both.
   void remove_live(cell_base* c) noexcept;
+  void left_live() noexcept { leaving.fetch_sub(1, std::memory_order_release); }
   void dead_letter(const cell_base& target, const char* kind, errc why) noexcept;
   void forget_names_of(cell_base* c) noexcept;
   void shutdown() noexcept;
@@ -122,6 +125,7 @@ public:
   spinlock live_lock;  // guards the list; short sections on the spawn/stop paths
   cell_base* live_head = nullptr;
   std::atomic<std::uint32_t> live_count{0};  // a futex word: shutdown sleeps until it is 0
+  std::atomic<std::uint32_t> leaving{0};  // actors between remove_live and left_live
   std::atomic<std::uint32_t> idle_waiters{0};  // threads in await_all_actors_done (woken at 0)
   /// Set by stop_all_actors() until no actor is left: spawns are refused meanwhile, so that
   /// an actor cannot outlive it by spawning one as it stops.

@@ -331,6 +331,28 @@ TEST(Registry, ANameIsReleasedWhenItsActorDies) {
   EXPECT_FALSE(sys.lookup<fragile>("svc").has_value());
 }
 
+// Whoever hears that an actor is gone finds it gone: not counted live, its name free to take.
+TEST(Registry, AMonitorFiresAfterTheActorLeftTheCountAndItsNames) {
+  test_system sys;
+  auto a = sys.spawn<fragile>();
+  auto b = sys.spawn<fragile>();
+  sys.register_name("svc", a);
+  std::size_t live = 0;
+  bool found = true, taken = false;
+  sys.monitor(a).then([&](const troupe::down_notice&) {
+    live = sys.live_actors();
+    found = sys.lookup<fragile>("svc").has_value();
+    sys.register_name("svc", b);
+    taken = true;
+  });
+  a.stop();
+  sys.run_until_idle();
+  EXPECT_EQ(live, 1u);
+  EXPECT_FALSE(found);
+  ASSERT_TRUE(taken);
+  EXPECT_EQ(sys.lookup<fragile>("svc")->id(), b.id());
+}
+
 struct ticker {
   int ticks = 0;
   void tick(int by) { ticks += by; }
