@@ -5,7 +5,6 @@
 #include <charconv>
 #include <cmath>
 #include <random>
-#include <sstream>
 #include <stdexcept>
 #include <utility>
 
@@ -344,6 +343,18 @@ private:
   parameter gamma_, beta_;
 };
 
+/// splitmix64's output function: a bijection of 64-bit words that mixes every bit into every other.
+constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+/// Dropout's masks are counter-based: element i of the k-th training forward since the seed is
+/// dropped when the i-th word of the splitmix64 stream keyed by (seed, k) falls below p. The
+/// whole generator state is (seed, k), so a checkpointed forward replays from two numbers, and the
+/// host backward draws the mask again instead of keeping it (the layer holds 8 bytes per
+/// dimension, not a float per element). A device forward keeps its mask, drawn the same way.
 class dropout final : public layer {
 public:
   explicit dropout(float p) : p_(p) {
@@ -356,74 +367,102 @@ public:
       keep.tensors = {tensor()};  // no mask: the backward is the identity (and may run once)
       return x;
     }
-    const float scale = 1.0f / (1.0f - p_);
+    const std::uint64_t key = stream_key(calls_);
     if (on_device(x)) {
       const float* in = fp(x);  // (an input that is not f32 is refused before any draw)
-      // The mask comes from the same host generator (the same draws as on the CPU).
       tensor mask = tensor::empty(x.shape());
-      for (float& m : mask.data<float>()) m = uniform01(rng_) < p_ ? 0.0f : scale;
+      auto md = mask.data<float>();
+      for (std::size_t i = 0; i < md.size(); ++i) md[i] = mask_value(key, i);
       tensor dmask = mask.to(x.where()), y = tensor::empty(x.shape(), dtype::f32, x.where());
       cuda::multiply(x.where().index, in, fp(dmask), fp(y), x.numel());
+      ++calls_;
       keep.tensors = {dmask};
       return y;
     }
-    tensor y = tensor::empty(x.shape()), mask = tensor::empty(x.shape());
+    tensor y = tensor::empty(x.shape());
     auto xd = x.data<float>();
     auto yd = y.data<float>();
-    auto md = mask.data<float>();
-    for (std::size_t i = 0; i < xd.size(); ++i) {
-      md[i] = uniform01(rng_) < p_ ? 0.0f : scale;
-      yd[i] = xd[i] * md[i];
-    }
-    keep.tensors = {mask};
+    for (std::size_t i = 0; i < xd.size(); ++i) yd[i] = xd[i] * mask_value(key, i);
+    // What the backward needs to draw the mask again: which forward it was, and its shape.
+    tensor drawn = tensor::empty({static_cast<std::int64_t>(x.rank()) + 1}, dtype::i64);
+    auto dd = drawn.data<std::int64_t>();
+    dd[0] = static_cast<std::int64_t>(calls_);
+    for (std::size_t d = 0; d < x.rank(); ++d) dd[d + 1] = x.dim(d);
+    ++calls_;
+    keep.tensors = {drawn};
     return y;
   }
   tensor backward_input(const tensor& dy, saved_activations& keep) override {
     check_kept(keep, 1, describe());
-    if (!keep.tensors[0].defined()) {  // evaluation mode: the identity
+    const tensor& kept_tensor = keep.tensors[0];
+    if (!kept_tensor.defined()) {  // evaluation mode: the identity
       keep.clear();
       return dy;
     }
-    check_same(dy, keep.tensors[0], describe());
-    check_device(dy, keep.tensors[0].where(), describe() + " backward");
-    tensor dx = tensor::empty(dy.shape(), dtype::f32, dy.where());
+    check_device(dy, kept_tensor.where(), describe() + " backward");
     if (on_device(dy)) {
-      cuda::multiply(dy.where().index, fp(dy), fp(keep.tensors[0]), fp(dx), dy.numel());
+      check_same(dy, kept_tensor, describe());
+      tensor dx = tensor::empty(dy.shape(), dtype::f32, dy.where());
+      cuda::multiply(dy.where().index, fp(dy), fp(kept_tensor), fp(dx), dy.numel());
       keep.clear();
       return dx;
     }
+    auto dd = kept_tensor.data<std::int64_t>();
+    const tensor::shape_type shape(dd.begin() + 1, dd.end());
+    if (dy.shape() != shape || dy.type() != dtype::f32)
+      throw std::invalid_argument(describe() + ": the gradient " + dy.str() + " does not match the output " +
+                                  tensor::empty(shape).str());
+    const std::uint64_t key = stream_key(static_cast<std::uint64_t>(dd[0]));
+    tensor dx = tensor::empty(dy.shape());
     auto d = dy.data<float>();
-    auto m = keep.tensors[0].data<float>();
     auto o = dx.data<float>();
-    for (std::size_t i = 0; i < d.size(); ++i) o[i] = d[i] * m[i];
+    for (std::size_t i = 0; i < d.size(); ++i) o[i] = d[i] * mask_value(key, i);
     keep.clear();
     return dx;
   }
-  void initialize(std::uint64_t seed) override { rng_.seed(seed); }
+  void initialize(std::uint64_t seed) override {
+    seed_ = seed;
+    calls_ = 0;
+  }
   void save_random_state(std::vector<std::string>& out) const override {
-    std::ostringstream s;
-    s << rng_;
-    out.push_back(s.str());
+    out.push_back("dropout " + std::to_string(seed_) + " " + std::to_string(calls_));
   }
   void load_random_state(const std::vector<std::string>& in, std::size_t& next) override {
     if (next >= in.size()) throw std::invalid_argument(describe() + ": no random state left to load");
-    std::istringstream s(in[next]);
-    std::mt19937_64 g;
-    s >> g;
-    if (!s || (s >> std::ws, !s.eof()))
-      throw std::invalid_argument(describe() + ": entry " + std::to_string(next) + " is not a generator's state");
-    // An all-zero state (which no generator reaches) draws zeros for ever: every unit dropped.
-    auto probe = g;
-    bool zeros = true;
-    for (std::size_t i = 0; zeros && i < std::mt19937_64::state_size; ++i) zeros = probe() == 0;
-    if (zeros) throw std::invalid_argument(describe() + ": entry " + std::to_string(next) + " is an all-zero generator state");
-    rng_ = g;
+    const std::string& e = in[next];
+    std::uint64_t seed = 0, calls = 0;
+    const char* p = e.data();
+    const char* end = e.data() + e.size();
+    bool ok = e.starts_with("dropout ");
+    if (ok) {
+      auto r = std::from_chars(p + 8, end, seed);
+      ok = r.ec == std::errc() && r.ptr != end && *r.ptr == ' ';
+      if (ok) {
+        r = std::from_chars(r.ptr + 1, end, calls);
+        ok = r.ec == std::errc() && r.ptr == end;
+      }
+    }
+    if (!ok)
+      throw std::invalid_argument(describe() + ": entry " + std::to_string(next) +
+                                  " is not a dropout generator's state (\"dropout SEED DRAWS\")");
+    seed_ = seed;
+    calls_ = calls;
     ++next;
   }
 
 private:
+  /// 1 / (1 - p) for an element kept, 0 for one dropped (multiplied in: a NaN stays a NaN).
+  float mask_value(std::uint64_t key, std::size_t i) const noexcept { return kept(key, i) ? 1.0f / (1.0f - p_) : 0.0f; }
+  std::uint64_t stream_key(std::uint64_t call) const noexcept { return mix64(seed_ ^ mix64(call + 0x9e3779b97f4a7c15ULL)); }
+  /// Whether element i survives: 53 bits of the stream's i-th word, uniform in [0, 1), against p.
+  bool kept(std::uint64_t key, std::size_t i) const noexcept {
+    const std::uint64_t w = mix64(key + (static_cast<std::uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ULL);
+    return static_cast<double>(w >> 11) * 0x1.0p-53 >= static_cast<double>(p_);
+  }
+
   float p_;
-  std::mt19937_64 rng_{0};
+  std::uint64_t seed_ = 0;
+  std::uint64_t calls_ = 0;  // training forwards drawn since the seed
 };
 
 class residual final : public layer {

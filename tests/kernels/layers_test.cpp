@@ -205,6 +205,21 @@ TEST(Layers, DropoutIsSeededAndScales) {
   auto eval = d1->forward(x, k3, false);
   EXPECT_EQ(eval.bytes(), x.bytes());
   EXPECT_THROW(make_dropout(1.0f), std::invalid_argument);
+  // The backward draws the forward's mask again (it keeps 8 bytes per dimension and which
+  // forward it was, not the mask), also after later forwards.
+  EXPECT_EQ(k1.bytes(), 3 * sizeof(std::int64_t));
+  saved_activations later;
+  d1->forward(x, later, true);
+  const tensor dx = d1->backward_input(x, k1);
+  EXPECT_EQ(std::memcmp(dx.bytes(), y1.bytes(), y1.nbytes()), 0);
+  EXPECT_THROW(d1->backward_input(tensor::zeros({10, 99}), later), std::invalid_argument);
+  // Each forward draws a fresh mask; a NaN input stays NaN where its unit is dropped.
+  const tensor y3 = d1->forward(x, later, true);
+  EXPECT_NE(std::memcmp(y1.bytes(), y3.bytes(), y1.nbytes()), 0);
+  auto nan = tensor::zeros({10, 100});
+  for (float& v : nan.data<float>()) v = std::numeric_limits<float>::quiet_NaN();
+  const tensor y_nan = d1->forward(nan, later, true);
+  for (float v : y_nan.data<float>()) EXPECT_TRUE(std::isnan(v));
 }
 
 // Activation checkpointing replays a forward: the saved random state draws the same masks again.
@@ -237,13 +252,13 @@ TEST(Layers, ASavedRandomStateReplaysTheSameDropoutMasks) {
   next = 0;
   EXPECT_THROW(s.load_random_state(bad, next), std::invalid_argument);
   EXPECT_EQ(next, 0u);
-  // An all-zero state, which no generator reaches, would drop every unit for ever.
-  std::string zero;
-  for (std::size_t i = 0; i < std::mt19937_64::state_size; ++i) zero += "0 ";
-  zero += std::to_string(std::mt19937_64::state_size);
-  std::vector<std::string> zeros{state[0], zero};
-  EXPECT_THROW(s.load_random_state(zeros, next), std::invalid_argument);
-  EXPECT_EQ(next, 0u);
+  for (const char* wrong : {"dropout", "dropout 1", "dropout 1 ", "dropout x 2", "dropout 1 2 3", "dropout -1 2",
+                            "dropout 1 99999999999999999999", "1 2", " dropout 1 2"}) {
+    std::vector<std::string> one{state[0], wrong};
+    EXPECT_THROW(s.load_random_state(one, next), std::invalid_argument) << wrong;
+    EXPECT_EQ(next, 0u);
+  }
+  EXPECT_LT(state[0].size(), 48u);  // two numbers, not a generator's 312 words
   std::vector<std::string> short_one{state[0]};
   EXPECT_THROW(s.load_random_state(short_one, next), std::invalid_argument);
   std::vector<std::string> unchanged;

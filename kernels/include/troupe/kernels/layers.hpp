@@ -82,8 +82,10 @@ std::unique_ptr<layer> make_relu();
 std::unique_ptr<layer> make_gelu();
 /// Normalizes each row, then scales by gamma (ones) and shifts by beta (zeros).
 std::unique_ptr<layer> make_layer_norm(std::int64_t features, float eps = 1e-5f);
-/// Zeroes each element with probability p while training (scaling the rest by 1/(1-p)); the
-/// masks come from a generator seeded by initialize(seed), one draw sequence per forward call.
+/// Zeroes each element with probability p while training (scaling the rest by 1/(1-p)). The
+/// masks are counter-based: the k-th training forward since initialize(seed) draws from a stream
+/// keyed by (seed, k), so the random state is those two numbers, and the host backward draws
+/// the mask again rather than keeping it.
 std::unique_ptr<layer> make_dropout(float p);
 
 /// Layers applied in order; backward_input keeps each parametrized layer's dy for
