@@ -1163,6 +1163,15 @@ std::vector<std::pair<parameter*, std::size_t>> optimizer::members() const {
 }
 
 void optimizer::check_slots() const {
+  if (!options_.tensor_keys.empty()) {
+    std::size_t tensors = 0;
+    for (const auto& group : groups_) tensors += group.params.size();
+    if (options_.tensor_keys.size() != tensors)
+      bad("tensor_keys has " + std::to_string(options_.tensor_keys.size()) + " keys for " + std::to_string(tensors) +
+          " tensors (one per tensor, or none)");
+    if (std::unordered_set<std::uint64_t>(options_.tensor_keys.begin(), options_.tensor_keys.end()).size() != tensors)
+      bad("tensor_keys names a key twice: two tensors would round with the same random numbers");
+  }
   std::unordered_map<const parameter*, std::size_t> had;
   for (std::size_t k = 0; k < slots_.size(); ++k) had.emplace(slots_[k].p, k);
   std::unordered_set<const parameter*> listed;
@@ -1706,7 +1715,8 @@ bool optimizer::do_step(bool reference) {
       rounding& r = which == 0 ? pl.rm : which == 1 ? pl.rv : pl.rx;
       r.stochastic = grp.state.stochastic_rounding;
       r.percentile = grp.state.percentile_scale;
-      r.key = quant::random_key(options_.seed, static_cast<std::uint64_t>(t), k, static_cast<std::uint64_t>(which));
+      r.key = quant::random_key(options_.seed, static_cast<std::uint64_t>(t),
+                                options_.tensor_keys.empty() ? k : options_.tensor_keys[k], static_cast<std::uint64_t>(which));
     }
     // Threads split tensors into pieces of whole chunks (8-bit blocks).
     const std::size_t chunk = chunk_of(s);

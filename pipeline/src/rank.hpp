@@ -168,23 +168,26 @@ class rank_actor {
 public:
   /// In this process: `holder` holds the rank's stages in model order; the actor takes them
   /// (spawn keeps its arguments copyable for restarts, so they travel in a holder emptied here).
-  rank_actor(int rank, std::shared_ptr<const schedule> plan, stage_holder holder, training_options options)
+  /// `first_params[i]`: the place in the whole model of the i-th stage's first parameter.
+  rank_actor(int rank, std::shared_ptr<const schedule> plan, stage_holder holder, training_options options,
+             std::vector<std::uint64_t> first_params)
       : rank_(rank), plan_(std::move(plan)) {
     auto stages = std::move(*holder);
     check_place(stages.size());
-    setup(std::move(stages), options);
+    setup(std::move(stages), options, first_params);
   }
 
   /// On another node: the schedule as its name and CSV, the stages as they travel.
   /// Everything here came over the network: the schedule is checked as the driver checks it,
   /// and the rank, the stage count and the options before any stage is built.
-  rank_actor(int rank, std::string name, std::string csv, std::vector<portable_stage> stages, training_options options)
+  rank_actor(int rank, std::string name, std::string csv, std::vector<portable_stage> stages, training_options options,
+             std::vector<std::uint64_t> first_params)
       : rank_(rank), plan_(read_plan(csv, std::move(name))) {
     check_place(stages.size());
     check_options(options);
     std::vector<std::unique_ptr<kernels::sequential>> built;
     for (const auto& p : stages) built.push_back(from_portable(p));
-    setup(std::move(built), options);
+    setup(std::move(built), options, first_params);
   }
 
   /// The other ranks, and the driver to watch.
@@ -319,14 +322,23 @@ private:
   };
 
   /// After check_place: the stages are as many as the schedule gives this rank.
-  void setup(std::vector<std::unique_ptr<kernels::sequential>> stages, const training_options& options) {
+  void setup(std::vector<std::unique_ptr<kernels::sequential>> stages, const training_options& options,
+             const std::vector<std::uint64_t>& first_params) {
     const auto mine = plan_->place.stages_of(rank_);
+    if (first_params.size() != mine.size())
+      throw std::invalid_argument("rank " + std::to_string(rank_) + " got " + std::to_string(first_params.size()) +
+                                  " parameter offsets for its " + std::to_string(mine.size()) + " stages");
     for (const auto& a : plan_->ranks.at(static_cast<std::size_t>(rank_)))
       if (a && a->kind == op::recompute) recomputed_.insert({a->stage, a->microbatch});
     std::vector<kernels::parameter*> params;
+    std::vector<std::uint64_t> keys;  // each tensor's place in the whole model
     for (std::size_t i = 0; i < mine.size(); ++i) {
       stages_.emplace(mine[i], std::move(stages[i]));
-      for (auto* p : stages_.at(mine[i])->parameters()) params.push_back(p);
+      std::uint64_t j = 0;
+      for (auto* p : stages_.at(mine[i])->parameters()) {
+        keys.push_back(first_params[i] + j++);
+        params.push_back(p);
+      }
     }
     // Of the parameters kept in fp32, those of this rank's stages (the trainer checked that each
     // is some rank's).
@@ -336,7 +348,7 @@ private:
     });
     // One optimizer thread: the ranks are the parallelism (results do not depend on threads).
     optimizer_.emplace(options.optimizer, std::vector<kernels::param_group>{{params, options.hp, state}},
-                       kernels::optimizer_options{.threads = 1});
+                       kernels::optimizer_options{.threads = 1, .seed = options.seed, .tensor_keys = std::move(keys)});
     where_ = params.empty() ? device::cpu() : optimizer_->where();
     if (options.cosine_steps != 0) optimizer_->set_lr_schedule(kernels::cosine_lr(options.cosine_steps));
   }
@@ -609,7 +621,7 @@ auto fields(T& o) requires std::same_as<std::remove_const_t<T>, training_options
   auto& s = o.state;
   return std::tie(o.optimizer, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum, h.dampening, h.nesterov,
                   h.amsgrad, s.storage, s.block_size, s.min_8bit_elements, s.first_moment_fp32, s.stochastic_rounding,
-                  s.percentile_scale, s.percentile_clipping, s.fp32_params, o.cosine_steps, o.step_timeout);
+                  s.percentile_scale, s.percentile_clipping, s.fp32_params, o.cosine_steps, o.step_timeout, o.seed);
 }
 
 /// Encodes and decodes T field by field, in the order fields() lists them.

@@ -131,12 +131,21 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
   // far are stopped (no destructor will).
   try {
     impl_->driver = sys.spawn<detail::driver_actor>();
+    // Where each stage's parameters begin in the whole model's list (stochastic rounding keys
+    // tensors by it).
+    std::vector<std::uint64_t> first_param(stages.size() + 1, 0);
+    for (std::size_t i = 0; i < stages.size(); ++i) first_param[i + 1] = first_param[i] + stages[i]->parameters().size();
+    auto firsts_of = [&](int r) {
+      std::vector<std::uint64_t> out;
+      for (const int stage : plan->place.stages_of(r)) out.push_back(first_param[static_cast<std::size_t>(stage)]);
+      return out;
+    };
     if (nodes.empty()) {
       for (int r = 0; r < ranks; ++r) {
         auto holder = std::make_shared<std::vector<std::unique_ptr<kernels::sequential>>>();
         for (const int stage : plan->place.stages_of(r)) holder->push_back(std::move(stages[static_cast<std::size_t>(stage)]));
         impl_->ranks.push_back(sys.spawn<rank_actor>(spawn_options{.reentrant = true}, r,
-                                                     std::shared_ptr<const schedule>(plan), holder, options));
+                                                     std::shared_ptr<const schedule>(plan), holder, options, firsts_of(r)));
       }
     } else {
       // The schedule travels as CSV: check that it reads back as the same plan.
@@ -151,7 +160,7 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
       for (int r = 0; r < ranks; ++r)
         impl_->ranks.push_back(sys.spawn_on<rank_actor>(nodes[static_cast<std::size_t>(r)], spawn_options{.reentrant = true},
                                                         r, s.name, csv, std::move(portable[static_cast<std::size_t>(r)]),
-                                                        options));
+                                                        options, firsts_of(r)));
     }
     // Every rank answers before any step: a rank on another node exists only once its node has
     // handled the spawn, and a neighbour's first activation must not reach its node before that.

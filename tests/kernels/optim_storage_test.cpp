@@ -149,6 +149,45 @@ TEST(OptimizerStorage, ResultsAreIdenticalForAnyThreadCount) {
   }
 }
 
+// tensor_keys: an optimizer of part of a model rounds each tensor as the whole model's does.
+TEST(OptimizerStorage, TensorKeysRoundAPartAsTheWhole) {
+  for (auto storage : {state_storage::bf16, state_storage::int8}) {
+    const state_options so{.storage = storage, .min_8bit_elements = 1, .stochastic_rounding = true};
+    model whole(4, {5000, 3000, 7000}), part(4, {5000, 3000, 7000});
+    optimizer all(optimizer_kind::adamw, {{whole.ptrs(), {.lr = 1e-2}, so}}, {.threads = 1, .seed = 3});
+    // The third and first tensors, in that order, with their places in the whole model.
+    optimizer some(optimizer_kind::adamw, {{{&part.params[2], &part.params[0]}, {.lr = 1e-2}, so}},
+                   {.threads = 1, .seed = 3, .tensor_keys = {2, 0}});
+    optimizer unkeyed(optimizer_kind::adamw, {{{&part.params[1]}, {.lr = 1e-2}, so}}, {.threads = 1, .seed = 3});
+    std::mt19937 g(2), h(2);
+    for (int step = 0; step < 3; ++step) {
+      whole.fresh_grads(g);
+      part.fresh_grads(h);
+      ASSERT_TRUE(all.step());
+      ASSERT_TRUE(some.step());
+      ASSERT_TRUE(unkeyed.step());
+    }
+    for (std::size_t i : {0, 2})
+      EXPECT_EQ(std::memcmp(whole.params[i].value.bytes(), part.params[i].value.bytes(), whole.params[i].value.nbytes()), 0)
+          << name_of(storage) << " tensor " << i;
+    // Without keys the lone tensor rounds as the whole model's first one: not as its second.
+    EXPECT_NE(std::memcmp(whole.params[1].value.bytes(), part.params[1].value.bytes(), whole.params[1].value.nbytes()), 0)
+        << name_of(storage);
+  }
+  model m(1, {10, 10});
+  auto refused = [&](std::vector<std::uint64_t> keys) {
+    try {
+      optimizer o(optimizer_kind::adam, {{m.ptrs(), {}}}, {.tensor_keys = std::move(keys)});
+      return std::string();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_NE(refused({1}).find("1 keys for 2 tensors"), std::string::npos) << refused({1});
+  EXPECT_NE(refused({4, 4}).find("twice"), std::string::npos) << refused({4, 4});
+  EXPECT_EQ(refused({7, 3}), "");
+}
+
 TEST(OptimizerStorage, CompressedStateFollowsFp32Closely) {
   // Relative gap of the parameters' movement to fp32 Adam after 30 steps.
   const std::vector<std::int64_t> sizes{20'000};

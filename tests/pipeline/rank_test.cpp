@@ -2,6 +2,8 @@
 // the network, so what does not fit its schedule is refused with why, and nothing else changes.
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -45,9 +47,14 @@ portable_stage small_stage() {
 const std::string one_rank = "0F0,0F1,0B0,0B1";
 
 troupe::actor_ref<rank_actor> spawn_rank(troupe::actor_system& sys, int rank, const std::string& csv,
-                                         std::vector<portable_stage> stages, pipeline::training_options options = {}) {
+                                         std::vector<portable_stage> stages, pipeline::training_options options = {},
+                                         std::optional<std::vector<std::uint64_t>> first_params = std::nullopt) {
+  if (!first_params) {  // the stages' parameters apart in the model
+    first_params.emplace();
+    for (std::size_t i = 0; i < stages.size(); ++i) first_params->push_back(1000 * i);
+  }
   return sys.spawn_on<rank_actor>(sys.node(), troupe::spawn_options{.reentrant = true}, rank, std::string("test"), csv,
-                                  std::move(stages), options);
+                                  std::move(stages), options, std::move(*first_params));
 }
 
 /// Why a rank could not be made ("" when it was): the spawn says so on this node, the first

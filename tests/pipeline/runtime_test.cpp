@@ -166,6 +166,35 @@ INSTANTIATE_TEST_SUITE_P(AllGenerators, RuntimeSchedules, ::testing::ValuesIn(pi
                            return n;
                          });
 
+// Stochastic rounding of bf16 and 8-bit state draws per tensor of the whole model: ranks round
+// as one optimizer of the whole model with the same seed does, whichever stages they hold.
+TEST(Runtime, StochasticRoundingDrawsAsTheWholeModelsOptimizer) {
+  for (const auto& name : {std::string("1f1b"), std::string("interleaved-1f1b"), std::string("zb-v")}) {
+    for (auto storage : {kernels::state_storage::bf16, kernels::state_storage::int8}) {
+      const auto s = pipeline::generate(name, 2, 4);
+      const auto sizes = sizes_for(s.stages());
+      auto whole = initialized(sizes, 11);
+      kernels::state_options state{.storage = storage, .block_size = 64, .min_8bit_elements = 1, .stochastic_rounding = true};
+      troupe::actor_system sys{{.threads = 2}};
+      pipeline::trainer t(sys, s, cut(*whole, sizes),
+                          {.optimizer = kernels::optimizer_kind::adamw, .hp = adamw_hp(), .state = state, .seed = 5});
+      kernels::optimizer opt(kernels::optimizer_kind::adamw, {{whole->parameters(), adamw_hp(), state}},
+                             kernels::optimizer_options{.threads = 1, .seed = 5});
+      for (int step = 0; step < 3; ++step) {
+        const tensor x = random_batch(16, sizes.front(), 300 + static_cast<std::uint64_t>(step));
+        const tensor y = random_labels(16, 400 + static_cast<std::uint64_t>(step));
+        pipeline::whole_model_step(*whole, opt, x, y, 4);
+        ASSERT_TRUE(t.step(x, y).applied);
+      }
+      const auto got = t.parameters();
+      const auto want = whole->parameters();
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t i = 0; i < got.size(); ++i)
+        EXPECT_TRUE(same_bits(got[i], want[i]->value)) << name << " " << kernels::name_of(storage) << " parameter " << i;
+    }
+  }
+}
+
 TEST(Runtime, OneStepEqualsOneStepOnTheWholeBatchWithOneMicrobatch) {
   const auto s = pipeline::generate("gpipe", 2, 1);
   const auto sizes = sizes_for(2);

@@ -66,6 +66,9 @@ struct training_options {
   /// (nothing is applied). A safety net for a message lost between live nodes; 0 (or 1e9 and
   /// more): no limit.
   double step_timeout = 600;
+  /// Stochastic rounding's seed (kernels::optimizer_options::seed): each rank's optimizer rounds
+  /// each tensor as an optimizer of the whole model with this seed would.
+  std::uint64_t seed = 0;
 };
 
 /// What one step did.
