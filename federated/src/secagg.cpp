@@ -425,7 +425,8 @@ double config::scale() const {
   if (!(sum_bound >= 0) || !std::isfinite(sum_bound))
     bad("sum_bound must be >= 0 and finite, got " + std::to_string(sum_bound));
   const double bound = sum_bound > 0 ? sum_bound : static_cast<double>(max_clients) * clip;
-  const double limit = 2147483647.0 / bound;
+  // Rounding to nearest adds up to half a unit per input: that much room stays free too.
+  const double limit = (2147483647.0 - 0.5 * static_cast<double>(max_clients)) / bound;
   if (limit < 1) bad("the sum's bound " + std::to_string(bound) + " is too large for 32-bit fixed point");
   return std::exp2(std::floor(std::log2(limit)));
 }

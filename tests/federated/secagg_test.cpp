@@ -252,6 +252,19 @@ TEST(SecAggPlus, EncodingRoundsClipsAndRefusesNonFiniteInputs) {
   }
 }
 
+// Rounding adds up to half a unit per input: the scale leaves room for it, so inputs at the
+// clip whose bound sits right below 2^31 units still sum without wrapping.
+TEST(SecAggPlus, TheScaleLeavesRoomForEachInputsRounding) {
+  for (std::uint32_t n : {2u, 3u, 8u}) {
+    const config cfg{.dim = 2, .clip = 2147483647.0 / 2147483648.0, .max_clients = n};
+    EXPECT_LE(n * cfg.clip * cfg.scale() + 0.5 * n, 2147483647.0) << n;
+    const auto r = run_round(cfg, std::vector<std::vector<float>>(n, {1.0f, -1.0f}));
+    for (std::size_t j = 0; j < cfg.dim; ++j) EXPECT_EQ(static_cast<std::int64_t>(r.integer_sum[j]), r.expected[j]) << n;
+    EXPECT_NEAR(r.sum[0], n * cfg.clip, 1e-6 * n) << n;
+    EXPECT_NEAR(r.sum[1], -(n * cfg.clip), 1e-6 * n) << n;
+  }
+}
+
 TEST(SecAggPlus, RefusesALowOrderPublicKey) {
   config cfg{.dim = 8, .clip = 1, .max_clients = 4};
   graph g({1, 2, 3, 4}, cfg);

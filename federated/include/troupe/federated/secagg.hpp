@@ -28,8 +28,9 @@
 ///
 /// Encoding: each coordinate is clipped to [-clip, clip] and rounded to a signed fixed-point
 /// integer with a scale chosen so that the sum of the round's inputs cannot wrap: the largest
-/// power of two with sum_bound * scale < 2^31, sum_bound being max_clients * clip unless the
-/// caller knows a smaller bound on the sum (weighted inputs, most of them far below clip).
+/// power of two with sum_bound * scale + max_clients / 2 < 2^31 (each input's rounding may add
+/// half a unit), sum_bound being max_clients * clip unless the caller knows a smaller bound on
+/// the sum (weighted inputs, most of them far below clip).
 
 #include <array>
 #include <cstddef>
