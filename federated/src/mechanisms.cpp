@@ -685,6 +685,9 @@ void install_mechanisms(simulation& sim, const simulation_options& o, const weig
     bad("differential privacy needs both --dp-clip and --dp-noise, positive");
   if (robust && o.secagg) bad("a robust rule needs each update and secure aggregation hides them: pick one");
   if (robust && dp) bad("a robust rule with differential privacy is not supported: the noise is calibrated to the mean");
+  if (!o.compress.empty() && o.secagg)
+    bad("--compress saves uplink bytes on plain updates, and secure aggregation masks every coordinate into a dense "
+        "32-bit word (a compressed update would travel as large as a dense one): pick one");
   if (robust) {
     sim.set_aggregator(make_robust_aggregator(o.strategy));
     const std::size_t least = least_updates(o.strategy);

@@ -279,6 +279,9 @@ struct round_context {
   std::vector<float> control;  // SCAFFOLD's server control variate
   std::vector<std::uint64_t> participants;
   round_info info;
+  /// The clients keep what they had before training until the round's outcome (client::settle):
+  /// a round the server gives up leaves their persistent state as it was.
+  bool provisional = false;
 };
 
 /// A client: a range of the shared index array, a generator and, only once its algorithm
@@ -300,6 +303,13 @@ public:
     worker_slot& w = e.worker();
     const std::vector<float>& global = *ctx->global;
     const std::size_t dim = e.dim;
+    if (ctx->provisional) {
+      undo_.emplace(undo{rng_.state, nullptr});
+      if (state_) {
+        undo_->state = std::make_unique<float[]>(e.state_floats);
+        std::copy(state_.get(), state_.get() + e.state_floats, undo_->state.get());
+      }
+    }
     if (!state_ && e.state_floats > 0) {
       state_ = std::make_unique<float[]>(e.state_floats);  // zero-filled
       e.state_bytes.fetch_add(e.state_floats * sizeof(float), std::memory_order_relaxed);
@@ -356,6 +366,23 @@ public:
     return u;
   }
 
+  /// The round this client trained in is over: kept (`applied`), or given up by the server, and
+  /// then the client is as it was before (generator and persistent state: a SCAFFOLD control
+  /// variate or a top-k residual must not move on without the server's).
+  void settle(const std::shared_ptr<const round_context>& ctx, bool applied) {
+    if (!undo_) return;
+    if (!applied) {
+      rng_.state = undo_->rng;
+      if (undo_->state) {
+        state_ = std::move(undo_->state);
+      } else if (state_) {  // made by the round given up
+        state_.reset();
+        ctx->engine->state_bytes.fetch_sub(ctx->engine->state_floats * sizeof(float), std::memory_order_relaxed);
+      }
+    }
+    undo_.reset();
+  }
+
   /// The generator and the persistent state (empty when not allocated yet), for checkpoints.
   std::pair<std::uint64_t, std::vector<float>> save(std::size_t floats) {
     std::vector<float> state;
@@ -383,6 +410,11 @@ private:
   std::uint32_t offset_, length_;
   splitmix64 rng_;
   std::unique_ptr<float[]> state_;
+  struct undo {
+    std::uint64_t rng;
+    std::unique_ptr<float[]> state;  // null: there was none
+  };
+  std::optional<undo> undo_;  // while a round's outcome is pending (round_context::provisional)
 };
 
 using detail::spec_number;
@@ -990,6 +1022,7 @@ round_report simulation::run_round() {
   ctx->info.population = impl_->clients.size();
   ctx->info.participants = ctx->participants;
   ctx->info.seed = derive_seed(e.options.seed, stream_sample + static_cast<std::uint64_t>(round) + (1ull << 31));
+  ctx->provisional = e.state_floats > 0;
   std::shared_ptr<const round_context> shared = ctx;
 
   // Asks go out through a window; replies are added in sample order, so the sum is the same
@@ -1041,6 +1074,9 @@ round_report simulation::run_round() {
     } catch (const round_aborted& e) {
       r.aborted = e.what();
     }
+    // (Told before anything else is asked of them: the next round's train, a checkpoint's save.)
+    if (ctx->provisional)
+      for (std::size_t i = 0; i < asked; ++i) impl_->clients[who[i]].tell(&client::settle, shared, r.aborted.empty());
   }
 
   r.round = round;

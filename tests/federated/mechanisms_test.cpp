@@ -1,11 +1,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <troupe/federated/dp.hpp>
 #include <troupe/federated/mechanisms.hpp>
@@ -274,6 +281,9 @@ TEST(PrivateSecureAggregation, IsInstalledForSecaggWithDpAndRobustRulesStayRefus
   EXPECT_GT(metric(report, "epsilon"), 0);
   EXPECT_EQ(metric(report, "secagg_survivors"), 10);
   o.dp_clip = o.dp_noise = 0;
+  o.compress = "topk:0.1";  // masked inputs are dense: compression would save nothing
+  EXPECT_THROW(simulation(o, fashion()), std::invalid_argument);
+  o.compress = "";
   o.strategy = "median";
   EXPECT_THROW(simulation(o, fashion()), std::invalid_argument);
   o.secagg = false;
@@ -523,7 +533,10 @@ TEST(SecureAggregation, MatchesThePlainWeightedMeanOnUnequalShardsNoopAndScaffol
 // the sum drifted to -9 by round 4.
 class constant_gradient final : public local_trainer {
 public:
-  explicit constant_gradient(std::map<std::uint64_t, double>& seen, std::mutex& mu) : seen_(seen), mu_(mu) {}
+  /// `slope` > 0: the gradient also grows with the weight (g_k + slope * w), so that the
+  /// clients' control variates keep moving from round to round.
+  explicit constant_gradient(std::map<std::uint64_t, double>& seen, std::mutex& mu, double slope = 0)
+      : seen_(seen), mu_(mu), slope_(slope) {}
   std::size_t dim() const override { return 2; }
   void initialize(std::span<float> m, std::uint64_t) override { std::fill(m.begin(), m.end(), 0.0f); }
   local_result train(const local_job& job, std::span<float> m, splitmix64&) override {
@@ -533,7 +546,8 @@ public:
       seen_[job.client] = c;
     }
     local_result r{};
-    for (int step = 0; step < 5; ++step, ++r.steps) m[0] -= static_cast<float>(job.lr * (1.0 + 3.0 * double(job.client) + c));
+    for (int step = 0; step < 5; ++step, ++r.steps)
+      m[0] -= static_cast<float>(job.lr * (1.0 + 3.0 * double(job.client) + slope_ * m[0] + c));
     r.samples = 5;
     return r;
   }
@@ -542,6 +556,7 @@ public:
 private:
   std::map<std::uint64_t, double>& seen_;
   std::mutex& mu_;
+  double slope_;
 };
 
 TEST(SecureAggregation, KeepsScaffoldsControlVariateTheMeanOfTheClients) {
@@ -563,6 +578,81 @@ TEST(SecureAggregation, KeepsScaffoldsControlVariateTheMeanOfTheClients) {
     EXPECT_GT(largest, 1.0) << "secure " << secure;  // the corrections are not all zero
     EXPECT_NEAR(sum, 0, 1e-4) << "secure " << secure;
   }
+}
+
+/// The weighted mean, giving up the rounds it is told to.
+class giving_up final : public aggregator {
+public:
+  explicit giving_up(std::set<int> rounds) : rounds_(std::move(rounds)), inner_(make_weighted_mean()) {}
+  std::string name() const override { return "giving up"; }
+  void begin(const round_info& round) override {
+    round_ = round.round;
+    inner_->begin(round);
+  }
+  void add(std::uint64_t client, double weight, std::span<const float> delta) override { inner_->add(client, weight, delta); }
+  std::vector<float> finish() override {
+    auto out = inner_->finish();
+    if (rounds_.count(round_)) throw round_aborted("given up for the test");
+    return out;
+  }
+
+private:
+  std::set<int> rounds_;
+  int round_ = 0;
+  std::unique_ptr<aggregator> inner_;
+};
+
+// A round the server gives up (secure aggregation that cannot unmask, a robust rule short of
+// updates) leaves every client's persistent state as it was: SCAFFOLD's control variates stay
+// the server's mean, and a top-k residual keeps what was not delivered.
+TEST(Simulation, ARoundGivenUpLeavesTheClientsStateAsItWas) {
+  auto o = small();
+  o.clients = 4;
+  o.per_round = 4;
+  o.partition = "iid";
+  o.strategy = "scaffold";
+  o.lr = 0.1;
+  std::map<std::uint64_t, double> seen;
+  std::mutex mu;
+  simulation sim(o, fashion(), [&](const shared_data&) { return std::make_unique<constant_gradient>(seen, mu, 0.5); });
+  sim.set_aggregator(std::make_unique<giving_up>(std::set<int>{2, 3}));
+  for (int r = 1; r <= 5; ++r) EXPECT_EQ(sim.run_round().aborted.empty(), r != 2 && r != 3) << r;
+  ASSERT_EQ(seen.size(), 4u);
+  double sum = 0, largest = 0;
+  for (auto& [client, c] : seen) sum += c, largest = std::max(largest, std::abs(c));
+  EXPECT_GT(largest, 1.0);
+  EXPECT_NEAR(sum, 0, 1e-4);
+
+  // Top-k: given up or not, the residual and the model come out as in a run without the
+  // rounds given up (a round given up changes nothing).
+  auto k = small();
+  k.compress = "topk:0.1";
+  k.rounds = 3;
+  simulation plain(k, fashion()), skipping(k, fashion());
+  skipping.set_aggregator(std::make_unique<giving_up>(std::set<int>{2}));
+  plain.run_round();
+  skipping.run_round();
+  ASSERT_FALSE(skipping.run_round().aborted.empty());
+  const std::string a = std::filesystem::temp_directory_path() / ("troupe-giveup-a-" + std::to_string(::getpid()));
+  const std::string b = std::filesystem::temp_directory_path() / ("troupe-giveup-b-" + std::to_string(::getpid()));
+  plain.save_checkpoint(a);
+  skipping.save_checkpoint(b);
+  auto read = [](const std::string& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string ca = read(a), cb = read(b);
+  std::filesystem::remove(a);
+  std::filesystem::remove(b);
+  ASSERT_FALSE(ca.empty());
+  // The checkpoints differ in the round count and the clock (so in the closing CRC too); the
+  // global model and every client's generator and residual (the second half of the file, and
+  // more) match.
+  const auto ma = plain.global_model(), mb = skipping.global_model();
+  EXPECT_TRUE(std::equal(ma.begin(), ma.end(), mb.begin(), mb.end()));
+  ASSERT_EQ(ca.size(), cb.size());
+  const std::size_t half = ca.size() / 2, tail = ca.size() - half - 4;
+  EXPECT_TRUE(ca.compare(half, tail, cb, half, tail) == 0);
 }
 
 TEST(SecureAggregation, RefusesOnlyADropoutThatNoFullRoundSurvives) {
