@@ -659,6 +659,37 @@ mechanism make_secure_aggregation(const secagg_options& options) {
           std::to_string(n) + " clients after masking; with " + std::to_string(k) + " neighbours each and " +
           std::to_string(g.threshold()) + " shares to rebuild a secret, no round can unmask once more than " +
           std::to_string(most) + " are lost (lower --secagg-dropout or raise --per-round)");
+    // Below that bound a round fails when the draw puts more than k - t lost clients next to
+    // one client: estimated over seeded draws, a fraction that gives most full rounds up is
+    // refused too (the model would hardly move).
+    if (lost > spare) {
+      const int draws = 400;
+      int failed = 0;
+      splitmix64 rng{0x5ECA6D0Full};
+      std::vector<secagg::client_id> order = ids;
+      std::vector<char> gone(n + 1);
+      for (int d = 0; d < draws; ++d) {
+        std::fill(gone.begin(), gone.end(), 0);
+        for (std::size_t i = 0; i < lost; ++i) {
+          std::swap(order[i], order[i + rng.below(n - i)]);
+          gone[order[i]] = 1;
+        }
+        for (auto id : ids) {
+          std::size_t near = 0;
+          for (auto j : g.neighbours(id)) near += gone[j];
+          if (near > spare) {
+            ++failed;
+            break;
+          }
+        }
+      }
+      if (2 * failed > draws)
+        bad("--secagg-dropout " + show(options.dropout) + " loses " + std::to_string(lost) + " of a round's " +
+            std::to_string(n) + " clients after masking; with " + std::to_string(k) + " neighbours each and " +
+            std::to_string(g.threshold()) + " shares to rebuild a secret, a round fails when more than " +
+            std::to_string(spare) + " lost clients are one client's neighbours: " + std::to_string(failed) + " of " +
+            std::to_string(draws) + " random draws would give the round up (lower --secagg-dropout)");
+    }
   }
   {  // the scale a round of max_clients gets must exist (sum_bound below 2^31)
     const std::size_t n = std::max<std::size_t>(options.max_clients, 1);

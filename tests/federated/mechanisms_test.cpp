@@ -664,6 +664,15 @@ TEST(SecureAggregation, RefusesOnlyADropoutThatNoFullRoundSurvives) {
   // A full graph: an answering client sees every lost one.
   EXPECT_THROW(make_secure_aggregation({.max_clients = 10, .full_graph = true, .dropout = 0.5}), std::invalid_argument);
   EXPECT_NO_THROW(make_secure_aggregation({.max_clients = 10, .full_graph = true, .dropout = 0.4}));
+  // 100 per round, 30 lost: some draws unmask, but most put more than k - t lost clients next
+  // to one client (the rounds of such a run were nearly all given up). 20 lost: most unmask.
+  try {
+    make_secure_aggregation({.max_clients = 100, .dropout = 0.3});
+    ADD_FAILURE() << "a dropout that gives most rounds up was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("random draws would give the round up"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(make_secure_aggregation({.max_clients = 100, .dropout = 0.2}));
   // At most k - t lost: every round unmasks, whoever is lost.
   auto o = small();
   o.per_round = 10;
