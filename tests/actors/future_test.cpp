@@ -340,3 +340,146 @@ TEST(Future, ATimeoutWhileTheAskIsStillQueuedResumesTheAskerInItsOwnActor) {
   EXPECT_FALSE(overlapped) << "the coroutine ran while its actor ran another method";
   EXPECT_EQ(callee.ask(&queued_callee::runs).get(), 1) << "the timed-out call itself still runs";
 }
+
+// ---- when_all / when_any ----------------------------------------------------------------------
+
+namespace {
+
+struct squarer {
+  int square(int x) {
+    if (x < 0) throw std::invalid_argument("negative");
+    return x * x;
+  }
+  void nothing() {}
+};
+
+/// Gathers a fan-out from inside an actor, without blocking a worker.
+struct gatherer {
+  std::vector<actor_ref<squarer>> workers;
+  troupe::task<int> sum_of_squares(int n) {
+    std::vector<future<int>> asks;
+    for (int i = 0; i < n; ++i) asks.push_back(workers[static_cast<std::size_t>(i) % workers.size()].ask(&squarer::square, i));
+    int sum = 0;
+    for (int v : co_await troupe::when_all(std::move(asks))) sum += v;
+    co_return sum;
+  }
+};
+
+}  // namespace
+
+TEST(WhenAll, GivesEveryValueInOrderWhateverOrderTheyArriveIn) {
+  std::vector<troupe::promise<int>> ps(4);
+  std::vector<future<int>> fs;
+  for (auto& p : ps) fs.push_back(p.get_future());
+  auto all = troupe::when_all(std::move(fs));
+  for (const auto& f : fs) EXPECT_FALSE(f.valid());  // consumed
+  for (int i = 3; i >= 0; --i) {
+    EXPECT_FALSE(all.ready());
+    ps[static_cast<std::size_t>(i)].set_value(10 * i);
+  }
+  EXPECT_EQ(all.get(), (std::vector<int>{0, 10, 20, 30}));
+  EXPECT_TRUE(troupe::when_all(std::vector<future<int>>{}).get().empty());
+}
+
+TEST(WhenAll, FailsWithTheFirstErrorWithoutWaitingForTheRest) {
+  std::vector<troupe::promise<std::string>> ps(3);
+  std::vector<future<std::string>> fs;
+  for (auto& p : ps) fs.push_back(p.get_future());
+  auto all = troupe::when_all(std::move(fs));
+  ps[0].set_value("a");
+  ps[2].set_exception(std::make_exception_ptr(std::runtime_error("third")));
+  ASSERT_TRUE(all.ready());  // the second never came
+  ps[1].set_exception(std::make_exception_ptr(std::runtime_error("second, later")));
+  try {
+    all.get();
+    FAIL() << "expected the third's error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "third");
+  }
+  // Void futures: done when all are.
+  std::vector<troupe::promise<void>> vs(2);
+  std::vector<future<void>> vf;
+  for (auto& p : vs) vf.push_back(p.get_future());
+  auto done = troupe::when_all(std::move(vf));
+  vs[1].set_value();
+  EXPECT_FALSE(done.ready());
+  vs[0].set_value();
+  EXPECT_NO_THROW(done.get());
+}
+
+TEST(WhenAll, RefusesAConsumedFutureAndConsumesNone) {
+  troupe::promise<int> a, b;
+  std::vector<future<int>> fs;
+  fs.push_back(a.get_future());
+  fs.emplace_back();  // never set
+  EXPECT_THROW((void)troupe::when_all(std::move(fs)), std::logic_error);
+  EXPECT_THROW((void)troupe::when_any(std::vector<future<int>>{}), std::invalid_argument);
+  std::vector<future<int>> gs;
+  gs.push_back(b.get_future());
+  gs.emplace_back();
+  EXPECT_THROW((void)troupe::when_any(std::move(gs)), std::logic_error);
+}
+
+TEST(WhenAny, TheFirstValueWinsAndErrorsOnlyEndItWhenAllFail) {
+  std::vector<troupe::promise<int>> ps(3);
+  std::vector<future<int>> fs;
+  for (auto& p : ps) fs.push_back(p.get_future());
+  auto first = troupe::when_any(std::move(fs));
+  ps[0].set_exception(std::make_exception_ptr(std::runtime_error("down")));  // the race goes on
+  EXPECT_FALSE(first.ready());
+  ps[2].set_value(7);
+  ps[1].set_value(5);  // too late
+  EXPECT_EQ(first.get(), (std::pair<std::size_t, int>{2, 7}));
+
+  std::vector<troupe::promise<void>> vs(2);
+  std::vector<future<void>> vf;
+  for (auto& p : vs) vf.push_back(p.get_future());
+  auto none = troupe::when_any(std::move(vf));
+  vs[1].set_exception(std::make_exception_ptr(std::runtime_error("second")));
+  vs[0].set_exception(std::make_exception_ptr(std::runtime_error("first")));
+  try {
+    none.get();
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "first");  // by index, not by arrival
+  }
+}
+
+TEST(WhenAll, GathersAFanOutInsideAnActorAndOutside) {
+  troupe::actor_system sys{{.threads = 2}};
+  std::vector<actor_ref<squarer>> workers;
+  for (int i = 0; i < 4; ++i) workers.push_back(sys.spawn<squarer>());
+  auto g = sys.spawn<gatherer>(gatherer{workers});
+  EXPECT_EQ(g.ask(&gatherer::sum_of_squares, 100).get(), 328350);
+  // Outside: a method's exception and a dead actor fail the whole.
+  std::vector<future<int>> asks;
+  asks.push_back(workers[0].ask(&squarer::square, 3));
+  asks.push_back(workers[1].ask(&squarer::square, -1));
+  EXPECT_THROW(troupe::when_all(std::move(asks)).get(), std::invalid_argument);
+  workers[3].stop();
+  std::vector<future<int>> race;
+  race.push_back(workers[3].ask(&squarer::square, 2));
+  race.push_back(workers[2].ask(&squarer::square, 9));
+  EXPECT_EQ(troupe::when_any(std::move(race)).get(), (std::pair<std::size_t, int>{1, 81}));
+  // A timeout on the combined future.
+  auto never = sys.make_promise<int>();
+  std::vector<future<int>> slow;
+  slow.push_back(never.get_future());
+  try {
+    troupe::when_all(std::move(slow)).timeout(std::chrono::milliseconds(20)).get();
+    FAIL() << "expected a timeout";
+  } catch (const troupe::error& e) {
+    EXPECT_EQ(e.code_value(), errc::timeout);
+  }
+}
+
+TEST(WhenAll, GetDrivesTheTestSystemOfItsFutures) {
+  test_system sys;
+  auto w = sys.spawn<squarer>();
+  std::vector<future<void>> fs;
+  for (int i = 0; i < 3; ++i) fs.push_back(w.ask(&squarer::nothing));
+  EXPECT_NO_THROW(troupe::when_all(std::move(fs)).get());
+  std::vector<future<int>> gs;
+  gs.push_back(w.ask(&squarer::square, 4));
+  EXPECT_EQ(troupe::when_any(std::move(gs)).get().second, 16);
+}

@@ -5,6 +5,7 @@
 ///   - `fut.then(on_value[, on_error])` (inside an actor the callback runs in its context),
 ///   - `fut.get()` blocking, only outside actors: on an actor thread it throws
 ///     troupe::error(errc::would_deadlock) instead of deadlocking.
+/// when_all(futures) and when_any(futures) combine several into one.
 /// task<T>: the return type of coroutine methods and helper coroutines.
 
 #include <atomic>
@@ -18,6 +19,7 @@
 #include <type_traits>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "troupe/actors/detail/cell.hpp"
 
@@ -27,6 +29,9 @@ template <class T>
 class future;
 template <class T = void>
 class task;
+namespace detail {
+struct future_access;
+}
 
 namespace detail {
 
@@ -368,6 +373,7 @@ public:
   }
 
 private:
+  friend struct detail::future_access;
   void check_valid() const {
     if (!st_) throw std::logic_error("troupe::future used after it was consumed (or never set)");
   }
@@ -431,6 +437,136 @@ void report_callback_error(std::exception_ptr e) noexcept;
 template <class T>
 void future<T>::report_unhandled(std::exception_ptr e) noexcept {
   detail::report_callback_error(std::move(e));
+}
+
+namespace detail {
+
+struct future_access {
+  template <class T>
+  static void check(const future<T>& f) {
+    f.check_valid();
+  }
+  template <class T>
+  static state_ptr<T> take(future<T>& f) noexcept {
+    return std::move(f.st_);
+  }
+  template <class T>
+  static system_impl* system(const future<T>& f) noexcept {
+    return f.st_ ? f.st_->system() : nullptr;
+  }
+};
+
+/// Hands each future's result to `on_result(index, state<T>&)`, on the thread that completes
+/// it (never in an actor's context: the combined future is what an actor consumes). Throws
+/// std::logic_error, consuming nothing, when one of them was consumed already.
+template <class T, class F>
+void on_each(std::vector<future<T>>& fs, const F& on_result) {
+  for (const auto& f : fs) future_access::check(f);
+  struct callback final : callback_base {
+    callback(F f, std::size_t i) : fn(std::move(f)), index(i) {}
+    void invoke(state_base& st) noexcept override { fn(index, static_cast<state<T>&>(st)); }
+    F fn;
+    std::size_t index;
+  };
+  for (std::size_t i = 0; i < fs.size(); ++i)
+    future_access::take(fs[i]).release()->set_callback(nullptr, std::make_unique<callback>(on_result, i));
+}
+
+/// A fresh state for a combined future, that get() waits for as it would for `fs`'s (driving
+/// their test_system). Also kept by `keep` (the combiner's share).
+template <class R, class T>
+future<R> combined(const std::vector<future<T>>& fs, state_ptr<R>& keep) {
+  auto* st = make_state<R>();
+  for (const auto& f : fs)
+    if (auto* sys = future_access::system(f)) {
+      st->set_system(sys);
+      break;
+    }
+  st->add_ref();
+  keep.reset(st);
+  return future<R>(state_ptr<R>(st));
+}
+
+}  // namespace detail
+
+/// The values of every future, in their order, once all have arrived: `co_await
+/// troupe::when_all(std::move(asks))` gathers a fan-out. Fails with the first error to arrive,
+/// without waiting for the rest (which still run; their results are dropped). A vector of
+/// future<void> gives a future<void>; none gives an empty vector at once. Consumes the futures;
+/// throws std::logic_error (consuming none) when one was consumed already.
+template <class T>
+auto when_all(std::vector<future<T>> fs) -> future<std::conditional_t<std::is_void_v<T>, void, std::vector<T>>> {
+  using R = std::conditional_t<std::is_void_v<T>, void, std::vector<T>>;
+  struct shared {
+    detail::state_ptr<R> out;
+    std::vector<std::optional<detail::stored_t<T>>> values;
+    std::atomic<std::size_t> left;
+  };
+  auto sh = std::make_shared<shared>();
+  auto result = detail::combined<R>(fs, sh->out);
+  if (fs.empty()) {
+    sh->out->complete_value(true);
+    return result;
+  }
+  if constexpr (!std::is_void_v<T>) sh->values.resize(fs.size());
+  sh->left.store(fs.size(), std::memory_order_relaxed);
+  detail::on_each(fs, [sh](std::size_t i, detail::state<T>& st) {
+    try {
+      if constexpr (std::is_void_v<T>) st.take();
+      else sh->values[i].emplace(st.take());
+    } catch (...) {
+      sh->out->fail(std::current_exception(), true);  // the first error wins; later ones are dropped
+    }
+    if (sh->left.fetch_sub(1, std::memory_order_acq_rel) != 1 || sh->out->ready()) return;
+    if constexpr (std::is_void_v<T>) {
+      sh->out->complete_value(true);
+    } else {
+      std::vector<T> all;
+      all.reserve(sh->values.size());
+      for (auto& v : sh->values) {
+        if (!v) return;  // failed (the failure completed the result)
+        all.push_back(std::move(*v));
+      }
+      sh->out->complete_value(true, std::move(all));
+    }
+  });
+  return result;
+}
+
+/// The first value to arrive, with the index of its future: a pair (index, value), or the index
+/// alone for future<void>. A failed future does not end the race while another may still
+/// succeed; when all fail, it fails with the error of the first future (by index). The others
+/// still run; their results are dropped. Throws std::invalid_argument for no futures and
+/// std::logic_error (consuming none) when one was consumed already.
+template <class T>
+auto when_any(std::vector<future<T>> fs)
+    -> future<std::conditional_t<std::is_void_v<T>, std::size_t, std::pair<std::size_t, T>>> {
+  using R = std::conditional_t<std::is_void_v<T>, std::size_t, std::pair<std::size_t, T>>;
+  if (fs.empty()) throw std::invalid_argument("troupe::when_any of no futures would never complete");
+  struct shared {
+    detail::state_ptr<R> out;
+    std::vector<std::exception_ptr> errors;
+    std::atomic<std::size_t> failed{0};
+  };
+  auto sh = std::make_shared<shared>();
+  auto result = detail::combined<R>(fs, sh->out);
+  sh->errors.resize(fs.size());
+  detail::on_each(fs, [sh](std::size_t i, detail::state<T>& st) {
+    try {
+      if constexpr (std::is_void_v<T>) {
+        st.take();
+        sh->out->complete_value(true, i);
+      } else {
+        sh->out->complete_value(true, i, st.take());
+      }
+      return;
+    } catch (...) {
+      sh->errors[i] = std::current_exception();
+    }
+    if (sh->failed.fetch_add(1, std::memory_order_acq_rel) + 1 == sh->errors.size())
+      sh->out->fail(sh->errors.front(), true);
+  });
+  return result;
 }
 
 /// The writing end of a future, for a reply that comes after the method that promised it: an
