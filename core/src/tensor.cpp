@@ -225,7 +225,12 @@ tensor codec<tensor>::decode(byte_reader& r) {
   if (elements > r.remaining() / element)
     byte_reader::fail("tensor announces " + std::to_string(elements) + " elements of " + std::to_string(element) +
                       " bytes, " + std::to_string(r.remaining()) + " bytes remain");
-  tensor t = tensor::empty(std::move(shape), static_cast<dtype>(type));
+  tensor t;
+  try {
+    t = tensor::empty(std::move(shape), static_cast<dtype>(type));
+  } catch (const std::invalid_argument& e) {  // a shape no tensor may have ([2^62, 0])
+    byte_reader::fail(std::string("tensor shape: ") + e.what());
+  }
   r.read_bytes(t.bytes(), t.nbytes());  // straight into the tensor's own buffer
   return t;
 }

@@ -253,7 +253,12 @@ tensor read_idx_from(byte_source& in, const std::string& path) {
     fail(path, std::to_string(bound - bytes) + " trailing bytes after the " + std::to_string(bytes) +
                    " bytes of data the dimensions " + tensor::str(shape) + " announce");
 
-  tensor out = tensor::empty(shape, type.type);
+  tensor out;
+  try {
+    out = tensor::empty(shape, type.type);
+  } catch (const std::invalid_argument& e) {  // a shape no tensor may have ([2^32 - 1, 0])
+    fail(path, "the dimensions " + tensor::str(shape) + " are no tensor's (" + e.what() + "): the header is corrupted");
+  }
   const std::size_t data_got = bytes ? in.read(out.bytes(), static_cast<std::size_t>(bytes)) : 0;
   if (data_got < bytes)
     fail(path, "truncated: the dimensions " + tensor::str(shape) + " need " + std::to_string(bytes) +

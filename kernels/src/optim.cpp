@@ -5,11 +5,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <immintrin.h>
 #include <limits>
+#include <mutex>
 #include <new>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <unordered_map>
@@ -87,7 +90,8 @@ void validate(optimizer_kind kind, const hyperparameters& hp, const state_option
   }
   if (static_cast<unsigned>(so.storage) > static_cast<unsigned>(state_storage::automatic))
     bad("state storage " + std::to_string(static_cast<unsigned>(so.storage)) + " is not fp32, bf16, int8 or automatic");
-  if (so.block_size < 1 || so.block_size > (1 << 24)) bad("state block_size must be in [1, 2^24]");
+  // (A step keeps a few blocks per moment and thread in fast memory: 65,536 elements at most.)
+  if (so.block_size < 1 || so.block_size > (1 << 16)) bad("state block_size must be in [1, 65536]");
   if (so.min_8bit_elements < 0) bad("state min_8bit_elements must be >= 0");
   if (!(so.percentile_scale >= 0 && so.percentile_scale <= 100)) bad("state percentile_scale must be in [0, 100]");
   if (!(so.percentile_clipping > 0 && so.percentile_clipping <= 100))
@@ -1115,14 +1119,28 @@ void run_jobs(std::size_t count, int threads, F&& fn) {
     return;
   }
   std::atomic<std::size_t> next{0};
-  auto worker = [&] {
-    for (std::size_t j; (j = next.fetch_add(1, std::memory_order_relaxed)) < count;) fn(j);
+  std::exception_ptr failure;  // the first job that threw (the others still run to the end)
+  std::mutex failure_mutex;
+  auto worker = [&]() noexcept {
+    for (std::size_t j; (j = next.fetch_add(1, std::memory_order_relaxed)) < count;) {
+      try {
+        fn(j);
+      } catch (...) {
+        std::lock_guard lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+      }
+    }
   };
   std::vector<std::thread> pool;
   const int extra = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(threads), count)) - 1;
-  for (int t = 0; t < extra; ++t) pool.emplace_back(worker);
+  try {
+    for (int t = 0; t < extra; ++t) pool.emplace_back(worker);
+  } catch (const std::system_error&) {
+    // No more threads to be had: the ones made and this one share the jobs.
+  }
   worker();
   for (auto& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
 }
 
 std::size_t numel_of(const optimizer::slot& s) { return static_cast<std::size_t>(s.p->value.numel()); }
@@ -1202,7 +1220,7 @@ void optimizer::sync_slots() {
         next.push_back(std::move(slots_[it->second]));
         next.back().group = g;
       } else {
-        next.push_back(slot{p, g, p->value.numel(), {}, {}, {}, false, {}});
+        next.push_back(slot{p, g, p->value.numel(), {}, {}, {}, false, {}, 0});
       }
     }
   }
@@ -1349,7 +1367,8 @@ void optimizer::allocate(slot& s) {
     w.v = compressed;
     if (grp.hp.amsgrad) w.vmax = compressed;
   }
-  w.block = so.block_size;
+  // A block longer than the tensor is the tensor: one scale either way, and scratch for no more.
+  w.block = std::min<std::int64_t>(so.block_size, std::max<std::int64_t>(1, static_cast<std::int64_t>(n)));
 
   auto fit = [&](moment& mo, std::uint8_t mode, bool is_signed) {
     const std::int64_t block = mode == mode_int8 ? w.block : 0;
@@ -1459,12 +1478,12 @@ int optimizer::thread_count(std::size_t elements) const {
 }
 
 void optimizer::zero_grad() {
-  if (!where_.is_cpu()) {
-    for (auto& s : slots_) cuda::fill_zero(s.p->grad.bytes(), s.p->grad.nbytes(), where_.index);
-    return;
+  // The parameters listed now: one added since the last step starts from zero too.
+  for (const auto& [p, group] : members()) {
+    if (!p || p->grad.where() != where_ || p->grad.type() != dtype::f32) continue;  // (refused by the next step)
+    if (!where_.is_cpu()) cuda::fill_zero(p->grad.bytes(), p->grad.nbytes(), where_.index);
+    else std::fill(p->grad.data<float>().begin(), p->grad.data<float>().end(), 0.0f);
   }
-  for (auto& s : slots_)
-    for (float& g : s.p->grad.data<float>()) g = 0;
 }
 
 namespace {
@@ -1585,11 +1604,12 @@ bool optimizer::grads_finite(std::vector<double>& sums) const {
   const auto params = members();
   sums.assign(params.size(), 0.0);
   // 8-bit (or automatic, which may pick it) second moments also refuse a gradient whose square
-  // is not finite.
+  // is not finite; so does SGD's 8-bit momentum (an infinite momentum would make its block's
+  // scale infinite, and every value of the block NaN).
   auto limit_of = [&](std::size_t group) {
-    const auto& state = groups_[group].state;
-    const bool int8 = kind_ != optimizer_kind::sgd &&
-                      (state.storage == state_storage::int8 || state.storage == state_storage::automatic);
+    const auto& [params, hp, state] = groups_[group];
+    const bool eight_bit = state.storage == state_storage::int8 || state.storage == state_storage::automatic;
+    const bool int8 = eight_bit && (kind_ != optimizer_kind::sgd || (hp.momentum != 0 && !state.first_moment_fp32));
     return int8 ? square_finite_bits : exponent_bits;
   };
   if (!where_.is_cpu()) {
@@ -1699,8 +1719,10 @@ bool optimizer::do_step(bool reference) {
               static_cast<float>(hp.weight_decay), gscale, hp.nesterov};
     pl.first = !s.momentum_started;
     // Bias corrections in double, as torch.optim computes them from Python floats.
-    const double bc1 = 1 - std::pow(hp.beta1, static_cast<double>(t));
-    const double bc2 = 1 - std::pow(hp.beta2, static_cast<double>(t));
+    // Per tensor, as torch counts state["step"]: a tensor added later starts from step 1.
+    const double ts = static_cast<double>(++s.steps);
+    const double bc1 = 1 - std::pow(hp.beta1, ts);
+    const double bc2 = 1 - std::pow(hp.beta2, ts);
     pl.adam = {static_cast<float>(hp.beta1),
                static_cast<float>(hp.beta2),
                static_cast<float>(1 - hp.beta1),

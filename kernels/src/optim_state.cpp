@@ -1,9 +1,10 @@
 // Saving and loading optimizer state.
 //
-// Format (little-endian, version 2; version 1 differs only in the parameters' names, see
-// same_parameter): the magic "TRPO", a u32 version, the optimizer kind (u8),
-// steps and skipped steps (i64), a varint tensor count; per tensor its parameter name, rank
-// and dims (varints), whether its momentum has started (u8), its recent squared gradient norms
+// Format (little-endian, version 3; version 2 has no per-tensor step count, which loads as the
+// optimizer's, and version 1 differs from 2 in the parameters' names, see same_parameter): the
+// magic "TRPO", a u32 version, the optimizer kind (u8), steps and skipped steps (i64), a varint
+// tensor count; per tensor its parameter name, rank and dims (varints), whether its momentum
+// has started (u8), the steps it took (varint, version 3), its recent squared gradient norms
 // (varint count, f32 each), then three moments (first, second, AMSGrad maximum), each: its
 // storage (u8: 0 absent, 1 fp32, 2 bf16, 3 int8) and, when present, the map id (u8: 0 none, 1
 // signed dynamic, 2 unsigned dynamic), the block size (u32), the values as a tensor in the wire
@@ -29,7 +30,7 @@ namespace troupe::kernels {
 namespace {
 
 constexpr char magic[4] = {'T', 'R', 'P', 'O'};
-constexpr std::uint32_t version = 2;  // 1: parameters by their bare names (same_parameter)
+constexpr std::uint32_t version = 3;  // 2: no per-tensor steps; 1: also parameters by their bare names
 
 std::string kind_name(std::uint8_t kind) {
   switch (kind) {
@@ -59,6 +60,7 @@ void optimizer::save(const std::string& path) const {
     w.write_varint(s.p->value.shape().size());
     for (auto d : s.p->value.shape()) w.write_varint(static_cast<std::uint64_t>(d));
     w.write_raw(static_cast<std::uint8_t>(s.momentum_started));
+    w.write_varint(static_cast<std::uint64_t>(s.steps));
     w.write_varint(s.gnorms.size());
     for (float g : s.gnorms) w.write_raw(g);
     for (const moment* mo : {&s.m, &s.v, &s.vmax}) {
@@ -81,13 +83,14 @@ void optimizer::load(const std::string& path) {
   struct loaded {
     moment m, v, vmax;
     bool started;
+    std::int64_t steps;
     std::vector<float> gnorms;
   };
   std::vector<loaded> next;
   std::int64_t steps = 0, skipped = 0;
   try {
     const auto v = r.read_raw<std::uint32_t>();
-    if (v != 1 && v != version)
+    if (v < 1 || v > version)
       fail(path, "has format version " + std::to_string(v) + "; this build reads versions 1 to " + std::to_string(version));
     const auto kind = r.read_raw<std::uint8_t>();
     if (kind != static_cast<std::uint8_t>(kind_))
@@ -112,6 +115,13 @@ void optimizer::load(const std::string& path) {
                        s.p->name + "' " + s.p->value.str());
       loaded l;
       l.started = r.read_raw<std::uint8_t>() != 0;
+      l.steps = steps;  // (before version 3, every tensor took every step)
+      if (v >= 3) {
+        const auto taken = r.read_varint();
+        if (taken > static_cast<std::uint64_t>(steps))
+          fail(path, where + " took " + std::to_string(taken) + " steps, more than the optimizer's " + std::to_string(steps));
+        l.steps = static_cast<std::int64_t>(taken);
+      }
       const auto norms = r.read_varint();
       if (norms > 100) fail(path, where + ": " + std::to_string(norms) + " gradient norms (at most 100)");
       for (std::uint64_t i = 0; i < norms; ++i) {
@@ -182,6 +192,7 @@ void optimizer::load(const std::string& path) {
     slots_[i].vmax = std::move(next[i].vmax);
     slots_[i].momentum_started = next[i].started;
     slots_[i].gnorms = std::move(next[i].gnorms);
+    slots_[i].steps = next[i].steps;
     slots_[i].numel = slots_[i].p->value.numel();  // the file's state is for the value's shape now
   }
   steps_ = steps;

@@ -119,6 +119,22 @@ TEST(Tensor, CodecRoundTripsEveryDtypeOnFreshData) {
   EXPECT_EQ(back.numel(), 2);
 }
 
+// A shape whose element count is 0 but whose dimensions no tensor may have is a decode error
+// like any other hostile header (not the tensor constructor's std::invalid_argument).
+TEST(Tensor, CodecRejectsAnImpossibleShapeWithAZeroDimension) {
+  troupe::byte_writer w;
+  w.write_raw<std::uint8_t>(0);
+  w.write_varint(2);
+  w.write_varint(std::uint64_t{1} << 62);
+  w.write_varint(0);
+  try {
+    (void)troupe::decode<tensor>(w.buffer());
+    ADD_FAILURE() << "decoded";
+  } catch (const troupe::error& e) {
+    EXPECT_EQ(e.code_value(), troupe::errc::decode_error);
+  }
+}
+
 TEST(Tensor, CodecRejectsHostileOrTruncatedInput) {
   auto bytes = troupe::encode(tensor::from<float>({1, 2, 3}, {3}));
   for (std::size_t n = 0; n < bytes.size(); ++n)

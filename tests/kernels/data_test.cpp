@@ -337,6 +337,14 @@ TEST(Idx, RejectsDimensionsBeyondTheSizeLimitWithoutAllocating) {
   EXPECT_TRUE(contains(what, "header is corrupted")) << what;
 }
 
+TEST(Idx, RejectsDimensionsNoTensorMayHaveEvenWithAZero) {
+  temp_file f("huge_empty.idx");
+  write_plain(f.path(), idx_file(0x0D, {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 0}, {}));
+  const std::string what = error_of<std::runtime_error>([&] { troupe::read_idx(f.path()); });
+  EXPECT_TRUE(contains(what, "header is corrupted")) << what;
+  EXPECT_TRUE(contains(what, f.path())) << what;
+}
+
 TEST(Idx, RejectsDimensionsMoreThanAGzipFileCanHold) {
   temp_file gz("small.gz");
   write_gzip(gz.path(), idx_file(0x08, {1u << 30}, bytes(16, 1)));

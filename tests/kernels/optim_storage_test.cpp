@@ -742,6 +742,123 @@ TEST(OptimizerStorage, Fp32ParamsSinglesOutOneLayerOfAModelByItsName) {
   EXPECT_EQ(opt.steps(), 1);
 }
 
+/// A saved file as format `version` (1 or 2) wrote it: without the per-tensor step counts of
+/// version 3, with a fresh checksum.
+std::vector<char> as_older_version(const std::vector<char>& file, std::uint8_t version) {
+  std::size_t at = 4 + 4 + 1 + 8 + 8;
+  auto varint = [&] {
+    std::uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      const auto b = static_cast<std::uint8_t>(file.at(at++));
+      v |= std::uint64_t{b & 0x7fu} << shift;
+      if (!(b & 0x80)) return v;
+    }
+  };
+  auto skip_tensor = [&] {
+    const auto type = static_cast<std::uint8_t>(file.at(at++));
+    std::uint64_t n = 1;
+    for (auto rank = varint(); rank > 0; --rank) n *= varint();
+    at += n * (type == static_cast<std::uint8_t>(dtype::u8) ? 1 : type == static_cast<std::uint8_t>(dtype::bf16) ? 2 : 4);
+  };
+  std::vector<char> out(file.begin(), file.begin() + static_cast<std::ptrdiff_t>(at));
+  out[4] = static_cast<char>(version);
+  auto copy_from = [&](std::size_t from) { out.insert(out.end(), file.begin() + static_cast<std::ptrdiff_t>(from), file.begin() + static_cast<std::ptrdiff_t>(at)); };
+  std::size_t from = at;
+  for (auto tensors = varint(); tensors > 0; --tensors) {
+    at += varint();  // name
+    for (auto rank = varint(); rank > 0; --rank) varint();
+    ++at;  // momentum flag
+    copy_from(from);
+    varint();  // the steps it took: not in older files
+    from = at;
+    at += 4 * varint();  // gradient norms
+    for (int m = 0; m < 3; ++m) {
+      const auto mode = static_cast<std::uint8_t>(file.at(at++));
+      if (mode == 0) continue;
+      at += 1 + 4;  // map, block
+      skip_tensor();
+      if (mode == 3) skip_tensor();
+    }
+  }
+  at = file.size() - 4;
+  copy_from(from);
+  const auto crc = crc32(std::as_bytes(std::span(out.data(), out.size())));
+  out.resize(out.size() + 4);
+  std::memcpy(out.data() + out.size() - 4, &crc, 4);
+  return out;
+}
+
+// A block longer than its tensor is the tensor (and the scratch a step needs is no longer);
+// blocks above 65,536 are refused. SGD's 8-bit momentum refuses a gradient that would make it
+// infinite (its block would decode to NaN), as Adam's second moment does.
+TEST(OptimizerStorage, BlocksLongerThanTheTensorAndHugeSgdGradients) {
+  model a(6, {5000}), b(6, {5000});
+  optimizer wide(optimizer_kind::adamw, {{a.ptrs(), {.lr = 1e-2}, {.storage = state_storage::int8, .block_size = 65536, .min_8bit_elements = 1}}});
+  optimizer exact(optimizer_kind::adamw, {{b.ptrs(), {.lr = 1e-2}, {.storage = state_storage::int8, .block_size = 5000, .min_8bit_elements = 1}}});
+  std::mt19937 ga(3), gb(3);
+  for (int i = 0; i < 3; ++i) {
+    a.fresh_grads(ga);
+    b.fresh_grads(gb);
+    ASSERT_TRUE(wide.step());
+    ASSERT_TRUE(exact.step());
+  }
+  EXPECT_TRUE(a.same_values(b));
+  EXPECT_EQ(wide.state_bytes(), exact.state_bytes());
+  EXPECT_THROW(optimizer(optimizer_kind::adam, {{a.ptrs(), {}, {.storage = state_storage::int8, .block_size = 65537}}}),
+               std::invalid_argument);
+
+  model m(2, {4096});
+  optimizer sgd(optimizer_kind::sgd, {{m.ptrs(), {.lr = 1e-3, .momentum = 0.9}, {.storage = state_storage::int8}}});
+  auto g = m.params[0].grad.data<float>();
+  std::fill(g.begin(), g.end(), 0.0f);
+  g[0] = 3e38f;
+  EXPECT_FALSE(sgd.step());  // skipped: nothing changes
+  EXPECT_EQ(sgd.skipped(), 1);
+  g[0] = 1.0f;
+  EXPECT_TRUE(sgd.step());
+  for (float v : m.params[0].value.data<float>()) EXPECT_TRUE(std::isfinite(v));
+}
+
+// Adam's bias corrections count per tensor, as torch's state["step"]: a parameter added after
+// 1,000 steps moves by lr on its first step (the global count would make it 2.5 lr), and its
+// step count survives a save and load. zero_grad clears the gradient of a parameter added since
+// the last step too.
+TEST(OptimizerState, AParameterAddedLaterCountsItsOwnSteps) {
+  parameter a{"a", tensor::from<float>({1.0f}, {1}), tensor::zeros({1})};
+  parameter b{"b", tensor::from<float>({1.0f}, {1}), tensor::zeros({1})};
+  optimizer opt(optimizer_kind::adam, {{{&a}, {.lr = 0.1}}});
+  for (int i = 0; i < 1000; ++i) {
+    opt.zero_grad();
+    a.grad.data<float>()[0] = 0.5f;
+    ASSERT_TRUE(opt.step());
+  }
+  b.grad.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();  // stale, before it joins
+  opt.groups()[0].params.push_back(&b);
+  opt.zero_grad();
+  EXPECT_TRUE(opt.gradients_finite());
+  b.grad.data<float>()[0] = 0.5f;
+  a.grad.data<float>()[0] = 0.5f;
+  ASSERT_TRUE(opt.step());
+  EXPECT_NEAR(b.value.data<float>()[0], 0.9f, 1e-6f);  // 1 - lr * m_hat / (sqrt(v_hat) + eps), m_hat = g
+  EXPECT_EQ(opt.slots()[0].steps, 1001);
+  EXPECT_EQ(opt.slots()[1].steps, 1);
+  const auto path = temp_path("per_tensor_steps");
+  opt.save(path);
+  parameter a2 = a, b2 = b;
+  optimizer again(optimizer_kind::adam, {{{&a2, &b2}, {.lr = 0.1}}});
+  again.load(path);
+  EXPECT_EQ(again.slots()[1].steps, 1);
+  // Files of version 2 knew one count for all.
+  const auto old = as_older_version(file_bytes(path), 2);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(old.data(), static_cast<std::streamsize>(old.size()));
+  }
+  again.load(path);
+  EXPECT_EQ(again.slots()[1].steps, 1001);
+  std::filesystem::remove(path);
+}
+
 TEST(OptimizerState, FilesOfVersionOneNamedParametersBareAndStillLoad) {
   // The same model twice, one with the bare names of the files written before parameters were
   // named by their path.
@@ -767,10 +884,8 @@ TEST(OptimizerState, FilesOfVersionOneNamedParametersBareAndStillLoad) {
     EXPECT_NE(std::string(e.what()).find("is 'weight' [60, 80] in the file; the optimizer expects '0.weight'"), std::string::npos)
         << e.what();
   }
-  // The same file as version 1 wrote it: the version, then the checksum.
-  bytes[4] = 1;
-  const auto crc = crc32(std::as_bytes(std::span(bytes.data(), bytes.size() - 4)));
-  std::memcpy(bytes.data() + bytes.size() - 4, &crc, 4);
+  // The same file as version 1 wrote it.
+  bytes = as_older_version(bytes, 1);
   {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

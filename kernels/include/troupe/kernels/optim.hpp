@@ -138,11 +138,10 @@ public:
   /// Host parameters only (std::invalid_argument otherwise): compare a CUDA optimizer with a
   /// host one over copies of its parameters.
   bool reference_step();
-  /// Sets every gradient to zero.
+  /// Sets the gradient of every parameter the groups list now to zero.
   void zero_grad();
   /// True when every gradient is finite, checked where the parameters live (one pass on the
-  /// device for CUDA ones): what step() checks first. Of the parameters as of the last step (or
-  /// the construction).
+  /// device for CUDA ones): what step() checks first, over the parameters the groups list now.
   bool gradients_finite() const;
 
   /// Called before each step with the step number (1-based) and the group's base lr; returns the
@@ -191,6 +190,7 @@ public:
     moment m, v, vmax;  // Adam: moments and the AMSGrad maximum; SGD: m is the momentum buffer
     bool momentum_started = false;
     std::vector<float> gnorms;  // percentile clipping: recent squared gradient norms
+    std::int64_t steps = 0;     // steps this tensor took (Adam's bias corrections, as torch's per-parameter step)
   };
 
   /// Internal: the state per parameter, in parameter order (tests compare devices through it).
