@@ -708,8 +708,9 @@ void cell_base::handle_stop(exit_reason why, const std::string& what) noexcept {
       extras_->deferred.clear();
       extras_->down_sent = true;
       named = extras_->named;
-      if (why == exit_reason::failed) extras_->failure = what;
     }
+    // (Kept for a monitor set later, with or without extras until now.)
+    if (why == exit_reason::failed) extras().failure = what;
     exit_reason_ = why;
     down_sent_ = true;
   }
@@ -731,8 +732,11 @@ void cell_base::handle_stop(exit_reason why, const std::string& what) noexcept {
 }
 
 void cell_base::handle_down(const down_notice& n) noexcept {
-  if (life_.load(std::memory_order_relaxed) != life_running) return;
-  if (suspended_ != 0 && !reentrant_) {
+  const auto life = life_.load(std::memory_order_relaxed);
+  if (life == life_dead) return;
+  // Held for later while a method is suspended, or while the actor restarts: the monitors
+  // belong to the actor, and the next incarnation hears of them (handle_restart).
+  if (life == life_restarting || (suspended_ != 0 && !reentrant_)) {
     flag_guard g(lock_);
     extras().deferred.push_back(n);
     return;

@@ -47,11 +47,17 @@ void release_list(free_block* b, std::size_t size) noexcept {
   }
 }
 
+/// Set when this thread's cache is destroyed (trivially destructible, so still readable while
+/// the thread's or the program's later destructors run: a static actor_system stops its actors
+/// after the main thread's cache has gone). From then on this thread allocates plainly.
+thread_local bool cache_gone = false;
+
 struct thread_cache {
   free_block* head[classes] = {};
   std::uint32_t count[classes] = {};
 
   ~thread_cache() {
+    cache_gone = true;
     for (std::size_t c = 0; c < classes; ++c) release_list(head[c], (c + 1) * granule);
   }
 
@@ -99,9 +105,10 @@ struct thread_cache {
   }
 };
 
-thread_cache& cache() {
+thread_cache* cache() {
+  if (cache_gone) return nullptr;
   thread_local thread_cache c;
-  return c;
+  return &c;
 }
 
 #if defined(TROUPE_SANITIZED)
@@ -114,7 +121,9 @@ constexpr bool pooling = true;
 
 void* pool_allocate(std::size_t n) {
   if (!pooling || n > classes * granule) return ::operator new(n);
-  return cache().take((n - 1) / granule);
+  const std::size_t c = (n - 1) / granule;
+  if (auto* local = cache()) return local->take(c);
+  return ::operator new((c + 1) * granule);  // (the size a pooled block of its class has)
 }
 
 void pool_free(void* p, std::size_t n) noexcept {
@@ -122,7 +131,9 @@ void pool_free(void* p, std::size_t n) noexcept {
     ::operator delete(p, n);
     return;
   }
-  cache().give(p, (n - 1) / granule);
+  const std::size_t c = (n - 1) / granule;
+  if (auto* local = cache()) local->give(p, c);
+  else ::operator delete(p, (c + 1) * granule);
 }
 
 }  // namespace troupe::detail

@@ -152,10 +152,17 @@ void manual_runtime::stop() noexcept {
   }
 }
 
+namespace {
+/// t + d on the virtual clock, no later than its end (a delay too long for it: never).
+std::chrono::nanoseconds later(std::chrono::nanoseconds t, std::chrono::nanoseconds d) noexcept {
+  return d >= std::chrono::nanoseconds::max() - t ? std::chrono::nanoseconds::max() : t + d;
+}
+}  // namespace
+
 void manual_runtime::add(std::chrono::nanoseconds delay, std::chrono::nanoseconds period,
                          std::function<bool()> fire, std::shared_ptr<std::atomic<bool>> cancelled) {
   if (stopped_) return;
-  timers_.emplace(std::make_pair(now_ + delay, seq_++),
+  timers_.emplace(std::make_pair(later(now_, delay), seq_++),
                   entry{period, std::move(fire), std::move(cancelled)});
 }
 
@@ -178,14 +185,14 @@ bool manual_runtime::fire_next(std::chrono::nanoseconds limit) {
     }
     firing_ = false;
     if (again && e.period.count() > 0)
-      timers_.emplace(std::make_pair(when + e.period, seq_++), std::move(e));
+      timers_.emplace(std::make_pair(later(when, e.period), seq_++), std::move(e));
     return true;
   }
   return false;
 }
 
 void manual_runtime::advance(std::chrono::nanoseconds d) {
-  auto target = now_ + d;
+  auto target = later(now_, d);
   run_until_idle();
   while (fire_next(target)) run_until_idle();
   now_ = target;

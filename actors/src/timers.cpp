@@ -6,6 +6,7 @@
 #include <mutex>
 #include <thread>
 
+#include "sync.hpp"
 #include "system.hpp"
 #include "troupe/core/log.hpp"
 
@@ -21,7 +22,7 @@ public:
     std::unique_lock lock(mutex_);
     if (stopped_) return;
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-    auto when = clock::now() + delay;
+    const auto when = deadline_after(delay);  // a delay too long for the clock: never
     bool earliest = entries_.empty() || when < entries_.begin()->first.first;
     entries_.emplace(std::make_pair(when, seq_++),
                      entry{period, std::move(fire), std::move(cancelled)});
@@ -59,6 +60,10 @@ private:
       }
       auto it = entries_.begin();
       auto when = it->first.first;
+      if (when == clock::time_point::max()) {  // only timers that never fire are left
+        cv_.wait(lock);
+        continue;
+      }
       if (clock::now() < when) {
         cv_.wait_until(lock, when);
         continue;
@@ -74,8 +79,10 @@ private:
         log().error("a timer callback threw: {}", ex.what());
       }
       lock.lock();
-      if (again && e.period.count() > 0 && !stopped_)
-        entries_.emplace(std::make_pair(when + e.period, seq_++), std::move(e));
+      if (again && e.period.count() > 0 && !stopped_) {
+        const auto next = e.period >= clock::time_point::max() - when ? clock::time_point::max() : when + e.period;
+        entries_.emplace(std::make_pair(next, seq_++), std::move(e));
+      }
     }
   }
 

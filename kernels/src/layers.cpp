@@ -387,7 +387,7 @@ public:
     tensor drawn = tensor::empty({static_cast<std::int64_t>(x.rank()) + 1}, dtype::i64);
     auto dd = drawn.data<std::int64_t>();
     dd[0] = static_cast<std::int64_t>(calls_);
-    for (std::size_t d = 0; d < x.rank(); ++d) dd[d + 1] = x.dim(d);
+    for (int d = 0; d < x.rank(); ++d) dd[static_cast<std::size_t>(d) + 1] = x.dim(d);
     ++calls_;
     keep.tensors = {drawn};
     return y;

@@ -483,3 +483,39 @@ TEST(WhenAll, GetDrivesTheTestSystemOfItsFutures) {
   gs.push_back(w.ask(&squarer::square, 4));
   EXPECT_EQ(troupe::when_any(std::move(gs)).get().second, 16);
 }
+
+namespace {
+struct self_gatherer {
+  troupe::task<int> twice() {
+    std::vector<future<int>> asks;
+    asks.push_back(troupe::this_actor::self<self_gatherer>().ask(&self_gatherer::one));
+    auto all = co_await troupe::when_all(std::move(asks));  // would wait for ever
+    co_return all[0] * 2;
+  }
+  int one() { return 1; }
+  troupe::task<int> consumed() {
+    future<int> f;
+    try {
+      co_await std::move(f);
+    } catch (const std::logic_error&) {
+      co_return -1;
+    }
+    co_return 0;
+  }
+};
+}  // namespace
+
+// Awaiting a combination that holds the actor's own ask is refused as awaiting the ask itself
+// is; awaiting a consumed future is a catchable std::logic_error.
+TEST(WhenAll, AnActorAwaitingItsOwnAskThroughWhenAllIsRefused) {
+  troupe::actor_system sys{{.threads = 2}};
+  auto a = sys.spawn<self_gatherer>();
+  try {
+    (void)a.ask(&self_gatherer::twice).timeout(std::chrono::seconds(5)).get();
+    FAIL() << "expected would_deadlock";
+  } catch (const troupe::error& e) {
+    EXPECT_EQ(e.code_value(), errc::would_deadlock) << e.what();
+  }
+  EXPECT_EQ(a.ask(&self_gatherer::one).get(), 1);  // and the actor still answers
+  EXPECT_EQ(a.ask(&self_gatherer::consumed).get(), -1);
+}

@@ -804,3 +804,75 @@ TEST(Supervision, SpawnChildIsForActorsAndAStoppedParentTakesItsChildrenWithIt) 
   EXPECT_EQ(std::move(gone).timeout(5s).get().reason, exit_reason::stopped);
   sys.await_all_actors_done();
 }
+
+// ---- monitors across a restart, late monitors, far timers --------------------------------------
+
+namespace {
+
+struct quiet_target {
+  void noop() {}
+};
+
+/// Monitors its target from its first incarnation only; counts the notices any incarnation hears.
+struct restarting_watcher {
+  troupe::actor_ref<quiet_target> target;
+  std::shared_ptr<std::atomic<int>> starts, downs;
+  void on_start() {
+    if (++*starts == 1) troupe::this_actor::monitor(target);
+  }
+  void on_down(const troupe::down_notice&) { ++*downs; }
+  void boom() { throw std::runtime_error("boom"); }
+  int ping() { return 1; }
+};
+
+struct failing_once {
+  void boom() { throw std::runtime_error("disk on fire"); }
+};
+
+}  // namespace
+
+// A notice that comes while the watcher waits to restart reaches the next incarnation.
+TEST(Monitor, ANoticeDuringARestartReachesTheNextIncarnation) {
+  test_system sys;
+  auto t = sys.spawn<quiet_target>();
+  auto starts = std::make_shared<std::atomic<int>>(0), downs = std::make_shared<std::atomic<int>>(0);
+  auto w = sys.spawn<restarting_watcher>(
+      troupe::spawn_options{.restart = {.max_restarts = 3, .backoff = std::chrono::milliseconds(100)}},
+      restarting_watcher{t, starts, downs});
+  sys.run_until_idle();
+  w.tell(&restarting_watcher::boom);
+  sys.run_until_idle();  // waiting out the backoff
+  t.stop();
+  sys.run_until_idle();
+  sys.advance(std::chrono::milliseconds(200));
+  EXPECT_EQ(w.ask(&restarting_watcher::ping).get(), 1);
+  EXPECT_EQ(starts->load(), 2);
+  EXPECT_EQ(downs->load(), 1);
+}
+
+// A monitor set after an actor failed still hears why, whether or not anything watched it before.
+TEST(Monitor, AMonitorSetAfterAFailureHearsItsMessage) {
+  test_system sys;
+  auto a = sys.spawn<failing_once>();
+  a.tell(&failing_once::boom);
+  sys.run_until_idle();
+  auto late = sys.monitor(a).get();
+  EXPECT_EQ(late.reason, exit_reason::failed);
+  EXPECT_EQ(late.what, "disk on fire");
+}
+
+// A delay too long for the clock is never, not at once (timers and ask timeouts alike).
+TEST(Timer, ADelayTooLongForTheClockNeverFires) {
+  troupe::actor_system sys{{.threads = 2}};
+  auto t = sys.spawn<ticker>();
+  sys.tell_after(std::chrono::nanoseconds::max(), t, &ticker::tick, 1);
+  auto slow = t.ask(&ticker::count).timeout(std::chrono::nanoseconds::max());
+  EXPECT_EQ(slow.get(), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(t.ask(&ticker::count).get(), 0);
+  test_system virt;
+  auto v = virt.spawn<ticker>();
+  virt.tell_after(std::chrono::nanoseconds::max(), v, &ticker::tick, 1);
+  virt.advance(std::chrono::hours(24 * 365));
+  EXPECT_EQ(v.ask(&ticker::count).get(), 0);
+}

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -539,3 +540,26 @@ TEST(Mailbox, TryTellToARejectingOrTestSystemMailbox) {
 }
 
 }  // namespace
+
+// Messages made and freed after a thread's pool cache is gone (a thread_local destructor that
+// runs later, a static actor_system stopping its actors at exit) come from plain new and delete.
+TEST(MessagePool, AllocatesAfterItsThreadsCacheIsGone) {
+  struct late {
+    bool ok = false;
+    ~late() {
+      void* a = troupe::detail::pool_allocate(64);
+      void* b = troupe::detail::pool_allocate(64);
+      std::memset(a, 1, 64);
+      std::memset(b, 2, 64);
+      troupe::detail::pool_free(a, 64);
+      troupe::detail::pool_free(b, 64);
+      troupe::detail::pool_free(troupe::detail::pool_allocate(48), 48);
+    }
+  };
+  std::thread([] {
+    thread_local late l;  // made before the cache, so destroyed after it
+    l.ok = true;
+    for (int i = 0; i < 200; ++i) troupe::detail::pool_free(troupe::detail::pool_allocate(64), 64);
+  }).join();
+  SUCCEED();
+}

@@ -342,7 +342,8 @@ public:
     st_.release()->set_callback(cell, std::move(cb));  // hands our reference over
   }
 
-  auto operator co_await() && noexcept {
+  /// Throws std::logic_error for a future consumed already (or never set).
+  auto operator co_await() && {
     struct awaiter {
       detail::state_ptr<T> st;
       bool on_itself = false;
@@ -454,6 +455,10 @@ struct future_access {
   static system_impl* system(const future<T>& f) noexcept {
     return f.st_ ? f.st_->system() : nullptr;
   }
+  template <class T>
+  static const cell_base* asked(const future<T>& f) noexcept {
+    return f.st_ ? f.st_->asked() : nullptr;
+  }
 };
 
 /// Hands each future's result to `on_result(index, state<T>&)`, on the thread that completes
@@ -482,6 +487,13 @@ future<R> combined(const std::vector<future<T>>& fs, state_ptr<R>& keep) {
       st->set_system(sys);
       break;
     }
+  // The actor it waits on, for an awaiting actor's checks: itself when it asked itself (an
+  // await that could never end is refused), else the first one asked.
+  const cell_base* self = tls_current_cell();
+  for (const auto& f : fs) {
+    const cell_base* asked = future_access::asked(f);
+    if (asked && (!st->asked() || asked == self)) st->set_asked(asked);
+  }
   st->add_ref();
   keep.reset(st);
   return future<R>(state_ptr<R>(st));

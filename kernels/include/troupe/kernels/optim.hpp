@@ -103,7 +103,7 @@ struct optimizer_options {
   /// (seed, tensor_keys[k]); empty: by k. An optimizer of part of a model (a pipeline rank's)
   /// passes its tensors' places in the whole model, and rounds as the whole model's optimizer
   /// would. When given, one key per tensor, no key twice.
-  std::vector<std::uint64_t> tensor_keys;
+  std::vector<std::uint64_t> tensor_keys{};
   std::size_t available_memory = 0;     ///< automatic storage: 0 reads MemAvailable (device: its free memory)
   std::size_t state_memory_limit = 0;   ///< state allocations beyond it throw std::bad_alloc (0: none)
 };
