@@ -130,7 +130,7 @@ cell_base::cell_base(system_impl& sys, actor_id id, const spawn_options& opts)
 
 cell_base::~cell_base() {
   // Normally empty: a queued message keeps its cell scheduled and therefore alive.
-  reject_all(errc::actor_dead);
+  reject_all(errc::actor_dead, "a destroyed actor");
   reply_came();  // (a stop forgets it first)
   system_->release();
 }
@@ -535,7 +535,9 @@ void cell_base::run_slice(unsigned budget) noexcept {
     if (alive() && park_on(receiver)) return;
     receiver->release();
   }
-  const bool accepts = accepts_normal();
+  // A dead actor takes normal messages too, to refuse them: one pushed by a sender that saw it
+  // alive an instant before would otherwise wait in the lane for good.
+  const bool accepts = accepts_normal() || !alive();
   if (!urgent_.empty() || (accepts && !normal_.empty())) {
     system_->reschedule(this);
     return;
@@ -550,7 +552,7 @@ void cell_base::run_slice(unsigned budget) noexcept {
   release();  // the scheduler's reference
 }
 
-void cell_base::reject_all(errc why) noexcept {
+void cell_base::reject_all(errc why, const char* type) noexcept {
   std::int64_t taken = 0;
   for (;;) {
     link* l = urgent_.pop();
@@ -560,7 +562,10 @@ void cell_base::reject_all(errc why) noexcept {
     }
     if (l == nullptr) break;
     auto* m = static_cast<message*>(l);
-    if (!m->dropped_silently()) system_->dead_letter(*this, m->kind(), why);
+    if (!m->dropped_silently()) {
+      if (type) system_->dead_letter(id_, type, m->kind(), why);
+      else system_->dead_letter(*this, m->kind(), why);
+    }
     m->reject(why);
     m->dispose();
   }

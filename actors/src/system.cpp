@@ -71,11 +71,15 @@ void system_impl::remove_live(cell_base* c) noexcept {
 }
 
 void system_impl::dead_letter(const cell_base& target, const char* kind, errc why) noexcept {
+  dead_letter(target.id(), target.type_name(), kind, why);
+}
+
+void system_impl::dead_letter(actor_id target, const char* type, const char* kind, errc why) noexcept {
   auto n = dead_letters.fetch_add(1, std::memory_order_relaxed) + 1;
   // Log the first few and then every 10,000th, so a storm cannot flood the log.
   if (n <= 10 || n % 10'000 == 0) {
-    log().warn("dead letter #{}: {} to actor {} ({}) not handled: {}", n, kind, target.id(),
-               target.type_name(), make_error_code(why).message());
+    log().warn("dead letter #{}: {} to actor {} ({}) not handled: {}", n, kind, target, type,
+               make_error_code(why).message());
   }
 }
 

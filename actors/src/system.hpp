@@ -91,6 +91,7 @@ public:
   void remove_live(cell_base* c) noexcept;
   void left_live() noexcept { leaving.fetch_sub(1, std::memory_order_release); }
   void dead_letter(const cell_base& target, const char* kind, errc why) noexcept;
+  void dead_letter(actor_id target, const char* type, const char* kind, errc why) noexcept;
   void forget_names_of(cell_base* c) noexcept;
   void shutdown() noexcept;
   /// Stops every live actor (exit_reason::shutdown) without waiting; with `drain`, refuses

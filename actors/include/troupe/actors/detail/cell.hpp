@@ -363,7 +363,9 @@ private:
   }
   void handle(message* m) noexcept;
   void after_drain(std::int64_t taken) noexcept;
-  void reject_all(errc why) noexcept;
+  /// Fails every queued message (dead letters); `type` names the actor in the log (null: its
+  /// type_name(), which the destructor cannot call any more).
+  void reject_all(errc why, const char* type = nullptr) noexcept;
   cell_extras& extras();  // allocated on first use, under lock_
   cell_extras* extras_if_any() noexcept;  // the extras when there are any (takes lock_)
 
