@@ -17,6 +17,10 @@ bool all_finite(const std::vector<const float*>&, const std::vector<std::int64_t
   no_cuda();
 }
 void optimizer_step(bool, const std::vector<tensor_update>&, int) { no_cuda(); }
+bool checked_step(bool, const std::vector<tensor_update>&, const std::vector<const float*>&,
+                  const std::vector<std::int64_t>&, const std::vector<std::uint32_t>&, int) {
+  no_cuda();
+}
 void fill_zero(void*, std::size_t, int) { no_cuda(); }
 std::size_t free_memory(int) { no_cuda(); }
 void gemm(int, bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t, const float*,
@@ -29,6 +33,7 @@ void activation_forward(int, activation, const float*, float*, std::int64_t) { n
 void activation_backward(int, activation, const float*, const float*, float*, std::int64_t) { no_cuda(); }
 void multiply(int, const float*, const float*, float*, std::int64_t) { no_cuda(); }
 void add(int, const float*, const float*, float*, std::int64_t) { no_cuda(); }
+void dropout(int, std::uint64_t, double, float, const float*, float*, std::int64_t) { no_cuda(); }
 void layer_norm_forward(int, const float*, const float*, const float*, float, float*, float*, float*, std::int64_t,
                         std::int64_t) {
   no_cuda();

@@ -47,8 +47,8 @@ struct tensor_update {
   bool stochastic = false;
 };
 
-/// Largest 8-bit block the CUDA step handles (one thread block keeps a block's new values in
-/// shared memory).
+/// Largest 8-bit block the CUDA step handles (a thread block of 512 threads holds a block's new
+/// values in registers, 8 per thread).
 constexpr std::int64_t max_int8_block = 4096;
 
 /// True when no element of gradient k has a float exponent field (bits & 0x7f800000) at or
@@ -56,6 +56,12 @@ constexpr std::int64_t max_int8_block = 4096;
 /// 2^63 or more (one pass over all of them; synchronizes).
 bool all_finite(const std::vector<const float*>& grads, const std::vector<std::int64_t>& sizes,
                 const std::vector<std::uint32_t>& limits, int device);
+
+/// all_finite and optimizer_step in one go, with no wait between them: the step's kernels read
+/// the check's flag on the device and change nothing when it is set. Returns whether the step
+/// was applied (waits for the check alone, not for the step).
+bool checked_step(bool sgd, const std::vector<tensor_update>& tensors, const std::vector<const float*>& grads,
+                  const std::vector<std::int64_t>& sizes, const std::vector<std::uint32_t>& limits, int device);
 
 /// One fused optimizer step over every tensor (SGD when `sgd`, else Adam/AdamW by the constants):
 /// one launch for the tensors without 8-bit moments, one for those with (a thread block per
@@ -88,6 +94,8 @@ void activation_backward(int device, activation f, const float* kept, const floa
 void multiply(int device, const float* a, const float* b, float* out, std::int64_t n);
 /// out = a + b, element by element.
 void add(int device, const float* a, const float* b, float* out, std::int64_t n);
+/// y = x times dropout_mask's mask of `key` (scale where kept, 0 where dropped).
+void dropout(int device, std::uint64_t key, double p, float scale, const float* x, float* y, std::int64_t n);
 
 /// Layer norm of each row (double accumulation, as layers.cpp): y, x-hat and 1/std.
 void layer_norm_forward(int device, const float* x, const float* gamma, const float* beta, float eps, float* y,

@@ -11,6 +11,7 @@
 #include "troupe/kernels/gemm.hpp"
 
 #include "cuda_ops.hpp"
+#include "dropout_mask.hpp"
 
 namespace troupe::kernels {
 
@@ -343,18 +344,9 @@ private:
   parameter gamma_, beta_;
 };
 
-/// splitmix64's output function: a bijection of 64-bit words that mixes every bit into every other.
-constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-/// Dropout's masks are counter-based: element i of the k-th training forward since the seed is
-/// dropped when the i-th word of the splitmix64 stream keyed by (seed, k) falls below p. The
-/// whole generator state is (seed, k), so a checkpointed forward replays from two numbers, and the
-/// host backward draws the mask again instead of keeping it (the layer holds 8 bytes per
-/// dimension, not a float per element). A device forward keeps its mask, drawn the same way.
+/// Dropout with counter-based masks (dropout_mask.hpp): the forward keeps which draw it was and
+/// the shape (8 bytes per dimension), and the backward, on the host or the device, draws the same
+/// mask again; no mask is kept or copied.
 class dropout final : public layer {
 public:
   explicit dropout(float p) : p_(p) {
@@ -367,22 +359,8 @@ public:
       keep.tensors = {tensor()};  // no mask: the backward is the identity (and may run once)
       return x;
     }
-    const std::uint64_t key = stream_key(calls_);
-    if (on_device(x)) {
-      const float* in = fp(x);  // (an input that is not f32 is refused before any draw)
-      tensor mask = tensor::empty(x.shape());
-      auto md = mask.data<float>();
-      for (std::size_t i = 0; i < md.size(); ++i) md[i] = mask_value(key, i);
-      tensor dmask = mask.to(x.where()), y = tensor::empty(x.shape(), dtype::f32, x.where());
-      cuda::multiply(x.where().index, in, fp(dmask), fp(y), x.numel());
-      ++calls_;
-      keep.tensors = {dmask};
-      return y;
-    }
-    tensor y = tensor::empty(x.shape());
-    auto xd = x.data<float>();
-    auto yd = y.data<float>();
-    for (std::size_t i = 0; i < xd.size(); ++i) yd[i] = xd[i] * mask_value(key, i);
+    const std::uint64_t key = dropout_mask::stream_key(seed_, calls_);
+    tensor y = apply(key, x);
     // What the backward needs to draw the mask again: which forward it was, and its shape.
     tensor drawn = tensor::empty({static_cast<std::int64_t>(x.rank()) + 1}, dtype::i64);
     auto dd = drawn.data<std::int64_t>();
@@ -399,24 +377,12 @@ public:
       keep.clear();
       return dy;
     }
-    check_device(dy, kept_tensor.where(), describe() + " backward");
-    if (on_device(dy)) {
-      check_same(dy, kept_tensor, describe());
-      tensor dx = tensor::empty(dy.shape(), dtype::f32, dy.where());
-      cuda::multiply(dy.where().index, fp(dy), fp(kept_tensor), fp(dx), dy.numel());
-      keep.clear();
-      return dx;
-    }
     auto dd = kept_tensor.data<std::int64_t>();
     const tensor::shape_type shape(dd.begin() + 1, dd.end());
     if (dy.shape() != shape || dy.type() != dtype::f32)
       throw std::invalid_argument(describe() + ": the gradient " + dy.str() + " does not match the output " +
                                   tensor::empty(shape).str());
-    const std::uint64_t key = stream_key(static_cast<std::uint64_t>(dd[0]));
-    tensor dx = tensor::empty(dy.shape());
-    auto d = dy.data<float>();
-    auto o = dx.data<float>();
-    for (std::size_t i = 0; i < d.size(); ++i) o[i] = d[i] * mask_value(key, i);
+    tensor dx = apply(dropout_mask::stream_key(seed_, static_cast<std::uint64_t>(dd[0])), dy);
     keep.clear();
     return dx;
   }
@@ -451,13 +417,19 @@ public:
   }
 
 private:
-  /// 1 / (1 - p) for an element kept, 0 for one dropped (multiplied in: a NaN stays a NaN).
-  float mask_value(std::uint64_t key, std::size_t i) const noexcept { return kept(key, i) ? 1.0f / (1.0f - p_) : 0.0f; }
-  std::uint64_t stream_key(std::uint64_t call) const noexcept { return mix64(seed_ ^ mix64(call + 0x9e3779b97f4a7c15ULL)); }
-  /// Whether element i survives: 53 bits of the stream's i-th word, uniform in [0, 1), against p.
-  bool kept(std::uint64_t key, std::size_t i) const noexcept {
-    const std::uint64_t w = mix64(key + (static_cast<std::uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ULL);
-    return static_cast<double>(w >> 11) * 0x1.0p-53 >= static_cast<double>(p_);
+  /// x times the mask of `key`: 1 / (1 - p) for an element kept, 0 for one dropped (multiplied
+  /// in: a NaN stays a NaN), where x lives.
+  tensor apply(std::uint64_t key, const tensor& x) const {
+    const float scale = 1.0f / (1.0f - p_);
+    tensor y = tensor::empty(x.shape(), dtype::f32, x.where());
+    if (on_device(x)) {
+      cuda::dropout(x.where().index, key, p_, scale, fp(x), fp(y), x.numel());
+      return y;
+    }
+    auto xd = x.data<float>();
+    auto yd = y.data<float>();
+    for (std::size_t i = 0; i < xd.size(); ++i) yd[i] = xd[i] * (dropout_mask::kept(key, i, p_) ? scale : 0.0f);
+    return y;
   }
 
   float p_;

@@ -24,6 +24,7 @@
 #include "troupe/core/tensor.hpp"
 
 #include "cuda_ops.hpp"
+#include "dropout_mask.hpp"
 #include "dynamic_library.hpp"
 
 namespace troupe::kernels::cuda {
@@ -132,6 +133,12 @@ __global__ void binary_kernel(bool product, const float* a, const float* b, floa
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     out[i] = product ? a[i] * b[i] : a[i] + b[i];
+}
+
+__global__ void dropout_kernel(std::uint64_t key, double p, float scale, const float* x, float* y, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[i] = x[i] * (dropout_mask::kept(key, static_cast<std::uint64_t>(i), p) ? scale : 0.0f);
 }
 
 /// The sum of `x` over the thread block; every thread gets it.
@@ -290,6 +297,13 @@ void add(int device, const float* a, const float* b, float* out, std::int64_t n)
   check(cudaSetDevice(device), "cudaSetDevice");
   binary_kernel<<<blocks_for(n), threads>>>(false, a, b, out, n);
   launched("binary_kernel");
+}
+
+void dropout(int device, std::uint64_t key, double p, float scale, const float* x, float* y, std::int64_t n) {
+  if (n == 0) return;
+  check(cudaSetDevice(device), "cudaSetDevice");
+  dropout_kernel<<<blocks_for(n), threads>>>(key, p, scale, x, y, n);
+  launched("dropout_kernel");
 }
 
 void layer_norm_forward(int device, const float* x, const float* gamma, const float* beta, float eps, float* y,

@@ -1167,6 +1167,9 @@ optimizer::optimizer(optimizer_kind kind, std::vector<param_group> groups, optim
         break;
       }
   }
+  if (std::unordered_set<std::uint64_t>(options_.tensor_keys.begin(), options_.tensor_keys.end()).size() !=
+      options_.tensor_keys.size())
+    bad("tensor_keys names a key twice: two tensors would round with the same random numbers");
   check_slots();
   check_groups();
   sync_slots();
@@ -1180,6 +1183,16 @@ std::vector<std::pair<parameter*, std::size_t>> optimizer::members() const {
   return out;
 }
 
+bool optimizer::same_members() const {
+  std::size_t k = 0;
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    for (const auto* p : groups_[g].params) {
+      if (k >= slots_.size() || slots_[k].p != p || slots_[k].group != g) return false;
+      ++k;
+    }
+  return k == slots_.size();
+}
+
 void optimizer::check_slots() const {
   if (!options_.tensor_keys.empty()) {
     std::size_t tensors = 0;
@@ -1187,30 +1200,42 @@ void optimizer::check_slots() const {
     if (options_.tensor_keys.size() != tensors)
       bad("tensor_keys has " + std::to_string(options_.tensor_keys.size()) + " keys for " + std::to_string(tensors) +
           " tensors (one per tensor, or none)");
-    if (std::unordered_set<std::uint64_t>(options_.tensor_keys.begin(), options_.tensor_keys.end()).size() != tensors)
-      bad("tensor_keys names a key twice: two tensors would round with the same random numbers");
+  }
+  auto check_tensors = [&](const parameter* p) {
+    if (!p || p->value.type() != dtype::f32 || p->grad.type() != dtype::f32 || p->grad.shape() != p->value.shape())
+      bad("every parameter needs an f32 value and an f32 gradient of the same shape" +
+          (p ? " ('" + p->name + "' has " + p->value.str() + " and " + p->grad.str() + ")" : std::string(" (a null one)")));
+    if (p->value.where() != where_ || p->grad.where() != where_)
+      bad("parameter '" + p->name + "' (value on " + p->value.where().str() + ", gradient on " +
+          p->grad.where().str() + ") is not on " + where_.str() +
+          ": every parameter and gradient of an optimizer must live on one device");
+  };
+  auto check_size = [](const parameter* p, const slot& s) {
+    if (s.numel != p->value.numel())
+      bad("parameter '" + p->name + "' changed size from " + std::to_string(s.numel) + " to " +
+          std::to_string(p->value.numel()) + " elements since its state was made");
+  };
+  if (same_members()) {  // the usual step: the slots were checked for duplicates when made
+    for (const auto& s : slots_) {
+      check_tensors(s.p);
+      check_size(s.p, s);
+    }
+    return;
   }
   std::unordered_map<const parameter*, std::size_t> had;
   for (std::size_t k = 0; k < slots_.size(); ++k) had.emplace(slots_[k].p, k);
   std::unordered_set<const parameter*> listed;
   for (const auto& group : groups_) {
     for (const auto* p : group.params) {
-      if (!p || p->value.type() != dtype::f32 || p->grad.type() != dtype::f32 || p->grad.shape() != p->value.shape())
-        bad("every parameter needs an f32 value and an f32 gradient of the same shape" +
-            (p ? " ('" + p->name + "' has " + p->value.str() + " and " + p->grad.str() + ")" : std::string(" (a null one)")));
-      if (p->value.where() != where_ || p->grad.where() != where_)
-        bad("parameter '" + p->name + "' (value on " + p->value.where().str() + ", gradient on " +
-            p->grad.where().str() + ") is not on " + where_.str() +
-            ": every parameter and gradient of an optimizer must live on one device");
+      check_tensors(p);
       if (!listed.insert(p).second) bad("parameter '" + p->name + "' is listed twice (it would be stepped twice)");
-      if (auto it = had.find(p); it != had.end() && slots_[it->second].numel != p->value.numel())
-        bad("parameter '" + p->name + "' changed size from " + std::to_string(slots_[it->second].numel) + " to " +
-            std::to_string(p->value.numel()) + " elements since its state was made");
+      if (auto it = had.find(p); it != had.end()) check_size(p, slots_[it->second]);
     }
   }
 }
 
 void optimizer::sync_slots() {
+  if (same_members()) return;
   std::unordered_map<const parameter*, std::size_t> had;
   for (std::size_t k = 0; k < slots_.size(); ++k) had.emplace(slots_[k].p, k);
   std::vector<slot> next;
@@ -1599,28 +1624,41 @@ bool optimizer::gradients_finite() const {
   return grads_finite(sums);
 }
 
+std::uint32_t optimizer::finite_limit(std::size_t group) const {
+  // 8-bit (or automatic, which may pick it) second moments also refuse a gradient whose square
+  // is not finite; so does SGD's 8-bit momentum (an infinite momentum would make its block's
+  // scale infinite, and every value of the block NaN).
+  const auto& [params, hp, state] = groups_[group];
+  const bool eight_bit = state.storage == state_storage::int8 || state.storage == state_storage::automatic;
+  const bool int8 = eight_bit && (kind_ != optimizer_kind::sgd || (hp.momentum != 0 && !state.first_moment_fp32));
+  return int8 ? square_finite_bits : exponent_bits;
+}
+
+void optimizer::device_gradients(std::vector<const float*>& grads, std::vector<std::int64_t>& sizes,
+                                 std::vector<std::uint32_t>& limits) const {
+  for (const auto& [p, group] : members()) {
+    grads.push_back(reinterpret_cast<const float*>(std::as_const(*p).grad.bytes()));
+    sizes.push_back(p->grad.numel());
+    limits.push_back(finite_limit(group));
+  }
+}
+
+bool optimizer::prepared() const {
+  if (seen_hp_.size() != groups_.size() || !same_members()) return false;
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    if (!same(groups_[g].hp, seen_hp_[g]) || !same(groups_[g].state, seen_state_[g])) return false;
+  return true;
+}
+
 bool optimizer::grads_finite(std::vector<double>& sums) const {
   // Over the parameters as the groups list them now (the slots' order once synced).
   const auto params = members();
   sums.assign(params.size(), 0.0);
-  // 8-bit (or automatic, which may pick it) second moments also refuse a gradient whose square
-  // is not finite; so does SGD's 8-bit momentum (an infinite momentum would make its block's
-  // scale infinite, and every value of the block NaN).
-  auto limit_of = [&](std::size_t group) {
-    const auto& [params, hp, state] = groups_[group];
-    const bool eight_bit = state.storage == state_storage::int8 || state.storage == state_storage::automatic;
-    const bool int8 = eight_bit && (kind_ != optimizer_kind::sgd || (hp.momentum != 0 && !state.first_moment_fp32));
-    return int8 ? square_finite_bits : exponent_bits;
-  };
   if (!where_.is_cpu()) {
     std::vector<const float*> grads;
     std::vector<std::int64_t> sizes;
     std::vector<std::uint32_t> limits;
-    for (const auto& [p, group] : params) {
-      grads.push_back(reinterpret_cast<const float*>(std::as_const(*p).grad.bytes()));
-      sizes.push_back(p->grad.numel());
-      limits.push_back(limit_of(group));
-    }
+    device_gradients(grads, sizes, limits);
     return cuda::all_finite(grads, sizes, limits, where_.index);
   }
   // Pieces of at most 1<<16 elements, checked in parallel for large steps. A slot's sum of squares
@@ -1637,7 +1675,7 @@ bool optimizer::grads_finite(std::vector<double>& sums) const {
   for (std::size_t k = 0; k < params.size(); ++k) {
     const auto g = std::as_const(*params[k].first).grad.data<float>();
     const bool sum = groups_[params[k].second].state.percentile_clipping < 100;
-    const std::uint32_t limit = limit_of(params[k].second);
+    const std::uint32_t limit = finite_limit(params[k].second);
     for (std::size_t b = 0; b < g.size(); b += 1u << 16)
       pieces.push_back({g.data() + b, std::min<std::size_t>(1u << 16, g.size() - b), k, sum, limit});
     total += g.size();
@@ -1663,8 +1701,12 @@ bool optimizer::do_step(bool reference) {
   // its storage and the membership as they were.
   check_slots();
   check_groups();
+  // On a device, when the state needs no change, the check and the step go to the device
+  // together (cuda::checked_step, no wait between them): the step's kernels skip themselves when
+  // a gradient fails, and the step counts taken below are given back.
+  const bool together = !where_.is_cpu() && prepared();
   std::vector<double> squares;  // per slot, for percentile clipping
-  if (!grads_finite(squares)) {
+  if (!together && !grads_finite(squares)) {
     ++skipped_;
     return false;
   }
@@ -1691,6 +1733,9 @@ bool optimizer::do_step(bool reference) {
     std::size_t piece;
   };
   std::vector<plan> plans(slots_.size());
+  struct {
+    double beta1 = -1, beta2 = -1, ts = -1, bc1 = 0, bc2 = 0;
+  } corrections;
   std::size_t total = 0;
   for (std::size_t k = 0; k < slots_.size(); ++k) {
     auto& s = slots_[k];
@@ -1720,9 +1765,12 @@ bool optimizer::do_step(bool reference) {
     pl.first = !s.momentum_started;
     // Bias corrections in double, as torch.optim computes them from Python floats.
     // Per tensor, as torch counts state["step"]: a tensor added later starts from step 1.
+    // Tensors of a group usually share the step count: the powers are computed once for them.
     const double ts = static_cast<double>(++s.steps);
-    const double bc1 = 1 - std::pow(hp.beta1, ts);
-    const double bc2 = 1 - std::pow(hp.beta2, ts);
+    if (hp.beta1 != corrections.beta1 || hp.beta2 != corrections.beta2 || ts != corrections.ts)
+      corrections = {hp.beta1, hp.beta2, ts, 1 - std::pow(hp.beta1, ts), 1 - std::pow(hp.beta2, ts)};
+    const double bc1 = corrections.bc1;
+    const double bc2 = corrections.bc2;
     pl.adam = {static_cast<float>(hp.beta1),
                static_cast<float>(hp.beta2),
                static_cast<float>(1 - hp.beta1),
@@ -1779,7 +1827,20 @@ bool optimizer::do_step(bool reference) {
       u.stochastic = groups_[s.group].state.stochastic_rounding;
       list.push_back(u);
     }
-    cuda::optimizer_step(kind_ == optimizer_kind::sgd, list, where_.index);
+    if (together) {
+      std::vector<const float*> grads;
+      std::vector<std::int64_t> sizes;
+      std::vector<std::uint32_t> limits;
+      device_gradients(grads, sizes, limits);
+      if (!cuda::checked_step(kind_ == optimizer_kind::sgd, list, grads, sizes, limits, where_.index)) {
+        --steps_;
+        for (auto& s : slots_) --s.steps;
+        ++skipped_;
+        return false;
+      }
+    } else {
+      cuda::optimizer_step(kind_ == optimizer_kind::sgd, list, where_.index);
+    }
   } else if (reference) {
     for (std::size_t k = 0; k < slots_.size(); ++k) {
       auto& s = slots_[k];

@@ -58,6 +58,9 @@ public:
   float above(std::uint8_t code) const noexcept { return above_[code]; }
   const float* aboves() const noexcept { return above_.data(); }
   std::uint8_t zero_code() const noexcept { return zero_code_; }
+  /// The bucket table of quantize(): 2 * buckets candidate codes (positive magnitudes, then
+  /// negative ones).
+  const std::uint8_t* table() const noexcept { return lut_.data(); }
   bool is_signed() const noexcept { return signed_; }
   /// Per bucket (same index as the table): the candidate code in bits 0-7 and, in bits 8 and up,
   /// where its decision point lies in the bucket: x's low 16 magnitude bits above it (positive

@@ -9,7 +9,12 @@
 #      failure here;
 #   3. runs `troupe bench optim --json --device cuda` (50 M parameters in 100 tensors per optimizer
 #      and state storage, against a device-to-device copy) and prints a table.
-# Exits non-zero on any failure, and with 2 and a message when no GPU is present.
+# With DEVICE_CHECK_PROFILE=1 it then profiles the benchmark's kernels with Nsight Compute (ncu,
+# clocks left as they are) and prints each kernel's time, DRAM bytes and bandwidth, occupancy and
+# instructions.
+# A failing test binary does not stop the others or the benchmark: every part runs, and the check
+# exits non-zero at the end when any failed (2, with a message, when no GPU is present). With
+# DEVICE_CHECK_LOGS=DIR each step's whole output is also written to DIR.
 #
 # Usage: tests/gpu/device_check.sh [build-dir]        (default: build-gpu)
 #        tests/gpu/device_check.sh --bundle FILE      (FILE from tests/gpu/pack.sh)
@@ -95,16 +100,26 @@ else
   bindir=$build/bin
 fi
 
-# Runs one test binary with a filter; a failure, a skip or no test at all ends the check.
+failures=()
+logs=${DEVICE_CHECK_LOGS:-}
+[ -z "$logs" ] || mkdir -p "$logs"
+# Runs one test binary with a filter; a failure, a skip or no test at all is recorded as a failure.
 # Here-strings, not `echo | grep -q`: with pipefail, grep -q leaving early can fail the echo.
 run_tests() {
   local binary=$1 filter=$2 out rc limit
   limit=$(left) || exit 1
+  [ "$limit" -le 180 ] || limit=180  # a hung binary leaves time for the rest
   out=$(timeout "$limit" "$bindir/$binary" --gtest_filter="$filter" 2>&1) && rc=0 || rc=$?
+  [ -z "$logs" ] || printf '%s\n' "$out" >"$logs/$binary.log"
   grep -E "^\[ *(RUN|OK|FAILED|SKIPPED|PASSED) *\]|Failure|error" <<<"$out" | head -n 200 || true
-  if [ "$rc" -ne 0 ]; then tail -n 20 <<<"$out"; echo "device_check: $binary failed (exit $rc)" >&2; exit 1; fi
-  if grep -q "^\[  SKIPPED \]" <<<"$out"; then echo "device_check: $binary skipped tests on a GPU machine" >&2; exit 1; fi
-  grep -q "^\[  PASSED  \] [1-9]" <<<"$out" || { echo "device_check: no test of $binary ran" >&2; exit 1; }
+  if [ "$rc" -ne 0 ]; then
+    tail -n 20 <<<"$out"
+    failures+=("$binary failed (exit $rc)")
+  elif grep -q "^\[  SKIPPED \]" <<<"$out"; then
+    failures+=("$binary skipped tests on a GPU machine")
+  elif ! grep -q "^\[  PASSED  \] [1-9]" <<<"$out"; then
+    failures+=("no test of $binary ran")
+  fi
 }
 
 echo "== CUDA tests"
@@ -115,8 +130,11 @@ run_tests core_test 'Device.ReportsADeviceOnlyWhenBuiltWithCuda:Device.CountsThe
 
 echo "== troupe bench optim --device cuda"
 limit=$(left) || exit 1
-json=$(timeout "$limit" "$bindir/troupe" bench optim --json --device cuda --steps "$steps") ||
-  { echo "device_check: the optimizer benchmark failed" >&2; exit 1; }
+json=$(timeout "$limit" "$bindir/troupe" bench optim --json --device cuda --steps "$steps") || {
+  failures+=("the optimizer benchmark failed")
+  json=
+}
+[ -z "$logs" ] || printf '%s\n' "$json" >"$logs/bench_optim.jsonl"
 python3 -c '
 import json, sys
 rows = [json.loads(l) for l in sys.stdin if l.strip()]
@@ -130,5 +148,40 @@ for r in steps:
                                              100 * r["fraction_of_bandwidth"]))
 if len(steps) != 9:
     sys.exit("device_check: expected 9 optimizer rows, got %d" % len(steps))
-' <<<"$json"
+' <<<"$json" || failures+=("the optimizer benchmark's table")
+if [ "${DEVICE_CHECK_PROFILE:-0}" = 1 ]; then
+  echo "== ncu: troupe bench optim --device cuda --steps 2"
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
+  metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread
+  metrics=$metrics,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,launch__grid_size
+  limit=$(left) || exit 1
+  if [ -z "$ncu" ]; then
+    failures+=("no ncu to profile with")
+  elif timeout "$limit" "$ncu" --clock-control none --metrics "$metrics" --csv "$bindir/troupe" bench optim --json \
+    --device cuda --steps 2 >"${logs:-/tmp}/ncu.csv" 2>"${logs:-/tmp}/ncu.err"; then
+    python3 -c '
+import csv, sys
+rows = csv.DictReader(l for l in open(sys.argv[1]) if l.startswith("\""))
+kernels = {}
+for r in rows:
+    kernels.setdefault(int(r["ID"]), {"name": r["Kernel Name"].split("(")[0].split("::")[-1]})[r["Metric Name"]] = \
+        float(r["Metric Value"].replace(",", ""))
+print("%-4s %-24s %9s %9s %8s %5s %6s %10s" % ("id", "kernel", "us", "MB", "GB/s", "regs", "occ%", "inst"))
+for i, k in sorted(kernels.items()):
+    us = k["gpu__time_duration.sum"] / 1e3
+    mb = (k["dram__bytes_read.sum"] + k["dram__bytes_write.sum"]) / 1e6
+    print("%-4d %-24s %9.1f %9.1f %8.0f %5d %6.1f %10d" % (i, k["name"][:24], us, mb, mb / us * 1e3,
+          k["launch__registers_per_thread"], k["sm__warps_active.avg.pct_of_peak_sustained_active"],
+          k["smsp__inst_executed.sum"]))
+' "${logs:-/tmp}/ncu.csv" || failures+=("the profile's table")
+  else
+    tail -n 5 "${logs:-/tmp}/ncu.err"
+    failures+=("ncu failed")
+  fi
+fi
+if [ "${#failures[@]}" -gt 0 ]; then
+  printf 'device_check: %s\n' "${failures[@]}" >&2
+  echo "device_check: ${#failures[@]} failure(s) in ${SECONDS}s" >&2
+  exit 1
+fi
 echo "device_check: all passed in ${SECONDS}s"

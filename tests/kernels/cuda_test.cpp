@@ -142,12 +142,19 @@ std::vector<std::pair<const char*, state_options>> storages() {
   state_options int8 = stored(state_storage::int8, 1000);
   state_options int8_2048 = int8;
   int8_2048.block_size = 2048;
+  // Blocks that are not a multiple of a thread's 8 elements (scalar accesses), and one that
+  // takes a group of 64 threads (a thread block per quantization block).
+  state_options int8_36 = int8;
+  int8_36.block_size = 36;
+  state_options int8_300 = int8;
+  int8_300.block_size = 300;
   state_options int8_m32 = int8;
   int8_m32.first_moment_fp32 = true;
   state_options int8_sr = int8;
   int8_sr.stochastic_rounding = true;
   return {{"fp32", fp32},           {"bf16", bf16},         {"bf16 stochastic", bf16_sr}, {"int8", int8},
-          {"int8 blocks of 2048", int8_2048}, {"int8 fp32 m", int8_m32}, {"int8 stochastic", int8_sr}};
+          {"int8 blocks of 2048", int8_2048}, {"int8 blocks of 36", int8_36}, {"int8 blocks of 300", int8_300},
+          {"int8 fp32 m", int8_m32}, {"int8 stochastic", int8_sr}};
 }
 
 TEST(CudaOptimizer, StepsLikeTheCpuForEveryOptimizerAndStorage) {
@@ -247,8 +254,8 @@ TEST(CudaOptimizer, StepsUnalignedViewsAndEmptyTensorsLikeTheCpu) {
 
 TEST(CudaOptimizer, StepsTheLargest8BitBlockAndRefusesALargerOne) {
   SKIP_WITHOUT_CUDA();
-  // AMSGrad with three 8-bit moments in blocks of 4096: 48 KiB of values in shared memory, past
-  // the default limit of a launch.
+  // AMSGrad with three 8-bit moments in blocks of 4096: a thread block of 512 threads per
+  // quantization block, the largest group.
   state_options so = stored(state_storage::int8, 0);
   so.block_size = 4096;
   twin t(13, {3 * 4096 + 17, 4096});
@@ -290,9 +297,31 @@ TEST(CudaOptimizer, SkipsAStepWithANonFiniteGradientAndChangesNothing) {
       if (std::isfinite(poison) && storage == state_storage::fp32) continue;
       twin t(9, {5000, 70'001});
       const state_options so = stored(storage, 0);
-      optimizer cuda(optimizer_kind::adamw, {{twin::ptrs(t.dev), {.lr = 1e-2, .weight_decay = 0.01}, so}});
+      const hyperparameters hp{.lr = 1e-2, .weight_decay = 0.01};
+      // A step after a change of hyperparameters (the check runs first and the host waits for
+      // its answer) ...
+      {
+        twin other(9, {5000, 70'001});
+        optimizer changed(optimizer_kind::adamw, {{twin::ptrs(other.dev), hp, so}});
+        std::mt19937 rng(2);
+        other.fresh_grads(rng, 1);
+        ASSERT_TRUE(changed.step());
+        changed.groups()[0].hp.lr = 5e-3;
+        tensor g = other.dev[1].grad.to(device::cpu());
+        g.data<float>()[70'000] = poison;
+        copy(g, other.dev[1].grad);
+        EXPECT_FALSE(changed.step());
+        EXPECT_EQ(changed.steps(), 1);
+        EXPECT_EQ(changed.skipped(), 1);
+        for (const auto& slot : changed.slots()) EXPECT_EQ(slot.steps, 1);
+      }
+      // ... and a step of unchanged state (check and step go to the device together, the step
+      // skips itself).
+      optimizer cpu(optimizer_kind::adamw, {{twin::ptrs(t.host), hp, so}}, {.threads = 1});
+      optimizer cuda(optimizer_kind::adamw, {{twin::ptrs(t.dev), hp, so}});
       std::mt19937 rng(2);
       t.fresh_grads(rng, 1);
+      ASSERT_TRUE(cpu.step());
       ASSERT_TRUE(cuda.step());
       std::vector<tensor> before;
       for (auto& p : t.dev) before.push_back(p.value.to(device::cpu()));
@@ -313,6 +342,19 @@ TEST(CudaOptimizer, SkipsAStepWithANonFiniteGradientAndChangesNothing) {
       const tensor m_now = s.m.data.to(device::cpu()), v_now = s.v.data.to(device::cpu());
       EXPECT_EQ(std::memcmp(m_now.bytes(), m_before.bytes(), m_now.nbytes()), 0);
       EXPECT_EQ(std::memcmp(v_now.bytes(), v_before.bytes(), v_now.nbytes()), 0);
+      for (const auto& slot : cuda.slots()) EXPECT_EQ(slot.steps, 1);
+      // The step after it counts from 2 again, as the host's does.
+      t.fresh_grads(rng, 1);
+      ASSERT_TRUE(cpu.step());
+      ASSERT_TRUE(cuda.step());
+      for (std::size_t i = 0; i < t.dev.size(); ++i) {
+        const tensor dv = t.dev[i].value.to(device::cpu());
+        auto a = t.host[i].value.data<float>();
+        auto b = dv.data<float>();
+        std::int64_t worst = 0;
+        for (std::size_t j = 0; j < a.size(); ++j) worst = std::max(worst, ulps(a[j], b[j]));
+        EXPECT_LE(worst, 4) << "tensor " << i << " after the skipped step";
+      }
     }
   }
 }

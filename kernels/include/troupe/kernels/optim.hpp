@@ -200,9 +200,19 @@ private:
   /// True when every gradient is finite; also fills sums[k] with slot k's sum of squared
   /// gradients for the slots whose group clips by percentile (one pass over the gradients).
   bool grads_finite(std::vector<double>& sums) const;
+  /// The exponent fields group `group`'s gradients must stay below (grads_finite).
+  std::uint32_t finite_limit(std::size_t group) const;
+  /// Each parameter's gradient, size and limit, for the device's check.
+  void device_gradients(std::vector<const float*>& grads, std::vector<std::int64_t>& sizes,
+                        std::vector<std::uint32_t>& limits) const;
+  /// True when prepare() would change nothing: the members, hyperparameters and state options
+  /// are those the state was made for.
+  bool prepared() const;
   bool do_step(bool reference);
   /// The parameters as groups_ list them now, with their group, in order.
   std::vector<std::pair<parameter*, std::size_t>> members() const;
+  /// True when slots_ holds the parameters groups_ lists now, in order, with their groups.
+  bool same_members() const;
   /// Throws std::invalid_argument for a parameter that cannot be stepped (changes nothing).
   void check_slots() const;
   /// Throws std::invalid_argument for hyperparameters or state options that changed to bad values.
