@@ -105,8 +105,10 @@ __device__ __forceinline__ float adam_element(const update_constants& c, float p
   const float param = p * c.decay;
   float g = grad * c.gscale;
   if (c.l2 != 0.0f) g = g + param * c.l2;
-  const float mi = c.one_minus_beta1 < 0.5f ? m + c.one_minus_beta1 * (g - m)
-                                            : g - (g - m) * (1.0f - c.one_minus_beta1);
+  // m + (1 - beta1) (g - m) or, for beta1 under 0.5, g - (g - m) beta1, as the CPU's lerp; one
+  // form for both (x + d (-y) is x - d y to the bit), so that no lane computes the two.
+  const bool low = c.one_minus_beta1 < 0.5f;
+  const float mi = (low ? m : g) + (g - m) * (low ? c.one_minus_beta1 : -(1.0f - c.one_minus_beta1));
   const float vi = v * c.beta2 + c.one_minus_beta2 * g * g;
   float second = vi;
   if (amsgrad) {
@@ -160,11 +162,14 @@ __device__ __forceinline__ std::uint16_t to_bf16(float x, bool stochastic, std::
 
 /// The nearest entry's code (ties: the lower one), as qmap::quantize: the candidate of xn's
 /// bucket, or the next code when xn lies above the candidate's decision point.
-__device__ __forceinline__ int nearest(float xn, const std::uint8_t* table, const float* above) {
+/// `nonnegative`: xn is known to be >= 0 or -0 (a second moment), whose buckets are the
+/// positive ones (-0 and +0 share a code).
+__device__ __forceinline__ int nearest(float xn, const std::uint8_t* table, const float* above, bool nonnegative) {
   using quant::qmap;
   const std::uint32_t b = __float_as_uint(xn);
   const std::uint32_t a = min(max(b & 0x7fffffffu, qmap::lo_bits), qmap::hi_bits);
-  const int c = table[((a - qmap::lo_bits) >> qmap::shift) + (b >> 31) * qmap::buckets];
+  const std::uint32_t bucket = (a - qmap::lo_bits) >> qmap::shift;
+  const int c = table[nonnegative ? bucket : bucket + (b >> 31) * qmap::buckets];
   return c + (xn > above[c] ? 1 : 0);
 }
 
@@ -172,10 +177,10 @@ __device__ __forceinline__ int nearest(float xn, const std::uint8_t* table, cons
 /// quant::quantize_block_reference's rule) on map `map` of `maps`: the nearest entry or, with
 /// stochastic rounding, one of the two around x, and a nonzero x never on the zero code.
 __device__ __forceinline__ std::uint8_t quantize(float x, float inv, int map, const shared_maps& maps, bool stochastic,
-                                                 std::uint32_t key, std::uint32_t index) {
+                                                 bool nonnegative, std::uint32_t key, std::uint32_t index) {
   const float xn = x * inv;
   const float* values = maps.values[map];
-  int c = nearest(xn, maps.table[map], maps.above[map]);
+  int c = nearest(xn, maps.table[map], maps.above[map], nonnegative);
   if (stochastic) {
     const float vc = values[c];
     int a = c, b = c;
@@ -187,7 +192,9 @@ __device__ __forceinline__ std::uint8_t quantize(float x, float inv, int map, co
       c = (xn - va) > r * (vb - va) ? b : a;
     }
   }
-  if (c == map_zero[map] && xn != 0.0f) {
+  if (nonnegative) {
+    c += c == map_zero[map] && xn != 0.0f ? 1 : 0;  // xn > 0
+  } else if (c == map_zero[map] && xn != 0.0f) {
     if (xn > 0) c = c + 1;
     else if (c > 0) c = c - 1;
   }
@@ -493,11 +500,13 @@ __device__ __forceinline__ void step_block(const tensor_update& t, std::int64_t 
     if (n == 0) continue;
     const float inv = s > 0 ? 1.0f / s : 0.0f;
     const int map = layout<Sgd, Plain>::map(mo, q);
+    // The plain layout's second moment is never negative (a sum of squares on the unsigned map).
+    const bool nonnegative = Plain && !Sgd && q == 1;
     const std::int64_t i = begin + offset;
     std::uint32_t c[lanes];
 #pragma unroll
     for (int l = 0; l < lanes; ++l)
-      c[l] = quantize(nv[q][l], inv, map, maps, layout<Sgd, Plain>::stochastic(t), mo.key,
+      c[l] = quantize(nv[q][l], inv, map, maps, layout<Sgd, Plain>::stochastic(t), nonnegative, mo.key,
                       static_cast<std::uint32_t>(i + l));
     auto* codes = static_cast<std::uint8_t*>(mo.data);
     if (n == lanes && aligned<8>(codes + i)) {
