@@ -9,10 +9,11 @@
 // same block absmax, the exact nearest-entry decision (ties: the lower code; by qmap's bucket
 // table and one comparison, as qmap::quantize) and the same "a nonzero value keeps its sign" rule.
 //
-// A step is two launches (plus the non-finite check before them). Each thread steps 8
-// consecutive elements held in registers, with 16-byte loads and stores of fp32 and bf16 arrays
-// (8-byte ones of 8-bit codes) where the addresses allow:
-// - elementwise_step: tensors without 8-bit moments, a thread block per 2048 elements;
+// A step is up to three launches after the non-finite check (checked_step queues them behind it,
+// and they skip themselves when it fails). Each thread steps 8 consecutive elements held in
+// registers, with 16-byte loads and stores of fp32 and bf16 arrays (8-byte ones of 8-bit codes)
+// where the addresses allow:
+// - elementwise_step: tensors without 8-bit moments, in work items of 2048 elements;
 // - blockwise_step: tensors with 8-bit moments, a group of threads per quantization block (a
 //   warp for blocks of up to 256 elements, else a thread block), looping over the blocks in a
 //   grid of as many thread blocks as are resident at once: dequantize, update, reduce the
