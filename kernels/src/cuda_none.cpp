@@ -31,7 +31,6 @@ void add_bias_rows(int, float*, const float*, std::int64_t, std::int64_t) { no_c
 void accumulate_column_sums(int, const float*, float*, std::int64_t, std::int64_t) { no_cuda(); }
 void activation_forward(int, activation, const float*, float*, std::int64_t) { no_cuda(); }
 void activation_backward(int, activation, const float*, const float*, float*, std::int64_t) { no_cuda(); }
-void multiply(int, const float*, const float*, float*, std::int64_t) { no_cuda(); }
 void add(int, const float*, const float*, float*, std::int64_t) { no_cuda(); }
 void dropout(int, std::uint64_t, double, float, const float*, float*, std::int64_t) { no_cuda(); }
 void layer_norm_forward(int, const float*, const float*, const float*, float, float*, float*, float*, std::int64_t,

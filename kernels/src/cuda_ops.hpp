@@ -90,8 +90,6 @@ enum class activation : std::uint8_t { relu, gelu };
 void activation_forward(int device, activation f, const float* x, float* y, std::int64_t n);
 /// dx = dy * f'(kept): kept is the output for ReLU, the input for GELU (as layers.cpp keeps them).
 void activation_backward(int device, activation f, const float* kept, const float* dy, float* dx, std::int64_t n);
-/// out = a * b, element by element.
-void multiply(int device, const float* a, const float* b, float* out, std::int64_t n);
 /// out = a + b, element by element.
 void add(int device, const float* a, const float* b, float* out, std::int64_t n);
 /// y = x times dropout_mask's mask of `key` (scale where kept, 0 where dropped).

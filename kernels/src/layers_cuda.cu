@@ -129,10 +129,10 @@ __global__ void activation_backward_kernel(activation f, const float* kept, cons
     dx[i] = dy[i] * (f == activation::relu ? (kept[i] > 0 ? 1.0f : 0.0f) : gelu_derivative(kept[i]));
 }
 
-__global__ void binary_kernel(bool product, const float* a, const float* b, float* out, std::int64_t n) {
+__global__ void add_kernel(const float* a, const float* b, float* out, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    out[i] = product ? a[i] * b[i] : a[i] + b[i];
+    out[i] = a[i] + b[i];
 }
 
 __global__ void dropout_kernel(std::uint64_t key, double p, float scale, const float* x, float* y, std::int64_t n) {
@@ -285,18 +285,11 @@ void activation_backward(int device, activation f, const float* kept, const floa
   launched("activation_backward_kernel");
 }
 
-void multiply(int device, const float* a, const float* b, float* out, std::int64_t n) {
-  if (n == 0) return;
-  check(cudaSetDevice(device), "cudaSetDevice");
-  binary_kernel<<<blocks_for(n), threads>>>(true, a, b, out, n);
-  launched("binary_kernel");
-}
-
 void add(int device, const float* a, const float* b, float* out, std::int64_t n) {
   if (n == 0) return;
   check(cudaSetDevice(device), "cudaSetDevice");
-  binary_kernel<<<blocks_for(n), threads>>>(false, a, b, out, n);
-  launched("binary_kernel");
+  add_kernel<<<blocks_for(n), threads>>>(a, b, out, n);
+  launched("add_kernel");
 }
 
 void dropout(int device, std::uint64_t key, double p, float scale, const float* x, float* y, std::int64_t n) {
