@@ -210,18 +210,24 @@ struct work_item {
   std::int64_t begin;
 };
 
-/// Work item b of `step` elements: first[k] is the first item of tensor k (count + 1 entries,
-/// non-decreasing; a tensor without elements has none), sizes[k] its elements.
-__device__ __forceinline__ work_item item_of(std::int64_t b, const std::int64_t* first, int count,
-                                             const std::int64_t* sizes, std::int64_t step) {
-  int lo = 0, hi = count - 1;  // the last k with first[k] <= b
+/// The tensor of work item b: the last k with first[k] <= b, where first[k] is the first item of
+/// tensor k (count + 1 entries, non-decreasing; a tensor without elements has none).
+__device__ __forceinline__ int tensor_of(std::int64_t b, const std::int64_t* first, int count) {
+  int lo = 0, hi = count - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
     if (first[mid] <= b) lo = mid;
     else hi = mid - 1;
   }
-  const std::int64_t begin = (b - first[lo]) * step;
-  return {lo, static_cast<int>(sizes[lo] - begin < step ? sizes[lo] - begin : step), begin};
+  return lo;
+}
+
+/// Work item b of `step` elements (tensor_of's `first`); sizes[k] is tensor k's elements.
+__device__ __forceinline__ work_item item_of(std::int64_t b, const std::int64_t* first, int count,
+                                             const std::int64_t* sizes, std::int64_t step) {
+  const int k = tensor_of(b, first, count);
+  const std::int64_t begin = (b - first[k]) * step;
+  return {k, static_cast<int>(sizes[k] - begin < step ? sizes[k] - begin : step), begin};
 }
 
 constexpr int threads_per_block = 256;
@@ -378,18 +384,11 @@ struct item_walk {
   std::int64_t start = 0;  // its first item
   std::int64_t next = 0;   // the first item past it
 
-  /// Moves to `item` (not before the previous one): true when the tensor changed.
+  /// Moves to `item` (not before the previous one), loading its tensor's descriptor when the
+  /// tensor changes.
   __device__ __forceinline__ void to(std::int64_t item) {
     if (item < next) return;
-    if (k < 0) {
-      int lo = 0, hi = count - 1;  // the last k with first[k] <= item
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (first[mid] <= item) lo = mid;
-        else hi = mid - 1;
-      }
-      k = lo;
-    }
+    if (k < 0) k = tensor_of(item, first, count);
     while (first[k + 1] <= item) ++k;  // skips tensors without elements
     start = first[k];
     next = first[k + 1];
@@ -527,8 +526,9 @@ __device__ __forceinline__ void step_block(const tensor_update& t, std::int64_t 
 /// block, no barrier) or the whole thread block. Each thread block first copies the maps' tables
 /// to shared memory.
 template <bool Sgd, bool Plain>
-__global__ void __launch_bounds__(Plain ? threads_per_block : 512, Plain ? 3 : 1) blockwise_step(const tensor_update* tensors, const std::int64_t* first, int count,
-                                                      std::int64_t items, int group, const int* skip) {
+__global__ void __launch_bounds__(Plain ? threads_per_block : 512, Plain ? 3 : 1)
+    blockwise_step(const tensor_update* tensors, const std::int64_t* first, int count, std::int64_t items, int group,
+                   const int* skip) {
   if (skip && *skip) return;  // a gradient was not finite: the step changes nothing
   __shared__ float scratch[3][32];
   __shared__ shared_maps maps;
