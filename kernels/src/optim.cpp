@@ -625,6 +625,7 @@ struct int8_moments {
   std::uint8_t* codes[3] = {};
   float* scales[3] = {};
   const float* values[3] = {};
+  const std::uint8_t* planes[3] = {};  // the maps' entries as byte planes (qmap::planes)
   float* m_fp32 = nullptr;
   double percentile = 0;
 };
@@ -749,16 +750,26 @@ inline void quantize_tail(const pending_block& q, std::size_t from, const quant:
 }
 
 /// The 8-bit moments of one block as values (map value of the code times the block's scale) in
-/// an L1 buffer, moment k at buf + k * block: decode_chunk does 16 elements by gathers from the
-/// 1 KiB value tables, decode_tail the elements from `from` on one at a time.
+/// an L1 buffer, moment k at buf + k * block: decode_chunk does the 16 elements from i (of the
+/// block's `full` whole vectors): groups of 64 by byte permutes (quant::avx512::decode64, at the
+/// group's first vector), the rest by gathers from the 1 KiB value tables; decode_tail the
+/// elements from `from` on one at a time.
 template <bool Ams, bool MFp32>
 TROUPE_AVX512 inline void decode_chunk(const int8_moments& d, std::size_t block, std::size_t b, std::size_t i,
-                                       const __m512 (&scales)[3], float* buf) {
+                                       std::size_t full, const __m512 (&scales)[3], float* buf) {
+  const std::size_t groups = full & ~std::size_t{63};
+  if (i < groups && (i & 63) != 0) return;  // decoded with its group
   for (int k = moment_set<MFp32, Ams>::first; k < moment_set<MFp32, Ams>::end; ++k) {
     const std::uint8_t* c = d.codes[k] + b + i;
-    if ((i & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(c + prefetch_ahead), _MM_HINT_T0);
-    _mm512_storeu_ps(buf + k * block + i,
-                     _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(c), d.values[k], 4), scales[k]));
+    float* out = buf + k * block + i;
+    if (i < groups) {
+      _mm_prefetch(reinterpret_cast<const char*>(c + prefetch_ahead), _MM_HINT_T0);
+      __m512 v[4];
+      quant::avx512::decode64(d.planes[k], c, scales[k], v);
+      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(out + 16 * j, v[j]);
+    } else {
+      _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(c), d.values[k], 4), scales[k]));
+    }
   }
 }
 
@@ -802,7 +813,7 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_
     const std::size_t n = std::min(block, end - begin);
     __m512 scales[3];
     scales_of(begin, scales);
-    for (std::size_t i = 0; i < full_of(n); i += 16) decode_chunk<Ams, MFp32>(mo, block, begin, i, scales, buffer(0));
+    for (std::size_t i = 0; i < full_of(n); i += 16) decode_chunk<Ams, MFp32>(mo, block, begin, i, full_of(n), scales, buffer(0));
     decode_tail<Ams, MFp32>(mo, block, begin, full_of(n), n, buffer(0));
   }
   pending_block prev;
@@ -823,7 +834,7 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_
     const std::size_t full = full_of(n), prev_full = full_of(prev.n), next_full = full_of(nn);
     const std::size_t top = std::max({full, prev_full, next_full});
     for (std::size_t i = 0; i < top; i += 16) {
-      if (i < next_full) decode_chunk<Ams, MFp32>(mo, block, nb, i, next_scales, next);
+      if (i < next_full) decode_chunk<Ams, MFp32>(mo, block, nb, i, next_full, next_scales, next);
       if (i < full) {
         // Software prefetch 2 KiB ahead on the parameter and gradient streams: this loop is slow
         // enough per byte that the hardware prefetchers alone leave it waiting on memory
@@ -934,7 +945,8 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
     const __m512 scale = _mm512_set1_ps(msc[k]);
     __m512 amax = _mm512_setzero_ps();
     const std::size_t full = n & ~std::size_t{15}, prev_full = prev.n & ~std::size_t{15};
-    auto update = [&](std::size_t i) TROUPE_AVX512 {
+    // Elements [i, i + 16) with their decoded momentum `stored` (unused on the first step).
+    auto update = [&](std::size_t i, __m512 stored) TROUPE_AVX512 {
       _mm_prefetch(reinterpret_cast<const char*>(pb + i + prefetch_ahead), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(gb + i + prefetch_ahead), _MM_HINT_T0);
       if ((i & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(cb + i + prefetch_ahead), _MM_HINT_T0);
@@ -942,24 +954,24 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
       __m512 gi = _mm512_loadu_ps(gb + i);
       if (clip) gi = _mm512_mul_ps(gi, gscale);
       if constexpr (Wd) gi = _mm512_add_ps(gi, _mm512_mul_ps(pi, wd));
-      const __m512 bi =
-          first ? gi
-                : _mm512_add_ps(
-                      _mm512_mul_ps(_mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(cb + i), map.values(), 4), scale),
-                                    momentum),
-                      _mm512_mul_ps(gi, omd));
+      const __m512 bi = first ? gi : _mm512_add_ps(_mm512_mul_ps(stored, momentum), _mm512_mul_ps(gi, omd));
       gi = nesterov ? _mm512_add_ps(gi, _mm512_mul_ps(bi, momentum)) : bi;
       _mm512_storeu_ps(pb + i, _mm512_add_ps(pi, _mm512_mul_ps(gi, neg_lr)));
       _mm512_storeu_ps(buf + i, bi);
       amax = _mm512_range_ps(amax, bi, 0x0b);  // max(|amax|, |bi|), sign cleared
+      if (i < prev_full) quantize(i);
     };
+    // Groups of 64 decoded by byte permutes, then vectors of 16 by gathers.
     std::size_t i = 0;
-    for (const std::size_t both = std::min(full, prev_full); i < both; i += 16) {
-      update(i);
-      quantize(i);
+    for (const std::size_t groups = first ? 0 : full & ~std::size_t{63}; i < groups; i += 64) {
+      __m512 stored[4];
+      quant::avx512::decode64(map.planes(), cb + i, scale, stored);
+      for (int j = 0; j < 4; ++j) update(i + 16 * static_cast<std::size_t>(j), stored[j]);
     }
-    for (std::size_t j = i; j < full; j += 16) update(j);
-    for (std::size_t j = i; j < prev_full; j += 16) quantize(j);
+    for (; i < full; i += 16)
+      update(i, first ? _mm512_setzero_ps()
+                      : _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(cb + i), map.values(), 4), scale));
+    for (; i < prev_full; i += 16) quantize(i);
     quantize_rest(prev_full);
     float am = _mm512_reduce_max_ps(amax);
     for (std::size_t j = full; j < n; ++j) {
@@ -1048,6 +1060,8 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     moments.scales[1] = vsc;
     moments.values[0] = mmap.values();
     moments.values[1] = moments.values[2] = vmap.values();
+    moments.planes[0] = mmap.planes();
+    moments.planes[1] = moments.planes[2] = vmap.planes();
     moments.percentile = absmax_scale ? 0.0 : rv.percentile;
     const bool ams = s.vmax.mode == mode_int8;
     if (ams) {

@@ -88,6 +88,7 @@ qmap::qmap(bool is_signed) : signed_(is_signed) {
     std::memcpy(&lo, &values_[c], 4);
     std::memcpy(&hi, &values_[c < 255 ? c + 1 : c], 4);
     pairs_[c] = lo | (std::uint64_t{hi} << 32);
+    for (int k = 0; k < 4; ++k) planes_[256 * k + c] = static_cast<std::uint8_t>(lo >> (8 * k));
   }
   // The decision point between c and c + 1 is their midpoint (exact in double); x > midpoint
   // <=> x > (the largest float not above it).
@@ -478,6 +479,11 @@ TROUPE_AVX512 std::size_t dequantize_avx512(const std::uint8_t* codes, std::size
   const __m512 s = _mm512_set1_ps(scale);
   const float* values = map.values();
   std::size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m512 v[4];
+    avx512::decode64(map.planes(), codes + i, s, v);
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(out + i + 16 * j, v[j]);
+  }
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_i32gather_ps(avx512::load_codes(codes + i), values, 4), s));
   return i;

@@ -54,6 +54,9 @@ public:
   /// Entry c and entry c + 1 (entry 255 twice for c = 255) as one 64-bit word, c's in the low
   /// half: the two entries around a value in one 64-bit gather (stochastic rounding).
   const std::uint64_t* pairs() const noexcept { return pairs_.data(); }
+  /// The entries as four byte planes: byte k (little-endian) of entry c at planes()[256 k + c]
+  /// (64-byte aligned), so that 64 codes look up their entries by byte permutes, no gathers.
+  const std::uint8_t* planes() const noexcept { return planes_.data(); }
   /// above(c): the largest float that still quantizes to c or lower (+inf for 255).
   float above(std::uint8_t code) const noexcept { return above_[code]; }
   const float* aboves() const noexcept { return above_.data(); }
@@ -163,6 +166,7 @@ private:
   std::array<float, 256> values_{};
   std::array<float, 256> above_{};
   std::array<std::uint64_t, 256> pairs_{};
+  alignas(64) std::array<std::uint8_t, 1024> planes_{};
   std::vector<std::uint8_t> lut_;
   std::vector<std::int32_t> packed_;  // code and decision offset, for the vector quantizers
   // estimate(): per exponent slot (the piece at its start, the start of the next one if inside), and

@@ -129,6 +129,26 @@ TEST(QuantMap, FastQuantizerEqualsTheNearestEntrySearch) {
   }
 }
 
+TEST(QuantMap, DequantizerGivesEveryCodesEntryAtEveryPosition) {
+  // Every code at every position of a 64-code group (the AVX-512 dequantizer looks groups up by
+  // byte permutes), then vectors of 16 and single values, on every vector path.
+  const int top = limit_simd(2);
+  for (bool s : {true, false}) {
+    const qmap& map = qmap::dynamic(s);
+    std::vector<std::uint8_t> codes(64 * 256 + 16 + 5);
+    for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint8_t>(i * 7 + i / 64);
+    for (int level = simd_level(); level >= 0; --level) {
+      limit_simd(level);
+      std::vector<float> out(codes.size());
+      dequantize_block(codes.data(), codes.size(), 0.75f, map, out.data());
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < codes.size(); ++i) wrong += out[i] != map.value(codes[i]) * 0.75f;
+      EXPECT_EQ(wrong, 0u) << "signed " << s << " vector level " << level;
+    }
+  }
+  limit_simd(top);
+}
+
 TEST(QuantMap, VectorQuantizersEqualTheTableOnAFloatSweep) {
   // Every 61st float bit pattern of magnitude up to 2, both signs (about 35 million values),
   // through the block quantizer of each vector path, against the table quantizer (itself checked
