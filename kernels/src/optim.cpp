@@ -710,7 +710,7 @@ TROUPE_AVX512 inline __attribute__((always_inline)) void quantize_chunk(
     const __m512i both = _mm512_permutex2var_epi8(km, code_bytes(), kv);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[0] + j),
                      quant::avx512::signed_codes(mq, _mm512_castsi512_si128(both), quant::avx512::negative(xm)));
-    _mm256_mask_storeu_epi8(q.codes[1] + j - 16, 0xffff0000u, _mm512_castsi512_si256(both));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[1] + j), _mm256_extracti128_si256(_mm512_castsi512_si256(both), 1));
     // One test for all moments (the smallest |r|); a lane any moment is unsure of gets every code
     // from the table.
     r = _mm512_range_ps(rm, rv, 0x0a);
@@ -833,28 +833,38 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_
     __m512 ma = _mm512_setzero_ps(), va = _mm512_setzero_ps(), xa = _mm512_setzero_ps();
     const std::size_t full = full_of(n), prev_full = full_of(prev.n), next_full = full_of(nn);
     const std::size_t top = std::max({full, prev_full, next_full});
-    for (std::size_t i = 0; i < top; i += 16) {
-      if (i < next_full) decode_chunk<Ams, MFp32>(mo, block, nb, i, next_full, next_scales, next);
-      if (i < full) {
-        // Software prefetch 2 KiB ahead on the parameter and gradient streams: this loop is slow
-        // enough per byte that the hardware prefetchers alone leave it waiting on memory
-        // (docs/PERFORMANCE.md). A prefetch past the end of a tensor does not fault.
-        _mm_prefetch(reinterpret_cast<const char*>(pb + i + prefetch_ahead), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(gb + i + prefetch_ahead), _MM_HINT_T0);
-        if constexpr (MFp32) _mm_prefetch(reinterpret_cast<const char*>(mrow + i + prefetch_ahead), _MM_HINT_T0);
-        __m512 mi = _mm512_loadu_ps(mrow + i), vi = _mm512_loadu_ps(vbuf + i);
-        __m512 xi = Ams ? _mm512_loadu_ps(xbuf + i) : mi;
-        _mm512_storeu_ps(pb + i, avx512::adam_update<L2, Clip, Low, Ams>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i),
-                                                                  mi, vi, kc, &xi));
-        _mm512_storeu_ps(mrow + i, mi);
-        _mm512_storeu_ps(vbuf + i, vi);
-        if constexpr (!MFp32) ma = _mm512_range_ps(ma, mi, 0x0b);  // max(|ma|, |mi|), sign cleared
-        va = _mm512_range_ps(va, vi, 0x0b);
-        if constexpr (Ams) {
-          _mm512_storeu_ps(xbuf + i, xi);
-          xa = _mm512_range_ps(xa, xi, 0x0b);
-        }
+    auto update = [&](std::size_t i) TROUPE_AVX512 {
+      // Software prefetch 2 KiB ahead on the parameter and gradient streams: this loop is slow
+      // enough per byte that the hardware prefetchers alone leave it waiting on memory
+      // (docs/PERFORMANCE.md). A prefetch past the end of a tensor does not fault.
+      _mm_prefetch(reinterpret_cast<const char*>(pb + i + prefetch_ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(gb + i + prefetch_ahead), _MM_HINT_T0);
+      if constexpr (MFp32) _mm_prefetch(reinterpret_cast<const char*>(mrow + i + prefetch_ahead), _MM_HINT_T0);
+      __m512 mi = _mm512_loadu_ps(mrow + i), vi = _mm512_loadu_ps(vbuf + i);
+      __m512 xi = Ams ? _mm512_loadu_ps(xbuf + i) : mi;
+      _mm512_storeu_ps(pb + i, avx512::adam_update<L2, Clip, Low, Ams>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i),
+                                                                mi, vi, kc, &xi));
+      _mm512_storeu_ps(mrow + i, mi);
+      _mm512_storeu_ps(vbuf + i, vi);
+      if constexpr (!MFp32) ma = _mm512_range_ps(ma, mi, 0x0b);  // max(|ma|, |mi|), sign cleared
+      va = _mm512_range_ps(va, vi, 0x0b);
+      if constexpr (Ams) {
+        _mm512_storeu_ps(xbuf + i, xi);
+        xa = _mm512_range_ps(xa, xi, 0x0b);
       }
+    };
+    std::size_t i = 0;
+    // The common case, all three stages with whole groups of 64: no tests per vector.
+    for (const std::size_t common = std::min({full, prev_full, next_full}) & ~std::size_t{63}; i < common; i += 64) {
+      decode_chunk<Ams, MFp32>(mo, block, nb, i, next_full, next_scales, next);
+      for (std::size_t j = i; j < i + 64; j += 16) {
+        update(j);
+        quantize_chunk<Stochastic, Ams, MFp32>(prev, j, mq, vq, mmap, vmap, sr);
+      }
+    }
+    for (; i < top; i += 16) {
+      if (i < next_full) decode_chunk<Ams, MFp32>(mo, block, nb, i, next_full, next_scales, next);
+      if (i < full) update(i);
       if (i < prev_full) quantize_chunk<Stochastic, Ams, MFp32>(prev, i, mq, vq, mmap, vmap, sr);
     }
     decode_tail<Ams, MFp32>(mo, block, nb, next_full, nn, next);

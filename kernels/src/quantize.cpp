@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -23,12 +25,26 @@ int cpu_simd_level() noexcept {
   return __builtin_cpu_supports("avx2") ? 1 : 0;
 }
 
+/// The CPU's level, capped by TROUPE_SIMD (avx512, avx2 or none) to compare the paths on one machine.
+int capped_cpu_level() noexcept {
+  const int cpu = cpu_simd_level();
+  const char* env = std::getenv("TROUPE_SIMD");
+  if (env == nullptr || *env == '\0') return cpu;
+  const std::string want = env;
+  const int cap = want == "avx512" ? 2 : want == "avx2" ? 1 : want == "none" ? 0 : -1;
+  if (cap < 0) {
+    std::fprintf(stderr, "troupe: TROUPE_SIMD=%s is not one of avx512, avx2, none; using the CPU's vectors\n", env);
+    return cpu;
+  }
+  return std::min(cpu, cap);
+}
+
 std::atomic<int> simd_cap{2};
 
 }  // namespace
 
 int simd_level() noexcept {
-  static const int cpu = cpu_simd_level();
+  static const int cpu = capped_cpu_level();
   return std::min(cpu, simd_cap.load(std::memory_order_relaxed));
 }
 

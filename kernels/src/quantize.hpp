@@ -181,7 +181,7 @@ private:
 
 /// The widest vector instructions that the quantizer and the fused optimizer kernels use: 2
 /// AVX-512 F, DQ, BW, VL and VBMI (Ice Lake, Zen 4 and later), 1 AVX2, 0 none. The CPU's, unless
-/// lowered by limit_simd().
+/// lowered by the environment (TROUPE_SIMD=avx2 or none, read once) or by limit_simd().
 int simd_level() noexcept;
 /// Caps simd_level() at `level` (so that tests run every path); returns the previous cap. Not
 /// for use while a step or a quantizer runs.

@@ -9,6 +9,8 @@
 # - fedsim refuses a dataset without test examples, and its --json lines stay valid JSON when a
 #   value is not finite (an infinite privacy bound), and show the update counts of a round in
 #   which clients failed or were late.
+# - TROUPE_SIMD caps the kernels' vectors (none runs the portable loops); a value it does not
+#   know is named on stderr and the CPU's vectors are used.
 set -euo pipefail
 
 troupe="$(realpath "$1")"
@@ -61,4 +63,9 @@ grep -q '^{"final_accuracy":' out || fail "no summary line: $(cat out)"
 late_rounds=$(grep -c '^{"round":' late) || true
 [[ "$late_rounds" -ge 1 && "$(grep -c '"updates":0,"sampled":3,"failed":0,"late":3' late)" == "$late_rounds" ]] ||
   fail "the late rounds do not say so: $(cat late)"
+TROUPE_SIMD=none "$troupe" bench optim --quick --only sgd --json >simd 2>err
+[[ "$(grep -c '"bench":"sgd"' simd)" == 3 && ! -s err ]] || fail "TROUPE_SIMD=none: $(cat simd err)"
+TROUPE_SIMD=avx1024 "$troupe" bench optim --quick --only sgd --json >simd 2>err
+grep -q "TROUPE_SIMD=avx1024 is not one of avx512, avx2, none" err || fail "a bad TROUPE_SIMD: $(cat err)"
+[[ "$(grep -c '"bench":"sgd"' simd)" == 3 ]] || fail "a bad TROUPE_SIMD stopped the bench: $(cat simd)"
 echo "outputs: all checks passed"
