@@ -749,76 +749,35 @@ inline void quantize_tail(const pending_block& q, std::size_t from, const quant:
   }
 }
 
-/// The 8-bit moments of one block as values (map value of the code times the block's scale) in
-/// an L1 buffer, moment k at buf + k * block: decode_chunk does the 16 elements from i (of the
-/// block's `full` whole vectors): groups of 64 by byte permutes (quant::avx512::decode64, at the
-/// group's first vector), the rest by gathers from the 1 KiB value tables; decode_tail the
-/// elements from `from` on one at a time.
-template <bool Ams, bool MFp32>
-TROUPE_AVX512 inline void decode_chunk(const int8_moments& d, std::size_t block, std::size_t b, std::size_t i,
-                                       std::size_t full, const __m512 (&scales)[3], float* buf) {
-  const std::size_t groups = full & ~std::size_t{63};
-  if (i < groups && (i & 63) != 0) return;  // decoded with its group
-  for (int k = moment_set<MFp32, Ams>::first; k < moment_set<MFp32, Ams>::end; ++k) {
-    const std::uint8_t* c = d.codes[k] + b + i;
-    float* out = buf + k * block + i;
-    if (i < groups) {
-      _mm_prefetch(reinterpret_cast<const char*>(c + prefetch_ahead), _MM_HINT_T0);
-      __m512 v[4];
-      quant::avx512::decode64(d.planes[k], c, scales[k], v);
-      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(out + 16 * j, v[j]);
-    } else {
-      _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(c), d.values[k], 4), scales[k]));
-    }
-  }
-}
-
-template <bool Ams, bool MFp32>
-inline void decode_tail(const int8_moments& d, std::size_t block, std::size_t b, std::size_t from, std::size_t n,
-                        float* buf) {
-  for (int k = moment_set<MFp32, Ams>::first; k < moment_set<MFp32, Ams>::end; ++k)
-    for (std::size_t i = from; i < n; ++i) buf[k * block + i] = d.values[k][d.codes[k][b + i]] * d.scales[k][b / block];
-}
-
-/// The 8-bit blocks of [begin, end) on AVX-512, in three stages that overlap: while block k is
-/// updated, block k + 1 is decoded and block k - 1 gets its codes. Three L1 buffers of the
-/// moments of a block rotate between the stages: the decoded moments of the next block
-/// (gathers), the moments of this block (read and overwritten by the update, which writes the
-/// parameters and keeps the absmax), and the new moments of the block before (the arithmetic
-/// quantizer, once the block's scale is known). Decoding a block ahead keeps the gathers' latency
-/// out of the update's dependency chain and the quantizer's integer and permute work runs beside
-/// the update's division and square root (docs/PERFORMANCE.md).
-/// Stochastic: codes by stochastic rounding with `keys` (quant::quantize_block's draws).
-/// Ams: AMSGrad, its maximum as a third 8-bit moment. MFp32: the first moment in fp32
-/// (mo.m_fp32), read and written in place as a stream. A block's scale is its absmax, or
-/// mo.percentile's selection from the updated values in L1. `buffers` holds 9 * block floats.
+/// The 8-bit blocks of [begin, end) on AVX-512, in two stages that overlap: while block k is
+/// decoded and updated, block k - 1 gets its codes. The update reads the moments straight from
+/// their codes, 64 at a time by byte permutes (quant::avx512::decode64; a block's vectors of 16
+/// beyond its last whole 64 by gathers), writes the parameters, keeps the new moments' absmax
+/// and leaves the new moments in an L1 buffer; once the block's scale is known, the arithmetic
+/// quantizer makes their codes while the next block is updated, so that its integer and permute
+/// work runs beside the update's division and square root (docs/PERFORMANCE.md). Two buffers
+/// rotate between the stages. Stochastic: codes by stochastic rounding with `keys`
+/// (quant::quantize_block's draws). Ams: AMSGrad, its maximum as a third 8-bit moment. MFp32:
+/// the first moment in fp32 (mo.m_fp32), read and written in place as a stream. A block's scale
+/// is its absmax, or mo.percentile's selection from the updated values in L1. `buffers` holds
+/// 6 * block + 64 floats.
+// GCC 12 takes the intrinsics' own undefined-value placeholders for uninitialized variables here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
 template <bool L2, bool Clip, bool Low, bool Stochastic, bool Ams, bool MFp32>
 TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_moments& mo, const quant::qmap& mmap,
                                            const quant::qmap& vmap, std::size_t begin, std::size_t end,
                                            std::size_t block, const adam_constants& c, float* buffers,
                                            const std::uint32_t (&keys)[3]) {
-  if (begin >= end) return;
   using set = moment_set<MFp32, Ams>;
   const quant::avx512::quantizer mq = quant::avx512::load_quantizer(mmap, true);
   const quant::avx512::quantizer vq = quant::avx512::load_quantizer(vmap, true);
   const stochastic_state sr = load_stochastic(mmap, vmap, keys);
   const avx512::adam_vectors kc = avx512::broadcast(c);
-  // 32 floats between the buffers: with none, the next block's buffer lies 4 KiB after the one
-  // before, and the decode's stores and the quantizer's loads at the same offset alias in the
-  // store queue's address check (5% slower).
-  auto buffer = [&](std::size_t index) { return buffers + (set::end * block + 32) * (index % 3); };
+  // 32 floats between the two buffers: 4 KiB apart, the update's stores and the quantizer's loads
+  // at the same offset would alias in the store queue's address check.
+  auto buffer = [&](std::size_t index) { return buffers + (set::end * block + 32) * (index % 2); };
   auto full_of = [](std::size_t n) { return n & ~std::size_t{15}; };
-  auto scales_of = [&](std::size_t b, __m512 (&out)[3]) TROUPE_AVX512 {
-    for (int k = 0; k < 3; ++k)
-      out[k] = _mm512_set1_ps(k >= set::first && k < set::end && b < end ? mo.scales[k][b / block] : 0.0f);
-  };
-  {
-    const std::size_t n = std::min(block, end - begin);
-    __m512 scales[3];
-    scales_of(begin, scales);
-    for (std::size_t i = 0; i < full_of(n); i += 16) decode_chunk<Ams, MFp32>(mo, block, begin, i, full_of(n), scales, buffer(0));
-    decode_tail<Ams, MFp32>(mo, block, begin, full_of(n), n, buffer(0));
-  }
   pending_block prev;
   std::size_t index = 0;
   for (std::size_t b = begin; b < end; b += block, ++index) {
@@ -827,24 +786,25 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_
     float* mrow = MFp32 ? mo.m_fp32 + b : mbuf;  // where this block's first moment is updated
     float* vbuf = mbuf + block;
     float* xbuf = vbuf + block;  // AMSGrad only
-    float* next = buffer(index + 1);
-    const std::size_t nb = b + block, nn = nb < end ? std::min(block, end - nb) : 0;
-    __m512 next_scales[3];
-    scales_of(nb, next_scales);
     float* pb = p + b;
     const float* gb = g + b;
+    const std::uint8_t* codes[3] = {MFp32 ? nullptr : mo.codes[0] + b, mo.codes[1] + b, Ams ? mo.codes[2] + b : nullptr};
+    float scale[3] = {};
+    for (int m = set::first; m < set::end; ++m) scale[m] = mo.scales[m][k];
+    const __m512 scales[3] = {_mm512_set1_ps(scale[0]), _mm512_set1_ps(scale[1]), _mm512_set1_ps(scale[2])};
     __m512 ma = _mm512_setzero_ps(), va = _mm512_setzero_ps(), xa = _mm512_setzero_ps();
-    const std::size_t full = full_of(n), prev_full = full_of(prev.n), next_full = full_of(nn);
-    const std::size_t top = std::max({full, prev_full, next_full});
-    auto update = [&](std::size_t i) TROUPE_AVX512 {
+    const std::size_t full = full_of(n), prev_full = full_of(prev.n);
+    // Elements [i, i + 16) from their decoded moments (m unused with MFp32: its stream is read).
+    auto update = [&](std::size_t i, __m512 mi, __m512 vi, __m512 xi) TROUPE_AVX512 {
       // Software prefetch 2 KiB ahead on the parameter and gradient streams: this loop is slow
       // enough per byte that the hardware prefetchers alone leave it waiting on memory
       // (docs/PERFORMANCE.md). A prefetch past the end of a tensor does not fault.
       _mm_prefetch(reinterpret_cast<const char*>(pb + i + prefetch_ahead), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(gb + i + prefetch_ahead), _MM_HINT_T0);
-      if constexpr (MFp32) _mm_prefetch(reinterpret_cast<const char*>(mrow + i + prefetch_ahead), _MM_HINT_T0);
-      __m512 mi = _mm512_loadu_ps(mrow + i), vi = _mm512_loadu_ps(vbuf + i);
-      __m512 xi = Ams ? _mm512_loadu_ps(xbuf + i) : mi;
+      if constexpr (MFp32) {
+        _mm_prefetch(reinterpret_cast<const char*>(mrow + i + prefetch_ahead), _MM_HINT_T0);
+        mi = _mm512_loadu_ps(mrow + i);
+      }
       _mm512_storeu_ps(pb + i, avx512::adam_update<L2, Clip, Low, Ams>(_mm512_loadu_ps(pb + i), _mm512_loadu_ps(gb + i),
                                                                 mi, vi, kc, &xi));
       _mm512_storeu_ps(mrow + i, mi);
@@ -855,42 +815,50 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_
         _mm512_storeu_ps(xbuf + i, xi);
         xa = _mm512_range_ps(xa, xi, 0x0b);
       }
+      if (i < prev_full) quantize_chunk<Stochastic, Ams, MFp32>(prev, i, mq, vq, mmap, vmap, sr);
     };
     std::size_t i = 0;
-    // The common case, all three stages with whole groups of 64: no tests per vector.
-    for (const std::size_t common = std::min({full, prev_full, next_full}) & ~std::size_t{63}; i < common; i += 64) {
-      decode_chunk<Ams, MFp32>(mo, block, nb, i, next_full, next_scales, next);
-      for (std::size_t j = i; j < i + 64; j += 16) {
-        update(j);
-        quantize_chunk<Stochastic, Ams, MFp32>(prev, j, mq, vq, mmap, vmap, sr);
-      }
+    for (const std::size_t groups = n & ~std::size_t{63}; i < groups; i += 64) {
+      __m512 dm[4] = {}, dv[4], dx[4] = {};
+      for (int m = set::first; m < set::end; ++m)
+        _mm_prefetch(reinterpret_cast<const char*>(codes[m] + i + prefetch_ahead), _MM_HINT_T0);
+      if constexpr (!MFp32) quant::avx512::decode64(mo.planes[0], codes[0] + i, scales[0], dm);
+      quant::avx512::decode64(mo.planes[1], codes[1] + i, scales[1], dv);
+      if constexpr (Ams) quant::avx512::decode64(mo.planes[2], codes[2] + i, scales[2], dx);
+      for (int j = 0; j < 4; ++j) update(i + 16 * static_cast<std::size_t>(j), dm[j], dv[j], dx[j]);
     }
-    for (; i < top; i += 16) {
-      if (i < next_full) decode_chunk<Ams, MFp32>(mo, block, nb, i, next_full, next_scales, next);
-      if (i < full) update(i);
-      if (i < prev_full) quantize_chunk<Stochastic, Ams, MFp32>(prev, i, mq, vq, mmap, vmap, sr);
-    }
-    decode_tail<Ams, MFp32>(mo, block, nb, next_full, nn, next);
+    auto gathered = [&](int m, std::size_t at) TROUPE_AVX512 {
+      return _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(codes[m] + at), mo.values[m], 4), scales[m]);
+    };
+    for (; i < full; i += 16)
+      update(i, MFp32 ? _mm512_setzero_ps() : gathered(0, i), gathered(1, i), Ams ? gathered(2, i) : _mm512_setzero_ps());
+    for (; i < prev_full; i += 16) quantize_chunk<Stochastic, Ams, MFp32>(prev, i, mq, vq, mmap, vmap, sr);
     quantize_tail<Stochastic, Ams, MFp32>(prev, prev_full, mmap, vmap, sr);
     float am = _mm512_reduce_max_ps(ma), av = _mm512_reduce_max_ps(va), ax = _mm512_reduce_max_ps(xa);
     for (std::size_t j = full; j < n; ++j) {
-      pb[j] = adam_element<L2>(pb[j], gb[j], mrow[j], vbuf[j], c, mrow[j], vbuf[j], Ams ? xbuf + j : nullptr);
+      const float mj = MFp32 ? mrow[j] : mo.values[0][codes[0][j]] * scale[0];
+      float xj = Ams ? mo.values[2][codes[2][j]] * scale[2] : 0.0f;
+      pb[j] = adam_element<L2>(pb[j], gb[j], mj, mo.values[1][codes[1][j]] * scale[1], c, mrow[j], vbuf[j],
+                               Ams ? &xj : nullptr);
       am = std::max(am, std::fabs(mrow[j]));
       av = std::max(av, std::fabs(vbuf[j]));
-      if constexpr (Ams) ax = std::max(ax, std::fabs(xbuf[j]));
+      if constexpr (Ams) {
+        xbuf[j] = xj;
+        ax = std::max(ax, std::fabs(xj));
+      }
     }
     const float absmax[3] = {am, av, ax};
     prev = {};
     prev.n = n;
     prev.first = static_cast<std::uint32_t>(b);
     for (int m = set::first; m < set::end; ++m) {
-      const float scale =
+      const float s =
           quant::stored_scale(mo.percentile > 0 ? quant::block_scale(mbuf + m * block, n, mo.percentile) : absmax[m]);
-      mo.scales[m][k] = scale;
+      mo.scales[m][k] = s;
       prev.codes[m] = mo.codes[m] + b;
       prev.buf[m] = mbuf + m * block;
-      prev.scale[m] = scale;
-      prev.inv[m] = scale > 0 ? 1.0f / scale : 0.0f;
+      prev.scale[m] = s;
+      prev.inv[m] = s > 0 ? 1.0f / s : 0.0f;
     }
   }
   const std::size_t prev_full = full_of(prev.n);
@@ -898,9 +866,11 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_
   quantize_tail<Stochastic, Ams, MFp32>(prev, prev_full, mmap, vmap, sr);
 }
 
+#pragma GCC diagnostic pop
+
 /// SGD with an 8-bit momentum buffer over the blocks of [begin, end) on AVX-512: the structure of
-/// adam_int8_blocks_avx512 with one moment (decode by gather, update, absmax, codes of the block
-/// before written while this one is updated). The same operations as the portable path
+/// adam_int8_blocks_avx512 with one moment (decode by byte permutes, update, absmax, codes of the
+/// block before written while this one is updated). The same operations as the portable path
 /// (sgd_fused_loop between dequantize_block and quantize_block), so the same bits. Stochastic:
 /// codes by stochastic rounding with `key` (quant::quantize_block's draws). A block's scale is
 /// its absmax, or (percentile > 0) that percentile's selection from the new values in L1.
@@ -1051,11 +1021,10 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     return;
   }
   const std::size_t block = static_cast<std::size_t>(s.v.block);
-  // Buffers for the new values of up to three moments: one block each on AVX2; three blocks each
-  // on AVX-512 (that kernel decodes the next block and quantizes the one before while it updates
-  // one), 32 floats apart.
+  // Buffers for the new values of up to three moments: one block each on AVX2; two blocks each,
+  // 32 floats apart, on AVX-512 (that kernel quantizes the block before while it updates one).
   thread_local std::vector<float> bm;
-  if (bm.size() < 9 * block + 96) bm.resize(9 * block + 96);
+  if (bm.size() < 6 * block + 64) bm.resize(6 * block + 64);
   if (quant::simd_level() >= 2) {
     const auto& mmap = quant::qmap::dynamic(true);
     const auto& vmap = map_of(s.v);
@@ -1557,6 +1526,9 @@ std::uint32_t top_exponent_scalar(const float* x, std::size_t n) {
   return top;
 }
 
+// GCC 12 takes the reduction's own undefined-value placeholder for an uninitialized variable.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
 TROUPE_AVX512 std::uint32_t top_exponent_avx512(const float* x, std::size_t n) {
   const __m512i e = _mm512_set1_epi32(static_cast<int>(exponent_bits));
   __m512i top = _mm512_setzero_si512();
@@ -1571,6 +1543,7 @@ TROUPE_AVX512 std::uint32_t top_exponent_avx512(const float* x, std::size_t n) {
   }
   return std::max(static_cast<std::uint32_t>(_mm512_reduce_max_epu32(top)), top_exponent_scalar(x + i, n - i));
 }
+#pragma GCC diagnostic pop
 
 __attribute__((target("avx2"))) std::uint32_t top_exponent_avx2(const float* x, std::size_t n) {
   const __m256i e = _mm256_set1_epi32(static_cast<int>(exponent_bits));
