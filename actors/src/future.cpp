@@ -43,6 +43,14 @@ void outside_actor(F&& f) noexcept {
 
 state_base::~state_base() {
   if (cont_cell_) cont_cell_->release();
+  if (holds_system_) sys_->release();
+}
+
+void state_base::keep_system(system_impl* s) noexcept {
+  if (holds_system_) sys_->release();
+  s->add_ref();
+  sys_ = s;
+  holds_system_ = true;
 }
 
 void state_base::run_request(cell_base&) {

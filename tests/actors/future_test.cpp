@@ -265,6 +265,48 @@ TEST(Promise, OfATestSystemIsAwaitedByDrivingItAndANullExceptionIsRefused) {
   EXPECT_TRUE(q.pending());
 }
 
+TEST(Promise, ItsFutureOutlivesItsSystem) {
+  // Nothing in a system completes a promise at its shutdown, so its future may be waited on
+  // after the system is gone: a value set from another thread arrives, a timeout fails with
+  // system_shutdown, and a test_system's future, which nothing can drive any more, says so.
+  troupe::promise<int> p, q, r, unset;
+  future<int> f, g, h, never;
+  {
+    troupe::actor_system sys{{.threads = 1}};
+    p = sys.make_promise<int>();
+    f = p.get_future();
+    q = sys.make_promise<int>();
+    g = q.get_future();
+  }
+  {
+    test_system sys;
+    r = sys.make_promise<int>();
+    h = r.get_future();
+    unset = sys.make_promise<int>();
+    never = unset.get_future();
+  }
+  std::thread setter([&] {
+    std::this_thread::sleep_for(5ms);
+    p.set_value(5);
+  });
+  EXPECT_EQ(f.get(), 5);
+  setter.join();
+  try {
+    (void)std::move(g).timeout(1min).get();
+    ADD_FAILURE() << "a value from nowhere";
+  } catch (const troupe::error& e) {
+    EXPECT_EQ(e.code(), errc::system_shutdown);
+  }
+  r.set_value(9);
+  EXPECT_EQ(h.get(), 9);
+  try {
+    (void)never.get();
+    ADD_FAILURE() << "a value from nowhere";
+  } catch (const troupe::error& e) {
+    EXPECT_EQ(e.code(), errc::would_deadlock);
+  }
+}
+
 TEST(Future, ATimeoutTheTimersNeverFireFailsWithSystemShutdown) {
   // Armed before the shutdown (the timer thread stops with it pending) or after it.
   for (const bool armed_first : {true, false}) {

@@ -103,6 +103,10 @@ public:
 
   system_impl* system() const noexcept { return sys_; }
   void set_system(system_impl* s) noexcept { sys_ = s; }
+  /// set_system for a promise's state, which nothing in the system completes or fails at its
+  /// shutdown: the state keeps the system's runtime (not the actors) alive until it is gone, so
+  /// that a get() or a timeout() after the system was destroyed still finds it.
+  void keep_system(system_impl* s) noexcept;
   /// The actor an ask went to (identity only: it may be gone), or null.
   const cell_base* asked() const noexcept { return asked_; }
   void set_asked(const cell_base* c) noexcept { asked_ = c; }
@@ -141,6 +145,7 @@ private:
   std::atomic<std::uint32_t> status_{0};
   std::uint8_t phase_ = phase_request;
   system_impl* sys_ = nullptr;
+  bool holds_system_ = false;  // keep_system: sys_ holds a reference for this state
   const cell_base* asked_ = nullptr;
   cell_base* cont_cell_ = nullptr;  // holds a reference while set
   std::uint32_t cont_incarnation_ = 0;  // of cont_cell_ when the continuation was installed
@@ -598,12 +603,12 @@ class promise {
 public:
   promise() : st_(detail::make_state<T>()) {
     // Inside an actor (or a test_system's), get() outside it drives that system while waiting.
-    if (auto* cell = detail::tls_current_cell()) st_->set_system(&cell->system());
+    if (auto* cell = detail::tls_current_cell()) st_->keep_system(&cell->system());
   }
   /// A promise of `sys` (actor_system::make_promise): get() on its future drives `sys` while
   /// waiting when it is a test_system.
   explicit promise(detail::system_impl* sys) : promise() {
-    if (sys) st_->set_system(sys);
+    if (sys) st_->keep_system(sys);
   }
   promise(promise&&) noexcept = default;
   promise& operator=(promise&& other) noexcept {
