@@ -16,6 +16,9 @@ namespace {
 bool all_finite(const std::vector<const float*>&, const std::vector<std::int64_t>&, const std::vector<std::uint32_t>&, int) {
   no_cuda();
 }
+std::vector<double> sums_of_squares(const std::vector<const float*>&, const std::vector<std::int64_t>&, int) {
+  no_cuda();
+}
 void optimizer_step(bool, const std::vector<tensor_update>&, int) { no_cuda(); }
 bool checked_step(bool, const std::vector<tensor_update>&, const std::vector<const float*>&,
                   const std::vector<std::int64_t>&, const std::vector<std::uint32_t>&, int) {

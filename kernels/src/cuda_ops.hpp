@@ -45,6 +45,9 @@ struct tensor_update {
   moment_ref m, v, x;      ///< Adam: moments and AMSGrad maximum; SGD: m is the momentum buffer
   update_constants c;
   bool stochastic = false;
+  /// 8-bit blocks scaled by this percentile of their new values' magnitudes (quant::block_scale's
+  /// selection); 0: by their absmax.
+  double percentile = 0;
 };
 
 /// Largest 8-bit block the CUDA step handles (a thread block of 512 threads holds a block's new
@@ -56,6 +59,12 @@ constexpr std::int64_t max_int8_block = 4096;
 /// 2^63 or more (one pass over all of them; synchronizes).
 bool all_finite(const std::vector<const float*>& grads, const std::vector<std::int64_t>& sizes,
                 const std::vector<std::uint32_t>& limits, int device);
+
+/// Per gradient k, the sum of its squares in double as the host's optimizer computes it (pieces
+/// of 65,536 elements, each the sum of its 16 residue classes summed in order, the pieces added in
+/// order): the same bits. Synchronizes.
+std::vector<double> sums_of_squares(const std::vector<const float*>& grads, const std::vector<std::int64_t>& sizes,
+                                    int device);
 
 /// all_finite and optimizer_step in one go, with no wait between them: the step's kernels read
 /// the check's flag on the device and change nothing when it is set. Returns whether the step

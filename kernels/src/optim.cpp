@@ -1275,9 +1275,6 @@ void optimizer::check_groups() const {
     }
     if (!where_.is_cpu()) {
       const auto& so = groups_[g].state;
-      if (so.percentile_clipping < 100) bad("percentile_clipping runs on host parameters only, not on " + where_.str());
-      if (so.percentile_scale > 0 && so.percentile_scale < 100)
-        bad("percentile_scale runs on host parameters only, not on " + where_.str());
       // Checked here, before a step counts: the CUDA step keeps a block's values in shared memory.
       if (so.block_size > cuda::max_int8_block && so.storage != state_storage::fp32 &&
           so.storage != state_storage::bf16)
@@ -1643,6 +1640,10 @@ void optimizer::device_gradients(std::vector<const float*>& grads, std::vector<s
   }
 }
 
+bool optimizer::clips() const {
+  return std::any_of(groups_.begin(), groups_.end(), [](const param_group& g) { return g.state.percentile_clipping < 100; });
+}
+
 bool optimizer::prepared() const {
   if (seen_hp_.size() != groups_.size() || !same_members()) return false;
   for (std::size_t g = 0; g < groups_.size(); ++g)
@@ -1659,7 +1660,14 @@ bool optimizer::grads_finite(std::vector<double>& sums) const {
     std::vector<std::int64_t> sizes;
     std::vector<std::uint32_t> limits;
     device_gradients(grads, sizes, limits);
-    return cuda::all_finite(grads, sizes, limits, where_.index);
+    if (!cuda::all_finite(grads, sizes, limits, where_.index)) return false;
+    if (clips()) {
+      // The device sums as sum_of_squares below does, to the bit.
+      const std::vector<double> all = cuda::sums_of_squares(grads, sizes, where_.index);
+      for (std::size_t k = 0; k < params.size(); ++k)
+        if (groups_[params[k].second].state.percentile_clipping < 100) sums[k] = all[k];
+    }
+    return true;
   }
   // Pieces of at most 1<<16 elements, checked in parallel for large steps. A slot's sum of squares
   // is the sum of its pieces' in piece order (sum_of_squares within a piece), so that it is the
@@ -1704,7 +1712,7 @@ bool optimizer::do_step(bool reference) {
   // On a device, when the state needs no change, the check and the step go to the device
   // together (cuda::checked_step, no wait between them): the step's kernels skip themselves when
   // a gradient fails, and the step counts taken below are given back.
-  const bool together = !where_.is_cpu() && prepared();
+  const bool together = !where_.is_cpu() && prepared() && !clips();
   std::vector<double> squares;  // per slot, for percentile clipping
   if (!together && !grads_finite(squares)) {
     ++skipped_;
@@ -1825,6 +1833,7 @@ bool optimizer::do_step(bool reference) {
              g.lr,    g.momentum, g.one_minus_dampening, g.wd, kind_ == optimizer_kind::sgd ? g.gscale : a.gscale,
              g.nesterov, pl.first};
       u.stochastic = groups_[s.group].state.stochastic_rounding;
+      u.percentile = pl.absmax_scale ? 0.0 : pl.rv.percentile;
       list.push_back(u);
     }
     if (together) {

@@ -460,6 +460,57 @@ __device__ __forceinline__ void group_max(float (&x)[3], const bool (&use)[3], i
     }
 }
 
+/// The m-th largest (m >= 2, counting equal values) of the group's magnitudes |x[l]|, l < n on
+/// each thread: quant::block_scale's selection. m rounds: the group's largest, then its first
+/// holder takes one instance of it off. A group is a warp (`group` 32) or the whole thread block
+/// (`scratch` rows 0 and 1 between barriers).
+__device__ float group_mth_largest(const float (&x)[lanes], int n, std::int64_t m, int group, float (*scratch)[32]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = static_cast<int>(blockDim.x / 32);
+  float a[lanes];
+#pragma unroll
+  for (int l = 0; l < lanes; ++l) a[l] = l < n ? fabsf(x[l]) : -1.0f;  // below every magnitude
+  float top = -1.0f;
+  for (std::int64_t taken = 0; taken < m; ++taken) {
+    float mine = -1.0f;
+#pragma unroll
+    for (int l = 0; l < lanes; ++l) mine = fmaxf(mine, a[l]);
+    top = mine;
+    for (int o = 16; o > 0; o >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
+    const unsigned holders = __ballot_sync(0xffffffffu, mine == top);
+    int taker_warp = warp;
+    if (group != 32) {
+      __syncthreads();  // the rows may still be read from the round before
+      if (lane == 0) {
+        scratch[0][warp] = top;
+        scratch[1][warp] = 0.0f;
+      }
+      __syncthreads();
+      top = lane < warps ? scratch[0][lane] : -1.0f;
+      for (int o = 16; o > 0; o >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
+      const unsigned found = __ballot_sync(0xffffffffu, mine == top);
+      __syncthreads();
+      if (lane == 0 && found) scratch[1][warp] = 1.0f;
+      __syncthreads();
+      const unsigned with = __ballot_sync(0xffffffffu, lane < warps && scratch[1][lane] != 0.0f);
+      taker_warp = __ffs(static_cast<int>(with)) - 1;
+      if (warp == taker_warp && lane == __ffs(static_cast<int>(found)) - 1) {
+        bool done = false;
+#pragma unroll
+        for (int l = 0; l < lanes; ++l)
+          if (!done && a[l] == top) a[l] = -1.0f, done = true;
+      }
+      continue;
+    }
+    if (lane == __ffs(static_cast<int>(holders)) - 1) {
+      bool done = false;
+#pragma unroll
+      for (int l = 0; l < lanes; ++l)
+        if (!done && a[l] == top) a[l] = -1.0f, done = true;
+    }
+  }
+  return top;
+}
+
 /// One quantization block (item) of a group: dequantize, update, reduce the absmax of each 8-bit
 /// moment across the group, requantize; the tensor's descriptor is at `t`.
 template <bool Sgd, bool Plain>
@@ -490,6 +541,18 @@ __device__ __forceinline__ void step_block(const tensor_update& t, std::int64_t 
           if (l < n) absmax[q] = fmaxf(absmax[q], fabsf(nv[q][l]));
   }
   group_max(absmax, use, group, scratch);
+  if (!Plain && t.percentile > 0 && t.percentile < 100) {
+    // The block scaled by the m-th largest magnitude, as quant::block_scale (the absmax when that
+    // is 0); the rank in double, as there.
+    const auto rank = static_cast<std::int64_t>(ceil(t.percentile / 100.0 * static_cast<double>(length)));
+    const std::int64_t m = length - (length - 1 < (rank == 0 ? 0 : rank - 1) ? length - 1 : (rank == 0 ? 0 : rank - 1));
+    if (m > 1)
+      for (int q = 0; q < 3; ++q)
+        if (use[q]) {
+          const float selected = group_mth_largest(nv[q], n, m, group, scratch);
+          if (selected > 0) absmax[q] = selected;
+        }
+  }
 #pragma unroll
   for (int q = 0; q < 3; ++q) {
     if (!use[q]) continue;
@@ -573,6 +636,29 @@ __global__ void finite_check(const float* const* grads, const std::int64_t* size
   for (std::int64_t i = w.begin + threadIdx.x; i < w.begin + w.length; i += blockDim.x)
     any |= (__float_as_uint(g[i]) & 0x7f800000u) >= limit;
   if (__syncthreads_or(static_cast<int>(any)) && threadIdx.x == 0) *bad = 1;
+}
+
+constexpr std::int64_t square_piece = 1 << 16;  // elements per piece of the host's sums of squares
+
+/// The sum of squares of each piece of square_piece elements (a tensor's last may be shorter),
+/// in double, in the host's order: 16 threads per piece, thread k summing the elements at k,
+/// k + 16, ... in order, then the 16 sums added in order.
+__global__ void square_sums(const float* const* grads, const std::int64_t* sizes, const std::int64_t* first, int count,
+                            std::int64_t pieces, double* out) {
+  const std::int64_t piece = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 16;
+  const int k = static_cast<int>(threadIdx.x % 16);
+  double s = 0;
+  if (piece < pieces) {
+    const work_item w = item_of(piece, first, count, sizes, square_piece);
+    const float* g = grads[w.tensor];
+    for (std::int64_t i = w.begin + k; i < w.begin + w.length; i += 16) {
+      const double v = g[i];
+      s = s + v * v;  // the square is exact in double: fused or not, the same sum
+    }
+  }
+  double total = 0;
+  for (int j = 0; j < 16; ++j) total = total + __shfl_sync(0xffffffffu, s, static_cast<int>(threadIdx.x & 16u) + j);
+  if (k == 0 && piece < pieces) out[piece] = total;
 }
 
 /// A launch's error, if any (cudaErrorNotReady, which a query elsewhere may leave, is none).
@@ -731,7 +817,7 @@ bool plain_8bit(bool sgd, const tensor_update& t) {
   if (t.block > 32 * lanes) return false;
   const bool m = t.m.mode == store_int8 && t.m.is_signed;
   const bool v = sgd ? t.v.mode == store_none : t.v.mode == store_int8 && !t.v.is_signed;
-  return m && v && t.x.mode == store_none && !t.stochastic;
+  return m && v && t.x.mode == store_none && !t.stochastic && t.percentile == 0;
 }
 
 template <bool Sgd, bool Plain>
@@ -873,6 +959,30 @@ bool all_finite(const std::vector<const float*>& grads, const std::vector<std::i
   s.upload(device);
   check.launch(s);
   return flag_reader(check.flag(s), device).read() == 0;
+}
+
+std::vector<double> sums_of_squares(const std::vector<const float*>& grads, const std::vector<std::int64_t>& sizes,
+                                    int device) {
+  std::vector<double> sums(grads.size(), 0.0);
+  const auto first = first_blocks(sizes, std::vector<std::int64_t>(sizes.size(), square_piece));
+  const std::int64_t pieces = first.back();
+  if (pieces == 0) return sums;
+  staging s;
+  const std::size_t grads_at = s.add(grads), sizes_at = s.add(sizes), first_at = s.add(first);
+  const std::size_t out_at = s.add(std::vector<double>(static_cast<std::size_t>(pieces), 0.0));
+  use_device(device);
+  s.upload(device);
+  constexpr int per_block = threads_per_block / 16;
+  square_sums<<<static_cast<unsigned>((pieces + per_block - 1) / per_block), threads_per_block>>>(
+      s.at<const float* const>(grads_at), s.at<std::int64_t>(sizes_at), s.at<std::int64_t>(first_at),
+      static_cast<int>(first.size() - 1), pieces, s.at<double>(out_at));
+  launched("square_sums launch");
+  std::vector<double> partial(static_cast<std::size_t>(pieces));
+  check(cudaMemcpy(partial.data(), s.at<double>(out_at), partial.size() * sizeof(double), cudaMemcpyDeviceToHost),
+        "cudaMemcpy (sums of squares)");
+  for (std::size_t k = 0; k < sizes.size(); ++k)
+    for (std::int64_t b = first[k]; b < first[k + 1]; ++b) sums[k] += partial[static_cast<std::size_t>(b)];
+  return sums;
 }
 
 void optimizer_step(bool sgd, const std::vector<tensor_update>& tensors, int device) {

@@ -275,22 +275,12 @@ int run_optim(const optim_options& o, std::ostream& out) {
     if (o.options)
       for (const auto& v : variants(b.kind == kernels::optimizer_kind::sgd)) vs.push_back(v);
     std::vector<kernels::optimizer> opts;
-    for (std::size_t k = 0; k < vs.size();) {
+    for (const auto& v : vs) {
       kernels::hyperparameters hp = b.hp;
-      hp.amsgrad = vs[k].amsgrad;
-      try {
-        opts.emplace_back(b.kind, std::vector<kernels::param_group>{{ptrs, hp, vs[k].state}},
-                          kernels::optimizer_options{.threads = o.threads});
-      } catch (const std::invalid_argument& e) {
-        // A state option that runs on the host only (percentile_scale, percentile_clipping) is
-        // left out of a device's rows, with the reason.
-        if (where.is_cpu() || vs[k].options[0] == '\0') throw;
-        std::cerr << "troupe bench optim: " << b.name << " " << vs[k].options << " left out: " << e.what() << "\n";
-        vs.erase(vs.begin() + static_cast<std::ptrdiff_t>(k));
-        continue;
-      }
+      hp.amsgrad = v.amsgrad;
+      opts.emplace_back(b.kind, std::vector<kernels::param_group>{{ptrs, hp, v.state}},
+                        kernels::optimizer_options{.threads = o.threads});
       opts.back().step();  // first touch of the state
-      ++k;
     }
     synchronize(params[0].value);
     std::vector<std::vector<double>> times(opts.size());

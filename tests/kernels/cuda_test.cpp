@@ -152,9 +152,21 @@ std::vector<std::pair<const char*, state_options>> storages() {
   int8_m32.first_moment_fp32 = true;
   state_options int8_sr = int8;
   int8_sr.stochastic_rounding = true;
+  // Percentile scales selected in a warp (blocks of 36: the 4th largest) and across a thread block
+  // of 64 threads (blocks of 300: the 4th), with percentile clipping (the norms summed on the
+  // device as on the host) and stochastic rounding; clipping alone on bf16 state.
+  state_options int8_pct_36 = int8_36;
+  int8_pct_36.percentile_scale = 90;
+  state_options int8_pct = int8_300;
+  int8_pct.percentile_scale = 99;
+  int8_pct.percentile_clipping = 90;
+  int8_pct.stochastic_rounding = true;
+  state_options bf16_clip = bf16;
+  bf16_clip.percentile_clipping = 95;
   return {{"fp32", fp32},           {"bf16", bf16},         {"bf16 stochastic", bf16_sr}, {"int8", int8},
           {"int8 blocks of 2048", int8_2048}, {"int8 blocks of 36", int8_36}, {"int8 blocks of 300", int8_300},
-          {"int8 fp32 m", int8_m32}, {"int8 stochastic", int8_sr}};
+          {"int8 fp32 m", int8_m32}, {"int8 stochastic", int8_sr}, {"int8 percentile 90, blocks of 36", int8_pct_36},
+          {"int8 percentile 99, blocks of 300, clipping 90, stochastic", int8_pct}, {"bf16 clipping 95", bf16_clip}};
 }
 
 TEST(CudaOptimizer, StepsLikeTheCpuForEveryOptimizerAndStorage) {

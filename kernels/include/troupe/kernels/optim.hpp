@@ -208,6 +208,9 @@ private:
   /// True when prepare() would change nothing: the members, hyperparameters and state options
   /// are those the state was made for.
   bool prepared() const;
+  /// True when a group clips its gradients by a percentile of their norms (the step then needs
+  /// the norms before it starts).
+  bool clips() const;
   bool do_step(bool reference);
   /// The parameters as groups_ list them now, with their group, in order.
   std::vector<std::pair<parameter*, std::size_t>> members() const;
