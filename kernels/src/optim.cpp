@@ -998,7 +998,7 @@ bool fused_compressed(optimizer_kind kind, const optimizer::slot& s) {
 /// The fused step over elements [begin, end) of a slot (begin on a block boundary for 8-bit).
 /// absmax_scale: the 8-bit blocks' percentile scale is their absmax (scale_is_absmax).
 void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, const adam_constants& c,
-                     const rounding& rm, const rounding& rv, const rounding& rx, bool absmax_scale) {
+                     const rounding& rm, const rounding& rv, const rounding& rx, bool absmax_scale, float* buffers) {
   float* p = s.p->value.data<float>().data();
   const float* g = std::as_const(*s.p).grad.data<float>().data();
   if (s.v.mode == mode_bf16) {
@@ -1021,10 +1021,9 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     return;
   }
   const std::size_t block = static_cast<std::size_t>(s.v.block);
-  // Buffers for the new values of up to three moments: one block each on AVX2; two blocks each,
-  // 32 floats apart, on AVX-512 (that kernel quantizes the block before while it updates one).
-  thread_local std::vector<float> bm;
-  if (bm.size() < 6 * block + 64) bm.resize(6 * block + 64);
+  // `buffers` (scratch_floats) holds the new values of up to three moments: one block each on
+  // AVX2; two blocks each, 32 floats apart, on AVX-512 (that kernel quantizes the block before
+  // while it updates one).
   if (quant::simd_level() >= 2) {
     const auto& mmap = quant::qmap::dynamic(true);
     const auto& vmap = map_of(s.v);
@@ -1054,7 +1053,7 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     auto run = [&](auto stochastic, auto amsgrad, auto first_fp32) {
       with_choices(c, [&](auto l2c, auto clip, auto low) {
         adam_int8_blocks_avx512<l2c, clip, low, stochastic, amsgrad, first_fp32>(p, g, moments, mmap, vmap, begin, end,
-                                                                                   block, c, bm.data(), keys);
+                                                                                   block, c, buffers, keys);
       });
     };
     auto with_fp32 = [&](auto stochastic, auto amsgrad) {
@@ -1083,7 +1082,7 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
     opts[j] = block_opts(*mos[j], *rs[j]);
     d.values[j] = maps[j]->values();
   }
-  for (int j = 0; j < 3; ++j) d.buf[j] = bm.data() + static_cast<std::size_t>(j) * block;
+  for (int j = 0; j < 3; ++j) d.buf[j] = buffers + static_cast<std::size_t>(j) * block;
   for (std::size_t b = begin; b < end; b += block) {
     const std::size_t n = std::min(block, end - b), k = b / block;
     for (int j = 0; j < 3; ++j) {
@@ -1106,21 +1105,22 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
   }
 }
 
-/// Runs fn(job) for jobs 0..count-1 on `threads` threads; each job is independent, so the
-/// results do not depend on which thread runs which job.
+/// Runs fn(job, worker) for jobs 0..count-1 on `threads` threads; each job is independent, so the
+/// results do not depend on which thread runs which job. `worker` (below `threads`) names the
+/// thread: one worker runs its jobs one after another, so scratch per worker is never shared.
 template <class F>
 void run_jobs(std::size_t count, int threads, F&& fn) {
   if (threads <= 1 || count <= 1) {
-    for (std::size_t j = 0; j < count; ++j) fn(j);
+    for (std::size_t j = 0; j < count; ++j) fn(j, 0);
     return;
   }
   std::atomic<std::size_t> next{0};
   std::exception_ptr failure;  // the first job that threw (the others still run to the end)
   std::mutex failure_mutex;
-  auto worker = [&]() noexcept {
+  auto worker = [&](int w) noexcept {
     for (std::size_t j; (j = next.fetch_add(1, std::memory_order_relaxed)) < count;) {
       try {
-        fn(j);
+        fn(j, w);
       } catch (...) {
         std::lock_guard lock(failure_mutex);
         if (!failure) failure = std::current_exception();
@@ -1129,12 +1129,15 @@ void run_jobs(std::size_t count, int threads, F&& fn) {
   };
   std::vector<std::thread> pool;
   const int extra = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(threads), count)) - 1;
+  pool.reserve(static_cast<std::size_t>(extra));  // before any job runs: growing it later could throw
   try {
-    for (int t = 0; t < extra; ++t) pool.emplace_back(worker);
+    for (int t = 0; t < extra; ++t) pool.emplace_back(worker, t + 1);
   } catch (const std::system_error&) {
     // No more threads to be had: the ones made and this one share the jobs.
+  } catch (const std::bad_alloc&) {
+    // The same for a thread's own state.
   }
-  worker();
+  worker(0);
   for (auto& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);
 }
@@ -1148,6 +1151,11 @@ std::size_t chunk_of(const optimizer::slot& s) {
     if (mo->mode == mode_int8) return static_cast<std::size_t>(mo->block);
   return 256;
 }
+
+/// The L1 scratch, in floats, that a worker stepping slot s uses: the 8-bit kernels' block
+/// buffers (AVX-512 Adam: two blocks of up to three moments, 32 floats apart; AVX2: three
+/// blocks; SGD: two), or three chunks of the portable path.
+std::size_t scratch_floats(const optimizer::slot& s) { return 6 * chunk_of(s) + 64; }
 
 }  // namespace
 
@@ -1690,7 +1698,7 @@ bool optimizer::grads_finite(std::vector<double>& sums) const {
   }
   std::vector<double> piece_sums(pieces.size(), 0.0);
   std::atomic<bool> finite{true};
-  run_jobs(pieces.size(), thread_count(total), [&](std::size_t j) {
+  run_jobs(pieces.size(), thread_count(total), [&](std::size_t j, int) {
     if (top_exponent(pieces[j].g, pieces[j].n) >= pieces[j].limit) finite.store(false, std::memory_order_relaxed);
     else if (pieces[j].sum) piece_sums[j] = sum_of_squares(pieces[j].g, pieces[j].n);
   });
@@ -1729,6 +1737,15 @@ bool optimizer::do_step(bool reference) {
   }
   sync_slots();
   prepare();
+  // Each worker's L1 scratch, taken before anything changes: a step that cannot have it fails
+  // whole (std::bad_alloc), never after some tensors were stepped.
+  std::size_t elements = 0, per_worker = 0;
+  for (const auto& s : slots_) {
+    elements += numel_of(s);
+    per_worker = std::max(per_worker, scratch_floats(s));
+  }
+  const std::size_t workers = where_.is_cpu() && !reference ? static_cast<std::size_t>(thread_count(elements)) : 0;
+  const auto scratch = std::make_unique_for_overwrite<float[]>(per_worker * workers);
   const std::int64_t t = ++steps_;
 
   // Per tensor constants, and the gradient scale of percentile clipping.
@@ -1885,7 +1902,8 @@ bool optimizer::do_step(bool reference) {
     for (std::size_t k = 0; k < slots_.size(); ++k)
       for (std::size_t b = 0, n = numel_of(slots_[k]); b < n; b += plans[k].piece)
         jobs.push_back({k, b, std::min(n, b + plans[k].piece)});
-    run_jobs(jobs.size(), thread_count(total), [&](std::size_t j) {
+    run_jobs(jobs.size(), thread_count(total), [&](std::size_t j, int w) {
+      float* const buffers = scratch.get() + static_cast<std::size_t>(w) * per_worker;
       auto& s = slots_[jobs[j].slot];
       const auto& pl = plans[jobs[j].slot];
       float* p = s.p->value.data<float>().data();
@@ -1916,9 +1934,7 @@ bool optimizer::do_step(bool reference) {
       }
       const state_options& so = groups_[s.group].state;
       if (kind_ == optimizer_kind::sgd && s.m.mode == mode_int8 && quant::simd_level() >= 1) {
-        thread_local std::vector<float> buffers;
         const std::size_t block = static_cast<std::size_t>(s.m.block);
-        if (buffers.size() < 2 * block) buffers.resize(2 * block);
         std::uint8_t* mc = s.m.data.data<std::uint8_t>().data();
         float* msc = s.m.scales.data<float>().data();
         const auto& map = map_of(s.m);
@@ -1927,10 +1943,10 @@ bool optimizer::do_step(bool reference) {
         auto run = [&](auto wd, auto stochastic) {
           if (quant::simd_level() >= 2 && s.m.is_signed)
             sgd_int8_blocks_avx512<wd, stochastic>(p, g, mc, msc, map, begin, end, block, pl.sgd, pl.first,
-                                                   buffers.data(), pl.rm.key, percentile);
+                                                   buffers, pl.rm.key, percentile);
           else
             sgd_int8_blocks_avx2<wd>(p, g, mc, msc, map, block_opts(s.m, pl.rm), begin, end, block, pl.sgd, pl.first,
-                                     buffers.data(), pl.rm.key, percentile);
+                                     buffers, pl.rm.key, percentile);
         };
         const bool wd = pl.sgd.wd != 0.0f;
         if (so.stochastic_rounding) {
@@ -1941,22 +1957,16 @@ bool optimizer::do_step(bool reference) {
         return;
       }
       if (kind_ != optimizer_kind::sgd && fused_compressed(kind_, s)) {
-        adam_compressed(s, jobs[j].begin, jobs[j].end, pl.adam, pl.rm, pl.rv, pl.rx, pl.absmax_scale);
+        adam_compressed(s, jobs[j].begin, jobs[j].end, pl.adam, pl.rm, pl.rv, pl.rx, pl.absmax_scale, buffers);
         return;
       }
       // Other compressed moments: one block at a time through buffers that stay in L1.
       const std::size_t chunk = chunk_of(s);
-      thread_local std::vector<float> bm, bv, bx;
-      if (bm.size() < chunk) {
-        bm.resize(chunk);
-        bv.resize(chunk);
-        bx.resize(chunk);
-      }
       for (std::size_t b = jobs[j].begin; b < jobs[j].end; b += chunk) {
         const std::size_t n = std::min(chunk, jobs[j].end - b);
-        float* m = load_moment(s.m, b, n, bm.data());
-        float* v = load_moment(s.v, b, n, bv.data());
-        float* x = load_moment(s.vmax, b, n, bx.data());
+        float* m = load_moment(s.m, b, n, buffers);
+        float* v = load_moment(s.v, b, n, buffers + chunk);
+        float* x = load_moment(s.vmax, b, n, buffers + 2 * chunk);
         kernel(b, n, m, v, x);
         store_moment(s.m, b, n, m, pl.rm, false);
         store_moment(s.v, b, n, v, pl.rv, false);

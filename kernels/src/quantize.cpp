@@ -645,11 +645,25 @@ float block_scale(const float* x, std::size_t n, double percentile) {
     for (std::size_t i = 0; i < n; ++i) t.offer(std::fabs(x[i]));
     selected = t.top[m - 1];
   } else {
-    thread_local std::vector<float> a;
-    a.resize(n);
-    for (std::size_t i = 0; i < n; ++i) a[i] = std::fabs(x[i]);
-    std::nth_element(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(n - m), a.end());
-    selected = a[n - m];
+    // The m-th largest magnitude by its bits (a nonnegative float's bits order as it does), a
+    // byte at a time from the top: four counting passes, no memory but the counts (an optimizer
+    // step allocates nothing once it has begun).
+    std::uint32_t prefix = 0, known = 0;
+    std::size_t left = m;  // the rank among the values that share `prefix`
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      std::size_t count[256] = {};
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint32_t b;
+        const float a = std::fabs(x[i]);
+        std::memcpy(&b, &a, 4);
+        if ((b & known) == prefix) ++count[(b >> shift) & 0xffu];
+      }
+      std::uint32_t d = 255;
+      for (; left > count[d]; --d) left -= count[d];
+      prefix |= d << shift;
+      known |= 0xffu << shift;
+    }
+    std::memcpy(&selected, &prefix, 4);
   }
   return selected > 0 ? selected : absmax;
 }
