@@ -476,8 +476,7 @@ __device__ float group_mth_largest(const float (&x)[lanes], int n, std::int64_t 
     for (int l = 0; l < lanes; ++l) mine = fmaxf(mine, a[l]);
     top = mine;
     for (int o = 16; o > 0; o >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
-    const unsigned holders = __ballot_sync(0xffffffffu, mine == top);
-    int taker_warp = warp;
+    bool first_warp = true;  // this warp holds the first instance of the group's largest
     if (group != 32) {
       __syncthreads();  // the rows may still be read from the round before
       if (lane == 0) {
@@ -487,21 +486,15 @@ __device__ float group_mth_largest(const float (&x)[lanes], int n, std::int64_t 
       __syncthreads();
       top = lane < warps ? scratch[0][lane] : -1.0f;
       for (int o = 16; o > 0; o >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
-      const unsigned found = __ballot_sync(0xffffffffu, mine == top);
+      const bool held = __any_sync(0xffffffffu, mine == top);
       __syncthreads();
-      if (lane == 0 && found) scratch[1][warp] = 1.0f;
+      if (lane == 0 && held) scratch[1][warp] = 1.0f;
       __syncthreads();
       const unsigned with = __ballot_sync(0xffffffffu, lane < warps && scratch[1][lane] != 0.0f);
-      taker_warp = __ffs(static_cast<int>(with)) - 1;
-      if (warp == taker_warp && lane == __ffs(static_cast<int>(found)) - 1) {
-        bool done = false;
-#pragma unroll
-        for (int l = 0; l < lanes; ++l)
-          if (!done && a[l] == top) a[l] = -1.0f, done = true;
-      }
-      continue;
+      first_warp = warp == __ffs(static_cast<int>(with)) - 1;
     }
-    if (lane == __ffs(static_cast<int>(holders)) - 1) {
+    const unsigned holders = __ballot_sync(0xffffffffu, mine == top);
+    if (first_warp && lane == __ffs(static_cast<int>(holders)) - 1) {
       bool done = false;
 #pragma unroll
       for (int l = 0; l < lanes; ++l)
