@@ -132,6 +132,12 @@ bool state_base::set_resume(cell_base* cell, std::coroutine_handle<> h) noexcept
   return false;  // do not suspend
 }
 
+void state_base::resume_later(cell_base& cell, std::coroutine_handle<> h) noexcept {
+  cont_handle_ = h;
+  cont_incarnation_ = cell.incarnation();
+  cell.enqueue_urgent(message_ptr(std::make_unique<relay>(this).release()));
+}
+
 void state_base::set_callback(cell_base* cell, std::unique_ptr<callback_base> cb) noexcept {
   cont_callback_ = std::move(cb);
   // Already there: run it now, in the caller's context (the same actor, or none).

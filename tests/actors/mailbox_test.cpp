@@ -411,7 +411,41 @@ TEST(Mailbox, RepliesDoNotUnpauseASenderOnlyAStopDoes) {
   auto p = sys.spawn<coroutine_filler>(src, s);
   p.tell(&coroutine_filler::run, 100);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  EXPECT_LE(sys.stats(s).mailbox_depth, 4 + 2);
+  EXPECT_LE(sys.stats(s).mailbox_depth, 4 + 1);  // one tell past the capacity, then the pause
+  auto down = sys.monitor(p);
+  p.stop();
+  EXPECT_EQ(std::move(down).timeout(std::chrono::seconds(10)).get().reason, troupe::exit_reason::stopped);
+}
+
+struct eager_filler {
+  actor_ref<answerer> src;
+  actor_ref<held_sink> to;
+  troupe::task<void> run(int n) {
+    for (int i = 0; i < n; ++i) {
+      auto f = src.ask(&answerer::get, i);
+      while (!f.ready()) std::this_thread::yield();  // the reply is always there before the await
+      (void)co_await std::move(f);
+      to.tell(&held_sink::noop);
+    }
+  }
+};
+
+TEST(Mailbox, AnAwaitWhosePauseIsDueSuspendsEvenWhenItsReplyIsThere) {
+  // The pause after a tell to a full mailbox takes effect at the sender's next await, whether
+  // or not the reply has come by then: how fast the answerer is does not change the bound.
+  troupe::actor_system sys{{.threads = 2}};
+  auto s = sys.spawn<held_sink>(spawn_options{.mailbox_capacity = 4});
+  s.tell(&held_sink::hold);
+  auto src = sys.spawn<answerer>();
+  const auto t0 = std::chrono::steady_clock::now();
+  while (sys.stats(s).mailbox_depth != 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // hold is taken: the noops count alone
+  auto p = sys.spawn<eager_filler>(src, s);
+  p.tell(&eager_filler::run, 100);
+  while (sys.stats(s).mailbox_depth < 4 + 1 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(sys.stats(s).mailbox_depth, 4 + 1);
   auto down = sys.monitor(p);
   p.stop();
   EXPECT_EQ(std::move(down).timeout(std::chrono::seconds(10)).get().reason, troupe::exit_reason::stopped);

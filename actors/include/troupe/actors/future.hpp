@@ -79,6 +79,8 @@ public:
 
   /// Installs a coroutine continuation; false when the result is already there.
   bool set_resume(cell_base* cell, std::coroutine_handle<> h) noexcept;
+  /// Resumes `h` in `cell` through its mailbox (the result is there already).
+  void resume_later(cell_base& cell, std::coroutine_handle<> h) noexcept;
   /// Installs a callback continuation, consuming the caller's reference; runs it now when
   /// the result is already there.
   void set_callback(cell_base* cell, std::unique_ptr<callback_base> cb) noexcept;
@@ -352,7 +354,10 @@ public:
     struct awaiter {
       detail::state_ptr<T> st;
       bool on_itself = false;
-      bool await_ready() const noexcept { return st->ready(); }
+      bool await_ready() const noexcept {
+        const detail::cell_base* self = detail::tls_current_cell();
+        return st->ready() && !(self && self->pause_due());
+      }
       bool await_suspend(std::coroutine_handle<> h) noexcept {
         detail::cell_base* self = detail::tls_current_cell();
         const detail::cell_base* asked = st->asked();
@@ -360,7 +365,14 @@ public:
           on_itself = true;  // refused at once instead of a wait that never ends
           return false;
         }
-        if (!st->set_resume(self, h)) return false;  // there already: no wait
+        if (!st->set_resume(self, h)) {
+          // There already. A pause that is due takes effect here all the same (how fast the
+          // reply came must not let more messages past a full mailbox): resume through this
+          // actor's mailbox, after the pause.
+          if (self == nullptr || !self->pause_due()) return false;
+          st->resume_later(*self, h);
+          return true;
+        }
         // The reply resumes this coroutine through the actor's mailbox, so not before this
         // slice ends: the wait is recorded in time.
         if (self) self->awaiting_reply_from(asked);

@@ -340,6 +340,9 @@ public:
   /// True when a coroutine of this actor awaiting `target`'s reply would wait for good: the
   /// actor itself, which takes no message while one of its non-reentrant methods is suspended.
   bool awaits_itself(const cell_base* target) const noexcept { return target == this && !reentrant_; }
+  /// A tell of the running method went into a full mailbox past its capacity: this actor
+  /// pauses when the method returns or its coroutine next suspends.
+  bool pause_due() const noexcept { return throttled_on_ != nullptr; }
   /// A coroutine of this actor is about to await a reply of `target` (null: of no actor). A
   /// non-reentrant actor takes no message and sends no reply until it comes, so no actor that
   /// `target` waits for, directly or through others, may be paused on its mailbox meanwhile
