@@ -815,7 +815,6 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_
         _mm512_storeu_ps(xbuf + i, xi);
         xa = _mm512_range_ps(xa, xi, 0x0b);
       }
-      if (i < prev_full) quantize_chunk<Stochastic, Ams, MFp32>(prev, i, mq, vq, mmap, vmap, sr);
     };
     std::size_t i = 0;
     for (const std::size_t groups = n & ~std::size_t{63}; i < groups; i += 64) {
@@ -825,14 +824,27 @@ TROUPE_AVX512 void adam_int8_blocks_avx512(float* p, const float* g, const int8_
       if constexpr (!MFp32) quant::avx512::decode64(mo.planes[0], codes[0] + i, scales[0], dm);
       quant::avx512::decode64(mo.planes[1], codes[1] + i, scales[1], dv);
       if constexpr (Ams) quant::avx512::decode64(mo.planes[2], codes[2] + i, scales[2], dx);
+#pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) update(i + 16 * static_cast<std::size_t>(j), dm[j], dv[j], dx[j]);
+      // The block before gets its codes for the same 64 elements (after the updates: better
+      // scheduled than one chunk after each update).
+      if (i + 64 <= prev_full) {
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j)
+          quantize_chunk<Stochastic, Ams, MFp32>(prev, i + 16 * static_cast<std::size_t>(j), mq, vq, mmap, vmap, sr);
+      } else {
+        for (std::size_t j = i; j < std::min(i + 64, prev_full); j += 16)
+          quantize_chunk<Stochastic, Ams, MFp32>(prev, j, mq, vq, mmap, vmap, sr);
+      }
     }
     auto gathered = [&](int m, std::size_t at) TROUPE_AVX512 {
       return _mm512_mul_ps(_mm512_i32gather_ps(quant::avx512::load_codes(codes[m] + at), mo.values[m], 4), scales[m]);
     };
-    for (; i < full; i += 16)
-      update(i, MFp32 ? _mm512_setzero_ps() : gathered(0, i), gathered(1, i), Ams ? gathered(2, i) : _mm512_setzero_ps());
-    for (; i < prev_full; i += 16) quantize_chunk<Stochastic, Ams, MFp32>(prev, i, mq, vq, mmap, vmap, sr);
+    for (std::size_t j = i; j < full; j += 16) {
+      update(j, MFp32 ? _mm512_setzero_ps() : gathered(0, j), gathered(1, j), Ams ? gathered(2, j) : _mm512_setzero_ps());
+      if (j < prev_full) quantize_chunk<Stochastic, Ams, MFp32>(prev, j, mq, vq, mmap, vmap, sr);
+    }
+    for (i = std::max(i, full); i < prev_full; i += 16) quantize_chunk<Stochastic, Ams, MFp32>(prev, i, mq, vq, mmap, vmap, sr);
     quantize_tail<Stochastic, Ams, MFp32>(prev, prev_full, mmap, vmap, sr);
     float am = _mm512_reduce_max_ps(ma), av = _mm512_reduce_max_ps(va), ax = _mm512_reduce_max_ps(xa);
     for (std::size_t j = full; j < n; ++j) {
