@@ -55,11 +55,13 @@ $(TSAN_BUILD)/CMakeCache.txt:
 	  -DTROUPE_BUILD_EXAMPLES=OFF $(CMAKE_ARGS)
 
 tsan: deps $(TSAN_BUILD)/CMakeCache.txt
-	cmake --build $(TSAN_BUILD) -j $(JOBS) --target actors_test pipeline_test
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target actors_test pipeline_test kernels_test
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" TROUPE_STRESS_SCALE=small \
 	  $(TSAN_BUILD)/bin/actors_test
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  $(TSAN_BUILD)/bin/pipeline_test --gtest_filter='Runtime*:*RuntimeSchedules*'
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	  $(TSAN_BUILD)/bin/kernels_test --gtest_filter='JobPool.*:OptimizerStorage.ResultsAreIdenticalForAnyThreadCount'
 
 $(ASAN_BUILD)/CMakeCache.txt:
 	cmake -S . -B $(ASAN_BUILD) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=RelWithDebInfo \

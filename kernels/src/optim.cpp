@@ -23,6 +23,7 @@
 #include "troupe/core/log.hpp"
 
 #include "cuda_ops.hpp"
+#include "job_pool.hpp"
 #include "quantize.hpp"
 #include "quantize_avx2.hpp"
 #include "quantize_avx512.hpp"
@@ -1117,42 +1118,7 @@ void adam_compressed(optimizer::slot& s, std::size_t begin, std::size_t end, con
   }
 }
 
-/// Runs fn(job, worker) for jobs 0..count-1 on `threads` threads; each job is independent, so the
-/// results do not depend on which thread runs which job. `worker` (below `threads`) names the
-/// thread: one worker runs its jobs one after another, so scratch per worker is never shared.
-template <class F>
-void run_jobs(std::size_t count, int threads, F&& fn) {
-  if (threads <= 1 || count <= 1) {
-    for (std::size_t j = 0; j < count; ++j) fn(j, 0);
-    return;
-  }
-  std::atomic<std::size_t> next{0};
-  std::exception_ptr failure;  // the first job that threw (the others still run to the end)
-  std::mutex failure_mutex;
-  auto worker = [&](int w) noexcept {
-    for (std::size_t j; (j = next.fetch_add(1, std::memory_order_relaxed)) < count;) {
-      try {
-        fn(j, w);
-      } catch (...) {
-        std::lock_guard lock(failure_mutex);
-        if (!failure) failure = std::current_exception();
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  const int extra = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(threads), count)) - 1;
-  pool.reserve(static_cast<std::size_t>(extra));  // before any job runs: growing it later could throw
-  try {
-    for (int t = 0; t < extra; ++t) pool.emplace_back(worker, t + 1);
-  } catch (const std::system_error&) {
-    // No more threads to be had: the ones made and this one share the jobs.
-  } catch (const std::bad_alloc&) {
-    // The same for a thread's own state.
-  }
-  worker(0);
-  for (auto& t : pool) t.join();
-  if (failure) std::rethrow_exception(failure);
-}
+using jobs::run_jobs;
 
 std::size_t numel_of(const optimizer::slot& s) { return static_cast<std::size_t>(s.p->value.numel()); }
 
