@@ -5,14 +5,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <fstream>
 #include <immintrin.h>
 #include <limits>
-#include <mutex>
 #include <new>
 #include <stdexcept>
-#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <unordered_map>
