@@ -40,20 +40,14 @@ struct batch {
 class pool {
 public:
   void run(batch& b) {
-    bool queued = false;
     {
       std::lock_guard lock(mutex_);
       grow(static_cast<std::size_t>(b.wanted));
       try {
         open_.push_back(&b);
-        queued = true;
       } catch (const std::bad_alloc&) {
-        // No room to queue it: the caller runs every job.
+        // No room to queue it: no helper joins, the caller runs every job.
       }
-    }
-    if (!queued) {
-      b.work(0);
-      return;
     }
     work_.notify_all();
     b.work(0);

@@ -5,7 +5,6 @@
 
 #include <cstddef>
 #include <type_traits>
-#include <utility>
 
 namespace troupe::kernels::jobs {
 

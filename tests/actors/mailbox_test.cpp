@@ -393,9 +393,12 @@ struct answerer {
 struct coroutine_filler {
   actor_ref<answerer> src;
   actor_ref<held_sink> to;
+  bool reply_first = false;  // wait until each reply is there before awaiting it
   troupe::task<void> run(int n) {
     for (int i = 0; i < n; ++i) {
-      (void)co_await src.ask(&answerer::get, i);
+      auto f = src.ask(&answerer::get, i);
+      while (reply_first && !f.ready()) std::this_thread::yield();
+      (void)co_await std::move(f);
       to.tell(&held_sink::noop);
     }
   }
@@ -417,19 +420,6 @@ TEST(Mailbox, RepliesDoNotUnpauseASenderOnlyAStopDoes) {
   EXPECT_EQ(std::move(down).timeout(std::chrono::seconds(10)).get().reason, troupe::exit_reason::stopped);
 }
 
-struct eager_filler {
-  actor_ref<answerer> src;
-  actor_ref<held_sink> to;
-  troupe::task<void> run(int n) {
-    for (int i = 0; i < n; ++i) {
-      auto f = src.ask(&answerer::get, i);
-      while (!f.ready()) std::this_thread::yield();  // the reply is always there before the await
-      (void)co_await std::move(f);
-      to.tell(&held_sink::noop);
-    }
-  }
-};
-
 TEST(Mailbox, AnAwaitWhosePauseIsDueSuspendsEvenWhenItsReplyIsThere) {
   // The pause after a tell to a full mailbox takes effect at the sender's next await, whether
   // or not the reply has come by then: how fast the answerer is does not change the bound.
@@ -440,8 +430,8 @@ TEST(Mailbox, AnAwaitWhosePauseIsDueSuspendsEvenWhenItsReplyIsThere) {
   const auto t0 = std::chrono::steady_clock::now();
   while (sys.stats(s).mailbox_depth != 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
     std::this_thread::sleep_for(std::chrono::milliseconds(1));  // hold is taken: the noops count alone
-  auto p = sys.spawn<eager_filler>(src, s);
-  p.tell(&eager_filler::run, 100);
+  auto p = sys.spawn<coroutine_filler>(src, s, true);  // the reply is always there before the await
+  p.tell(&coroutine_filler::run, 100);
   while (sys.stats(s).mailbox_depth < 4 + 1 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
