@@ -607,13 +607,6 @@ __attribute__((target("avx2"))) void sgd_int8_blocks_avx2(float* p, const float*
   }
 }
 
-/// The permute that gathers byte 0 of the 16 lanes of each of two code vectors into bytes 0-31.
-TROUPE_AVX512 inline __m512i code_bytes() noexcept {
-  return _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                         124, 120, 116, 112, 108, 104, 100, 96, 92, 88, 84, 80, 76, 72, 68, 64, 60, 56, 52, 48, 44, 40,
-                         36, 32, 28, 24, 20, 16, 12, 8, 4, 0);
-}
-
 /// The moments of the AVX-512 Adam kernel, indexed 0 (m, the signed map), 1 (v) and, with
 /// AMSGrad, 2 (its maximum; the unsigned map like v): codes, block scales and map values. With
 /// first_moment_fp32, m is fp32 values instead (`m_fp32`, indexed like the parameters) and its
@@ -682,13 +675,10 @@ TROUPE_AVX512 inline __attribute__((always_inline)) void quantize_chunk(
     // Codes by draws; no lane needs the table (quant::avx512::stochastic_codes).
     const std::uint32_t at = q.first + static_cast<std::uint32_t>(j);
     const __m512i cv = quant::avx512::stochastic_codes<false>(sr.vq, vmap, xv, sr.key[1], at, true);
-    if constexpr (MFp32) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[1] + j), _mm512_cvtepi32_epi8(cv));
-    } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[1] + j), _mm512_cvtepi32_epi8(cv));
+    if constexpr (!MFp32) {
       const __m512i cm = quant::avx512::stochastic_codes<true>(sr.mq, mmap, xm, sr.key[0], at, true);
-      const __m512i both = _mm512_permutex2var_epi8(cm, code_bytes(), cv);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[0] + j), _mm512_castsi512_si128(both));
-      _mm256_mask_storeu_epi8(q.codes[1] + j - 16, 0xffff0000u, _mm512_castsi512_si256(both));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[0] + j), _mm512_cvtepi32_epi8(cm));
     }
     if constexpr (Ams) {
       const __m512i cx = quant::avx512::stochastic_codes<false>(sr.vq, vmap, xx, sr.key[2], at, true);
@@ -696,29 +686,21 @@ TROUPE_AVX512 inline __attribute__((always_inline)) void quantize_chunk(
     }
     return;
   }
-  __m512 rv, r;
-  const __m512i kv = quant::avx512::quantize<false, true>(vq, xv, rv);
+  __mmask16 sure = 0xffff;  // the lanes every moment's estimate is sure of
+  const __m512i kv = quant::avx512::quantize<false, true>(vq, xv, sure);
   if constexpr (MFp32) {
     quant::avx512::store_codes<false>(q.codes[1] + j, vq, kv, xv);
-    r = _mm512_abs_ps(rv);
   } else {
-    __m512 rm;
-    const __m512i km = quant::avx512::quantize<true>(mq, xm, rm);
+    const __m512i km = quant::avx512::quantize<true>(mq, xm, sure);
     // Both moments' indexes in one permute: m's in bytes 0-15, v's (their codes) in bytes 16-31.
-    const __m512i both = _mm512_permutex2var_epi8(km, code_bytes(), kv);
+    const __m512i both = _mm512_permutex2var_epi8(km, quant::avx512::code_bytes(), kv);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[0] + j),
                      quant::avx512::signed_codes(mq, _mm512_castsi512_si128(both), quant::avx512::negative(xm)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q.codes[1] + j), _mm256_extracti128_si256(_mm512_castsi512_si256(both), 1));
-    // One test for all moments (the smallest |r|); a lane any moment is unsure of gets every code
-    // from the table.
-    r = _mm512_range_ps(rm, rv, 0x0a);
   }
-  if constexpr (Ams) {
-    __m512 rx;
-    quant::avx512::store_codes<false>(q.codes[2] + j, vq, quant::avx512::quantize<false, true>(vq, xx, rx), xx);
-    r = _mm512_range_ps(r, rx, 0x0a);
-  }
-  const __mmask16 unsure = quant::avx512::unsure(r);
+  if constexpr (Ams) quant::avx512::store_codes<false>(q.codes[2] + j, vq, quant::avx512::quantize<false, true>(vq, xx, sure), xx);
+  // A lane any moment is unsure of gets every code from the table.
+  const __mmask16 unsure = static_cast<__mmask16>(~sure);
   if (unsure != 0) [[unlikely]] {
     for (unsigned m = unsure; m != 0; m &= m - 1) {
       const std::size_t i = j + static_cast<std::size_t>(__builtin_ctz(m));
@@ -902,7 +884,6 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
     std::uint32_t first = 0;  // the block's first element in its tensor
   } prev;
   auto quantize = [&](std::size_t j) TROUPE_AVX512 {
-    __m512 r;
     const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(prev.values + j), _mm512_set1_ps(prev.inv));
     if constexpr (Stochastic) {
       const __m512i codes = quant::avx512::stochastic_codes<true>(q, map, x, vkey,
@@ -910,8 +891,9 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
       _mm_storeu_si128(reinterpret_cast<__m128i*>(prev.codes + j), _mm512_cvtepi32_epi8(codes));
       return;
     }
-    quant::avx512::store_codes<true>(prev.codes + j, q, quant::avx512::quantize<true>(q, x, r), x);
-    for (unsigned u = quant::avx512::unsure(_mm512_abs_ps(r)); u != 0; u &= u - 1) {
+    __mmask16 sure = 0xffff;
+    quant::avx512::store_codes<true>(prev.codes + j, q, quant::avx512::quantize<true>(q, x, sure), x);
+    for (unsigned u = static_cast<__mmask16>(~sure); u != 0; u &= u - 1) {
       const std::size_t i = j + static_cast<std::size_t>(__builtin_ctz(u));
       prev.codes[i] = quant::avx512::quantize_exact(map, prev.values[i] * prev.inv, true);
     }

@@ -224,6 +224,18 @@ void qmap::build_estimate() {
       exponent_threshold_[s] = start_at[q + 1];
     }
   }
+  // The fine form (estimate()): scale times 2^16, offset times 2^16 plus 4, limit << 16 | 0xffff,
+  // all exact (an offset is below 256).
+  for (int kv = 0; kv < 2; ++kv) {
+    for (int q = 0; q < 16; ++q) {
+      const float offset = piece_offset_[kv][q];
+      piece_scale_[kv][q] *= fine_unit;
+      piece_offset_[kv][q] = offset * fine_unit + fine_bias;
+      if (static_cast<double>(piece_offset_[kv][q]) != static_cast<double>(offset) * fine_unit + fine_bias)
+        fail("piece " + std::to_string(q) + "'s offset is not exact in the fine form");
+      piece_limit_[kv][q] = piece_limit_[kv][q] * 65536 + 65535;
+    }
+  }
   // Magnitudes from 1 up to 2 (a scaled moment a little over 1, which the AVX-512 kernels do not
   // clamp) share the last slot and its piece, the entry 1.
   if (slot(1.0f) != 15 || slot(std::nextafter(2.0f, 0.0f)) != 15 || exponent_piece_[15] + 1 != decades + 1 ||
@@ -239,7 +251,12 @@ void qmap::build_estimate() {
     const std::uint32_t e = slot(a);
     return exponent_piece_[e] + (a >= exponent_threshold_[e] ? 1 : 0);
   };
-  auto t_of = [&](float a, int q) { return std::fma(a, piece_scale_[0][q], piece_offset_[0][q]); };
+  // t from the fine form, exactly (w < 2^24, so w - 4 and the power-of-two scaling are exact); a
+  // magnitude is sure when W's sure_bits are not all zero, i.e. when t's fraction is in
+  // [margin, 1 - margin).
+  auto w_of = [&](float a, int q) { return std::fma(a, piece_scale_[0][q], piece_offset_[0][q]); };
+  auto t_of = [&](float a, int q) { return (w_of(a, q) - fine_bias) / fine_unit; };
+  auto sure_at = [&](float a, int q) { return (static_cast<std::uint32_t>(w_of(a, q)) & sure_bits) != 0; };
   for (int sign = 0; sign < (signed_ ? 2 : 1); ++sign) {
     for (int j = 0; j < top; ++j) {
       if (sign == 1 && j >= zero) break;  // no negative entry beyond -above(0)
@@ -252,8 +269,7 @@ void qmap::build_estimate() {
       if (sign == 1 && tie[q_start] && start[q_start] == j + 1) {
         // A tie at a piece start: the negative x lands in the piece below, at the end of its
         // last entry's two units, and must not be sure there (the table breaks the tie).
-        const float t = t_of(hi_mag, q_start - 1);
-        if (piece_of(x_hi) != q_start - 1 || !(std::fabs(t - std::nearbyint(t)) < margin))
+        if (piece_of(x_hi) != q_start - 1 || sure_at(hi_mag, q_start - 1))
           fail("the tie at piece " + std::to_string(q_start) + " is sure");
         continue;
       }
@@ -450,10 +466,10 @@ TROUPE_AVX512 std::size_t quantize_avx512(const float* x, std::size_t n, float i
   const __m512 vinv = _mm512_set1_ps(inv);
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    __m512 r;
+    __mmask16 sure = 0xffff;
     const __m512 xs = _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv);
-    avx512::store_codes<Signed>(codes + i, q, avx512::quantize<Signed>(q, xs, r), xs);
-    for (unsigned m = avx512::unsure(_mm512_abs_ps(r)); m != 0; m &= m - 1) {
+    avx512::store_codes<Signed>(codes + i, q, avx512::quantize<Signed>(q, xs, sure), xs);
+    for (unsigned m = static_cast<__mmask16>(~sure); m != 0; m &= m - 1) {
       const std::size_t j = i + static_cast<std::size_t>(__builtin_ctz(m));
       codes[j] = avx512::quantize_exact(map, x[j] * inv, keep);
     }

@@ -86,11 +86,15 @@ public:
   /// x. The piece's first decision point (from the decade below) is its start and its last
   /// entry covers two units of t, hence the limit. t is within a small error of that ideal, so
   /// the index is exact whenever t is at least estimate_margin away from a whole number; otherwise
-  /// `sure` is false and the caller asks the table (about one value in two thousand). With
-  /// keep_nonzero the zero piece gives index 1 (t = 1.5) and the index is then capped by a's
-  /// bits as an integer, which are 0 only for a zero (so zeros keep the zero code and every
-  /// nonzero magnitude gets index 1, and no zero is ever unsure). The construction checks every
-  /// decision point of both signs and throws if any assumption fails.
+  /// `sure` is false and the caller asks the table (about one value in eight thousand).
+  /// The tables hold t in a fine form: the multiply-add gives w = 2^16 t + 4 (scale times 2^16,
+  /// offset times 2^16 plus 4, both exact), whose whole part W has the index in bits 16-23 and
+  /// t's first 16 fraction bits, plus 4, below. So W >> 16 is the index and one test of bits
+  /// 3-15 (sure_bits) tells whether t's fraction is at least the margin (2^-14) from 0 and 1;
+  /// the limit is (limit << 16) | 0xffff, applied to W. With keep_nonzero the zero piece gives
+  /// index 1 (t = 1.5) and a zero magnitude then gets W = 0 (so zeros keep the zero code and
+  /// every nonzero magnitude gets index 1, and no zero is ever unsure). The construction checks
+  /// every decision point of both signs and throws if any assumption fails.
   struct estimated {
     int code;
     bool sure;
@@ -112,13 +116,14 @@ public:
     const bool negative = (xb >> 31) != 0;
     const int piece = exponent_piece_[e] + (a >= exponent_threshold_[e] ? 1 : 0);
     const int kv = keep ? 1 : 0;
-    const float t = std::fma(a, piece_scale_[kv][piece], piece_offset_[kv][piece]);
-    std::uint32_t k = t >= 0x1p32f ? 0xffffffffu : static_cast<std::uint32_t>(t);
+    // w < 2^24: a is at most 1.
+    const float w = std::fma(a, piece_scale_[kv][piece], piece_offset_[kv][piece]);
+    std::uint32_t whole = static_cast<std::uint32_t>(w);
+    const bool sure = (whole & sure_bits) != 0;
     const std::uint32_t limit = static_cast<std::uint32_t>(piece_limit_[kv][piece]);
-    k = k < limit ? k : limit;
-    k = k < ab ? k : ab;  // a zero keeps index 0
-    const bool sure = !(std::fabs(t - std::nearbyint(t)) < estimate_margin);
-    int code = static_cast<int>(k);
+    whole = whole < limit ? whole : limit;
+    if (ab == 0) whole = 0;  // a zero keeps index 0
+    int code = static_cast<int>(whole >> 16);
     if (signed_) {
       code = negative ? zero_code_ - code : zero_code_ + code;
       code = code < 0 ? 0 : code;
@@ -143,7 +148,7 @@ public:
     return (eb >> 24) & 15u;
   }
   /// Tables of estimate(): per exponent slot (16) and per piece (16, 9 used);
-  /// scale, offset and limit without (0) and with (1) keep_nonzero.
+  /// scale, offset and limit without (0) and with (1) keep_nonzero, in the fine form.
   const std::int32_t* exponent_piece() const noexcept { return exponent_piece_.data(); }
   const float* exponent_threshold() const noexcept { return exponent_threshold_.data(); }
   const float* piece_scale(bool keep) const noexcept { return piece_scale_[keep ? 1 : 0].data(); }
@@ -159,6 +164,11 @@ public:
   static constexpr std::uint32_t buckets = ((hi_bits - lo_bits) >> shift) + 1;
   static constexpr float est_floor = 0x1p-31f;             // smaller magnitudes share its slot
   static constexpr float estimate_margin = 0x1p-14f;       // t nearer a whole number: not sure
+  // estimate()'s fine form of t: w = fine_unit * t + fine_bias; W's bits 3-15 all zero: not sure.
+  static constexpr float fine_unit = 0x1p16f;
+  static constexpr float fine_bias = fine_unit * estimate_margin;
+  static constexpr std::uint32_t sure_bits = 0xfff8u;
+  static_assert(fine_bias == 4.0f && sure_bits == (0xffffu & ~(2u * 4u - 1u)));
 
 private:
   explicit qmap(bool is_signed);

@@ -71,14 +71,16 @@ TROUPE_AVX512 inline quantizer load_quantizer(const qmap& map, bool keep) noexce
   return q;
 }
 
-/// qmap::estimate on 16 lanes (Signed: the map's signedness): the magnitude's index k in 32-bit
-/// lanes, which is the code for the unsigned map; signed_codes() makes the signed map's codes of
-/// it. `r` gets t minus the nearest whole number, so that the lanes with |r| < estimate_margin
-/// are the ones the estimate is not sure of (unsure() finds them; the caller asks the table for
-/// those). Nonnegative: x is +0 or more (a second moment over its block scale), so that the
-/// unsigned map clamps only above, at 1 (a percentile scale leaves values beyond it).
+/// qmap::estimate on 16 lanes (Signed: the map's signedness): the magnitude's index in the fine
+/// form W (bits 16-23; index() makes 32-bit lanes of it, code_bytes() picks its byte), which is
+/// the code for the unsigned map; signed_codes() makes the signed map's codes of it. `sure` is
+/// and-ed with the lanes the estimate is sure of (the caller asks the table for the others).
+/// Nonnegative: x is +0 or more (a second moment over its block scale), so that the unsigned map
+/// clamps only above, at 1 (a percentile scale leaves values beyond it). Always inlined: the
+/// fused kernels call it several times per chunk and a call spills their registers.
 template <bool Signed, bool Nonnegative = false>
-TROUPE_AVX512 inline __m512i quantize(const quantizer& q, __m512 x, __m512& r) noexcept {
+TROUPE_AVX512 inline __attribute__((always_inline)) __m512i quantize(const quantizer& q, __m512 x,
+                                                                   __mmask16& sure) noexcept {
   const __m512 one = _mm512_set1_ps(1.0f);
   __m512 a;
   if constexpr (Signed) a = _mm512_range_ps(x, one, 0x0a);  // min(|x|, 1), sign cleared
@@ -91,10 +93,27 @@ TROUPE_AVX512 inline __m512i quantize(const quantizer& q, __m512 x, __m512& r) n
   const __m512 threshold = _mm512_permutexvar_ps(e, q.threshold);
   const __mmask16 next = _mm512_cmp_ps_mask(a, threshold, _CMP_GE_OQ);
   const __m512i piece = _mm512_mask_add_epi32(pe, next, pe, _mm512_set1_epi32(1));
-  const __m512 t = _mm512_fmadd_ps(a, _mm512_permutexvar_ps(piece, q.scale), _mm512_permutexvar_ps(piece, q.offset));
-  const __m512i k = _mm512_min_epu32(_mm512_cvttps_epu32(t), _mm512_permutexvar_epi32(piece, q.limit));
-  r = _mm512_reduce_ps(t, 0x08);  // t - nearest whole t
-  return _mm512_min_epu32(k, ab);  // a zero keeps index 0
+  const __m512 w = _mm512_fmadd_ps(a, _mm512_permutexvar_ps(piece, q.scale), _mm512_permutexvar_ps(piece, q.offset));
+  const __m512i whole = _mm512_cvttps_epu32(w);
+  sure = _mm512_mask_test_epi32_mask(sure, whole, _mm512_set1_epi32(static_cast<int>(qmap::sure_bits)));
+  // The limit, and 0 for a zero magnitude.
+  return _mm512_maskz_min_epu32(_mm512_test_epi32_mask(ab, ab), whole, _mm512_permutexvar_epi32(piece, q.limit));
+}
+
+/// The 32-bit indexes of quantize()'s fine form.
+TROUPE_AVX512 inline __m512i index(__m512i fine) noexcept { return _mm512_srli_epi32(fine, 16); }
+
+/// The permute that gathers the index bytes (byte 2) of the 16 lanes of each of two fine vectors
+/// into bytes 0-31 (those of the first into 0-15).
+TROUPE_AVX512 inline __m512i code_bytes() noexcept {
+  return _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                         126, 122, 118, 114, 110, 106, 102, 98, 94, 90, 86, 82, 78, 74, 70, 66, 62, 58, 54, 50, 46, 42,
+                         38, 34, 30, 26, 22, 18, 14, 10, 6, 2);
+}
+
+/// The 16 index bytes of quantize()'s fine form, in order.
+TROUPE_AVX512 inline __m128i index_bytes(__m512i fine) noexcept {
+  return _mm512_castsi512_si128(_mm512_permutexvar_epi8(code_bytes(), fine));
 }
 
 /// The lanes whose sign bit is set.
@@ -151,11 +170,12 @@ TROUPE_AVX512 inline __attribute__((always_inline)) __m512i stochastic_codes(con
   const __m512i zero = _mm512_set1_epi32(_mm_extract_epi8(q.zero, 0)), one = _mm512_set1_epi32(1);
   const __m512i none = _mm512_setzero_si512();
   const __m512 zero_f = _mm512_setzero_ps();
-  __m512 r;
-  __m512i c = quantize<Signed>(q, xn, r);
-  // Above its entry in code order: the magnitude above its entry (r < 0: t past k + 1/2), mirrored
-  // for the negative half of the signed map.
-  __mmask16 above = _mm512_cmp_ps_mask(r, zero_f, _CMP_LT_OQ);
+  __mmask16 sure = 0xffff;  // unused: the draw below checks the pair
+  const __m512i fine = quantize<Signed>(q, xn, sure);
+  __m512i c = index(fine);
+  // Above its entry in code order: the magnitude above its entry (t's fraction at least 1/2: the
+  // fine form's bit 15, within 2^-14), mirrored for the negative half of the signed map.
+  __mmask16 above = _mm512_test_epi32_mask(fine, _mm512_set1_epi32(0x8000));
   if constexpr (Signed) {
     const __mmask16 neg = negative(xn);
     c = _mm512_max_epi32(_mm512_mask_sub_epi32(_mm512_add_epi32(zero, c), neg, zero, c), none);
@@ -193,11 +213,6 @@ TROUPE_AVX512 inline __attribute__((always_inline)) __m512i stochastic_codes(con
 }
 #pragma GCC diagnostic pop
 
-/// The lanes whose |r| (from quantize(), sign cleared) is within the margin: not sure.
-TROUPE_AVX512 inline __mmask16 unsure(__m512 abs_r) noexcept {
-  return _mm512_cmp_ps_mask(abs_r, _mm512_set1_ps(qmap::estimate_margin), _CMP_LT_OQ);
-}
-
 /// The exact code of one value (the table, then keep_nonzero's rule): for the lanes quantize()
 /// is not sure of.
 inline std::uint8_t quantize_exact(const qmap& map, float x, bool keep) noexcept {
@@ -206,10 +221,10 @@ inline std::uint8_t quantize_exact(const qmap& map, float x, bool keep) noexcept
   return static_cast<std::uint8_t>(c);
 }
 
-/// Writes the 16 codes of the values x as bytes, from their indexes k of quantize<Signed>().
+/// Writes the 16 codes of the values x as bytes, from quantize<Signed>()'s fine form.
 template <bool Signed>
-TROUPE_AVX512 inline void store_codes(std::uint8_t* out, const quantizer& q, __m512i k, __m512 x) noexcept {
-  __m128i c = _mm512_cvtepi32_epi8(k);
+TROUPE_AVX512 inline void store_codes(std::uint8_t* out, const quantizer& q, __m512i fine, __m512 x) noexcept {
+  __m128i c = index_bytes(fine);
   if constexpr (Signed) c = signed_codes(q, c, negative(x));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), c);
 }
