@@ -884,18 +884,13 @@ TROUPE_AVX512 void sgd_int8_blocks_avx512(float* p, const float* g, std::uint8_t
     std::uint32_t first = 0;  // the block's first element in its tensor
   } prev;
   auto quantize = [&](std::size_t j) TROUPE_AVX512 {
-    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(prev.values + j), _mm512_set1_ps(prev.inv));
     if constexpr (Stochastic) {
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(prev.values + j), _mm512_set1_ps(prev.inv));
       const __m512i codes = quant::avx512::stochastic_codes<true>(q, map, x, vkey,
                                                                   prev.first + static_cast<std::uint32_t>(j), true);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(prev.codes + j), _mm512_cvtepi32_epi8(codes));
-      return;
-    }
-    __mmask16 sure = 0xffff;
-    quant::avx512::store_codes<true>(prev.codes + j, q, quant::avx512::quantize<true>(q, x, sure), x);
-    for (unsigned u = static_cast<__mmask16>(~sure); u != 0; u &= u - 1) {
-      const std::size_t i = j + static_cast<std::size_t>(__builtin_ctz(u));
-      prev.codes[i] = quant::avx512::quantize_exact(map, prev.values[i] * prev.inv, true);
+    } else {
+      quant::avx512::store_exact_codes<true>(prev.codes + j, q, map, prev.values + j, prev.inv, true);
     }
   };
   auto quantize_rest = [&](std::size_t from) {

@@ -463,17 +463,8 @@ template <bool Signed>
 TROUPE_AVX512 std::size_t quantize_avx512(const float* x, std::size_t n, float inv, const qmap& map, bool keep,
                                           std::uint8_t* codes) noexcept {
   const avx512::quantizer q = avx512::load_quantizer(map, keep);
-  const __m512 vinv = _mm512_set1_ps(inv);
   std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __mmask16 sure = 0xffff;
-    const __m512 xs = _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv);
-    avx512::store_codes<Signed>(codes + i, q, avx512::quantize<Signed>(q, xs, sure), xs);
-    for (unsigned m = static_cast<__mmask16>(~sure); m != 0; m &= m - 1) {
-      const std::size_t j = i + static_cast<std::size_t>(__builtin_ctz(m));
-      codes[j] = avx512::quantize_exact(map, x[j] * inv, keep);
-    }
-  }
+  for (; i + 16 <= n; i += 16) avx512::store_exact_codes<Signed>(codes + i, q, map, x + i, inv, keep);
   return i;
 }
 

@@ -221,12 +221,34 @@ inline std::uint8_t quantize_exact(const qmap& map, float x, bool keep) noexcept
   return static_cast<std::uint8_t>(c);
 }
 
+/// The codes of the `lanes` of the 16 values at `values` times `inv` by the table (the lanes the
+/// estimate is not sure of; rare, so out of the callers' loops).
+__attribute__((noinline, cold)) inline void exact_codes(std::uint8_t* out, unsigned lanes, const qmap& map,
+                                                        const float* values, float inv, bool keep) noexcept {
+  for (; lanes != 0; lanes &= lanes - 1) {
+    const int lane = __builtin_ctz(lanes);
+    out[lane] = quantize_exact(map, values[lane] * inv, keep);
+  }
+}
+
 /// Writes the 16 codes of the values x as bytes, from quantize<Signed>()'s fine form.
 template <bool Signed>
 TROUPE_AVX512 inline void store_codes(std::uint8_t* out, const quantizer& q, __m512i fine, __m512 x) noexcept {
   __m128i c = index_bytes(fine);
   if constexpr (Signed) c = signed_codes(q, c, negative(x));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), c);
+}
+
+/// The codes of the 16 values at `values` times `inv` (quant::quantize_block's scaling), written
+/// to `out`: the estimate, then the table for the lanes it is not sure of. `q` loaded with `keep`.
+template <bool Signed>
+TROUPE_AVX512 inline __attribute__((always_inline)) void store_exact_codes(std::uint8_t* out, const quantizer& q,
+                                                                         const qmap& map, const float* values,
+                                                                         float inv, bool keep) noexcept {
+  const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values), _mm512_set1_ps(inv));
+  __mmask16 sure = 0xffff;
+  store_codes<Signed>(out, q, quantize<Signed>(q, x, sure), x);
+  if (sure != 0xffff) [[unlikely]] exact_codes(out, static_cast<__mmask16>(~sure), map, values, inv, keep);
 }
 
 }  // namespace troupe::kernels::quant::avx512
