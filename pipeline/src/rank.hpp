@@ -253,8 +253,8 @@ public:
   void deliver(transfer t) {
     if (t.step < step_) return;  // of a step that was aborted; its successor has begun
     if (!stages_.contains(t.stage) || t.microbatch < 0 || t.microbatch >= plan_->microbatches) {
-      troupe::log().warn("pipeline rank {}: dropped a {} for stage {}, microbatch {}, which is not one of its cells", rank_,
-                         t.gradient ? "gradient" : "activation", t.stage, t.microbatch);
+      troupe::log().warn("pipeline rank {}: dropped {} for stage {}, microbatch {}, which is not one of its cells", rank_,
+                         t.gradient ? "a gradient" : "an activation", t.stage, t.microbatch);
       return;
     }
     const cell_key at{t.stage, t.microbatch};
