@@ -133,7 +133,7 @@ public:
   std::atomic<bool> draining{false};
   std::atomic<bool> shutting_down{false};
   std::atomic<std::uint64_t> dead_letters{0};
-  /// The node part when the system is a node of a cluster (net/node.cpp).
+  /// The node part when the system is a node of a cluster (net/node_runtime.hpp).
   std::shared_ptr<node_runtime> node;
 
 private:

@@ -622,7 +622,7 @@ TEST(Remote, HostileBytesCloseOnlyTheirConnection) {
 /// confused or hostile program could send after the handshake.
 class rogue_peer {
 public:
-  // The node's own numbers (net/node.cpp): control codes and node operations.
+  // The node's own numbers (net/node_protocol.hpp): control codes and node operations.
   static constexpr std::uint64_t join = 16, hello = 18, members = 19, heartbeat = 20, leave = 22, moved = 23,
                                  lost = 24, relocated = 25;
   static constexpr std::uint64_t down = 21;
@@ -896,7 +896,7 @@ TEST(Remote, AStatusShowsEveryNodeWhenOneDoesNotAnswerOrLies) {
       if (auto ask = liar.next([](const troupe::net::envelope& e) {
             return e.kind == troupe::net::envelope_kind::call && e.method == rogue_peer::node_stats;
           }, 50ms)) {
-        // A node_status (net/node.cpp's codec) that says it is node 1, elsewhere.
+        // A node_status (net/status.cpp's codec) that says it is node 1, elsewhere.
         using info = std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t, std::vector<std::string>>;
         using actor = std::tuple<std::uint64_t, std::string, std::string, std::int64_t, std::uint64_t, double, std::uint64_t>;
         const std::tuple<info, std::uint64_t, std::vector<actor>, std::string> s{

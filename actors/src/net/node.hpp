@@ -1,6 +1,7 @@
 #pragma once
 // The node part of an actor_system: membership, remote calls, remote spawn, the cluster-wide
-// names, failure detection. Private: Asio stays in node.cpp.
+// names, failure detection, the status report. Private, and what system.cpp sees of it; the
+// node's units, each in its own files, are listed in node_runtime.hpp. No Asio here.
 //
 // How a cluster works
 // - The head (node 1) keeps the membership and the registry of names. A node joins by dialling

@@ -131,7 +131,7 @@ std::chrono::nanoseconds manual_now(system_impl& s);
 cell_base& current_cell_or_throw(const char* what);
 /// Stops `child` when `parent` is gone for good (this_actor::spawn_child).
 void bind_child(cell_base& parent, cell_base& child);
-// Remote actors (defined in src/net/node.cpp; templates in remote.hpp).
+// Remote actors (defined in src/net/, node_runtime.hpp lists its parts; templates in remote.hpp).
 template <class T, class... A>
 actor_ref<T> spawn_on_typed(actor_system& sys, node_id where, const spawn_options& opts, A&&... args);
 template <class T>

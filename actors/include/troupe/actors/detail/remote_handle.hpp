@@ -39,7 +39,7 @@ struct reply_sink {
   virtual void fail(std::exception_ptr e) noexcept = 0;
 };
 
-/// An actor on another node, as seen from this one (defined in src/net/node.cpp).
+/// An actor on another node, as seen from this one (defined in src/net/node_runtime.hpp).
 class remote_actor;
 void retain(remote_actor* a) noexcept;
 void release(remote_actor* a) noexcept;
