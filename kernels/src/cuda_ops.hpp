@@ -26,7 +26,7 @@ struct moment_ref {
   std::uint32_t key = 0;     ///< stochastic rounding
 };
 
-/// The per-tensor constants of optim.cpp's fused loops (adam_constants and sgd_constants).
+/// The per-tensor constants of the host's step (adam_constants and sgd_constants, optim_step.hpp).
 struct update_constants {
   float beta1 = 0, beta2 = 0, one_minus_beta1 = 0, one_minus_beta2 = 0, eps = 0, step_size = 0, inv_bias2_sqrt = 1,
         decay = 1, l2 = 0;

@@ -1,7 +1,7 @@
 #pragma once
-// AVX2 pieces shared by quantize.cpp and the fused optimizer step: the draws of random_bits()
-// and bf16 stochastic rounding on 8 lanes, the same operations as the scalar twins, so the same
-// results; callers check simd_level() >= 1 first.
+// AVX2 pieces shared by quantize.cpp and the fused optimizer step (optim_avx2.cpp): the draws of
+// random_bits(), table lookups, and bf16 rounding and widening on 8 lanes, the same operations as
+// the scalar twins, so the same results; callers check simd_level() >= 1 first.
 
 #include <immintrin.h>
 

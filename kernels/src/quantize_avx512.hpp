@@ -1,8 +1,9 @@
 #pragma once
-// AVX-512 pieces of the 8-bit quantizer, shared by quantize.cpp and the fused optimizer step:
-// the quantizer of qmap::estimate on 16 lanes (a piece from the exponent, one multiply-add,
-// no table in memory and no gather; the rare lanes it is not sure of go to the table). Same
-// operations as the scalar twins, so the same results; callers check simd_level() >= 2 first.
+// AVX-512 pieces of the 8-bit quantizer and of bf16 rounding, shared by quantize.cpp and the
+// fused optimizer step (optim_avx512.cpp): bf16 rounding and widening on 16 lanes, and the
+// quantizer of qmap::estimate (a piece from the exponent, one multiply-add, no table in memory
+// and no gather; the rare lanes it is not sure of go to the table). Same operations as the
+// scalar twins, so the same results; callers check simd_level() >= 2 first.
 
 #include <immintrin.h>
 
@@ -148,6 +149,20 @@ TROUPE_AVX512 inline __m256i bf16_stochastic(__m512 x, __m512i bits) noexcept {
   // Never round a finite value up into infinity (nor change an infinity or a NaN).
   const __mmask16 over = _mm512_cmpgt_epu32_mask(_mm512_srli_epi32(up, 16), _mm512_set1_epi32(0x7f7f));
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_or_si512(sign, _mm512_mask_blend_epi32(over, up, mag)), 16));
+}
+
+/// quant::to_bf16 (round to nearest even) on 16 lanes.
+TROUPE_AVX512 inline __m256i bf16_nearest(__m512 x) noexcept {
+  const __m512i b = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+  return _mm512_cvtepi32_epi16(r);
+}
+
+/// 16 bf16 values widened exactly.
+TROUPE_AVX512 inline __m512 bf16_widen(const std::uint16_t* h) noexcept {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
 }
 
 /// Stochastic rounding of 16 normalized values xn (quant::quantize_block's rule): the draw

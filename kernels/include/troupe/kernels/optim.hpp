@@ -40,6 +40,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,11 @@ public:
 
   std::int64_t steps() const noexcept { return steps_; }
   std::int64_t skipped() const noexcept { return skipped_; }
+  bool has_lr_schedule() const noexcept { return static_cast<bool>(schedule_); }
+  /// Counts a step that a fused kernel performed on these parameters for this optimizer (the
+  /// classifier's fused SGD step, classifier.hpp), as step() counts its own. Only plain SGD,
+  /// which keeps no state, may be stepped that way.
+  void count_step(bool applied) noexcept { ++(applied ? steps_ : skipped_); }
   /// Bytes of optimizer state (moments, maxima, momentum buffers).
   std::size_t state_bytes() const noexcept { return state_memory_total().total(); }
   state_memory state_memory_total() const noexcept;
@@ -173,6 +179,13 @@ public:
   /// Reads state written by save(); throws std::runtime_error that says what is wrong (missing,
   /// truncated or corrupted file, another version, another model) and then changes nothing.
   void load(const std::string& path);
+  /// The state as bytes in memory (save()'s format without the file's header and checksum), for
+  /// many states kept by one optimizer in turn: a federated client's between its rounds.
+  std::vector<std::byte> save_state() const;
+  /// Restores what save_state() gave; throws std::runtime_error as load() does, changing nothing.
+  void load_state(std::span<const std::byte> state);
+  /// Forgets the state: moments zero, no step taken, as a fresh optimizer of these groups.
+  void reset_state();
 
   /// Internal: one moment's storage.
   struct moment {
@@ -225,6 +238,9 @@ private:
   /// Chooses, allocates or converts state storage for the (checked) groups.
   void prepare();
   void allocate(slot& s);
+  void write_state(byte_writer& w) const;
+  /// Checks and loads a state body; fail(why) throws, naming the source.
+  void read_state(std::span<const std::byte> body, const std::function<void(const std::string&)>& fail);
   int thread_count(std::size_t elements) const;
 
   optimizer_kind kind_;
