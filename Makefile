@@ -6,7 +6,8 @@
 #   make bench   run the benchmark suites (and the CAF anchor side by side when installed)
 #   make tsan    build and run the actor runtime's and the pipeline runtime's tests under ThreadSanitizer
 #   make asan    build and run the unit tests under AddressSanitizer + UBSan
-#   make fuzz    build the frame decoder's libFuzzer target with clang and run it (FUZZ_SECONDS, 60)
+#   make fuzz    build the frame decoder's and load_npz's libFuzzer targets with clang and run
+#                each (FUZZ_SECONDS apiece, 60)
 
 BUILD      ?= build
 TSAN_BUILD ?= build-tsan
@@ -84,6 +85,8 @@ $(FUZZ_BUILD)/CMakeCache.txt:
 
 # Seeds are valid frames written by frame_fuzz_seeds; what the fuzzer finds accumulates in
 # $(FUZZ_BUILD)/corpus, crashes land in $(FUZZ_BUILD)/crashes.
+# npz_fuzz's seeds are valid .npz archives and .npy arrays written by npz_fuzz_seeds; its corpus
+# is $(FUZZ_BUILD)/npz-corpus, its crashes land in $(FUZZ_BUILD)/crashes/npz-*.
 fuzz: deps $(FUZZ_BUILD)/CMakeCache.txt
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target frame_fuzz frame_fuzz_seeds
 	rm -rf $(FUZZ_BUILD)/seeds && mkdir -p $(FUZZ_BUILD)/seeds $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/crashes
@@ -92,6 +95,13 @@ fuzz: deps $(FUZZ_BUILD)/CMakeCache.txt
 	  $(FUZZ_BUILD)/bin/frame_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -rss_limit_mb=2048 \
 	  -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/ \
 	  $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/seeds
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target npz_fuzz npz_fuzz_seeds
+	rm -rf $(FUZZ_BUILD)/npz-seeds && mkdir -p $(FUZZ_BUILD)/npz-seeds $(FUZZ_BUILD)/npz-corpus
+	$(FUZZ_BUILD)/bin/npz_fuzz_seeds $(FUZZ_BUILD)/npz-seeds
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(FUZZ_BUILD)/bin/npz_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -rss_limit_mb=2048 \
+	  -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/npz- \
+	  $(FUZZ_BUILD)/npz-corpus $(FUZZ_BUILD)/npz-seeds
 
 clean:
 	rm -rf $(BUILD) $(TSAN_BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -15,6 +15,7 @@ packages=(
   libgtest-dev libgmock-dev   # tests
   libbenchmark-dev            # micro-benchmarks
   libopenblas-dev zlib1g-dev  # GEMM, gzip'd datasets
+  libzip-dev                  # NumPy .npz archives of users' own data (load_npz)
   libssl-dev                  # secure aggregation's cryptography (and TLS)
   openssl                     # the command, to make test certificates for TLS
   clang libclang-rt-14-dev    # the frame decoder's fuzzer (libFuzzer, `make fuzz`)

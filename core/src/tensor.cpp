@@ -23,6 +23,7 @@ std::size_t size_of(dtype t) noexcept {
     case dtype::i32: return 4;
     case dtype::i64: return 8;
     case dtype::u8: return 1;
+    case dtype::u32: return 4;
   }
   return 0;
 }
@@ -35,6 +36,7 @@ const char* name_of(dtype t) noexcept {
     case dtype::i32: return "i32";
     case dtype::i64: return "i64";
     case dtype::u8: return "u8";
+    case dtype::u32: return "u32";
   }
   return "?";
 }
@@ -68,7 +70,7 @@ std::int64_t count_elements(const tensor::shape_type& shape, dtype t) {
     if (d != 0 && n > limit / d) throw std::invalid_argument("tensor has too many elements");
     n *= d;
   }
-  if (static_cast<std::uint8_t>(t) > static_cast<std::uint8_t>(dtype::u8))
+  if (static_cast<std::uint8_t>(t) > static_cast<std::uint8_t>(enum_bounds<dtype>::last))
     throw std::invalid_argument("unknown tensor dtype " + std::to_string(static_cast<int>(t)));
   return n;
 }
@@ -207,7 +209,7 @@ void codec<tensor>::encode(byte_writer& w, const tensor& t) {
 
 tensor codec<tensor>::decode(byte_reader& r) {
   const auto type = r.read_raw<std::uint8_t>();
-  if (type > static_cast<std::uint8_t>(dtype::u8))
+  if (type > static_cast<std::uint8_t>(enum_bounds<dtype>::last))
     byte_reader::fail("tensor dtype " + std::to_string(type) + " is unknown");
   const auto rank = r.read_varint();
   if (rank > 8) byte_reader::fail("tensor rank " + std::to_string(rank) + " is above 8");

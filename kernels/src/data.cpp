@@ -17,6 +17,9 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <tuple>
+
+#include "labelled.hpp"
 
 namespace troupe {
 namespace {
@@ -453,6 +456,127 @@ fashion_mnist load_fashion_mnist(const std::string& dir) {
   fashion_mnist out;
   out.train = load_split(dir, "train");
   out.test = load_split(dir, "t10k");
+  return out;
+}
+
+pixel_stats pixel_statistics(const tensor& u8_images) {
+  if (u8_images.type() != dtype::u8 || !u8_images.where().is_cpu() || u8_images.rank() < 1)
+    throw std::invalid_argument("pixel_statistics: expects u8 images [N, ...] on the host, not " +
+                                u8_images.str());
+  // A histogram keeps the sums exact (below 2^48 pixels, where the sum of squares could wrap).
+  std::array<std::uint64_t, 256> counts{};
+  for (const std::uint8_t v : u8_images.data<std::uint8_t>()) ++counts[v];
+  std::uint64_t n = 0, sum = 0, squares = 0;
+  for (std::uint64_t v = 0; v < 256; ++v) {
+    n += counts[v];
+    sum += counts[v] * v;
+    squares += counts[v] * v * v;
+  }
+  if (n == 0) return {};
+  const long double mean = static_cast<long double>(sum) / n;
+  const long double variance = std::max(0.0L, static_cast<long double>(squares) / n - mean * mean);
+  return {static_cast<float>(mean / 255.0L), static_cast<float>(std::sqrt(variance) / 255.0L)};
+}
+
+namespace detail {
+
+void finish_labelled_data(labelled_data& data, const std::string& prefix, const part_names& names) {
+  const auto bad = [&](const std::string& part, const std::string& what) {
+    return std::runtime_error(prefix + part + ": " + what);
+  };
+  const tensor& x = data.train.images;
+  const tensor& xt = data.test.images;
+  if (x.type() != dtype::u8 && x.type() != dtype::f32)
+    throw bad(names.x_train, "holds " + x.str() + ": images must be u8 (pixels 0..255) or f32 (features)");
+  if (x.rank() < 2 || x.rank() > max_image_rank)
+    throw bad(names.x_train, "holds " + x.str() + ": images need a shape (N, ...) of rank 2 to " +
+                                 std::to_string(max_image_rank) + " (N examples of one shape each)");
+  if (x.dim(0) < 1) throw bad(names.x_train, "holds no examples (" + x.str() + ")");
+  if (xt.type() != x.type())
+    throw bad(names.x_test, "holds " + std::string(name_of(xt.type())) + " but " + names.x_train + " holds " +
+                                name_of(x.type()) + ": give both splits the same dtype");
+  const tensor::shape_type row(x.shape().begin() + 1, x.shape().end());
+  if (xt.rank() < 1 || tensor::shape_type(xt.shape().begin() + 1, xt.shape().end()) != row)
+    throw bad(names.x_test, "holds " + xt.str() + ": its examples must have " + names.x_train + "'s shape " +
+                                tensor::str(row));
+  for (const auto& [split, name, images] : {std::tuple{&data.train, &names.y_train, &names.x_train},
+                                            std::tuple{&data.test, &names.y_test, &names.x_test}}) {
+    const tensor& y = split->labels;
+    if (y.type() != dtype::u8 || y.rank() != 1)
+      throw bad(*name, "holds " + y.str() + ", not u8 labels [N]");
+    if (y.dim(0) != split->images.dim(0))
+      throw bad(*name, "holds " + std::to_string(y.dim(0)) + " labels for the " +
+                           std::to_string(split->images.dim(0)) + " examples of " + *images);
+    if (split->images.type() == dtype::f32) {
+      const auto values = split->images.data<float>();
+      for (std::size_t i = 0; i < values.size(); ++i)
+        if (!std::isfinite(values[i]))
+          throw bad(*images, "value " + std::to_string(values[i]) + " at flat index " + std::to_string(i) +
+                                 " is not finite: features must be finite numbers");
+    }
+  }
+  if (data.client_train.defined()) {
+    const tensor& c = data.client_train;
+    if (c.type() != dtype::u32 || c.rank() != 1)
+      throw bad(names.client_train, "holds " + c.str() + ", not u32 client numbers [N]");
+    if (c.dim(0) != x.dim(0))
+      throw bad(names.client_train, "holds " + std::to_string(c.dim(0)) + " client numbers for the " +
+                                        std::to_string(x.dim(0)) + " examples of " + names.x_train);
+  }
+  int top = 0;
+  for (const dataset* split : {&data.train, &data.test})
+    for (const std::uint8_t label : split->labels.data<std::uint8_t>()) top = std::max<int>(top, label);
+  if (top < 1)
+    throw bad(names.y_train, "every label of both splits is 0: a classifier needs at least 2 classes");
+  data.classes = top + 1;
+  if (x.type() == dtype::u8) {
+    const pixel_stats stats = pixel_statistics(x);
+    data.mean = stats.mean;
+    // All pixels equal: normalization then only shifts them to 0.
+    data.stddev = stats.stddev > 0.0f ? stats.stddev : 1.0f;
+  } else {
+    data.mean = 0.0f;
+    data.stddev = 1.0f;
+  }
+}
+
+}  // namespace detail
+
+labelled_data load_idx_dir(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw std::runtime_error("load_idx_dir: " + dir + (fs::exists(dir, ec) ? " is not a directory" : " does not exist") +
+                             ": pass the directory that holds train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+                             "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (each plain or .gz)");
+  // The plain file when it exists, else the gzip'd one.
+  const auto find = [&](const std::string& name) {
+    const fs::path plain = fs::path(dir) / name;
+    const fs::path gz = fs::path(dir) / (name + ".gz");
+    std::error_code e;
+    if (fs::exists(plain, e)) return plain.string();
+    if (fs::exists(gz, e)) return gz.string();
+    throw std::runtime_error("load_idx_dir: " + dir + ": neither " + name + " nor " + name + ".gz exists");
+  };
+  detail::part_names names{find("train-images-idx3-ubyte"), find("train-labels-idx1-ubyte"),
+                           find("t10k-images-idx3-ubyte"), find("t10k-labels-idx1-ubyte"), ""};
+  const auto labels = [](const std::string& path) {
+    tensor y = read_idx(path);
+    if (y.type() != dtype::i32 || y.rank() != 1) return y;  // finish_labelled_data names the problem
+    tensor out = tensor::empty({y.dim(0)}, dtype::u8);
+    const auto in = y.data<std::int32_t>();
+    const auto dst = out.data<std::uint8_t>();
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      if (in[i] < 0 || in[i] > 255)
+        throw std::runtime_error("load_idx_dir: " + path + ": label " + std::to_string(in[i]) + " at index " +
+                                 std::to_string(i) + " is outside 0..255");
+      dst[i] = static_cast<std::uint8_t>(in[i]);
+    }
+    return out;
+  };
+  labelled_data out;
+  out.train = {read_idx(names.x_train), labels(names.y_train)};
+  out.test = {read_idx(names.x_test), labels(names.y_test)};
+  detail::finish_labelled_data(out, "load_idx_dir: ", names);
   return out;
 }
 

@@ -26,6 +26,8 @@ TEST(Tensor, HasItsShapeDtypeAndSize) {
   EXPECT_EQ(t.str(), "f32[4, 3, 2] on cpu");
   EXPECT_EQ(troupe::size_of(dtype::bf16), 2u);
   EXPECT_EQ(troupe::size_of(dtype::i64), 8u);
+  EXPECT_EQ(troupe::size_of(dtype::u32), 4u);
+  EXPECT_EQ(tensor::from<std::uint32_t>({7, 4294967295u}, {2}).str(), "u32[2] on cpu");
   EXPECT_THROW(tensor::empty({2, -1}), std::invalid_argument);
 }
 
@@ -105,7 +107,7 @@ TEST(Tensor, ReshapeKeepsElementsAndInfersOneDimension) {
 
 TEST(Tensor, CodecRoundTripsEveryDtypeOnFreshData) {
   std::mt19937 rng(7);
-  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16, dtype::i32, dtype::i64, dtype::u8}) {
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16, dtype::i32, dtype::i64, dtype::u8, dtype::u32}) {
     auto x = tensor::empty({3, 5, 2}, t);
     for (std::size_t i = 0; i < x.nbytes(); ++i) x.bytes()[i] = static_cast<std::byte>(rng());
     auto y = troupe::decode<tensor>(troupe::encode(x));

@@ -26,10 +26,10 @@
 namespace troupe {
 
 /// Element types. Numbering is stable: it travels on the wire.
-enum class dtype : std::uint8_t { f32 = 0, bf16 = 1, f16 = 2, i32 = 3, i64 = 4, u8 = 5 };
+enum class dtype : std::uint8_t { f32 = 0, bf16 = 1, f16 = 2, i32 = 3, i64 = 4, u8 = 5, u32 = 6 };
 template <>
 struct enum_bounds<dtype> {
-  static constexpr dtype last = dtype::u8;
+  static constexpr dtype last = dtype::u32;
 };
 
 /// Bytes per element.
@@ -47,6 +47,7 @@ constexpr bool is_element_of(dtype t) noexcept {
     case dtype::i32: return std::is_same_v<T, std::int32_t>;
     case dtype::i64: return std::is_same_v<T, std::int64_t>;
     case dtype::u8: return std::is_same_v<T, std::uint8_t>;
+    case dtype::u32: return std::is_same_v<T, std::uint32_t>;
   }
   return false;
 }
@@ -190,7 +191,8 @@ tensor tensor::from(std::span<const T> values, shape_type shape) {
   else if constexpr (std::is_same_v<T, std::int32_t>) t = dtype::i32;
   else if constexpr (std::is_same_v<T, std::int64_t>) t = dtype::i64;
   else if constexpr (std::is_same_v<T, std::uint8_t>) t = dtype::u8;
-  else static_assert(sizeof(T) == 0, "tensor::from: use float, int32_t, int64_t or uint8_t");
+  else if constexpr (std::is_same_v<T, std::uint32_t>) t = dtype::u32;
+  else static_assert(sizeof(T) == 0, "tensor::from: use float, int32_t, int64_t, uint8_t or uint32_t");
   tensor out = empty(std::move(shape), t);
   if (static_cast<std::size_t>(out.numel()) != values.size())
     throw std::invalid_argument("tensor::from: " + std::to_string(values.size()) +

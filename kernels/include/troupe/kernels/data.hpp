@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// Training data: a reader for the IDX format (plain or gzip-compressed), the Fashion-MNIST
-/// files that Debian's package `dataset-fashion-mnist` installs, normalization, seeded
+/// files that Debian's package `dataset-fashion-mnist` installs, users' own labelled data (a
+/// NumPy .npz archive or a directory of MNIST-style IDX files), normalization, seeded
 /// shuffling, shards (index lists) for many clients, and batching by index lists.
 ///
 /// Sharing: a dataset is loaded once; clients hold only index lists (shards) and build their
@@ -49,26 +50,92 @@ inline constexpr float fashion_mnist_std = 0.3530f;
 inline constexpr int fashion_mnist_classes = 10;
 inline constexpr int fashion_mnist_side = 28;
 
-/// Images and their labels.
+/// Examples and their labels.
 struct dataset {
-  tensor images;  ///< u8 [N, 28, 28], pixels 0..255
-  tensor labels;  ///< u8 [N], classes 0..9
+  tensor images;  ///< u8 [N, ...] (pixels 0..255, normalized before use) or f32 [N, ...] (features used as they are)
+  tensor labels;  ///< u8 [N], classes 0..classes-1
 
   /// Number of examples (N).
   std::int64_t size() const { return labels.defined() ? labels.dim(0) : 0; }
 };
 
-/// Fashion-MNIST's two splits.
-struct fashion_mnist {
-  dataset train;  ///< 60000 examples
-  dataset test;   ///< 10000 examples
+/// A labelled data set: two splits with images of one dtype and one shape per example, the
+/// number of classes, the statistics u8 pixels are normalized with, and optionally the client
+/// each training example belongs to (for data that comes already partitioned).
+struct labelled_data {
+  dataset train;
+  dataset test;
+  int classes = fashion_mnist_classes;  ///< labels lie in 0..classes-1
+  /// What u8 pixels scaled to [0, 1] are normalized with: Fashion-MNIST's constants for
+  /// Fashion-MNIST, the training pixels' own statistics for other u8 data (pixel_statistics).
+  /// f32 features are used as they are: the loaders then set 0 and 1, which nothing reads.
+  float mean = fashion_mnist_mean;
+  float stddev = fashion_mnist_std;
+  /// Undefined, or u32 [train.size()]: the client (0..C-1) each training example belongs to.
+  /// A client number between 0 and the largest one may hold no example.
+  tensor client_train;
 };
 
+/// Fashion-MNIST is a labelled_data (60000 and 10000 examples, 10 classes); callers of
+/// load_fashion_mnist name it so.
+using fashion_mnist = labelled_data;
+
 /// Loads train-{images-idx3,labels-idx1}-ubyte.gz and t10k-{...}-ubyte.gz from `dir` and checks
-/// them: images u8 [N, 28, 28], labels u8 [N] with the same N, labels in 0..9. Throws
-/// std::runtime_error naming the file and what is wrong (see read_idx for the file errors; the
-/// default directory's messages say to install Debian's `dataset-fashion-mnist`).
+/// them: images u8 [N, 28, 28], labels u8 [N] with the same N, labels in 0..9; classes is 10 and
+/// mean and stddev are fashion_mnist_mean and fashion_mnist_std. Throws std::runtime_error
+/// naming the file and what is wrong (see read_idx for the file errors; the default
+/// directory's messages say to install Debian's `dataset-fashion-mnist`).
 fashion_mnist load_fashion_mnist(const std::string& dir = fashion_mnist_dir);
+
+// ---- users' own data ---------------------------------------------------------------------------
+
+/// Mean and standard deviation of u8 pixels scaled to [0, 1] (population statistics, computed
+/// exactly from a histogram of the 256 values).
+struct pixel_stats {
+  float mean = 0.0f;
+  float stddev = 0.0f;
+};
+
+/// pixel_statistics of u8 images [N, ...] on the host. Throws std::invalid_argument for another
+/// dtype, a tensor off the host or no dimensions. An empty tensor gives {0, 0}.
+pixel_stats pixel_statistics(const tensor& u8_images);
+
+/// Loads a NumPy .npz archive (np.savez or np.savez_compressed: .npy entries stored or
+/// deflated) holding x_train, y_train, x_test, y_test and optionally client_train:
+///
+///   np.savez("mine.npz", x_train=x, y_train=y, x_test=xt, y_test=yt)   # client_train=c too
+///
+/// - x_train, x_test: uint8 ('|u1', pixels 0..255) or float32 ('<f4' or '>f4', finite
+///   features), shape (N, ...) of rank 2 to 8, the same dtype and the same shape per example in
+///   both, at least one training example (the test split may be empty); they become
+///   dataset.images with that shape (f32 in host byte order).
+/// - y_train, y_test: 1-D integers ('|u1', '|i1', '<i2', '<u2', '<i4', '<u4', '<i8', '<u8' or
+///   their big-endian '>' forms; one-byte types also as '<u1', '>i1', ... as some writers spell
+///   them), one per row of x, in 0..255; they become u8 labels.
+/// - client_train: optional, 1-D integers (the same dtypes), one per training example, in
+///   0..2^32-1; it becomes u32 client_train.
+///
+/// classes is the largest label of both splits plus one (at least 2); mean and stddev are the
+/// training pixels' pixel_statistics for u8 (a stddev of 0, all pixels equal, becomes 1), 0 and
+/// 1 for f32. Other entries of the archive are ignored.
+///
+/// Throws std::runtime_error "load_npz: <path>: <entry>: <problem>" for a missing file or
+/// array, a file that is no zip archive, an encrypted entry or one compressed other than
+/// stored or deflated, a .npy header that is malformed or lies about its size, fortran_order
+/// True, a dtype other than those above (object and structured arrays included), shapes that
+/// disagree, a label or client index out of range, all labels 0, non-finite features, truncated
+/// data, trailing bytes after the data, or corrupted entry data (libzip checks each entry's
+/// CRC-32). No allocation exceeds what the archive can hold.
+labelled_data load_npz(const std::string& path);
+
+/// Loads MNIST-style IDX files from `dir`: train-images-idx3-ubyte, train-labels-idx1-ubyte,
+/// t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, each plain or gzip'd (the name with .gz;
+/// the plain file is taken when both exist). Images are u8 or f32 [N, ...] of rank 2 to 8 (f32
+/// finite), the same dtype and shape per example in both splits, at least one training
+/// example; labels are u8 or i32 [N], in 0..255 (i32 labels become u8). classes is the largest label plus one (at least 2); mean and stddev
+/// as for load_npz. Throws std::runtime_error naming the file and what is wrong (see read_idx
+/// for the file errors).
+labelled_data load_idx_dir(const std::string& dir);
 
 // ---- normalization -----------------------------------------------------------------------------
 
