@@ -45,8 +45,14 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--rounds", o.rounds, "rounds to run")->capture_default_str();
   cmd->add_option("--local-epochs", o.local_epochs, "passes over its shard per client per round")->capture_default_str();
   cmd->add_option("--batch", o.batch, "client batch size")->capture_default_str();
-  cmd->add_option("--lr", o.lr, "client SGD learning rate")->capture_default_str();
-  cmd->add_option("--model", o.model, "mlp:IN-H1-...-OUT")->capture_default_str();
+  cmd->add_option("--lr", o.lr, "clients' learning rate")->capture_default_str();
+  cmd->add_option("--client-optimizer", o.client_optimizer,
+                  "sgd (no state), or adam or adamw: each client keeps its own moments between its rounds")
+      ->capture_default_str();
+  cmd->add_option("--client-state", o.client_state, "storage of the clients' optimizer moments: fp32, bf16 or int8")
+      ->capture_default_str();
+  cmd->add_option("--model", o.model, "mlp:IN-H1-...-OUT, or a layer description: 'sequential(linear(784->64), gelu, linear(64->10))'")
+      ->capture_default_str();
   cmd->add_option("--partition", o.partition, "iid, dirichlet:A, shards:K or powerlaw:A")->capture_default_str();
   cmd->add_option("--strategy", o.strategy,
                   troupe::federated::strategy_names() + ", or a robust rule: median, trimmed-mean:B, krum:F, multi-krum:F:M, geomed, norm-bound:M")
@@ -178,10 +184,10 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       if (s.resumed_from > 0) std::fprintf(stderr, "troupe fedsim: resumed from the checkpoint of round %d\n", s.resumed_from);
       if (json)
         std::printf("{\"final_accuracy\":%s,\"rounds_per_s\":%.2f,\"peak_rss_mb\":%.1f,\"rounds\":%d,\"seconds\":%.2f,"
-                    "\"final_loss\":%s,\"model_crc32\":\"%08x\",\"resumed_from\":%d}\n",
+                    "\"final_loss\":%s,\"model_crc32\":\"%08x\",\"resumed_from\":%d,\"state_bytes_per_client\":%.0f}\n",
                     json_number(s.final_accuracy, "%.4f").c_str(), s.rounds_per_s, s.peak_rss_mb, s.rounds, s.seconds,
                     json_number(s.final_loss, "%.9g").c_str(),
-                    static_cast<unsigned>(s.model_crc32), s.resumed_from);
+                    static_cast<unsigned>(s.model_crc32), s.resumed_from, s.state_bytes_per_client);
       else
         std::printf("final test accuracy %s after %d rounds, %.1f rounds/s, peak memory %.0f MB, %.1f s, model CRC-32 %08x\n",
                     text_number(s.final_accuracy).c_str(), s.rounds, s.rounds_per_s, s.peak_rss_mb, s.seconds,

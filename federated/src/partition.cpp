@@ -135,6 +135,25 @@ partition partition_power_law(std::size_t examples, std::size_t clients, double 
   return cut(shuffled(examples, seed), sizes);
 }
 
+partition partition_assigned(const tensor& client_of, std::size_t clients) {
+  if (!client_of.defined() || client_of.type() != dtype::u32 || client_of.rank() != 1 || !client_of.where().is_cpu())
+    throw std::invalid_argument("partition_assigned: the assignment must be a u32 vector on the host");
+  const auto of = client_of.data<std::uint32_t>();
+  partition p;
+  p.offsets.assign(clients + 1, 0);
+  for (std::size_t i = 0; i < of.size(); ++i) {
+    if (of[i] >= clients)
+      throw std::invalid_argument("example " + std::to_string(i) + " belongs to client " + std::to_string(of[i]) + "; there are " +
+                                  std::to_string(clients) + " clients");
+    ++p.offsets[of[i] + 1];
+  }
+  for (std::size_t c = 0; c < clients; ++c) p.offsets[c + 1] += p.offsets[c];
+  p.indices.resize(of.size());
+  std::vector<std::uint32_t> next(p.offsets.begin(), p.offsets.end() - 1);
+  for (std::size_t i = 0; i < of.size(); ++i) p.indices[next[of[i]]++] = static_cast<std::uint32_t>(i);
+  return p;
+}
+
 partition make_partition(const std::string& spec, const tensor& labels, std::size_t clients, std::uint64_t seed) {
   const auto colon = spec.find(':');
   const std::string name = spec.substr(0, colon);

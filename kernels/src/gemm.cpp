@@ -35,6 +35,9 @@ using sgemm_fn = decltype(&cblas_sgemm);
 
 sgemm_fn openblas_sgemm() {
   static const sgemm_fn fn = [] {
+    // One BLAS thread (see below), from the start: OpenBLAS makes its pool when it loads, and an
+    // idle pool thread still yields in a loop beside the actors' workers.
+    setenv("OPENBLAS_NUM_THREADS", "1", 0);
     void* lib = detail::open_library("OpenBLAS", "TROUPE_OPENBLAS_LIBRARY", TROUPE_OPENBLAS_LIBRARY,
                                      {"libopenblas.so.0", "libopenblas.so"},
                                      "install Debian's libopenblas-dev (cmake/install-deps.sh does), or set "

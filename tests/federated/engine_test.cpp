@@ -18,21 +18,14 @@
 #include "troupe/kernels/data.hpp"
 
 #include "fashion_subset.hpp"
+#include "support.hpp"
 
 namespace {
 
 using namespace troupe::federated;
 
-/// Runs `f`, which must throw E with `words` in its message.
-template <class E, class F>
-void expect_error(F&& f, const std::string& words) {
-  try {
-    f();
-    ADD_FAILURE() << "accepted; expected an error about " << words;
-  } catch (const E& e) {
-    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-  }
-}
+using test_support::expect_error;
+using test_support::model_of;
 
 void write_file(const std::string& file, const std::string& content) {
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
@@ -362,7 +355,6 @@ std::string temp_file(const std::string& name) {
   return ::testing::TempDir() + "/troupe_engine_" + std::to_string(::getpid()) + "_" + name;
 }
 
-std::vector<float> model_of(const simulation& sim) { return {sim.global_model().begin(), sim.global_model().end()}; }
 
 std::string file_bytes(const std::string& file) {
   std::ifstream in(file, std::ios::binary);
@@ -983,7 +975,7 @@ std::string reversioned(std::string body, std::uint32_t version) {
 
 }  // namespace
 
-TEST(Checkpoint, ReadsVersionOneFilesOfSynchronousRunsAndRefusesUnknownVersions) {
+TEST(Checkpoint, ReadsVersionOneAndTwoFilesOfSynchronousRunsAndRefusesUnknownVersions) {
   auto o = small("fedavgm", 2);
   const std::string file = temp_file("v1.ckpt");
   simulation straight(o, fashion());
@@ -998,9 +990,26 @@ TEST(Checkpoint, ReadsVersionOneFilesOfSynchronousRunsAndRefusesUnknownVersions)
             *reinterpret_cast<const std::uint32_t*>(bytes.data() + bytes.size() - 4));
   // Version 1 had no FedBuff section: 24 bytes (server version, dispatches, clients in flight,
   // all zero in a synchronous run) before the CRC.
-  const std::string body = bytes.substr(0, bytes.size() - 4);
-  ASSERT_EQ(body.substr(body.size() - 24), std::string(24, '\0'));
+  const std::string v3 = bytes.substr(0, bytes.size() - 4);
+  ASSERT_EQ(v3.substr(v3.size() - 24), std::string(24, '\0'));
+  // Version 2 had no optimizer state after each client's: 30 clients of 24 bytes (generator,
+  // an empty state, an empty optimizer state) before the FedBuff section become 16 bytes each.
+  const std::size_t clients_at = v3.size() - 24 - 30 * 24;
+  std::string body = v3.substr(0, clients_at);
+  for (std::size_t c = 0; c < 30; ++c) {
+    ASSERT_EQ(v3.substr(clients_at + 24 * c + 8, 16), std::string(16, '\0'));
+    body += v3.substr(clients_at + 24 * c, 16);
+  }
+  body += v3.substr(v3.size() - 24);
   auto write = [&](const std::string& content) { write_file(file, content); };
+  write(reversioned(body, 2));
+  {
+    simulation resumed(o, fashion());
+    resumed.load_checkpoint(file);
+    EXPECT_EQ(resumed.rounds_done(), 1);
+    run_to(resumed, 3);
+    EXPECT_EQ(model_of(straight), model_of(resumed));
+  }
   write(reversioned(body.substr(0, body.size() - 24), 1));
   simulation resumed(o, fashion());
   resumed.load_checkpoint(file);
@@ -1008,9 +1017,9 @@ TEST(Checkpoint, ReadsVersionOneFilesOfSynchronousRunsAndRefusesUnknownVersions)
   run_to(resumed, 3);
   EXPECT_EQ(model_of(straight), model_of(resumed));
 
-  write(reversioned(body, 3));
+  write(reversioned(v3, 4));
   simulation other(o, fashion());
-  expect_error<std::runtime_error>([&] { other.load_checkpoint(file); }, "has version 3; this build reads 1 to 2");
+  expect_error<std::runtime_error>([&] { other.load_checkpoint(file); }, "has version 4; this build reads 1 to 3");
   // A version 2 file of a synchronous run that claims clients in flight is malformed.
   std::string forged = body;
   forged[forged.size() - 8] = 1;
@@ -1040,7 +1049,7 @@ TEST(Checkpoint, RefusesValuesNoRunWritesEvenWithAValidChecksum) {
   auto forged = [&](std::size_t at, auto value) {
     std::string b = body;
     std::memcpy(b.data() + at, &value, sizeof value);
-    write_file(file, reversioned(b, 2));
+    write_file(file, reversioned(b, 3));
   };
   simulation other(o, fashion());
   forged(clock_at, std::nan(""));
@@ -1109,7 +1118,7 @@ TEST(Checkpoint, RefusesStrategyAndTransformStateThatDoesNotFitWithoutChangingAn
     b.append(reinterpret_cast<const char*>(&n), 8);
     b.append(reinterpret_cast<const char*>(s.data()), 8 * s.size());
     b += body.substr(l.transforms_at);
-    return reversioned(b, 2);
+    return reversioned(b, 3);
   };
   auto expect_refusal = [&](const std::string& content, const std::string& message) {
     write_file(file, content);
@@ -1130,7 +1139,7 @@ TEST(Checkpoint, RefusesStrategyAndTransformStateThatDoesNotFitWithoutChangingAn
   std::string b = body;
   const double minus = -1;
   std::memcpy(b.data() + l.transforms_at + 16, &minus, 8);
-  expect_refusal(reversioned(b, 2), "dp-clip: the saved state has no valid clipping bound");
+  expect_refusal(reversioned(b, 3), "dp-clip: the saved state has no valid clipping bound");
   expect_refusal(reversioned(body, 1), "has version 1, which holds only synchronous runs; this run is FedBuff");
   write_file(file, bytes);
   simulation resumed(o, fashion());
@@ -1150,7 +1159,7 @@ TEST(Checkpoint, RefusesStrategyAndTransformStateThatDoesNotFitWithoutChangingAn
   ASSERT_EQ(la.strategy_values, 1 + 2 * dim);
   const double last = 2147483647.0;
   std::memcpy(a.data() + la.strategy_at + 8, &last, 8);
-  write_file(file, reversioned(a, 2));
+  write_file(file, reversioned(a, 3));
   simulation other(adam, fashion());
   expect_error<std::runtime_error>([&] { other.load_checkpoint(file); }, "fedadam': the checkpoint's step count is malformed");
   EXPECT_EQ(other.rounds_done(), 0);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the CUDA paths on a machine with an NVIDIA GPU, in one go (within 8 minutes):
 #   1. configures a build with TROUPE_WITH_CUDA=ON for sm_90 (examples off) and builds only
-#      kernels_test, core_test, pipeline_test and the troupe CLI, or, with --bundle, unpacks those
+#      kernels_test, core_test, pipeline_test, federated_test and the troupe CLI, or, with --bundle, unpacks those
 #      programs as tests/gpu/pack.sh built them on another machine (for a GPU machine without
 #      troupe's build dependencies; its own cuBLAS is found and used);
 #   2. runs the CUDA tests (kernels_test --gtest_filter='Cuda*', pipeline_test's stages on CUDA
@@ -95,7 +95,7 @@ else
 
   echo "== build kernels_test core_test pipeline_test troupe"
   limit=$(left) || exit 1
-  timeout "$limit" cmake --build "$build" --target kernels_test core_test pipeline_test troupe -j "$(nproc)" >"$build/build.log" 2>&1 ||
+  timeout "$limit" cmake --build "$build" --target kernels_test core_test pipeline_test federated_test troupe -j "$(nproc)" >"$build/build.log" 2>&1 ||
     { grep -E "error|FAILED" "$build/build.log" | head -n 40 || true; echo "device_check: build failed" >&2; exit 1; }
   bindir=$build/bin
 fi
@@ -125,6 +125,7 @@ run_tests() {
 echo "== CUDA tests"
 run_tests kernels_test 'Cuda*'
 run_tests pipeline_test 'Runtime.StagesOnCudaDevices*'
+run_tests federated_test 'ClientsOnCuda.*'
 # Device.CountsNoCudaDeviceWhenBuiltWithoutCuda skips in a CUDA build by design: not listed.
 run_tests core_test 'Device.ReportsADeviceOnlyWhenBuiltWithCuda:Device.CountsTheSameFromManyThreads:Device.CountsNoDeviceWhenCudaVisibleDevicesIsEmpty:Tensor.Device*'
 

@@ -6,7 +6,7 @@
 #   tests/gpu/pack.sh [build-dir] [bundle]     (defaults: build-gpu, BUILD-DIR/troupe-gpu-bundle.tar.gz)
 #
 # Needs nvcc and the build dependencies (cmake/install-deps.sh), no GPU. The bundle holds
-# kernels_test, core_test, pipeline_test and the troupe CLI built for sm_90 (stripped) and the
+# kernels_test, core_test, pipeline_test, federated_test and the troupe CLI built for sm_90 (stripped) and the
 # shared libraries they load, OpenBLAS included, except the C library, the C++ runtime and the NVIDIA driver's,
 # which the GPU machine has, and cuBLAS (over 500 MB with cuBLASLt), which device_check.sh finds
 # in that machine's CUDA. The GPU machine needs a C library at least as new as this one's and the
@@ -28,14 +28,14 @@ mkdir -p "$build"
 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTROUPE_WITH_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 >"$build/configure.log" 2>&1 ||
   { tail -n 30 "$build/configure.log"; echo "pack: configure failed" >&2; exit 1; }
-echo "== build kernels_test core_test pipeline_test troupe"
-cmake --build "$build" --target kernels_test core_test pipeline_test troupe -j "$(nproc)" >"$build/build.log" 2>&1 ||
+echo "== build kernels_test core_test pipeline_test federated_test troupe"
+cmake --build "$build" --target kernels_test core_test pipeline_test federated_test troupe -j "$(nproc)" >"$build/build.log" 2>&1 ||
   { grep -E "error|FAILED" "$build/build.log" | head -n 40 || true; echo "pack: build failed" >&2; exit 1; }
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bundle/bin" "$stage/bundle/lib"
-binaries=(kernels_test core_test pipeline_test troupe)
+binaries=(kernels_test core_test pipeline_test federated_test troupe)
 for b in "${binaries[@]}"; do strip -o "$stage/bundle/bin/$b" "$build/bin/$b"; done
 
 # The libraries a file loads, as ldd resolves them here, less those the GPU machine brings.

@@ -39,5 +39,9 @@ partition partition_iid(std::size_t examples, std::size_t clients, std::uint64_t
 partition partition_dirichlet(const tensor& labels, std::size_t clients, double alpha, std::uint64_t seed);
 partition partition_shards(const tensor& labels, std::size_t clients, int per_client, std::uint64_t seed);
 partition partition_power_law(std::size_t examples, std::size_t clients, double exponent, std::uint64_t seed);
+/// The natural partition a data set gives (a writer per client): example i goes to client
+/// client_of[i] (u32 [N]), each client's examples in example order. Throws
+/// std::invalid_argument when client_of is not a u32 vector or names a client >= clients.
+partition partition_assigned(const tensor& client_of, std::size_t clients);
 
 }  // namespace troupe::federated

@@ -11,10 +11,12 @@
 /// window of outstanding asks, so that the result is bit-identical at any thread count and at
 /// most `window` updates exist at once.
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,7 +26,8 @@
 #include "troupe/federated/update.hpp"
 
 namespace troupe {
-struct fashion_mnist;
+struct labelled_data;
+using fashion_mnist = labelled_data;  // as troupe/kernels/data.hpp declares it
 }
 
 namespace troupe::federated {
@@ -41,7 +44,20 @@ struct simulation_options {
   int rounds = 200;
   int local_epochs = 1;
   int batch = 10;
-  double lr = 0.05;               ///< clients' SGD learning rate
+  double lr = 0.05;               ///< clients' learning rate
+  /// The clients' optimizer: "sgd" (plain SGD: no state), "adam" or "adamw" (betas 0.9 and
+  /// 0.999, eps 1e-8, no weight decay). Adam's moments are each client's own: kept between the
+  /// rounds it is sampled in, idle clients holding only them, stored as `client_state` says.
+  std::string client_optimizer = "sgd";
+  /// Storage of a stateful client optimizer's moments: "fp32", "bf16" or "int8" (8-bit blocks of
+  /// 256 with fp32 scales; tensors under 4096 elements stay fp32; see kernels/optim.hpp).
+  std::string client_state = "fp32";
+  /// Where the clients' steps run: "cpu", or "cuda" / "cuda:N" (the layers and the fused
+  /// optimizer on that GPU, every worker's client actors sharing it; the server evaluates there
+  /// too). FedProx's and SCAFFOLD's gradient terms need "cpu".
+  std::string device = "cpu";
+  /// "mlp:784-100-10", or any layer description kernels::make_layer reads
+  /// ("sequential(linear(784->64), gelu, linear(64->10))").
   std::string model = "mlp:784-100-10";
   std::string partition = "dirichlet:0.5";  ///< see partition.hpp
   std::string strategy = "fedavg";          ///< see strategy.hpp
@@ -50,6 +66,11 @@ struct simulation_options {
   int eval_every = 10;            ///< evaluate every N rounds (and after the last one)
   unsigned threads = 0;           ///< worker threads; 0: one per hardware thread
   std::string data_dir;           ///< empty: Debian's fashion-mnist location
+  /// Another data set instead of Fashion-MNIST: "npz:FILE" (NumPy's .npz with x_train, y_train,
+  /// x_test, y_test and optionally client_train, which then partitions the training set: one
+  /// client per index, --clients must match) or "idx:DIR" (MNIST-style IDX files); see
+  /// kernels/data.hpp.
+  std::string data;
   /// "mlp" trains the model; "noop" returns a tiny update without training (measures the
   /// orchestration alone).
   std::string trainer = "mlp";
@@ -120,12 +141,19 @@ struct local_job {
   double lr = 0.05;
   double proximal_mu = 0;                   ///< FedProx: gradient += mu * (w - global)
   std::span<const float> correction;        ///< empty, or dim floats added to every gradient
+  /// The client's own optimizer state when the options give clients a stateful optimizer (null
+  /// otherwise): on entry what the client kept from its last round (empty the first time), on
+  /// return what it keeps for the next (as kernels::optimizer::save_state writes it).
+  std::vector<std::byte>* optimizer_state = nullptr;
 };
 
 struct local_result {
   double loss = 0;        ///< mean training loss
   std::int64_t steps = 0; ///< optimizer steps taken
   std::int64_t samples = 0;
+  /// Steps the optimizer refused because the gradients were not finite: the client's training
+  /// diverged, and its update ends the run (as a non-finite update does).
+  std::int64_t skipped = 0;
 };
 
 /// What a client does in a round. The engine makes one per worker thread (plus one for the
@@ -140,8 +168,16 @@ public:
   virtual void initialize(std::span<float> model, std::uint64_t seed) = 0;
   /// Trains `model` (a copy of job.global on entry) in place; draws only from `rng`.
   virtual local_result train(const local_job& job, std::span<float> model, splitmix64& rng) = 0;
+  /// dim() floats the trainer trains in when they are what train() is handed (its model's own
+  /// parameters: no copy in and out); empty: the engine keeps a working model per worker.
+  virtual std::span<float> working_model() { return {}; }
   /// Test accuracy and mean loss of `model`.
   virtual evaluation evaluate(std::span<const float> model) = 0;
+  /// Throws std::invalid_argument, saying why, for optimizer state that train() could not take
+  /// (a checkpoint's, checked before it is restored). Trainers that keep none accept only empty.
+  virtual void check_optimizer_state(std::span<const std::byte> state) {
+    if (!state.empty()) throw std::invalid_argument("this trainer keeps no optimizer state");
+  }
 };
 
 /// The data a simulation trains on, shared read-only by every client.
@@ -149,7 +185,8 @@ using shared_data = std::shared_ptr<const fashion_mnist>;
 /// Makes a trainer for `data`; called once per worker thread.
 using trainer_factory = std::function<std::unique_ptr<local_trainer>(const shared_data& data)>;
 
-/// The built-in trainers: "mlp" (SGD on the options' MLP) and "noop".
+/// The built-in trainers: "mlp" (SGD on the options' model: kernels' layers trained by a
+/// kernels::optimizer through kernels::classifier) and "noop".
 trainer_factory make_trainer_factory(const simulation_options& options);
 
 struct round_report {
@@ -208,8 +245,11 @@ public:
   std::vector<std::uint64_t> participants(int round, round_report* report = nullptr) const;
   /// Client `client`'s simulated time in round `round`, or a negative number when it fails.
   double simulated_latency(std::uint64_t client, int round) const;
-  /// Bytes of persistent client state allocated so far (all clients together).
+  /// Bytes of persistent client state held (all clients together): the algorithm's (SCAFFOLD's
+  /// control variate, the transforms') and the clients' optimizer state.
   std::size_t client_state_bytes() const noexcept;
+  /// Clients that hold persistent state.
+  std::size_t clients_with_state() const noexcept;
   /// Simulated seconds since the start: the sum of the synchronous rounds' durations (each as
   /// long as its slowest kept client), or the virtual clock at the last asynchronous update.
   double simulated_seconds() const noexcept;
@@ -254,6 +294,9 @@ struct summary {
   double peak_rss_mb = 0;   ///< the process's peak resident memory
   std::uint32_t model_crc32 = 0;  ///< CRC-32 of the final global model's bytes
   int resumed_from = 0;     ///< the round of the checkpoint the run resumed from (0: none)
+  /// Persistent state per client that holds any (its optimizer's moments and its algorithm's
+  /// state), in bytes, at the end (0: none).
+  double state_bytes_per_client = 0;
 };
 
 /// Runs options.rounds rounds with evaluations every options.eval_every rounds (resuming from

@@ -1,0 +1,124 @@
+#include "client.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace troupe::federated::detail {
+
+client_update client::train(const std::shared_ptr<const round_context>& ctx, std::uint64_t id) {
+  engine_state& e = *ctx->engine;
+  worker_slot& w = e.worker();
+  const std::vector<float>& global = *ctx->global;
+  const std::size_t dim = e.dim;
+  const bool held = holds_state();
+  const std::size_t optimizer_bytes = optimizer_.size();
+  if (ctx->provisional) {
+    undo_ = std::make_unique<undo>(undo{rng_.state, nullptr, optimizer_});
+    if (state_) {
+      undo_->state = std::make_unique<float[]>(e.state_floats);
+      std::copy(state_.get(), state_.get() + e.state_floats, undo_->state.get());
+    }
+  }
+  if (!state_ && e.state_floats > 0) {
+    state_ = std::make_unique<float[]>(e.state_floats);  // zero-filled
+    e.state_bytes.fetch_add(e.state_floats * sizeof(float), std::memory_order_relaxed);
+  }
+  std::copy(global.begin(), global.end(), w.model.begin());
+  local_job job;
+  job.client = id;
+  job.global = global;
+  job.shard = {e.part.indices.data() + offset_, length_};
+  job.epochs = e.options.local_epochs;
+  job.batch = e.options.batch;
+  job.lr = e.options.lr;
+  job.proximal_mu = e.rule.proximal_mu;
+  float* ci = state_.get();
+  if (e.rule.control_variates) {
+    w.correction.resize(dim);
+    for (std::size_t p = 0; p < dim; ++p) w.correction[p] = ctx->control[p] - ci[p];
+    job.correction = w.correction;
+  }
+  if (e.stateful_optimizer) job.optimizer_state = &optimizer_;
+  const local_result r = w.trainer->train(job, w.model, rng_);
+  if (optimizer_.size() != optimizer_bytes)
+    e.state_bytes.fetch_add(optimizer_.size() - optimizer_bytes, std::memory_order_relaxed);  // modulo 2^64
+  if (holds_state() != held) e.state_holders.fetch_add(held ? std::size_t(-1) : 1, std::memory_order_relaxed);
+
+  client_update u;
+  u.client = id;
+  u.samples = r.samples;
+  u.loss = r.loss;
+  u.weight = e.rule.uniform_weights ? 1.0 : static_cast<double>(length_);
+  u.delta = e.take_buffer(e.rule.control_variates ? 2 * dim : dim);
+  for (std::size_t p = 0; p < dim; ++p) u.delta[p] = w.model[p] - global[p];
+  if (e.rule.control_variates && r.steps == 0) std::fill(u.delta.begin() + static_cast<std::ptrdiff_t>(dim), u.delta.end(), 0.0f);
+  if (e.rule.control_variates && r.steps > 0) {
+    // Option II: c_i+ = c_i - c + (x - y_i) / (K lr); the client sends c_i+ - c_i.
+    const double scale = 1.0 / (static_cast<double>(r.steps) * e.options.lr);
+    for (std::size_t p = 0; p < dim; ++p) {
+      const float dc = static_cast<float>(
+          std::clamp(-ctx->control[p] + (global[p] - w.model[p]) * scale, -e.control_bound, e.control_bound));
+      u.delta[dim + p] = dc;
+      ci[p] += dc;
+    }
+  }
+  // A diverged update goes back as it is, past the transforms (which refuse it): the server
+  // ends the run with the client's name (check_finite).
+  if (r.skipped > 0 || !all_finite(u.delta)) {
+    u.diverged = true;
+    return u;
+  }
+  if (!e.transforms.empty()) u.words = e.take_words();  // storage an encoding transform may reuse
+  for (std::size_t t = 0; t < e.transforms.size(); ++t) {
+    const std::size_t floats = e.transforms[t]->client_state_floats(u.delta.size());
+    std::span<float> state = floats ? std::span<float>(state_.get() + e.transform_offset[t], floats) : std::span<float>();
+    splitmix64 g{derive_seed(derive_seed(e.options.seed, stream_transform + id),
+                             static_cast<std::uint64_t>(ctx->info.round) * 64 + t)};
+    e.transforms[t]->apply(u, state, ctx->info, g);
+  }
+  return u;
+}
+
+void client::settle(const std::shared_ptr<const round_context>& ctx, bool applied) {
+  if (!undo_) return;
+  if (!applied) {
+    engine_state& e = *ctx->engine;
+    const bool held = holds_state();
+    rng_.state = undo_->rng;
+    if (undo_->state) {
+      state_ = std::move(undo_->state);
+    } else if (state_) {  // made by the round given up
+      state_.reset();
+      e.state_bytes.fetch_sub(e.state_floats * sizeof(float), std::memory_order_relaxed);
+    }
+    e.state_bytes.fetch_add(undo_->optimizer.size() - optimizer_.size(), std::memory_order_relaxed);  // modulo 2^64
+    optimizer_ = std::move(undo_->optimizer);
+    if (holds_state() != held) e.state_holders.fetch_add(held ? std::size_t(-1) : 1, std::memory_order_relaxed);
+  }
+  undo_.reset();
+}
+
+client::saved client::save(std::size_t floats) const {
+  saved s{rng_.state, {}, optimizer_};
+  if (state_) s.state.assign(state_.get(), state_.get() + floats);
+  return s;
+}
+
+std::pair<std::ptrdiff_t, std::ptrdiff_t> client::restore(saved s, std::size_t floats) {
+  const bool held = holds_state();
+  rng_.state = s.rng;
+  std::ptrdiff_t change = static_cast<std::ptrdiff_t>(s.optimizer.size()) - static_cast<std::ptrdiff_t>(optimizer_.size());
+  optimizer_ = std::move(s.optimizer);
+  if (s.state.empty()) {
+    if (state_) change -= static_cast<std::ptrdiff_t>(floats * sizeof(float));
+    state_.reset();
+  } else {
+    if (!state_) {
+      state_ = std::make_unique<float[]>(floats);
+      change += static_cast<std::ptrdiff_t>(floats * sizeof(float));
+    }
+    std::copy(s.state.begin(), s.state.end(), state_.get());
+  }
+  return {change, holds_state() == held ? 0 : held ? -1 : 1};
+}
+}  // namespace troupe::federated::detail

@@ -1,0 +1,220 @@
+// The built-in local trainers: "mlp" (the options' model on the shared Fashion-MNIST images)
+// and "noop" (no training: the orchestration alone).
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "engine.hpp"
+#include "troupe/federated/mechanisms.hpp"
+#include "troupe/kernels/data.hpp"
+#include "troupe/kernels/classifier.hpp"
+#include "troupe/kernels/layers.hpp"
+#include "troupe/kernels/optim.hpp"
+
+namespace troupe::federated {
+
+namespace {
+
+/// SGD on the options' model (kernels' layers, a kernels::optimizer, stepped by a
+/// kernels::classifier) over the shared Fashion-MNIST images, normalized batch by batch through
+/// a 256-entry table (the shared copy stays u8: 47 MB rather than 188 MB of floats).
+class mlp_trainer final : public local_trainer {
+public:
+  mlp_trainer(shared_data data, const simulation_options& o)
+      : data_(std::move(data)), spec_(o.model), model_(detail::make_model(o.model)), test_limit_(o.test_limit) {
+    if (!data_) throw std::invalid_argument("the mlp trainer needs data");
+    pixels_ = static_cast<int>(data_->train.images.numel() / std::max<std::int64_t>(1, data_->train.size()));
+    if (const device where = detail::parse_device(o.device); !where.is_cpu()) kernels::move_to(*model_, where);
+    kernels::hyperparameters hp;
+    hp.lr = o.lr;
+    kernels::state_options state;
+    state.storage = kernels::parse_state_storage(o.client_state);
+    opt_ = std::make_unique<kernels::optimizer>(kernels::parse_optimizer_kind(o.client_optimizer),
+                                                std::vector<kernels::param_group>{{model_->parameters(), hp, state}});
+    try {
+      net_ = std::make_unique<kernels::classifier>(*model_, *opt_, pixels_);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("model '" + spec_ + "': " + e.what() + " (the images have " + std::to_string(pixels_) +
+                                  " pixels)");
+    }
+    if (net_->classes() != data_->classes)
+      throw std::invalid_argument("model '" + spec_ + "' has " + std::to_string(net_->classes()) +
+                                  " outputs; the data has " + std::to_string(data_->classes) + " classes");
+    float_features_ = data_->train.images.type() == dtype::f32;
+    for (int v = 0; v < 256; ++v) lut_[v] = (static_cast<float>(v) / 255.0f - data_->mean) / data_->stddev;
+  }
+  std::size_t dim() const override { return net_->parameter_count(); }
+  std::span<float> working_model() override { return net_->flat_parameters(); }
+  void initialize(std::span<float> model, std::uint64_t seed) override {
+    auto fresh = detail::make_model(spec_);  // on the host, wherever the trainer's model lives
+    fresh->initialize(seed);
+    std::size_t at = 0;
+    for (auto* p : fresh->parameters())
+      for (float v : std::as_const(p->value).data<float>()) model[at++] = v;
+  }
+  local_result train(const local_job& job, std::span<float> model, splitmix64& rng) override {
+    local_result r;
+    order_.assign(job.shard.begin(), job.shard.end());
+    const std::size_t n = order_.size(), batch = static_cast<std::size_t>(job.batch);
+    const std::size_t rows_at_most = std::min(batch, n);  // a batch above the shard is the whole shard
+    x_.resize(rows_at_most * static_cast<std::size_t>(pixels_));
+    y_.resize(rows_at_most);
+    const std::byte* images = data_->train.images.bytes();
+    const std::uint8_t* labels = data_->train.labels.data<std::uint8_t>().data();
+    kernels::gradient_terms terms;
+    if (job.proximal_mu > 0) {
+      terms.mu = static_cast<float>(job.proximal_mu);
+      terms.center = job.global.data();
+    }
+    if (!job.correction.empty()) terms.correction = job.correction.data();
+    opt_->groups().front().hp.lr = job.lr;
+    net_->load_flat(model.data());
+    if (job.optimizer_state) {  // the client's own moments, or fresh ones the first time
+      if (job.optimizer_state->empty())
+        opt_->reset_state();
+      else
+        opt_->load_state(*job.optimizer_state);
+    }
+    double loss = 0;
+    for (int e = 0; e < job.epochs; ++e) {
+      for (std::size_t i = n; i > 1; --i) std::swap(order_[i - 1], order_[rng.below(i)]);
+      prefetch(images, labels, order_.data(), std::min(batch, n));
+      for (std::size_t s = 0; s < n; s += batch) {
+        const std::size_t rows = std::min(batch, n - s);
+        gather(images, labels, order_.data() + s, rows);
+        // The rows are scattered over 47 MB: ask for the next batch's while this one trains.
+        if (s + batch < n) prefetch(images, labels, order_.data() + s + batch, std::min(batch, n - s - batch));
+        const kernels::batch_outcome b = net_->step(x_.data(), y_.data(), static_cast<int>(rows), terms);
+        loss += b.loss_sum;
+        ++(b.applied ? r.steps : r.skipped);
+        r.samples += static_cast<std::int64_t>(rows);
+      }
+    }
+    net_->store_flat(model.data());
+    if (job.optimizer_state) *job.optimizer_state = opt_->save_state();
+    r.loss = r.samples ? loss / static_cast<double>(r.samples) : 0.0;
+    return r;
+  }
+  evaluation evaluate(std::span<const float> model) override {
+    const std::size_t total = static_cast<std::size_t>(data_->test.size());
+    const std::size_t n = test_limit_ ? std::min(test_limit_, total) : total;
+    const std::size_t chunk = 240;
+    x_.resize(chunk * static_cast<std::size_t>(pixels_));
+    y_.resize(chunk);
+    if (n == 0) return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN(), {}};
+    const std::byte* images = data_->test.images.bytes();
+    const std::uint8_t* labels = data_->test.labels.data<std::uint8_t>().data();
+    std::vector<std::uint32_t> rows(chunk);
+    net_->load_flat(model.data());
+    double loss = 0;
+    std::int64_t correct = 0;
+    for (std::size_t s = 0; s < n; s += chunk) {
+      const std::size_t m = std::min(chunk, n - s);
+      for (std::size_t i = 0; i < m; ++i) rows[i] = static_cast<std::uint32_t>(s + i);
+      gather(images, labels, rows.data(), m);
+      net_->evaluate(x_.data(), y_.data(), static_cast<int>(m), loss, correct);
+    }
+    return {static_cast<double>(correct) / static_cast<double>(n), loss / static_cast<double>(n), {}};
+  }
+
+  void check_optimizer_state(std::span<const std::byte> state) override {
+    if (state.empty()) return;
+    try {
+      opt_->load_state(state);  // this trainer's optimizer is loaded again before any use
+    } catch (const std::runtime_error& e) {
+      throw std::invalid_argument(e.what());
+    }
+  }
+
+private:
+  /// Rows `rows` of `images` (u8 pixels through the table, or f32 features as they are) into x_,
+  /// their labels into y_.
+  void gather(const std::byte* images, const std::uint8_t* labels, const std::uint32_t* rows, std::size_t m) {
+    const std::size_t d = static_cast<std::size_t>(pixels_);
+    float* x = x_.data();
+    if (float_features_) {
+      for (std::size_t i = 0; i < m; ++i) {
+        std::memcpy(x + i * d, images + static_cast<std::size_t>(rows[i]) * d * sizeof(float), d * sizeof(float));
+        y_[i] = labels[rows[i]];
+      }
+      return;
+    }
+    const float* lut = lut_;  // locals: stores to x_ could otherwise alias the members
+    const auto* pixels = reinterpret_cast<const std::uint8_t*>(images);
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::uint8_t* src = pixels + static_cast<std::size_t>(rows[i]) * d;
+      float* dst = x + i * d;
+      for (std::size_t k = 0; k < d; ++k) dst[k] = lut[src[k]];
+      y_[i] = labels[rows[i]];
+    }
+  }
+  /// Starts loading m rows (and their labels) into the cache. Always inlined: GCC counts a
+  /// function whose only effect is __builtin_prefetch as free of side effects and drops calls
+  /// to it that it does not inline.
+  [[gnu::always_inline]] void prefetch(const std::byte* images, const std::uint8_t* labels, const std::uint32_t* rows,
+                                       std::size_t m) const {
+    const std::size_t d = static_cast<std::size_t>(pixels_) * (float_features_ ? sizeof(float) : 1);
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::byte* src = images + static_cast<std::size_t>(rows[i]) * d;
+      for (std::size_t k = 0; k < d; k += 64) __builtin_prefetch(src + k, 0, 2);
+      __builtin_prefetch(src + d - 1, 0, 2);
+      __builtin_prefetch(labels + rows[i], 0, 2);
+    }
+  }
+
+  shared_data data_;
+  std::string spec_;
+  std::unique_ptr<kernels::sequential> model_;
+  std::unique_ptr<kernels::optimizer> opt_;
+  std::unique_ptr<kernels::classifier> net_;
+  std::size_t test_limit_;
+  int pixels_ = 0;
+  bool float_features_ = false;  // f32 features; otherwise u8 pixels normalized through lut_
+  float lut_[256];
+  std::vector<std::uint32_t> order_;
+  std::vector<float> x_;
+  std::vector<std::uint8_t> y_;
+};
+
+/// Trains nothing: moves each coordinate by a small seeded amount, so that the rounds, the
+/// messages and the aggregation are real while the local work is nearly free.
+class noop_trainer final : public local_trainer {
+public:
+  std::size_t dim() const override { return 16; }
+  void initialize(std::span<float> model, std::uint64_t) override { std::fill(model.begin(), model.end(), 0.0f); }
+  local_result train(const local_job& job, std::span<float> model, splitmix64& rng) override {
+    for (float& v : model) v += static_cast<float>(rng.uniform01() - 0.5) * 1e-3f;
+    return {0.0, 0, static_cast<std::int64_t>(job.shard.size())};
+  }
+  evaluation evaluate(std::span<const float>) override {  // nothing to measure
+    return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN(), {}};
+  }
+};
+
+/// The clients' speed factors (simulation_options::latency).
+}  // namespace
+
+std::unique_ptr<kernels::sequential> detail::make_model(const std::string& spec) {
+  if (spec.rfind("mlp:", 0) == 0) return kernels::make_mlp(spec);
+  std::unique_ptr<kernels::layer> l = kernels::make_layer(spec);
+  if (auto* s = dynamic_cast<kernels::sequential*>(l.get())) {
+    (void)l.release();
+    return std::unique_ptr<kernels::sequential>(s);
+  }
+  auto s = std::make_unique<kernels::sequential>();
+  s->add(std::move(l));
+  return s;
+}
+
+trainer_factory make_trainer_factory(const simulation_options& options) {
+  if (options.trainer == "noop")
+    return [](const shared_data&) -> std::unique_ptr<local_trainer> { return std::make_unique<noop_trainer>(); };
+  if (options.trainer != "mlp") throw std::invalid_argument("unknown trainer '" + options.trainer + "' (use mlp or noop)");
+  trainer_factory mlp = [options](const shared_data& data) -> std::unique_ptr<local_trainer> {
+    return std::make_unique<mlp_trainer>(data, options);
+  };
+  return is_data_attack(options.attack) ? poison_training(std::move(mlp), options.attack, options.seed) : mlp;
+}
+
+}  // namespace troupe::federated
