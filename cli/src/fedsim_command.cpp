@@ -36,7 +36,7 @@ std::string text_number(double v) {
 void add_fedsim_command(CLI::App& app, int& rc) {
   auto f = std::make_shared<fedsim_flags>();
   auto& o = f->o;
-  auto* cmd = app.add_subcommand("fedsim", "simulate federated learning on Fashion-MNIST: client actors, a server, strategies");
+  auto* cmd = app.add_subcommand("fedsim", "simulate federated learning (Fashion-MNIST or your own data): client actors, a server, strategies");
   cmd->add_option("--clients", o.clients, "clients in the population")->capture_default_str();
   auto* per_round = cmd->add_option("--per-round", o.per_round, "clients sampled per round")->capture_default_str();
   cmd->add_option("--fraction", o.fraction, "sample this fraction of the clients per round instead (0: use --per-round)")
@@ -95,6 +95,9 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--eval-every", o.eval_every, "evaluate every N rounds (and after the last)")->capture_default_str();
   cmd->add_option("--threads", o.threads, "worker threads (0: one per core)")->capture_default_str()->check(CLI::Range(0, 256));
   cmd->add_option("--data-dir", o.data_dir, "where the Fashion-MNIST files are (default: their Debian location)");
+  cmd->add_option("--data", o.data,
+                  "your own data instead of Fashion-MNIST: npz:FILE (x_train, y_train, x_test, y_test, optional "
+                  "client_train: the clients' own partition) or idx:DIR (MNIST-style IDX files)");
   cmd->add_option("--trainer", o.trainer, "mlp, or noop to measure the orchestration alone")->capture_default_str();
   cmd->add_flag("--json", f->json, "one JSON object per evaluated round and a final summary");
   cmd->callback([f, cmd, &rc] {

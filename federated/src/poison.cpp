@@ -34,8 +34,8 @@ data_attack parse_data_attack(const std::string& spec) {
     a.backdoor = true;
     a.fraction = number(spec.substr(first + 1, second - first - 1));
     const double t = number(spec.substr(second + 1));
-    if (t < 0 || t >= fashion_mnist_classes || t != static_cast<int>(t))
-      throw std::invalid_argument("'" + spec + "': the target class must be a whole number in [0, 9]");
+    if (t < 0 || t > 255 || t != static_cast<int>(t))
+      throw std::invalid_argument("'" + spec + "': the target class must be a whole number in [0, 255]");
     a.target = static_cast<int>(t);
   } else {
     throw std::invalid_argument("unknown data attack '" + spec + "' (label-flip:P or backdoor:P:T)");
@@ -53,6 +53,12 @@ struct poisoned_data {
 };
 
 poisoned_data poison(const fashion_mnist& data, const data_attack& a) {
+  if (data.train.images.type() != dtype::u8 || data.train.images.rank() != 3)
+    throw std::invalid_argument("the data attacks stamp and flip images: they need u8 images [N, H, W], not " +
+                                data.train.images.str());
+  if (a.backdoor && a.target >= data.classes)
+    throw std::invalid_argument("the backdoor's target class " + std::to_string(a.target) + " is not one of the data's " +
+                                std::to_string(data.classes) + " classes");
   const std::int64_t n = data.train.size();
   if (n >= (std::int64_t{1} << 31)) throw std::invalid_argument("data attacks: the training set is too large");
   const std::size_t pixels = static_cast<std::size_t>(data.train.images.numel() / std::max<std::int64_t>(1, n));
@@ -74,7 +80,7 @@ poisoned_data poison(const fashion_mnist& data, const data_attack& a) {
       stamp_backdoor(images.subspan((un + i) * pixels, pixels), side);
       labels[un + i] = static_cast<std::uint8_t>(a.target);
     } else {
-      labels[un + i] = flip_label(src_labels[i], fashion_mnist_classes);
+      labels[un + i] = flip_label(src_labels[i], data.classes);
     }
   }
   poisoned_data p;

@@ -9,11 +9,14 @@
 # - fedsim refuses a dataset without test examples, and its --json lines stay valid JSON when a
 #   value is not finite (an infinite privacy bound), and show the update counts of a round in
 #   which clients failed or were late.
+# - fedsim trains on a user's .npz, whose client_train sets the clients (a --clients that does
+#   not match is refused with the number to use); stateful clients report their state's bytes.
 # - TROUPE_SIMD caps the kernels' vectors (none runs the portable loops); a value it does not
 #   know is named on stderr and the CPU's vectors are used.
 set -euo pipefail
 
 troupe="$(realpath "$1")"
+source_dir="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -63,6 +66,19 @@ grep -q '^{"final_accuracy":' out || fail "no summary line: $(cat out)"
 late_rounds=$(grep -c '^{"round":' late) || true
 [[ "$late_rounds" -ge 1 && "$(grep -c '"updates":0,"sampled":3,"failed":0,"late":3' late)" == "$late_rounds" ]] ||
   fail "the late rounds do not say so: $(cat late)"
+# A user's data: NumPy's own .npz (6 examples of 4x5 pixels, 3 classes, client_train 0..5).
+npz="$source_dir/tests/kernels/golden/npz/savez.npz"
+if "$troupe" fedsim --data "npz:$npz" --model mlp:20-8-3 --json >out 2>err; then fail "ran with 100 clients: $(cat out)"; fi
+grep -q "assigns its training examples to 6 clients (client_train): run with --clients 6" err ||
+  fail "the clients' refusal says: $(cat err)"
+"$troupe" fedsim --data "npz:$npz" --clients 6 --per-round 2 --rounds 2 --model mlp:20-8-3 --json >out
+grep -q '^{"final_accuracy":' out || fail "no summary for the user's data: $(cat out)"
+if "$troupe" fedsim --data npz:missing.npz --json >out 2>err; then fail "ran without its data"; fi
+grep -q "missing.npz" err || fail "the missing file's error says: $(cat err)"
+# Stateful clients: AdamW's 8-bit moments, about 1.03 bytes per parameter and moment.
+"$troupe" fedsim --clients 10 --per-round 3 --rounds 2 --client-optimizer adamw --client-state int8 --lr 0.001 --json >out
+bytes=$(grep -o '"state_bytes_per_client":[0-9]*' out | cut -d: -f2)
+[[ -n "$bytes" && "$bytes" -gt 150000 && "$bytes" -lt 200000 ]] || fail "state bytes per client: $(cat out)"
 TROUPE_SIMD=none "$troupe" bench optim --quick --only sgd --json >simd 2>err
 [[ "$(grep -c '"bench":"sgd"' simd)" == 3 && ! -s err ]] || fail "TROUPE_SIMD=none: $(cat simd err)"
 TROUPE_SIMD=avx1024 "$troupe" bench optim --quick --only sgd --json >simd 2>err

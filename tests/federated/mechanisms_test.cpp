@@ -757,8 +757,11 @@ TEST(DataAttacks, ABackdoorTakesHoldAndLabelFlippingCostsAccuracy) {
   EXPECT_EQ(metrics[0].first, "backdoor_success");
   EXPECT_GT(metrics[0].second, 0.5);
   EXPECT_LT(run("label-flip:0.8", nullptr), clean - 0.2);  // a malicious majority
-  for (const char* bad : {"label-flip", "label-flip:2", "backdoor:0.1", "backdoor:0.1:10", "backdoor:0.1:x"})
+  for (const char* bad : {"label-flip", "label-flip:2", "backdoor:0.1", "backdoor:0.1:256", "backdoor:0.1:x"})
     EXPECT_THROW(poison_training(make_trainer_factory(small()), bad, 1), std::invalid_argument) << bad;
+  // A target outside the data's classes (Fashion-MNIST has 10) is refused once the data is known.
+  EXPECT_THROW(poison_training(make_trainer_factory(small()), "backdoor:0.1:10", 1)(test_data::fashion_subset()),
+               std::invalid_argument);
 }
 
 }  // namespace
