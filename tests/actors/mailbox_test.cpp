@@ -1,7 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -561,6 +565,58 @@ TEST(Mailbox, TryTellToARejectingOrTestSystemMailbox) {
   sys.run_until_idle();
   EXPECT_TRUE(h.try_tell(1s, &held_sink::noop));
   EXPECT_FALSE(h.try_tell(1s, &held_sink::noop));
+}
+
+}  // namespace
+
+namespace {
+
+using namespace std::chrono_literals;
+
+struct alignas(64) wide_actor {
+  std::array<char, 40> bytes{};
+  bool aligned() const { return reinterpret_cast<std::uintptr_t>(this) % 64 == 0; }
+  bool arg_aligned(const wide_actor& w) const { return reinterpret_cast<std::uintptr_t>(&w) % 64 == 0; }
+};
+
+TEST(Mailbox, OverAlignedActorsAndArgumentsGetAlignedStorage) {
+  troupe::actor_system sys{{.threads = 1}};
+  std::vector<actor_ref<wide_actor>> all;
+  for (int i = 0; i < 64; ++i) all.push_back(sys.spawn<wide_actor>());
+  for (auto& a : all) {
+    EXPECT_TRUE(a.ask(&wide_actor::aligned).get());
+    EXPECT_TRUE(a.ask(&wide_actor::arg_aligned, wide_actor{}).get());
+  }
+}
+
+struct other_system_receiver {
+  void take(int) { std::this_thread::sleep_for(1ms); }
+};
+
+struct other_system_sender {
+  std::set<std::thread::id> threads;
+  void flood(actor_ref<other_system_receiver> r, int n) {
+    threads.insert(std::this_thread::get_id());
+    for (int i = 0; i < n; ++i) r.tell(&other_system_receiver::take, i);
+  }
+  std::set<std::thread::id> ran_on() const { return threads; }
+};
+
+struct thread_probe {
+  std::thread::id where() const { return std::this_thread::get_id(); }
+};
+
+TEST(Mailbox, AnActorSendingToAFullMailboxOfAnotherSystemStaysOnItsOwnWorkers) {
+  troupe::actor_system x{{.threads = 1}};
+  troupe::actor_system y{{.threads = 1}};
+  auto probe = x.spawn<thread_probe>();
+  const auto x_worker = probe.ask(&thread_probe::where).get();
+  auto r = y.spawn<other_system_receiver>(spawn_options{.mailbox_capacity = 4});
+  auto s = x.spawn<other_system_sender>();
+  for (int i = 0; i < 5; ++i) s.tell(&other_system_sender::flood, r, 8);
+  auto threads = s.ask(&other_system_sender::ran_on).get();
+  EXPECT_EQ(threads.size(), 1u);
+  EXPECT_EQ(*threads.begin(), x_worker);
 }
 
 }  // namespace
