@@ -132,7 +132,7 @@ bool classifier::fused_available() const {
   // Plain SGD over exactly the model's parameters, in order, at one learning rate.
   std::size_t at = 0;
   const double lr = opt_.groups().empty() ? 0.0 : opt_.groups().front().hp.lr;
-  for (const auto& g : const_cast<optimizer&>(opt_).groups()) {
+  for (const auto& g : opt_.groups()) {
     if (g.hp.momentum != 0 || g.hp.weight_decay != 0 || g.hp.lr != lr || g.state.percentile_clipping < 100) return false;
     for (auto* p : g.params)
       if (at >= params_.size() || params_[at++] != p) return false;

@@ -1,6 +1,6 @@
 #pragma once
 // The CUDA paths of the kernels module behind plain C++ declarations (no CUDA headers here):
-// optim_cuda.cu and layers_cuda.cu implement them in a build with TROUPE_WITH_CUDA, cuda_none.cpp
+// optim_cuda*.cu and layers_cuda.cu implement them in a build with TROUPE_WITH_CUDA, cuda_none.cpp
 // in one without (where no device tensor can exist, so every call is a logic error that throws).
 //
 // Every function runs on the legacy default stream of the device it is given and returns when

@@ -1,10 +1,11 @@
 // The layers' arithmetic on a CUDA device: GEMM through cuBLAS, element-wise activations, bias and
 // column sums, layer norm and softmax cross-entropy.
 //
-// Reference: layers.cpp (and gemm.cpp's OpenBLAS product), operation for operation. Row
-// reductions (layer norm, softmax) accumulate in double as the CPU does, but in a tree instead of
-// a sequence, and nvcc may contract multiply-adds; column sums accumulate in float in row order
-// exactly as the CPU loops do. The tests compare with the CPU layers at abs 1e-5 + rel 1e-4.
+// Reference: layers.cpp and losses.cpp (and gemm.cpp's OpenBLAS product), operation for
+// operation. Row reductions (layer norm, softmax) accumulate in double as the CPU does, but in a
+// tree instead of a sequence, and nvcc may contract multiply-adds; column sums accumulate in
+// float in row order exactly as the CPU loops do. The tests compare with the CPU layers at
+// abs 1e-5 + rel 1e-4.
 //
 // cuBLAS is loaded at the first GPU product (dynamic_library.hpp: $TROUPE_CUBLAS_LIBRARY, the
 // library CMake found, or libcublas.so.<major> on the loader's path), not linked:

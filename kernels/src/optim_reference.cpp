@@ -1,7 +1,7 @@
 // The optimizer's reference step (optimizer::reference_step): the update rules one tensor-wide
 // operation at a time, as torch.optim's single-tensor code performs them, each line naming the
 // torch operation it stands for. It is the definition of correctness: every fast path
-// (optim_fast.cpp and the kernels it picks, optim_cuda.cu on a device) is tested against it,
+// (optim_fast.cpp and the kernels it picks, optim_cuda*.cu on a device) is tested against it,
 // bit for bit on the host.
 //
 // Compressed moments are decoded to fp32 first and rounded back after the update; 8-bit codes
