@@ -26,7 +26,7 @@ void add_bench_command(CLI::App& app, int& rc) {
   actors->callback([opts, &rc] { rc = troupe::bench::run_actors(*opts, std::cout); });
 
   auto remote_opts = std::make_shared<troupe::bench::remote_options>();
-  auto* remote = bench->add_subcommand("remote", "two processes on loopback: the TCP transport's round trips and bulk MB/s");
+  auto* remote = bench->add_subcommand("remote", "two processes on loopback: remote actor calls (sync, async, bulk), remote spawns and failover beside raw TCP ping-pong");
   remote->add_flag("--json", remote_opts->json, "one JSON object per line");
   remote->add_flag("--quick", remote_opts->quick, "smaller sizes (for CI)");
   std::string remote_only = "run one workload:";

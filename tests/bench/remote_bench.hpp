@@ -1,7 +1,7 @@
 #pragma once
-// The workloads of `troupe bench remote`: two processes on loopback. For now they measure the
-// transport layer (raw TCP ping-pong as the anchor, framed envelopes through the transport);
-// remote actor calls build on it.
+// The workloads of `troupe bench remote`: two processes on loopback. Raw TCP ping-pong is the
+// anchor; remote actor calls (one at a time, pipelined, bulk), remote spawns and failover to
+// another node are measured against it.
 
 #include <iosfwd>
 #include <string>
