@@ -21,8 +21,9 @@
 /// summation orders differ).
 ///
 /// A step whose gradients are not finite changes nothing and reports applied = false, as
-/// optimizer::step does; the fused step decides it from the loss and the output gradient before
-/// any weight changes (a gradient that overflows from finite inputs then shows in the weights).
+/// optimizer::step does; the fused step decides it from the loss (a finite loss means finite
+/// logits, output gradient and activations) before any weight changes, so a gradient that
+/// overflows from finite inputs, or a term that is not finite, shows in the weights instead.
 
 #include <cstddef>
 #include <cstdint>
