@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -74,6 +75,17 @@ std::string error_of(const std::function<void()>& f) {
   return {};
 }
 
+// The message of the std::runtime_error `f` throws, or a note that it threw none (which the
+// checks on the message then report).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "(no std::runtime_error)";
+}
+
 inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
@@ -86,3 +98,10 @@ inline bytes random_bytes(std::size_t n, std::uint32_t seed) {
 }
 
 }  // namespace data_support
+
+/// Expects `part` in `text`, printing the text when it is not there.
+#define EXPECT_CONTAINS(text, part)                          \
+  do {                                                       \
+    const std::string text_ = (text);                        \
+    EXPECT_NE(text_.find(part), std::string::npos) << text_; \
+  } while (0)

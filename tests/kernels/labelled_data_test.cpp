@@ -3,6 +3,8 @@
 
 #include "troupe/kernels/data.hpp"
 
+#include "data_support.hpp"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -82,20 +84,7 @@ std::vector<std::uint8_t> random_pixels(std::size_t n, unsigned seed) {
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "(no std::runtime_error)";
-}
-
-#define EXPECT_CONTAINS(text, part)                          \
-  do {                                                       \
-    const std::string text_ = (text);                        \
-    EXPECT_NE(text_.find(part), std::string::npos) << text_; \
-  } while (0)
+using data_support::error_of;
 
 // The four files of a small data set: u8 images [4, 3, 2] and [2, 3, 2], labels up to 6.
 void write_u8_set(const temp_dir& dir, bool gzip_train, bool gzip_test) {

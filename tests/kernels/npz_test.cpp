@@ -4,6 +4,8 @@
 #include "npz.hpp"
 #include "troupe/kernels/data.hpp"
 
+#include "data_support.hpp"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zip.h>
@@ -162,21 +164,7 @@ std::vector<entry> without(std::vector<entry> entries, const std::string& name) 
   return entries;
 }
 
-// The message of the std::runtime_error `f` throws, or a note that it threw none.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "(no std::runtime_error)";
-}
-
-#define EXPECT_CONTAINS(text, part)                        \
-  do {                                                     \
-    const std::string text_ = (text);                      \
-    EXPECT_NE(text_.find(part), std::string::npos) << text_; \
-  } while (0)
+using data_support::error_of;
 
 // Writes `entries` as an archive and returns load_npz's message on it.
 std::string load_error(const std::vector<entry>& entries) {
