@@ -8,6 +8,9 @@
 #   make asan    build and run the unit tests under AddressSanitizer + UBSan
 #   make fuzz    build the frame decoder's and load_npz's libFuzzer targets with clang and run
 #                each (FUZZ_SECONDS apiece, 60)
+#   make package build everything and make the Debian packages libtroupe-dev and troupe in
+#                $(BUILD)/ (CPack; install them with apt install ./build/*.deb)
+#   make install cmake --install into PREFIX (default /usr/local)
 
 BUILD      ?= build
 TSAN_BUILD ?= build-tsan
@@ -17,8 +20,9 @@ FUZZ_SECONDS ?= 60
 JOBS       ?= $(shell nproc)
 GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 CMAKE_ARGS ?=
+PREFIX     ?= /usr/local
 
-.PHONY: all deps deps-bench configure build run tour test bench tsan asan fuzz clean
+.PHONY: all deps deps-bench configure build run tour test bench tsan asan fuzz package install clean
 
 all: build
 
@@ -44,6 +48,12 @@ tour: build
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+package: build
+	cmake --build $(BUILD) --target package
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 bench: deps-bench configure
 	cmake --build $(BUILD) -j $(JOBS)

@@ -19,6 +19,7 @@ packages=(
   libssl-dev                  # secure aggregation's cryptography (and TLS)
   openssl                     # the command, to make test certificates for TLS
   clang libclang-rt-14-dev    # the frame decoder's fuzzer (libFuzzer, `make fuzz`)
+  dpkg-dev                    # dpkg-shlibdeps: the Depends of `make package`'s troupe package
   dataset-fashion-mnist       # real training data
 )
 if [[ "${1:-}" == "--bench" ]]; then
