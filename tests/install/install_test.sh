@@ -44,7 +44,7 @@ echo "pkg-config build: ok"
 # Vendored instead of installed: the same project with add_subdirectory of this source tree
 # configures and generates (building it would rebuild troupe; the install above tested the code).
 cmake -S "$src/tests/install/consumer" -B "$work/vendored" -G "$generator" -DCMAKE_CXX_COMPILER="$cxx" \
-  -DTROUPE_VENDORED_SOURCE="$src" -DTROUPE_WITH_CUDA=OFF > "$work/vendored.log" 2>&1 ||
+  -DTROUPE_VENDORED_SOURCE="$src" > "$work/vendored.log" 2>&1 ||
   fail "the consumer with add_subdirectory($src) did not configure: $(tail -n 30 "$work/vendored.log")"
 if grep -rlq troupeTargets "$work/vendored" --include=cmake_install.cmake; then
   fail "the vendored troupe added its install rules to its user's project"
