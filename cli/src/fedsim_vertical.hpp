@@ -1,0 +1,25 @@
+#pragma once
+// troupe fedsim's vertical mode (--vertical 2): its flags, the refusal of the flags it cannot
+// take, and the run.
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include <troupe/federated/simulation.hpp>
+
+namespace troupe::cli {
+
+struct vertical_flags {
+  int parties = 0;       ///< --vertical N (0: horizontal federated learning)
+  double overlap = 0.9;  ///< --vertical-overlap
+  double cut_noise = 0;  ///< --cut-noise
+  int leakage_class = 6; ///< --leakage-class
+};
+
+/// Empty, or why a flag given to `cmd` cannot combine with --vertical.
+std::string vertical_conflict(const CLI::App& cmd);
+/// Runs the vertical mode with the fedsim options it reads; returns the exit code.
+int run_fedsim_vertical(const troupe::federated::simulation_options& s, const vertical_flags& v, bool json);
+
+}  // namespace troupe::cli
