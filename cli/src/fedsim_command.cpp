@@ -20,6 +20,7 @@ namespace {
 struct fedsim_flags {
   troupe::federated::simulation_options o;
   vertical_flags vertical;
+  std::string split;
   bool json = false;
   bool bias_correction = false;
 };
@@ -114,6 +115,10 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--leakage-class", f->vertical.leakage_class,
                   "with --vertical: the class whose one-vs-rest label the norm attack's AUC is reported for")
       ->capture_default_str()->needs(vertical);
+  cmd->add_option("--split", f->split,
+                  "horizontal: SplitFed: each of --clients clients holds the MLP's first layer and a shard, the server the "
+                  "rest; the clients' bottoms are averaged (FedAvg) after every round")
+      ->check(CLI::IsMember({"horizontal"}));
   cmd->add_flag("--json", f->json, "one JSON object per evaluated round and a final summary");
   cmd->callback([f, cmd, &rc] {
     auto fail = [&](const std::string& why) {
@@ -143,6 +148,20 @@ void add_fedsim_command(CLI::App& app, int& rc) {
     f->o.server.bias_correction = f->bias_correction;
     const bool tty = isatty(STDERR_FILENO);
     const bool json = f->json;
+    if (!f->split.empty()) {
+      if (auto why = splitfed_conflict(*cmd); !why.empty()) {
+        fail(why);
+        return;
+      }
+      try {
+        rc = run_fedsim_splitfed(f->o, json);
+      } catch (const std::bad_alloc&) {
+        fail("out of memory (the model or the data are too large for this machine)");
+      } catch (const std::exception& e) {
+        fail(e.what());
+      }
+      return;
+    }
     if (f->vertical.parties > 0) {
       if (auto why = vertical_conflict(*cmd); !why.empty()) {
         fail(why);

@@ -1,6 +1,6 @@
 #pragma once
-// troupe fedsim's vertical mode (--vertical 2): its flags, the refusal of the flags it cannot
-// take, and the run.
+// troupe fedsim's split-learning modes, --vertical 2 and --split horizontal: their flags, the
+// refusal of the flags they cannot take, and the runs.
 
 #include <CLI/CLI.hpp>
 
@@ -19,6 +19,10 @@ struct vertical_flags {
 
 /// Empty, or why a flag given to `cmd` cannot combine with --vertical.
 std::string vertical_conflict(const CLI::App& cmd);
+/// Empty, or why a flag given to `cmd` cannot combine with --split horizontal.
+std::string splitfed_conflict(const CLI::App& cmd);
+/// Runs SplitFed (--split horizontal) with the fedsim options it reads; returns the exit code.
+int run_fedsim_splitfed(const troupe::federated::simulation_options& s, bool json);
 /// Runs the vertical mode with the fedsim options it reads; returns the exit code.
 int run_fedsim_vertical(const troupe::federated::simulation_options& s, const vertical_flags& v, bool json);
 
