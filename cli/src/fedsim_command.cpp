@@ -113,8 +113,9 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                   "with --vertical: Gaussian noise (this standard deviation) on the cut-layer gradients the label party sends")
       ->check(CLI::NonNegativeNumber)->needs(vertical);
   cmd->add_option("--leakage-class", f->vertical.leakage_class,
-                  "with --vertical: the class whose one-vs-rest label the norm attack's AUC is reported for")
-      ->capture_default_str()->needs(vertical);
+                  "with --vertical: the class whose one-vs-rest label the norm attack's AUC is reported for "
+                  "(default: 6, shirts, or the last class of data with fewer)")
+      ->check(CLI::NonNegativeNumber)->needs(vertical);
   cmd->add_option("--split", f->split,
                   "horizontal: SplitFed: each of --clients clients holds the MLP's first layer and a shard, the server the "
                   "rest; the clients' bottoms are averaged (FedAvg) after every round")

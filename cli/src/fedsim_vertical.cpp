@@ -158,7 +158,7 @@ int run_fedsim_vertical(const troupe::federated::simulation_options& s, const ve
         "\"cut_noise\":%s,\"seconds\":%.2f}\n",
         json_number(sum.final_accuracy, "%.4f").c_str(), json_number(sum.final_loss, "%.9g").c_str(),
         json_number(sum.centralised_accuracy, "%.4f").c_str(), o.epochs, static_cast<long long>(sum.steps), sum.ids_a,
-        sum.ids_b, sum.psi_intersection, sum.psi_seconds, sum.psi_bytes, sum.bytes_per_step, o.leakage_class,
+        sum.ids_b, sum.psi_intersection, sum.psi_seconds, sum.psi_bytes, sum.bytes_per_step, sum.leakage_class,
         json_number(sum.label_leakage_auc, "%.4f").c_str(),
         sum.label_leakage_auc_noised >= 0 ? json_number(sum.label_leakage_auc_noised, "%.4f").c_str() : "null",
         json_number(o.cut_noise, "%.6g").c_str(), sum.seconds);
@@ -167,7 +167,7 @@ int run_fedsim_vertical(const troupe::federated::simulation_options& s, const ve
                 sum.psi_seconds, sum.psi_bytes);
     std::printf("final test accuracy %.4f (centralised, same model and batches: %.4f) after %d epochs, %.0f bytes per step\n",
                 sum.final_accuracy, sum.centralised_accuracy, o.epochs, sum.bytes_per_step);
-    std::printf("label leakage (norm attack, class %d vs rest): AUC %.4f", o.leakage_class, sum.label_leakage_auc);
+    std::printf("label leakage (norm attack, class %d vs rest): AUC %.4f", sum.leakage_class, sum.label_leakage_auc);
     if (sum.label_leakage_auc_noised >= 0) std::printf(", %.4f with --cut-noise %g", sum.label_leakage_auc_noised, o.cut_noise);
     std::printf("\n");
   }

@@ -14,7 +14,7 @@ struct vertical_flags {
   int parties = 0;       ///< --vertical N (0: horizontal federated learning)
   double overlap = 0.9;  ///< --vertical-overlap
   double cut_noise = 0;  ///< --cut-noise
-  int leakage_class = 6; ///< --leakage-class
+  int leakage_class = -1; ///< --leakage-class (< 0: 6, or the last class of data with fewer)
 };
 
 /// Empty, or why a flag given to `cmd` cannot combine with --vertical.

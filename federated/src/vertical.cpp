@@ -235,11 +235,13 @@ vertical_summary run_vertical(const vertical_options& o, const std::function<voi
   const shared_data data = detail::load_data(so);
   const feature_split fs = split_features(*data);
   const vertical_shape shape = split_shape(o.model, static_cast<std::int64_t>(fs.a.size() + fs.b.size()));
-  if (o.leakage_class < 0 || o.leakage_class >= data->classes)
+  if (o.leakage_class >= data->classes)
     throw std::invalid_argument("--leakage-class must be a class of the data (0.." + std::to_string(data->classes - 1) + ")");
+  const int leakage_class = o.leakage_class >= 0 ? o.leakage_class : std::min(6, data->classes - 1);
 
   // Each party's own IDs, then the intersection by PSI: training sees only what both hold.
   vertical_summary sum;
+  sum.leakage_class = leakage_class;
   const std::int64_t n = data->train.size();
   auto ids_a = id_set(n, o.overlap, derive_seed(o.seed, stream_ids_a));
   auto ids_b = id_set(n, o.overlap, derive_seed(o.seed, stream_ids_b));
@@ -287,7 +289,7 @@ vertical_summary run_vertical(const vertical_options& o, const std::function<voi
         scores_clean.insert(scores_clean.end(), step.clean.begin(), step.clean.end());
         scores_noised.insert(scores_noised.end(), received.begin(), received.end());
         auto labels = data->train.labels.data<std::uint8_t>();
-        for (auto p : positions) positive.push_back(labels[aligned[p]] == o.leakage_class);
+        for (auto p : positions) positive.push_back(labels[aligned[p]] == leakage_class);
       }
     }
     if (epoch % o.eval_every == 0 || last) {

@@ -48,9 +48,10 @@ struct vertical_options {
   double lr = 0.05;
   std::uint64_t seed = 0;  ///< the ID sets, the weights, the batches and the noise
   double cut_noise = 0;    ///< standard deviation of the noise on the cut-layer gradients sent to B
-  /// The class of the one-vs-rest label the norm attack targets: 6 (Fashion-MNIST's shirts,
-  /// the class it finds best, as the hardest class has the largest gradients).
-  int leakage_class = 6;
+  /// The class of the one-vs-rest label the norm attack targets; < 0: class 6 (Fashion-MNIST's
+  /// shirts, the class it finds best, as the hardest class has the largest gradients), or the
+  /// last class of data with fewer.
+  int leakage_class = -1;
   int eval_every = 1;      ///< evaluate every N epochs (and after the last)
   bool centralised = true; ///< also train the same model on the same batches in one place
   unsigned threads = 0;    ///< threads of the PSI (0: one per hardware thread)
@@ -134,6 +135,7 @@ struct vertical_summary {
   std::size_t ids_a = 0, ids_b = 0, psi_intersection = 0;
   double psi_seconds = 0;
   std::size_t psi_bytes = 0;         ///< the PSI transcript
+  int leakage_class = 0;             ///< the class the AUCs are for
   double final_accuracy = 0, final_loss = 0;
   double centralised_accuracy = -1;  ///< < 0: not trained
   std::int64_t steps = 0;
