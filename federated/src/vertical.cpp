@@ -277,13 +277,14 @@ vertical_summary run_vertical(const vertical_options& o, const std::function<voi
       std::vector<std::uint32_t> positions(static_cast<std::size_t>(rows));
       for (std::int64_t i = 0; i < rows; ++i) positions[i] = static_cast<std::uint32_t>(order[s + i]);
       // A -> B: the batch (positions in the aligned list); B -> A: its activations; A -> B: their gradient.
-      tensor h_b = b.ask(&feature_party::forward, positions).get();
+      auto forward = b.ask(&feature_party::forward, positions);
+      if (whole) whole->train(positions);  // meanwhile, on this thread
+      tensor h_b = forward.get();
       bytes += static_cast<double>(positions.size() * sizeof(std::uint32_t) + h_b.nbytes());
       label_step step = a.ask(&label_party::train, positions, h_b).get();
       bytes += static_cast<double>(step.grad_b.nbytes());
       std::vector<double> received = b.ask(&feature_party::backward, step.grad_b).get();
       loss_sum += step.loss_sum;
-      if (whole) whole->train(positions);
       ++sum.steps;
       if (last) {
         scores_clean.insert(scores_clean.end(), step.clean.begin(), step.clean.end());
