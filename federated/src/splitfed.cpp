@@ -1,4 +1,5 @@
-// SplitFed: client bottoms, one server top, FedAvg of the bottoms after each round.
+// SplitFed: client actors with their bottoms, one server top, FedAvg of the bottoms after each
+// round.
 
 #include "troupe/federated/splitfed.hpp"
 
@@ -7,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "troupe/actors/actor_system.hpp"
 #include "troupe/kernels/data.hpp"
 #include "troupe/kernels/layers.hpp"
 #include "troupe/kernels/optim.hpp"
@@ -103,6 +105,84 @@ void copy_values(const std::vector<kernels::parameter*>& from, const std::vector
   }
 }
 
+std::vector<float> flat_values(kernels::sequential& m) {
+  std::vector<float> out;
+  for (auto* p : m.parameters()) out.insert(out.end(), p->value.data<float>().begin(), p->value.data<float>().end());
+  return out;
+}
+
+void load_flat(kernels::sequential& m, std::span<const float> values) {
+  std::size_t at = 0;
+  for (auto* p : m.parameters()) {
+    auto v = p->value.data<float>();
+    if (at + v.size() > values.size()) throw std::invalid_argument("SplitFed: a bottom of the wrong size");
+    std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
+    at += v.size();
+  }
+  if (at != values.size()) throw std::invalid_argument("SplitFed: a bottom of the wrong size");
+}
+
+/// The bottom: the MLP's first linear layer and its ReLU.
+std::unique_ptr<kernels::sequential> make_bottom(std::int64_t in, std::int64_t hidden) {
+  auto b = std::make_unique<kernels::sequential>();
+  b->add(kernels::make_linear(in, hidden));
+  b->add(kernels::make_relu());
+  return b;
+}
+
+/// A SplitFed client, an actor: its shard and, during a round, its bottom model and optimizer
+/// (freed between rounds: a client holds no model while idle).
+class splitfed_client {
+public:
+  splitfed_client(shared_data data, std::vector<std::int64_t> shard, std::int64_t in, std::int64_t hidden, double lr)
+      : data_(std::move(data)), shard_(std::move(shard)), in_(in), hidden_(hidden), lr_(lr) {}
+  /// Starts a round from the global bottom (its parameters, flat), walking the shard in the
+  /// order `order_seed` gives (as round_order does).
+  void start_round(std::vector<float> bottom, std::uint64_t order_seed) {
+    model_ = make_bottom(in_, hidden_);
+    load_flat(*model_, bottom);
+    opt_ = sgd(model_->parameters(), lr_);
+    const auto perm = shuffled_indices(static_cast<std::int64_t>(shard_.size()), order_seed);
+    order_.resize(shard_.size());
+    for (std::size_t i = 0; i < order_.size(); ++i) order_[i] = shard_[perm[i]];
+    next_ = 0;
+  }
+  /// The cut-layer activations and the labels of the round's next `batch` examples (no rows
+  /// when the shard is done).
+  std::pair<tensor, tensor> forward(std::size_t batch) {
+    const std::size_t rows = std::min(batch, order_.size() - next_);
+    const std::span<const std::int64_t> examples(order_.data() + next_, rows);
+    next_ += rows;
+    keep_.clear();
+    if (rows == 0) return {tensor::empty({0, hidden_}), tensor::empty({0}, dtype::u8)};
+    return {model_->forward(features(*data_, data_->train, examples), keep_, true), gather_rows(data_->train.labels, examples)};
+  }
+  /// Steps the bottom on the cut layer's gradient from the server.
+  void backward(tensor dh) {
+    model_->backward(dh, keep_);
+    opt_->step();
+    opt_->zero_grad();
+  }
+  /// The bottom after the round (flat); the model is freed.
+  std::vector<float> finish_round() {
+    auto out = flat_values(*model_);
+    opt_.reset();
+    model_.reset();
+    keep_.clear();
+    return out;
+  }
+
+private:
+  shared_data data_;
+  std::vector<std::int64_t> shard_, order_;
+  std::int64_t in_, hidden_;
+  double lr_;
+  std::size_t next_ = 0;
+  std::unique_ptr<kernels::sequential> model_;
+  std::unique_ptr<kernels::optimizer> opt_;
+  kernels::saved_activations keep_;
+};
+
 }  // namespace
 
 splitfed_summary run_splitfed(const splitfed_options& o, shared_data data,
@@ -110,70 +190,60 @@ splitfed_summary run_splitfed(const splitfed_options& o, shared_data data,
   const auto t0 = detail::clock_type::now();
   setup s = prepare(o, std::move(data));
   const auto sizes = kernels::mlp_sizes(o.model);
-  // The bottom: the MLP's first linear layer and its ReLU; the top: the rest.
-  auto make_bottom = [&] {
-    auto b = std::make_unique<kernels::sequential>();
-    b->add(kernels::make_linear(sizes[0], sizes[1]));
-    b->add(kernels::make_relu());
-    return b;
-  };
+  // The top: the MLP after its first layer and ReLU, at the server (this thread).
   std::string top_spec = "mlp:" + std::to_string(sizes[1]);
   for (std::size_t i = 2; i < sizes.size(); ++i) top_spec += "-" + std::to_string(sizes[i]);
   auto init = s.init->parameters();
-  auto global_bottom = make_bottom();
+  auto global_bottom = make_bottom(sizes[0], sizes[1]);
   auto top = kernels::make_mlp(top_spec);
   copy_values({init[0], init[1]}, global_bottom->parameters());
   copy_values(std::vector<kernels::parameter*>(init.begin() + 2, init.end()), top->parameters());
   auto top_opt = sgd(top->parameters(), o.lr);
-  auto client_bottom = make_bottom();  // one working copy: the server serves clients one after another
-  auto client_opt = sgd(client_bottom->parameters(), o.lr);
+
+  actor_system sys{system_config{.threads = 2}};
+  std::vector<actor_ref<splitfed_client>> clients;
+  for (std::size_t k = 0; k < o.clients; ++k)
+    clients.push_back(sys.spawn<splitfed_client>(s.data, s.shards[k], sizes[0], sizes[1], o.lr));
 
   splitfed_summary sum;
   double bytes = 0;
   const std::int64_t n_total = s.data->train.size();
   const std::int64_t test_rows = o.test_limit > 0 ? std::min<std::int64_t>(o.test_limit, s.data->test.size()) : s.data->test.size();
-  const auto gb = global_bottom->parameters();
   for (int round = 1; round <= o.rounds; ++round) {
-    std::vector<std::vector<double>> sum_bottom(gb.size());
-    for (std::size_t p = 0; p < gb.size(); ++p) sum_bottom[p].assign(static_cast<std::size_t>(gb[p]->value.numel()), 0.0);
+    const std::vector<float> global = flat_values(*global_bottom);
+    std::vector<double> average(global.size(), 0.0);
     double loss_sum = 0;
+    // The server serves the clients one after another on its one top.
     for (std::size_t k = 0; k < o.clients; ++k) {
-      const auto& shard = s.shards[k];
-      if (shard.empty()) continue;
-      copy_values(gb, client_bottom->parameters());
-      const auto order = round_order(o, shard, round, k);
-      for (std::size_t first = 0; first < order.size(); first += static_cast<std::size_t>(o.batch)) {
-        const std::size_t rows = std::min<std::size_t>(static_cast<std::size_t>(o.batch), order.size() - first);
-        const std::span<const std::int64_t> batch(order.data() + first, rows);
-        kernels::saved_activations keep_bottom, keep_top;
-        const tensor h = client_bottom->forward(features(*s.data, s.data->train, batch), keep_bottom, true);
-        const tensor labels = gather_rows(s.data->train.labels, batch);
+      const std::size_t shard_size = s.shards[k].size();
+      if (shard_size == 0) continue;
+      auto& client = clients[k];
+      client.ask(&splitfed_client::start_round, global,
+                 derive_seed(o.seed, stream_order + static_cast<std::uint64_t>(round) * o.clients + k))
+          .get();
+      for (;;) {
+        auto [h, labels] = client.ask(&splitfed_client::forward, static_cast<std::size_t>(o.batch)).get();
+        if (h.dim(0) == 0) break;
         bytes += static_cast<double>(h.nbytes() + labels.nbytes());  // client -> server
-        const tensor logits = top->forward(h, keep_top, true);
+        kernels::saved_activations keep;
+        const tensor logits = top->forward(h, keep, true);
         tensor dl;
-        loss_sum += kernels::softmax_cross_entropy(logits, labels, dl) * static_cast<double>(rows);
-        const tensor dh = top->backward(dl, keep_top);
+        loss_sum += kernels::softmax_cross_entropy(logits, labels, dl) * static_cast<double>(h.dim(0));
+        tensor dh = top->backward(dl, keep);
         top_opt->step();
         top_opt->zero_grad();
         bytes += static_cast<double>(dh.nbytes());  // server -> client
-        client_bottom->backward(dh, keep_bottom);
-        client_opt->step();
-        client_opt->zero_grad();
+        client.ask(&splitfed_client::backward, std::move(dh)).get();
         ++sum.steps;
       }
       // FedAvg of the bottoms, weighted by shard size (in double: one client's weight is 1
       // exactly, so its bottom passes unchanged).
-      const double w = static_cast<double>(shard.size()) / static_cast<double>(n_total);
-      auto cb = client_bottom->parameters();
-      for (std::size_t p = 0; p < cb.size(); ++p) {
-        auto v = cb[p]->value.data<float>();
-        for (std::size_t i = 0; i < v.size(); ++i) sum_bottom[p][i] += w * v[i];
-      }
+      const auto bottom = client.ask(&splitfed_client::finish_round).get();
+      const double w = static_cast<double>(shard_size) / static_cast<double>(n_total);
+      for (std::size_t i = 0; i < bottom.size(); ++i) average[i] += w * bottom[i];
     }
-    for (std::size_t p = 0; p < gb.size(); ++p) {
-      auto v = gb[p]->value.data<float>();
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(sum_bottom[p][i]);
-    }
+    std::vector<float> next(average.begin(), average.end());
+    load_flat(*global_bottom, next);
     if (round % o.eval_every == 0 || round == o.rounds) {
       double tl = 0;
       std::int64_t correct = 0;
@@ -194,8 +264,9 @@ splitfed_summary run_splitfed(const splitfed_options& o, shared_data data,
     }
   }
   sum.bytes_per_step = sum.steps > 0 ? bytes / static_cast<double>(sum.steps) : 0;
-  for (auto* p : gb) sum.model.insert(sum.model.end(), p->value.data<float>().begin(), p->value.data<float>().end());
-  for (auto* p : top->parameters()) sum.model.insert(sum.model.end(), p->value.data<float>().begin(), p->value.data<float>().end());
+  sum.model = flat_values(*global_bottom);
+  const auto top_values = flat_values(*top);
+  sum.model.insert(sum.model.end(), top_values.begin(), top_values.end());
   sum.seconds = since(t0);
   return sum;
 }

@@ -8,8 +8,9 @@
 /// gradient, the client steps its bottom. The server serves the clients one after another on
 /// its one top (SplitFed's sequential server, as in its "V2"); after the round the client bottoms
 /// are averaged by FedAvg (weighted by shard size) into the bottom every client starts the
-/// next round from. With one client this is plain SGD on the whole MLP, bit for bit
-/// (splitfed_reference).
+/// next round from. The clients are actors (each builds its bottom for a round and frees it
+/// after); the server is the caller's thread. With one client this is plain SGD on the whole
+/// MLP, bit for bit (splitfed_reference).
 
 #include <cstddef>
 #include <cstdint>
