@@ -59,6 +59,8 @@ std::string splitfed_conflict(const CLI::App& cmd) {
       {"--over-select", "every client takes part in every round"},
       {"--trainer", "SplitFed trains the MLP"},
       {"--server-lr", "the server steps its top with --lr"},
+      {"--min-per-round", "every client takes part in every round"},
+      {"--latency", "SplitFed runs no simulated clock"},
   };
   return first_conflict(cmd, conflicts, "--split horizontal");
 }
@@ -88,6 +90,8 @@ std::string vertical_conflict(const CLI::App& cmd) {
       {"--over-select", "both parties take part in every step"},
       {"--trainer", "the parties train the MLP"},
       {"--server-lr", "there is no server step"},
+      {"--min-per-round", "there are two parties"},
+      {"--latency", "vertical runs have no simulated clock"},
   };
   return first_conflict(cmd, conflicts, "--vertical");
 }
@@ -102,6 +106,7 @@ int run_fedsim_splitfed(const troupe::federated::simulation_options& s, bool jso
   o.lr = s.lr;
   o.seed = s.seed;
   o.eval_every = s.eval_every;
+  o.threads = s.threads;
   o.data_dir = s.data_dir;
   o.data = s.data;
   const auto sum = troupe::federated::run_splitfed(o, nullptr, [&](const troupe::federated::splitfed_progress& p) {

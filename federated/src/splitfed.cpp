@@ -200,7 +200,7 @@ splitfed_summary run_splitfed(const splitfed_options& o, shared_data data,
   copy_values(std::vector<kernels::parameter*>(init.begin() + 2, init.end()), top->parameters());
   auto top_opt = sgd(top->parameters(), o.lr);
 
-  actor_system sys{system_config{.threads = 2}};
+  actor_system sys{system_config{.threads = o.threads}};
   std::vector<actor_ref<splitfed_client>> clients;
   for (std::size_t k = 0; k < o.clients; ++k)
     clients.push_back(sys.spawn<splitfed_client>(s.data, s.shards[k], sizes[0], sizes[1], o.lr));

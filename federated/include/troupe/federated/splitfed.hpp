@@ -32,6 +32,7 @@ struct splitfed_options {
   double lr = 0.05;
   std::uint64_t seed = 0;
   int eval_every = 1;
+  unsigned threads = 0;  ///< the client actors' worker threads (0: one per hardware thread)
   std::size_t train_limit = 0, test_limit = 0;
   std::string data_dir, data;
 };
