@@ -67,6 +67,31 @@ transcript run_both(const std::vector<std::uint64_t>& a_ids, const std::vector<s
   return t;
 }
 
+TEST(Ristretto, BlindingsCommuteAsDiffieHellmanNeeds) {
+  // a(bP) = b(aP): what lets the two parties' doubly blinded elements meet.
+  const std::byte id[8] = {std::byte{1}, std::byte{2}};
+  const auto p = ristretto::hash_to_element("troupe/psi/v1", id);
+  const auto a = ristretto::random_scalar(), b = ristretto::random_scalar();
+  EXPECT_EQ(ristretto::multiply(a, ristretto::multiply(b, p)), ristretto::multiply(b, ristretto::multiply(a, p)));
+  EXPECT_NE(ristretto::multiply(a, p), ristretto::multiply(b, p));
+  EXPECT_NE(a, b);
+}
+
+TEST(Ristretto, HashesSeparateDomainsAndRefuseBadInput) {
+  const std::byte id[8] = {std::byte{7}};
+  EXPECT_NE(ristretto::hash_to_element("troupe/psi/v1", id), ristretto::hash_to_element("troupe/other", id));
+  EXPECT_EQ(ristretto::hash_to_element("troupe/psi/v1", id), ristretto::hash_to_element("troupe/psi/v1", id));
+  EXPECT_TRUE(ristretto::is_valid(ristretto::hash_to_element("troupe/psi/v1", id)));
+  ristretto::element bad;
+  bad.fill(0xff);
+  EXPECT_FALSE(ristretto::is_valid(bad));
+  expect_error<std::invalid_argument>([&] { (void)ristretto::multiply(ristretto::random_scalar(), bad); }, "canonical encoding");
+  ristretto::element identity{};  // the identity's encoding is all zeros
+  expect_error<std::invalid_argument>([&] { (void)ristretto::multiply(ristretto::random_scalar(), identity); }, "identity");
+  expect_error<std::invalid_argument>([&] { (void)ristretto::hash_to_element(std::string(256, 'x'), id); }, "longer than 255");
+  expect_error<std::invalid_argument>([] { (void)ristretto::random_below(0); }, "positive");
+}
+
 TEST(Psi, BothPartiesLearnTheTrueIntersectionAndTheOthersSize) {
   const auto s = make_sets(300, 500, 700, 1);
   const auto t = run_both(s.a, s.b);
