@@ -17,6 +17,7 @@ packages=(
   libopenblas-dev zlib1g-dev  # GEMM, gzip'd datasets
   libzip-dev                  # NumPy .npz archives of users' own data (load_npz)
   libssl-dev                  # secure aggregation's cryptography (and TLS)
+  libsodium-dev               # ristretto255: private set intersection (vertical federated learning)
   openssl                     # the command, to make test certificates for TLS
   clang libclang-rt-14-dev    # the frame decoder's fuzzer (libFuzzer, `make fuzz`)
   dpkg-dev                    # dpkg-shlibdeps: the Depends of `make package`'s troupe package

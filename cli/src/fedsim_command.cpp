@@ -11,6 +11,7 @@
 #include <troupe/federated/simulation.hpp>
 
 #include "commands.hpp"
+#include "fedsim_vertical.hpp"
 
 namespace troupe::cli {
 
@@ -18,6 +19,8 @@ namespace {
 
 struct fedsim_flags {
   troupe::federated::simulation_options o;
+  vertical_flags vertical;
+  std::string split;
   bool json = false;
   bool bias_correction = false;
 };
@@ -99,6 +102,24 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                   "your own data instead of Fashion-MNIST: npz:FILE (x_train, y_train, x_test, y_test, optional "
                   "client_train: the clients' own partition) or idx:DIR (MNIST-style IDX files)");
   cmd->add_option("--trainer", o.trainer, "mlp, or noop to measure the orchestration alone")->capture_default_str();
+  auto* vertical = cmd->add_option("--vertical", f->vertical.parties,
+                  "2: vertical federated learning: two parties hold each image's left and right columns for their own, "
+                  "partly overlapping ID sets, aligned by private set intersection, and train a split MLP (SplitNN; "
+                  "--rounds counts epochs)")
+      ->check(CLI::IsMember({2}));
+  cmd->add_option("--vertical-overlap", f->vertical.overlap, "with --vertical: fraction of the training examples in each party's ID set")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0))->needs(vertical);
+  cmd->add_option("--cut-noise", f->vertical.cut_noise,
+                  "with --vertical: Gaussian noise (this standard deviation) on the cut-layer gradients the label party sends")
+      ->check(CLI::NonNegativeNumber)->needs(vertical);
+  cmd->add_option("--leakage-class", f->vertical.leakage_class,
+                  "with --vertical: the class whose one-vs-rest label the norm attack's AUC is reported for "
+                  "(default: 6, shirts, or the last class of data with fewer)")
+      ->check(CLI::NonNegativeNumber)->needs(vertical);
+  cmd->add_option("--split", f->split,
+                  "horizontal: SplitFed: each of --clients clients holds the MLP's first layer and a shard, the server the "
+                  "rest; the clients' bottoms are averaged (FedAvg) after every round")
+      ->check(CLI::IsMember({"horizontal"}));
   cmd->add_flag("--json", f->json, "one JSON object per evaluated round and a final summary");
   cmd->callback([f, cmd, &rc] {
     auto fail = [&](const std::string& why) {
@@ -128,6 +149,34 @@ void add_fedsim_command(CLI::App& app, int& rc) {
     f->o.server.bias_correction = f->bias_correction;
     const bool tty = isatty(STDERR_FILENO);
     const bool json = f->json;
+    if (!f->split.empty()) {
+      if (auto why = splitfed_conflict(*cmd); !why.empty()) {
+        fail(why);
+        return;
+      }
+      try {
+        rc = run_fedsim_splitfed(f->o, json);
+      } catch (const std::bad_alloc&) {
+        fail("out of memory (the model or the data are too large for this machine)");
+      } catch (const std::exception& e) {
+        fail(e.what());
+      }
+      return;
+    }
+    if (f->vertical.parties > 0) {
+      if (auto why = vertical_conflict(*cmd); !why.empty()) {
+        fail(why);
+        return;
+      }
+      try {
+        rc = run_fedsim_vertical(f->o, f->vertical, json);
+      } catch (const std::bad_alloc&) {
+        fail("out of memory (the model or the data are too large for this machine)");
+      } catch (const std::exception& e) {
+        fail(e.what());
+      }
+      return;
+    }
     try {
       int empty_rounds = 0;  // rounds in which no update arrived (all late or failed)
       auto s = troupe::federated::run_simulation(f->o, [&](const troupe::federated::progress& p) {
