@@ -149,11 +149,12 @@ truncation truncate(std::span<const double> delta, layer_shape shape, std::int64
   t.factors.a.assign(static_cast<std::size_t>(rank * shape.in), 0.0f);
   t.factors.b.assign(static_cast<std::size_t>(shape.out * rank), 0.0f);
   for (std::int64_t r = 0; r < keep; ++r) {
+    const double root = std::sqrt(d.s[static_cast<std::size_t>(r)]);  // sigma split evenly: B = U S^1/2, A = S^1/2 V^T
     for (std::int64_t j = 0; j < shape.in; ++j)
-      t.factors.a[static_cast<std::size_t>(r * shape.in + j)] = static_cast<float>(d.vt[static_cast<std::size_t>(r * shape.in + j)]);
+      t.factors.a[static_cast<std::size_t>(r * shape.in + j)] =
+          static_cast<float>(root * d.vt[static_cast<std::size_t>(r * shape.in + j)]);
     for (std::int64_t i = 0; i < shape.out; ++i)
-      t.factors.b[static_cast<std::size_t>(i * rank + r)] =
-          static_cast<float>(d.u[static_cast<std::size_t>(i * d.k + r)] * d.s[static_cast<std::size_t>(r)]);
+      t.factors.b[static_cast<std::size_t>(i * rank + r)] = static_cast<float>(d.u[static_cast<std::size_t>(i * d.k + r)] * root);
   }
   for (std::int64_t r = keep; r < d.k; ++r) t.dropped += d.s[static_cast<std::size_t>(r)] * d.s[static_cast<std::size_t>(r)];
   return t;

@@ -94,11 +94,13 @@ TEST(LoraAggregation, FlexLoraAtFullRankReproducesTheExactWeightedMean) {
   const auto back = lora::product(t.factors, shape);
   for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(back[i], want[i], 1e-5 * (1 + std::abs(want[i])));
   EXPECT_EQ(t.dropped, 0.0);
-  // The singular values go to B: A's rows are orthonormal.
+  // Sigma is split evenly: row t of A and column t of B both have norm sqrt(sigma_t).
   for (std::int64_t p = 0; p < 5; ++p) {
-    double n = 0;
-    for (std::int64_t j = 0; j < shape.in; ++j) n += double(t.factors.a[p * shape.in + j]) * t.factors.a[p * shape.in + j];
-    EXPECT_NEAR(n, 1.0, 1e-5);
+    double na = 0, nb = 0;
+    for (std::int64_t j = 0; j < shape.in; ++j) na += double(t.factors.a[p * shape.in + j]) * t.factors.a[p * shape.in + j];
+    for (std::int64_t i = 0; i < shape.out; ++i) nb += double(t.factors.b[i * 9 + p]) * t.factors.b[i * 9 + p];
+    EXPECT_NEAR(na, t.singular_values[p], 1e-5 * (1 + t.singular_values[p]));
+    EXPECT_NEAR(nb, t.singular_values[p], 1e-5 * (1 + t.singular_values[p]));
   }
 }
 

@@ -16,8 +16,10 @@
 ///             mean(B_k A_k) - mean(B) mean(A) folded into the frozen W0, so that the model is
 ///             exactly W0 + mean(B_k A_k)
 ///   flexlora  FlexLoRA (Bai et al., 2024): dW = sum_k w_k B_k A_k, and to each client the
-///             truncated SVD of dW at its own rank, the singular values on B:
-///             B = U_r S_r, A = V_r^T
+///             truncated SVD of dW at its own rank, the singular values split evenly:
+///             B = U_r S_r^1/2, A = S_r^1/2 V_r^T (the split leaves B A, the aggregate and
+///             the truncation error as they are; it sets the clients' next steps: with all
+///             of S_r on B, rank 2 diverged in docs/FEDERATED.md's run)
 ///   hetlora   HetLoRA (Cho et al., 2024): each client's adapter zero-padded to the largest
 ///             rank, weighted by its norm ||B_k A_k||_F / sum_j ||B_j A_j||_F (the paper's
 ///             sparsity-weighted aggregation), each client getting the first r_k ranks back
@@ -76,12 +78,12 @@ std::vector<double> weighted_product_sum(std::span<const adapter> clients, std::
                                          layer_shape shape);
 
 struct truncation {
-  adapter factors;                       ///< b = U_r S_r, a = V_r^T
+  adapter factors;                       ///< b = U_r S_r^1/2, a = S_r^1/2 V_r^T
   double dropped = 0;                    ///< the sum of the dropped squared singular values
   std::vector<double> singular_values;   ///< all of them, descending
 };
 /// The best rank-`rank` approximation of `delta` (out x in) by its SVD (kernels::svd), the
-/// singular values on b. A rank above min(out, in) keeps them all and pads with zeros. Throws
+/// singular values split evenly between b and a. A rank above min(out, in) keeps them all and pads with zeros. Throws
 /// std::invalid_argument for a rank below 1 or a delta of another size.
 truncation truncate(std::span<const double> delta, layer_shape shape, std::int64_t rank);
 
