@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fine-tuning from the command line: a base model saved by --checkpoint, then LoRA adapters on
-# rotated images; the JSON summary's uplink bytes are the adapters' floats times 4, and the
-# combinations that cannot work are refused with a message that names the flag.
+# rotated images; the JSON summary's uplink bytes are the adapters' floats times 4, a LoRA run
+# resumes from its own checkpoint as if never stopped, and the combinations that cannot work
+# are refused with a message that names the flag.
 #
 #   tests/federated/fedsim_lora.sh PATH/TO/troupe
 set -euo pipefail
@@ -24,6 +25,16 @@ summary="$(grep '^{"final_accuracy":' lora.json)" || fail "no summary: $(cat lor
 [[ "$summary" == *'"shift":"rot90","finetuned":true,"lora":"4","lora_agg":"fedex","lora_alpha":0'* ]] ||
   fail "the settings: $summary"
 grep -q '^{"round":2,.*"uplink_bytes":79296' lora.json || fail "the round line's uplink: $(cat lora.json)"
+
+# A LoRA run stopped at round 1 and resumed ends as the run never stopped (mixed ranks, FlexLoRA).
+mixed=(--finetune-from base --shift rot90 --lora 2,4,8 --lora-agg flexlora --json)
+"$troupe" fedsim "${common[@]}" "${mixed[@]}" --rounds 2 --checkpoint straight >straight.json
+"$troupe" fedsim "${common[@]}" "${mixed[@]}" --rounds 1 --checkpoint resumed >/dev/null
+"$troupe" fedsim "${common[@]}" "${mixed[@]}" --rounds 2 --checkpoint resumed >resumed.json 2>err
+grep -q "resumed from the checkpoint of round 1" err || fail "not resumed: $(cat err)"
+crc() { grep -o '"model_crc32":"[0-9a-f]*"' "$1"; }
+[[ -n "$(crc straight.json)" && "$(crc straight.json)" == "$(crc resumed.json)" ]] ||
+  fail "resumed $(crc resumed.json), straight $(crc straight.json)"
 
 # Full fine-tuning of the same model: every parameter travels (12730 floats per update).
 "$troupe" fedsim "${common[@]}" --rounds 2 --finetune-from base --shift brightness:0.5 --json >full.json
