@@ -101,6 +101,16 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--data", o.data,
                   "your own data instead of Fashion-MNIST: npz:FILE (x_train, y_train, x_test, y_test, optional "
                   "client_train: the clients' own partition) or idx:DIR (MNIST-style IDX files)");
+  cmd->add_option("--finetune-from", o.finetune_from,
+                  "start from a saved model: a --checkpoint directory of an earlier run (same --model) or a `troupe train --save` file");
+  cmd->add_option("--shift", o.shift, "shift the training and test images: rot90 (square images) or brightness:C (pixels times C, clipped)");
+  cmd->add_option("--lora", o.lora,
+                  "train LoRA adapters of rank R on every linear layer instead of the whole model (needs --finetune-from); "
+                  "R1,R2,... gives client c rank R[c % n]");
+  cmd->add_option("--lora-agg", o.lora_agg, "how the server combines the adapters: fedit, fedex, flexlora or hetlora")
+      ->capture_default_str();
+  cmd->add_option("--lora-alpha", o.lora_alpha, "LoRA's alpha: the change is (alpha / rank) B A (0: alpha = rank)")
+      ->capture_default_str();
   cmd->add_option("--trainer", o.trainer, "mlp, or noop to measure the orchestration alone")->capture_default_str();
   auto* vertical = cmd->add_option("--vertical", f->vertical.parties,
                   "2: vertical federated learning: two parties hold each image's left and right columns for their own, "
@@ -210,9 +220,10 @@ void add_fedsim_command(CLI::App& app, int& rc) {
             }
           }
           if (json)
-            std::printf("{\"round\":%d,\"test_accuracy\":%s,\"test_loss\":%s,\"seconds\":%.3f,\"simulated_seconds\":%.3f%s}\n",
+            std::printf("{\"round\":%d,\"test_accuracy\":%s,\"test_loss\":%s,\"seconds\":%.3f,\"simulated_seconds\":%.3f,"
+                        "\"uplink_bytes\":%llu%s}\n",
                         r, json_number(p.eval.accuracy, "%.4f").c_str(), json_number(p.eval.loss, "%.4f").c_str(),
-                        p.seconds, p.simulated_seconds, extra.c_str());
+                        p.seconds, p.simulated_seconds, static_cast<unsigned long long>(p.uplink_bytes), extra.c_str());
           else
             std::printf("round %d/%d  test accuracy %s  test loss %s  train loss %s  %.1f rounds/s  %.1f s  simulated %.1f s%s\n",
                         r, p.rounds, text_number(p.eval.accuracy).c_str(), text_number(p.eval.loss).c_str(),
@@ -234,16 +245,28 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                      "failed), so the model did not change in them; see --deadline and --dropout\n",
                      empty_rounds, s.rounds - s.resumed_from);
       if (s.resumed_from > 0) std::fprintf(stderr, "troupe fedsim: resumed from the checkpoint of round %d\n", s.resumed_from);
+      // The uplink: total bytes the clients sent in the rounds this run ran, and per round.
+      const int ran = s.rounds - s.resumed_from;
+      const double per_round = ran > 0 ? static_cast<double>(s.uplink_bytes) / ran : 0.0;
+      std::string settings;  // the fine-tuning settings, when given (validated spellings: no escaping needed)
+      if (!f->o.shift.empty()) settings += ",\"shift\":\"" + f->o.shift + "\"";
+      if (!f->o.finetune_from.empty()) settings += ",\"finetuned\":true";
+      if (!f->o.lora.empty())
+        settings += ",\"lora\":\"" + f->o.lora + "\",\"lora_agg\":\"" + f->o.lora_agg + "\",\"lora_alpha\":" +
+                    json_number(f->o.lora_alpha, "%.6g");
       if (json)
         std::printf("{\"final_accuracy\":%s,\"rounds_per_s\":%.2f,\"peak_rss_mb\":%.1f,\"rounds\":%d,\"seconds\":%.2f,"
-                    "\"final_loss\":%s,\"model_crc32\":\"%08x\",\"resumed_from\":%d,\"state_bytes_per_client\":%.0f}\n",
+                    "\"final_loss\":%s,\"model_crc32\":\"%08x\",\"resumed_from\":%d,\"state_bytes_per_client\":%.0f,"
+                    "\"uplink_bytes\":%llu,\"uplink_bytes_per_round\":%.0f%s}\n",
                     json_number(s.final_accuracy, "%.4f").c_str(), s.rounds_per_s, s.peak_rss_mb, s.rounds, s.seconds,
                     json_number(s.final_loss, "%.9g").c_str(),
-                    static_cast<unsigned>(s.model_crc32), s.resumed_from, s.state_bytes_per_client);
+                    static_cast<unsigned>(s.model_crc32), s.resumed_from, s.state_bytes_per_client,
+                    static_cast<unsigned long long>(s.uplink_bytes), per_round, settings.c_str());
       else
-        std::printf("final test accuracy %s after %d rounds, %.1f rounds/s, peak memory %.0f MB, %.1f s, model CRC-32 %08x\n",
+        std::printf("final test accuracy %s after %d rounds, %.1f rounds/s, peak memory %.0f MB, %.1f s, model CRC-32 %08x, "
+                    "uplink %.2f MB\n",
                     text_number(s.final_accuracy).c_str(), s.rounds, s.rounds_per_s, s.peak_rss_mb, s.seconds,
-                    static_cast<unsigned>(s.model_crc32));
+                    static_cast<unsigned>(s.model_crc32), static_cast<double>(s.uplink_bytes) / 1e6);
       rc = 0;
     } catch (const std::bad_alloc&) {
       if (tty) std::fprintf(stderr, "\r\033[K");

@@ -76,6 +76,7 @@ round_report simulation::impl::async_round(int round) {
     staleness += static_cast<double>(s);
     loss += u.loss * static_cast<double>(u.samples);
     samples += u.samples;
+    r.uplink_bytes += uplink_bytes(u);
     if (through) {
       for (std::size_t i = 0; i < floats; ++i) u.delta[i] = static_cast<float>(w * u.delta[i]);
       buffered.push_back(std::move(u));

@@ -36,6 +36,10 @@ std::string fingerprint(const simulation_options& o) {
     << "\nasync=" << o.async << "\n";
   // Lines only a stateful client optimizer adds: checkpoints of other runs keep their fingerprint.
   if (o.client_optimizer != "sgd") s << "client-optimizer=" << o.client_optimizer << "\nclient-state=" << o.client_state << "\n";
+  // Likewise for fine-tuning, a shift and LoRA.
+  if (!o.finetune_from.empty()) s << "finetune-from=" << o.finetune_from << "\n";
+  if (!o.shift.empty()) s << "shift=" << o.shift << "\n";
+  if (!o.lora.empty()) s << "lora=" << o.lora << "\nlora-agg=" << o.lora_agg << "\nlora-alpha=" << o.lora_alpha << "\n";
   return s.str();
 }
 
@@ -171,8 +175,10 @@ void simulation::save_checkpoint(const std::string& file) const {
   }
 }
 
-void simulation::load_checkpoint(const std::string& file) {
-  auto& e = impl_->engine;
+namespace {
+
+/// The checkpoint's bytes, with its magic, CRC-32 and version checked.
+std::string read_checked(const std::string& file, std::uint32_t& version_out) {
   std::string bytes;
   {
     try {
@@ -197,6 +203,28 @@ void simulation::load_checkpoint(const std::string& file) {
   if (version < 1 || version > checkpoint_version)
     throw std::runtime_error("checkpoint " + file + " has version " + std::to_string(version) + "; this build reads 1 to " +
                              std::to_string(checkpoint_version));
+  version_out = version;
+  return bytes;
+}
+
+}  // namespace
+
+std::vector<float> detail::read_checkpoint_model(const std::string& file, std::string& options) {
+  std::uint32_t version = 0;
+  const std::string bytes = read_checked(file, version);
+  byte_reader r{bytes, sizeof checkpoint_magic + sizeof version, bytes.size() - sizeof(std::uint32_t), file};
+  const auto saved = r.get_array<char>();
+  options.assign(saved.begin(), saved.end());
+  (void)r.get<std::int64_t>();  // rounds
+  (void)r.get<double>();        // clock
+  return r.get_array<float>();
+}
+
+void simulation::load_checkpoint(const std::string& file) {
+  auto& e = impl_->engine;
+  std::uint32_t version = 0;
+  const std::string bytes = read_checked(file, version);
+  byte_reader r{bytes, sizeof checkpoint_magic + sizeof version, bytes.size() - sizeof(std::uint32_t), file};
   if (version < 2 && impl_->buffer)
     throw std::runtime_error("checkpoint " + file + " has version 1, which holds only synchronous runs; this run is FedBuff");
   const auto saved = r.get_array<char>();

@@ -82,6 +82,8 @@ void check_options(const simulation_options& o) {
   if (o.client_optimizer == "sgd" && o.client_state != "fp32")
     fail("--client-state " + o.client_state + ": plain SGD keeps no state to store; use --client-optimizer adam or adamw");
   (void)parse_device(o.device);
+  check_lora_options(o);
+  if (!o.shift.empty() && o.trainer != "mlp") fail("--shift needs --trainer mlp (noop trains on no data)");
   if (o.client_optimizer != "sgd" && o.trainer == "noop")
     fail("--client-optimizer " + o.client_optimizer + ": the noop trainer trains nothing; use --trainer mlp");
   if (!o.data.empty() && o.data.rfind("npz:", 0) != 0 && o.data.rfind("idx:", 0) != 0)

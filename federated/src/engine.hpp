@@ -167,6 +167,12 @@ inline void check_finite(const client_update& u, const std::string& when) {
 }
 
 
+/// The bytes `u` takes on the wire (client_update::wire_bytes, else 4 per float or word).
+inline std::uint64_t uplink_bytes(const client_update& u) {
+  if (u.wire_bytes) return u.wire_bytes;
+  return 4 * static_cast<std::uint64_t>(u.words.empty() ? u.delta.size() : u.words.size());
+}
+
 // ---- the options (engine.cpp) ----------------------------------------------------------------
 
 latency_model parse_latency(const std::string& spec);
@@ -185,6 +191,25 @@ shared_data load_data(const simulation_options& o);
 /// The model `spec` describes: "mlp:784-100-10" (kernels::make_mlp) or any layer description
 /// kernels::make_layer reads. Throws std::invalid_argument (from the kernels) for anything else.
 std::unique_ptr<kernels::sequential> make_model(const std::string& spec);
+
+// ---- fine-tuning (finetune.cpp) and LoRA (lora.cpp) ----------------------------------------
+
+/// Writes into `model` the parameters of `spec` saved at `path` (simulation_options::
+/// finetune_from). Throws std::invalid_argument naming the path and what does not fit.
+void load_base_model(const std::string& path, const std::string& spec, std::span<float> model);
+/// Applies simulation_options::shift to the training and test images of a copy of `data`.
+shared_data shift_data(const shared_data& data, const std::string& spec);
+/// The global model saved in the checkpoint `file` and the options it was saved with (one
+/// "name=value" a line). Throws std::runtime_error as load_checkpoint does for a file that is not
+/// a sound checkpoint.
+std::vector<float> read_checkpoint_model(const std::string& file, std::string& options);
+/// The LoRA trainer (simulation_options::lora).
+trainer_factory make_lora_trainer_factory(const simulation_options& o);
+/// Installs LoRA's server side and its uplink encoding into `sim`.
+void install_lora(simulation& sim, const simulation_options& o);
+/// Throws std::invalid_argument, saying what to change, for LoRA options that cannot run or
+/// cannot combine with the others.
+void check_lora_options(const simulation_options& o);
 
 // ---- per-client quantities (engine.cpp) ------------------------------------------------------
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "engine.hpp"
 #include "spec.hpp"
 #include "troupe/federated/compress.hpp"
 #include "troupe/federated/dp.hpp"
@@ -210,9 +211,13 @@ public:
   std::size_t client_state_floats(std::size_t dim) const override { return topk_ ? dim : 0; }
   void apply(client_update& u, std::span<float> state, const round_info&, splitmix64& rng) const override {
     if (topk_) {
-      top_k(u.delta, p_, state).densify(u.delta);
+      const auto sparse = top_k(u.delta, p_, state);
+      u.wire_bytes = static_cast<std::uint64_t>(sparse.wire_bytes());
+      sparse.densify(u.delta);
     } else {
-      qsgd(u.delta, static_cast<int>(p_), rng.next()).dequantize(u.delta);
+      const auto q = qsgd(u.delta, static_cast<int>(p_), rng.next());
+      u.wire_bytes = static_cast<std::uint64_t>(q.wire_bytes());
+      q.dequantize(u.delta);
     }
   }
   void end_round(const round_info& round, std::vector<std::pair<std::string, double>>& metrics) override {
@@ -711,6 +716,10 @@ mechanism make_secure_aggregation(const secagg_options& options) {
 }
 
 void install_mechanisms(simulation& sim, const simulation_options& o, const weight_bounds& weights) {
+  if (!o.lora.empty()) {  // check_lora_options refused every other mechanism
+    detail::install_lora(sim, o);
+    return;
+  }
   const bool robust = is_robust_rule(o.strategy), dp = o.dp_clip != 0 || o.dp_noise != 0 || o.dp_adaptive;
   if (dp && !(o.dp_clip > 0 && o.dp_noise > 0))
     bad("differential privacy needs both --dp-clip and --dp-noise, positive");

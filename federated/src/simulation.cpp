@@ -36,6 +36,10 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
   e.strategy = make_strategy(is_robust_rule(o.strategy) ? "fedavg" : o.strategy, o.server);
   if (!custom && o.trainer == "mlp") (void)make_model(o.model);
   if (!data && (custom || o.trainer == "mlp")) data = load_data(o);
+  if (!o.shift.empty()) {
+    if (!data) throw std::invalid_argument("--shift needs data to shift (the noop trainer has none)");
+    data = shift_data(data, o.shift);
+  }
   e.data = std::move(data);
   impl_->server_trainer = e.factory(e.data);
   e.dim = impl_->server_trainer->dim();
@@ -269,6 +273,7 @@ round_report simulation::run_round() {
       impl_->agg->add(u.client, u.weight, u.delta);
     loss += u.loss * static_cast<double>(u.samples);
     samples += u.samples;
+    r.uplink_bytes += uplink_bytes(u);
     e.give_back(std::move(u.delta));
     e.give_back(std::move(u.words));
   }
@@ -377,6 +382,8 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     p.rounds_per_s = (r - first + 1) / round_seconds;
     p.seconds = since(start);
     p.simulated_seconds = sim.simulated_seconds();
+    s.uplink_bytes += rr.uplink_bytes;
+    p.uplink_bytes = s.uplink_bytes;
     if (report) report(p);
   }
   if (!evaluated) {  // resumed at or past the last round

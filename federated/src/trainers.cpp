@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "batches.hpp"
 #include "engine.hpp"
 #include "troupe/federated/mechanisms.hpp"
 #include "troupe/kernels/data.hpp"
@@ -17,14 +18,14 @@ namespace troupe::federated {
 namespace {
 
 /// SGD on the options' model (kernels' layers, a kernels::optimizer, stepped by a
-/// kernels::classifier) over the shared Fashion-MNIST images, normalized batch by batch through
-/// a 256-entry table (the shared copy stays u8: 47 MB rather than 188 MB of floats).
+/// kernels::classifier) over the shared images (detail::image_batches). With --finetune-from
+/// the initial model is the saved one.
 class mlp_trainer final : public local_trainer {
 public:
   mlp_trainer(shared_data data, const simulation_options& o)
-      : data_(std::move(data)), spec_(o.model), model_(detail::make_model(o.model)), test_limit_(o.test_limit) {
-    if (!data_) throw std::invalid_argument("the mlp trainer needs data");
-    pixels_ = static_cast<int>(data_->train.images.numel() / std::max<std::int64_t>(1, data_->train.size()));
+      : data_(std::move(data)), batches_(data_), spec_(o.model), finetune_from_(o.finetune_from),
+        model_(detail::make_model(o.model)), test_limit_(o.test_limit) {
+    pixels_ = batches_.pixels();
     if (const device where = detail::parse_device(o.device); !where.is_cpu()) kernels::move_to(*model_, where);
     kernels::hyperparameters hp;
     hp.lr = o.lr;
@@ -41,12 +42,14 @@ public:
     if (net_->classes() != data_->classes)
       throw std::invalid_argument("model '" + spec_ + "' has " + std::to_string(net_->classes()) +
                                   " outputs; the data has " + std::to_string(data_->classes) + " classes");
-    float_features_ = data_->train.images.type() == dtype::f32;
-    for (int v = 0; v < 256; ++v) lut_[v] = (static_cast<float>(v) / 255.0f - data_->mean) / data_->stddev;
   }
   std::size_t dim() const override { return net_->parameter_count(); }
   std::span<float> working_model() override { return net_->flat_parameters(); }
   void initialize(std::span<float> model, std::uint64_t seed) override {
+    if (!finetune_from_.empty()) {
+      detail::load_base_model(finetune_from_, spec_, model);
+      return;
+    }
     auto fresh = detail::make_model(spec_);  // on the host, wherever the trainer's model lives
     fresh->initialize(seed);
     std::size_t at = 0;
@@ -58,10 +61,8 @@ public:
     order_.assign(job.shard.begin(), job.shard.end());
     const std::size_t n = order_.size(), batch = static_cast<std::size_t>(job.batch);
     const std::size_t rows_at_most = std::min(batch, n);  // a batch above the shard is the whole shard
-    x_.resize(rows_at_most * static_cast<std::size_t>(pixels_));
-    y_.resize(rows_at_most);
-    const std::byte* images = data_->train.images.bytes();
-    const std::uint8_t* labels = data_->train.labels.data<std::uint8_t>().data();
+    batches_.reserve(rows_at_most);
+    const dataset& train = data_->train;
     kernels::gradient_terms terms;
     if (job.proximal_mu > 0) {
       terms.mu = static_cast<float>(job.proximal_mu);
@@ -79,13 +80,13 @@ public:
     double loss = 0;
     for (int e = 0; e < job.epochs; ++e) {
       for (std::size_t i = n; i > 1; --i) std::swap(order_[i - 1], order_[rng.below(i)]);
-      prefetch(images, labels, order_.data(), std::min(batch, n));
+      batches_.prefetch(train, order_.data(), std::min(batch, n));
       for (std::size_t s = 0; s < n; s += batch) {
         const std::size_t rows = std::min(batch, n - s);
-        gather(images, labels, order_.data() + s, rows);
+        batches_.gather(train, order_.data() + s, rows);
         // The rows are scattered over 47 MB: ask for the next batch's while this one trains.
-        if (s + batch < n) prefetch(images, labels, order_.data() + s + batch, std::min(batch, n - s - batch));
-        const kernels::batch_outcome b = net_->step(x_.data(), y_.data(), static_cast<int>(rows), terms);
+        if (s + batch < n) batches_.prefetch(train, order_.data() + s + batch, std::min(batch, n - s - batch));
+        const kernels::batch_outcome b = net_->step(batches_.x(), batches_.y(), static_cast<int>(rows), terms);
         loss += b.loss_sum;
         ++(b.applied ? r.steps : r.skipped);
         r.samples += static_cast<std::int64_t>(rows);
@@ -100,11 +101,8 @@ public:
     const std::size_t total = static_cast<std::size_t>(data_->test.size());
     const std::size_t n = test_limit_ ? std::min(test_limit_, total) : total;
     const std::size_t chunk = 240;
-    x_.resize(chunk * static_cast<std::size_t>(pixels_));
-    y_.resize(chunk);
+    batches_.reserve(chunk);
     if (n == 0) return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN(), {}};
-    const std::byte* images = data_->test.images.bytes();
-    const std::uint8_t* labels = data_->test.labels.data<std::uint8_t>().data();
     std::vector<std::uint32_t> rows(chunk);
     net_->load_flat(model.data());
     double loss = 0;
@@ -112,8 +110,8 @@ public:
     for (std::size_t s = 0; s < n; s += chunk) {
       const std::size_t m = std::min(chunk, n - s);
       for (std::size_t i = 0; i < m; ++i) rows[i] = static_cast<std::uint32_t>(s + i);
-      gather(images, labels, rows.data(), m);
-      net_->evaluate(x_.data(), y_.data(), static_cast<int>(m), loss, correct);
+      batches_.gather(data_->test, rows.data(), m);
+      net_->evaluate(batches_.x(), batches_.y(), static_cast<int>(m), loss, correct);
     }
     return {static_cast<double>(correct) / static_cast<double>(n), loss / static_cast<double>(n), {}};
   }
@@ -128,53 +126,15 @@ public:
   }
 
 private:
-  /// Rows `rows` of `images` (u8 pixels through the table, or f32 features as they are) into x_,
-  /// their labels into y_.
-  void gather(const std::byte* images, const std::uint8_t* labels, const std::uint32_t* rows, std::size_t m) {
-    const std::size_t d = static_cast<std::size_t>(pixels_);
-    float* x = x_.data();
-    if (float_features_) {
-      for (std::size_t i = 0; i < m; ++i) {
-        std::memcpy(x + i * d, images + static_cast<std::size_t>(rows[i]) * d * sizeof(float), d * sizeof(float));
-        y_[i] = labels[rows[i]];
-      }
-      return;
-    }
-    const float* lut = lut_;  // locals: stores to x_ could otherwise alias the members
-    const auto* pixels = reinterpret_cast<const std::uint8_t*>(images);
-    for (std::size_t i = 0; i < m; ++i) {
-      const std::uint8_t* src = pixels + static_cast<std::size_t>(rows[i]) * d;
-      float* dst = x + i * d;
-      for (std::size_t k = 0; k < d; ++k) dst[k] = lut[src[k]];
-      y_[i] = labels[rows[i]];
-    }
-  }
-  /// Starts loading m rows (and their labels) into the cache. Always inlined: GCC counts a
-  /// function whose only effect is __builtin_prefetch as free of side effects and drops calls
-  /// to it that it does not inline.
-  [[gnu::always_inline]] void prefetch(const std::byte* images, const std::uint8_t* labels, const std::uint32_t* rows,
-                                       std::size_t m) const {
-    const std::size_t d = static_cast<std::size_t>(pixels_) * (float_features_ ? sizeof(float) : 1);
-    for (std::size_t i = 0; i < m; ++i) {
-      const std::byte* src = images + static_cast<std::size_t>(rows[i]) * d;
-      for (std::size_t k = 0; k < d; k += 64) __builtin_prefetch(src + k, 0, 2);
-      __builtin_prefetch(src + d - 1, 0, 2);
-      __builtin_prefetch(labels + rows[i], 0, 2);
-    }
-  }
-
   shared_data data_;
-  std::string spec_;
+  detail::image_batches batches_;
+  std::string spec_, finetune_from_;
   std::unique_ptr<kernels::sequential> model_;
   std::unique_ptr<kernels::optimizer> opt_;
   std::unique_ptr<kernels::classifier> net_;
   std::size_t test_limit_;
   int pixels_ = 0;
-  bool float_features_ = false;  // f32 features; otherwise u8 pixels normalized through lut_
-  float lut_[256];
   std::vector<std::uint32_t> order_;
-  std::vector<float> x_;
-  std::vector<std::uint8_t> y_;
 };
 
 /// Trains nothing: moves each coordinate by a small seeded amount, so that the rounds, the
@@ -211,6 +171,7 @@ trainer_factory make_trainer_factory(const simulation_options& options) {
   if (options.trainer == "noop")
     return [](const shared_data&) -> std::unique_ptr<local_trainer> { return std::make_unique<noop_trainer>(); };
   if (options.trainer != "mlp") throw std::invalid_argument("unknown trainer '" + options.trainer + "' (use mlp or noop)");
+  if (!options.lora.empty()) return detail::make_lora_trainer_factory(options);
   trainer_factory mlp = [options](const shared_data& data) -> std::unique_ptr<local_trainer> {
     return std::make_unique<mlp_trainer>(data, options);
   };

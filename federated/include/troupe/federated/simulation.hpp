@@ -117,6 +117,24 @@ struct simulation_options {
   std::string compress;           ///< "", "topk:F" or "qsgd:L"
   std::string attack;             ///< "", "sign-flip:P", "scale:P:X", "label-flip:P" or "backdoor:P:T"
 
+  /// Fine-tuning: the initial global model is the one saved in this path instead of a fresh
+  /// one: a `--checkpoint` directory of an earlier run (its fedsim.ckpt, saved with the same
+  /// --model) or a weights file written by `troupe train --save` (kernels/weights.hpp). Empty:
+  /// none.
+  std::string finetune_from;
+  /// A shift of the data, applied to the training and the test images alike: "rot90" (each
+  /// square image turned a quarter counter-clockwise) or "brightness:C" (every u8 pixel times
+  /// C, rounded and clipped to 0..255 before normalization). Empty: none.
+  std::string shift;
+  /// LoRA fine-tuning (lora.hpp, src/lora.cpp): "R" or "R1,R2,..." (client c trains adapters of
+  /// rank R[c % n] on every linear layer, the model's own parameters frozen and only the adapters
+  /// uploaded), aggregated by `lora_agg`: "fedit", "fedex", "flexlora" or "hetlora". Needs
+  /// finetune_from. Empty: clients train the whole model.
+  std::string lora;
+  std::string lora_agg = "fedit";
+  /// LoRA's alpha: the change is (alpha / rank) B A; 0: alpha = the client's rank (scale 1).
+  double lora_alpha = 0;
+
   /// run_simulation's checkpoints: a directory (empty: none). The whole state is saved there
   /// after every evaluated round, or every `checkpoint_every` rounds when > 0, and a run that
   /// finds a checkpoint there resumes from it (bit-identical to a run never stopped).
@@ -199,6 +217,9 @@ struct round_report {
   double train_loss = 0;   ///< sample-weighted mean of the clients' training losses
   double seconds = 0;      ///< wall time of the round
   std::vector<std::pair<std::string, double>> metrics;  ///< from the transforms' end_round
+  /// Bytes the round's updates took on the wire: 4 per float or word sent, or what a transform
+  /// that encodes more tightly reports (client_update::wire_bytes).
+  std::uint64_t uplink_bytes = 0;
   /// Non-empty when the aggregator gave the round up (round_aborted): why. The model is as it
   /// was before the round, and the metrics hold "aborted" 1.
   std::string aborted;
@@ -283,6 +304,7 @@ struct progress {
   double seconds = 0;       ///< since the start, setup included
   double rounds_per_s = 0;  ///< rounds per second of round time so far (checkpoints included, evaluations excluded)
   double simulated_seconds = 0;  ///< simulation::simulated_seconds() after the round
+  std::uint64_t uplink_bytes = 0;  ///< the clients' uplink bytes since the run (or its resumption) started
 };
 
 struct summary {
@@ -297,6 +319,8 @@ struct summary {
   /// Persistent state per client that holds any (its optimizer's moments and its algorithm's
   /// state), in bytes, at the end (0: none).
   double state_bytes_per_client = 0;
+  /// Bytes the clients sent in the rounds this run ran (not those before a resumed checkpoint).
+  std::uint64_t uplink_bytes = 0;
 };
 
 /// Runs options.rounds rounds with evaluations every options.eval_every rounds (resuming from

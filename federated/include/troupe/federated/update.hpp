@@ -46,6 +46,10 @@ struct client_update {
   /// payload...). When not empty, delta is empty and the aggregator's add_encoded receives it.
   /// Transforms receive it empty, possibly with capacity from an earlier round to reuse.
   std::vector<std::uint32_t> words;
+  /// Bytes the update takes on the wire when a transform encodes it more tightly than it is held
+  /// here (a compressed update the transform decodes again); 0: 4 per float of delta or word of
+  /// words.
+  std::uint64_t wire_bytes = 0;
   /// Set by the engine on the client's thread: delta holds NaN or an infinity (the client
   /// diverged), and the run ends with its name instead of aggregating it.
   bool diverged = false;
