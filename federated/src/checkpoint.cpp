@@ -36,6 +36,7 @@ std::string fingerprint(const simulation_options& o) {
     << "\nasync=" << o.async << "\n";
   // Lines only a stateful client optimizer adds: checkpoints of other runs keep their fingerprint.
   if (o.client_optimizer != "sgd") s << "client-optimizer=" << o.client_optimizer << "\nclient-state=" << o.client_state << "\n";
+  if (o.local_steps > 0) s << "local-steps=" << o.local_steps << "\n";
   return s.str();
 }
 
