@@ -53,5 +53,14 @@ void add_partition_command(CLI::App& app, int& rc);
 void add_train_command(CLI::App& app, int& rc);
 void add_fedsim_command(CLI::App& app, int& rc);
 void add_node_command(CLI::App& app, int& rc);
+}  // namespace troupe::cli
+
+namespace troupe::federated {
+struct simulation_options;
+}
+
+namespace troupe::cli {
+/// `troupe fedsim --client-models ...` (fedsim_heterogeneous.cpp); returns the exit code.
+int run_fedsim_heterogeneous(const troupe::federated::simulation_options& o, bool json);
 
 }  // namespace troupe::cli

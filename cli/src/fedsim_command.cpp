@@ -47,6 +47,9 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--min-per-round", o.min_per_round, "at least this many clients per round")->capture_default_str();
   cmd->add_option("--rounds", o.rounds, "rounds to run")->capture_default_str();
   cmd->add_option("--local-epochs", o.local_epochs, "passes over its shard per client per round")->capture_default_str();
+  cmd->add_option("--local-steps", o.local_steps, "steps per client per round instead of --local-epochs passes (0: passes)")
+      ->capture_default_str();
+  cmd->add_option("--train-limit", o.train_limit, "train on the first N training examples only (0: all)")->capture_default_str();
   cmd->add_option("--batch", o.batch, "client batch size")->capture_default_str();
   cmd->add_option("--lr", o.lr, "clients' learning rate")->capture_default_str();
   cmd->add_option("--client-optimizer", o.client_optimizer,
@@ -59,6 +62,12 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--partition", o.partition, "iid, dirichlet:A, shards:K or powerlaw:A")->capture_default_str();
   cmd->add_option("--strategy", o.strategy,
                   troupe::federated::strategy_names() + ", or a robust rule: median, trimmed-mean:B, krum:F, multi-krum:F:M, geomed, norm-bound:M")
+      ->capture_default_str();
+  cmd->add_option("--client-models", o.client_models,
+                  "clients of different architectures: SPEC,SPEC,... assigned round-robin (--strategy fedavg, feddf or fedmd)");
+  cmd->add_option("--public", o.public_examples, "with --client-models: training examples the server holds out as its public data")
+      ->capture_default_str();
+  cmd->add_option("--distill-steps", o.distill_steps, "feddf: the server's distillation steps per round (batches of 64)")
       ->capture_default_str();
   cmd->add_option("--server-lr", o.server.server_lr, "server learning rate (default: the strategy's)")
       ->check(positive_number);
@@ -157,6 +166,18 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         }
     }
     f->o.server.bias_correction = f->bias_correction;
+    if (!f->o.client_models.empty()) {
+      if (f->vertical.parties > 0 || !f->split.empty()) {
+        fail("--client-models cannot combine with --vertical or --split (those split one model between parties)");
+        return;
+      }
+      try {
+        rc = run_fedsim_heterogeneous(f->o, f->json);
+      } catch (const std::exception& e) {
+        fail(e.what());
+      }
+      return;
+    }
     const bool tty = isatty(STDERR_FILENO);
     const bool json = f->json;
     if (!f->split.empty()) {

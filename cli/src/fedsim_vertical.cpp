@@ -61,6 +61,15 @@ std::string splitfed_conflict(const CLI::App& cmd) {
       {"--server-lr", "the server steps its top with --lr"},
       {"--min-per-round", "every client takes part in every round"},
       {"--latency", "SplitFed runs no simulated clock"},
+      {"--local-steps", "each client walks its shard once per round"},
+      {"--client-models", "one model is split; --client-models gives clients different whole models"},
+      {"--public", "it is read with --client-models"},
+      {"--distill-steps", "it is read with --client-models --strategy feddf"},
+      {"--finetune-from", "fine-tuning starts a horizontal run from a saved model"},
+      {"--shift", "fine-tuning's shifted data belongs to horizontal runs"},
+      {"--lora", "LoRA adapters are trained by horizontal clients"},
+      {"--lora-agg", "LoRA adapters are trained by horizontal clients"},
+      {"--lora-alpha", "LoRA adapters are trained by horizontal clients"},
   };
   return first_conflict(cmd, conflicts, "--split horizontal");
 }
@@ -92,6 +101,15 @@ std::string vertical_conflict(const CLI::App& cmd) {
       {"--server-lr", "there is no server step"},
       {"--min-per-round", "there are two parties"},
       {"--latency", "vertical runs have no simulated clock"},
+      {"--local-steps", "--rounds counts the epochs"},
+      {"--client-models", "one model is split; --client-models gives clients different whole models"},
+      {"--public", "it is read with --client-models"},
+      {"--distill-steps", "it is read with --client-models --strategy feddf"},
+      {"--finetune-from", "fine-tuning starts a horizontal run from a saved model"},
+      {"--shift", "fine-tuning's shifted data belongs to horizontal runs"},
+      {"--lora", "LoRA adapters are trained by horizontal clients"},
+      {"--lora-agg", "LoRA adapters are trained by horizontal clients"},
+      {"--lora-alpha", "LoRA adapters are trained by horizontal clients"},
   };
   return first_conflict(cmd, conflicts, "--vertical");
 }

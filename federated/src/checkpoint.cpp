@@ -40,6 +40,7 @@ std::string fingerprint(const simulation_options& o) {
   if (!o.finetune_from.empty()) s << "finetune-from=" << o.finetune_from << "\n";
   if (!o.shift.empty()) s << "shift=" << o.shift << "\n";
   if (!o.lora.empty()) s << "lora=" << o.lora << "\nlora-agg=" << o.lora_agg << "\nlora-alpha=" << o.lora_alpha << "\n";
+  if (o.local_steps > 0) s << "local-steps=" << o.local_steps << "\n";
   return s.str();
 }
 

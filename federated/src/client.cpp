@@ -29,6 +29,7 @@ client_update client::train(const std::shared_ptr<const round_context>& ctx, std
   job.global = global;
   job.shard = {e.part.indices.data() + offset_, length_};
   job.epochs = e.options.local_epochs;
+  job.steps = e.options.local_steps;
   job.batch = e.options.batch;
   job.lr = e.options.lr;
   job.proximal_mu = e.rule.proximal_mu;
@@ -39,6 +40,8 @@ client_update client::train(const std::shared_ptr<const round_context>& ctx, std
     job.correction = w.correction;
   }
   if (e.stateful_optimizer) job.optimizer_state = &optimizer_;
+  job.generator = ctx->generator;
+  job.generator_weight = ctx->generator_weight;
   const local_result r = w.trainer->train(job, w.model, rng_);
   if (optimizer_.size() != optimizer_bytes)
     e.state_bytes.fetch_add(optimizer_.size() - optimizer_bytes, std::memory_order_relaxed);  // modulo 2^64

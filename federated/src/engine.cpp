@@ -1,4 +1,5 @@
 #include "engine.hpp"
+#include "troupe/federated/fedgen.hpp"
 
 #include <cmath>
 
@@ -65,6 +66,7 @@ void check_options(const simulation_options& o) {
     fail("--min-per-round (" + std::to_string(o.min_per_round) + ") is more than --clients (" + std::to_string(o.clients) + ")");
   if (o.rounds < 1) fail("--rounds must be at least 1");
   if (o.local_epochs < 1) fail("--local-epochs must be at least 1");
+  if (o.local_steps < 0) fail("--local-steps must be at least 0 (0: --local-epochs passes instead)");
   if (o.batch < 1) fail("--batch must be at least 1");
   if (!(o.lr > 0) || !std::isfinite(o.lr)) fail("--lr must be positive");
   if (o.eval_every < 1) fail("--eval-every must be at least 1");
@@ -93,6 +95,16 @@ void check_options(const simulation_options& o) {
   if (o.trainer == "noop" && is_data_attack(o.attack))
     fail("--attack " + o.attack + " poisons the training data, and the noop trainer trains on none: use --trainer mlp");
   (void)parse_latency(o.latency);
+  if (is_fedgen(o.strategy)) {
+    (void)parse_fedgen(o.strategy);
+    if (o.trainer != "mlp") fail("--strategy fedgen distills into the model's head: use --trainer mlp");
+    if (o.secagg)
+      fail("--strategy fedgen with --secagg: FedGEN's server learns from each client's head, and secure aggregation "
+           "shows it only the sum");
+    if (!o.compress.empty()) fail("--strategy fedgen with --compress: FedGEN's server needs each client's head as it is");
+    if (parse_async(o.async) > 0) fail("--strategy fedgen with --async: FedGEN's generator is trained per synchronous round");
+    if (o.device != "cpu") fail("--strategy fedgen with --device " + o.device + ": its generator term is added on the host; use --device cpu");
+  }
   if (parse_async(o.async) > 0) {
     // Failures (--dropout) are FedBuff's too: a failed client's slot is refilled. A deadline and
     // over-selection shape a round's cohort, and FedBuff has none.
@@ -168,7 +180,8 @@ double work_seconds(const engine_state& e, std::uint64_t client, splitmix64& g) 
   const auto& off = e.part.offsets;
   const double examples = static_cast<double>(off[client + 1] - off[client]);
   const double jitter = -0.1 * std::log(1.0 - g.uniform01());
-  return factor * examples * o.local_epochs * o.sample_seconds + jitter;
+  const double work = o.local_steps > 0 ? static_cast<double>(o.local_steps) * o.batch : examples * o.local_epochs;
+  return factor * work * o.sample_seconds + jitter;
 }
 
 weight_bounds client_weight_bounds(const engine_state& e, std::size_t per_round) {

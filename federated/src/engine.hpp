@@ -39,6 +39,7 @@ inline constexpr std::uint64_t stream_fault = 5ull << 32;    // + round, then cl
 inline constexpr std::uint64_t stream_async = 6ull << 32;    // + dispatch: which idle client goes
 inline constexpr std::uint64_t stream_dispatch = 7ull << 32; // + dispatch: its latency
 inline constexpr std::uint64_t stream_async_fault = 8ull << 32;  // + dispatch: whether it fails
+inline constexpr std::uint64_t stream_generator = 9;               // FedGEN's generator
 
 /// The clients' speed factors (simulation_options::latency).
 struct latency_model {
@@ -151,6 +152,8 @@ struct round_context {
   engine_state* engine = nullptr;
   std::shared_ptr<const std::vector<float>> global;
   std::vector<float> control;  // SCAFFOLD's server control variate
+  std::vector<float> generator;  // FedGEN's generator, when its term is on this round
+  double generator_weight = 0;
   std::vector<std::uint64_t> participants;
   round_info info;
   /// The clients keep what they had before training until the round's outcome (client::settle):

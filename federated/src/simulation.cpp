@@ -11,12 +11,43 @@
 #include <unordered_set>
 
 #include "simulation_impl.hpp"
+#include "troupe/federated/fedgen.hpp"
 #include "troupe/core/file.hpp"
 #include "troupe/kernels/data.hpp"
 
 namespace troupe::federated {
 
 using namespace detail;
+
+namespace {
+
+/// FedGEN's server for the options' model: the head is the last linear layer.
+std::unique_ptr<server_strategy> make_fedgen(engine_state& e, const simulation_options& o) {
+  auto model = make_model(o.model);
+  const auto params = model->parameters();
+  const int classes = e.data->classes;
+  const bool linear_last = model->size() > 0 && params.size() >= 2 &&
+                           model->at(model->size() - 1).describe().rfind("linear(", 0) == 0;
+  const tensor* w = linear_last ? &params[params.size() - 2]->value : nullptr;
+  const tensor* b = linear_last ? &params.back()->value : nullptr;
+  if (!linear_last || w->rank() != 2 || w->dim(0) != classes || b->numel() != classes)
+    throw std::invalid_argument("--strategy fedgen: model '" + o.model + "' does not end in a linear layer to " +
+                                std::to_string(classes) + " classes (its head)");
+  const int latent = static_cast<int>(w->dim(1));
+  const std::size_t head_offset = e.dim - static_cast<std::size_t>(classes) * (static_cast<std::size_t>(latent) + 1);
+  label_counter counts = [&e, classes](std::uint64_t client, std::span<std::uint32_t> out) {
+    std::fill(out.begin(), out.end(), 0u);
+    const auto labels = e.data->train.labels.data<std::uint8_t>();
+    for (std::size_t i = e.part.offsets[client]; i < e.part.offsets[client + 1]; ++i) {
+      const std::uint8_t y = labels[e.part.indices[i]];
+      if (y < classes) ++out[y];
+    }
+  };
+  return make_fedgen_strategy(parse_fedgen(o.strategy), classes, latent, head_offset, std::move(counts),
+                              derive_seed(o.seed, stream_generator), o.server.server_lr > 0 ? o.server.server_lr : 1.0);
+}
+
+}  // namespace
 
 double staleness_weight(std::int64_t staleness) {
   if (staleness < 0) throw std::invalid_argument("staleness_weight: negative staleness");
@@ -26,6 +57,8 @@ double staleness_weight(std::int64_t staleness) {
 simulation::simulation(simulation_options options, shared_data data, trainer_factory trainer)
     : impl_(std::make_unique<impl>()) {
   check_options(options);
+  if (!options.client_models.empty())
+    throw std::invalid_argument("--client-models: clients of different architectures are run by run_heterogeneous, not a simulation");
   auto& e = impl_->engine;
   e.options = std::move(options);
   const auto& o = e.options;
@@ -33,7 +66,7 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
   e.factory = custom ? std::move(trainer) : make_trainer_factory(o);
   // The strategy first: a bad name fails before the data loads. A robust rule is FedAvg's
   // server step over that rule's aggregate.
-  e.strategy = make_strategy(is_robust_rule(o.strategy) ? "fedavg" : o.strategy, o.server);
+  e.strategy = make_strategy(is_robust_rule(o.strategy) || is_fedgen(o.strategy) ? "fedavg" : o.strategy, o.server);
   if (!custom && o.trainer == "mlp") (void)make_model(o.model);
   if (!data && (custom || o.trainer == "mlp")) data = load_data(o);
   if (!o.shift.empty()) {
@@ -63,6 +96,11 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
     e.part = partition_assigned(e.data->client_train, o.clients);
   } else {
     e.part = make_partition(o.partition, labels, o.clients, derive_seed(o.seed, stream_partition));
+  }
+
+  if (is_fedgen(o.strategy)) {
+    if (custom || !e.data) throw std::invalid_argument("--strategy fedgen needs the built-in mlp trainer and its data");
+    e.strategy = make_fedgen(e, o);
   }
 
   impl_->sample_size = o.fraction > 0 ? std::clamp<std::size_t>(static_cast<std::size_t>(std::llround(o.fraction * o.clients)),
@@ -226,6 +264,11 @@ round_report simulation::run_round() {
     ctx->control.assign(control.begin(), control.end());
     ctx->control.resize(e.dim, 0.0f);
   }
+  if (const double weight = e.strategy->generator_weight(round); weight > 0) {
+    const auto g = e.strategy->generator();
+    ctx->generator.assign(g.begin(), g.end());
+    ctx->generator_weight = weight;
+  }
   round_report r;
   ctx->participants = participants(round, &r);
   ctx->info.round = round;
@@ -267,10 +310,14 @@ round_report simulation::run_round() {
       }
       throw;
     }
-    if (!u.words.empty())
+    if (!u.words.empty()) {
+      if (e.strategy->observes())
+        throw std::logic_error("strategy " + e.strategy->name() + " observes plain updates; this one is encoded");
       impl_->agg->add_encoded(u.client, u.weight, u.words);
-    else
+    } else {
       impl_->agg->add(u.client, u.weight, u.delta);
+      if (e.strategy->observes()) e.strategy->observe(u.client, u.weight, u.delta);
+    }
     loss += u.loss * static_cast<double>(u.samples);
     samples += u.samples;
     r.uplink_bytes += uplink_bytes(u);

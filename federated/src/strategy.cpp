@@ -215,7 +215,7 @@ void server_strategy::check_state(std::span<const double> state, std::size_t) co
 }
 
 std::string strategy_names() {
-  return "fedavg, fedprox:MU, fedavgm, fedadagrad, fedadam, fedyogi, scaffold";
+  return "fedavg, fedprox:MU, fedavgm, fedadagrad, fedadam, fedyogi, scaffold, fedgen[:ALPHA]; with --client-models: fedavg, feddf, fedmd";
 }
 
 std::unique_ptr<server_strategy> make_strategy(const std::string& spec, const strategy_options& o) {
@@ -258,6 +258,9 @@ std::unique_ptr<server_strategy> make_strategy(const std::string& spec, const st
     no_argument();
     return std::make_unique<scaffold>(lr_or(o, 1.0));
   }
+  if (name == "fedgen")
+    throw std::invalid_argument("'" + spec + "' needs the model and the data: name it as a simulation's strategy "
+                                "(simulation_options::strategy), which makes it (see fedgen.hpp)");
   if (name == "median" || name == "trimmed-mean" || name == "krum" || name == "multi-krum")
     throw std::invalid_argument("'" + spec + "' is a robust aggregation rule, not a server strategy: pass it as the "
                                 "simulation's strategy, or set make_robust_aggregator('" + spec + "') as its aggregator");

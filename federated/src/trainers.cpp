@@ -7,6 +7,7 @@
 
 #include "batches.hpp"
 #include "engine.hpp"
+#include "troupe/federated/fedgen.hpp"
 #include "troupe/federated/mechanisms.hpp"
 #include "troupe/kernels/data.hpp"
 #include "troupe/kernels/classifier.hpp"
@@ -42,6 +43,12 @@ public:
     if (net_->classes() != data_->classes)
       throw std::invalid_argument("model '" + spec_ + "' has " + std::to_string(net_->classes()) +
                                   " outputs; the data has " + std::to_string(data_->classes) + " classes");
+    if (is_fedgen(o.strategy)) {
+      const auto params = model_->parameters();
+      const int latent = static_cast<int>(params[params.size() - 2]->value.dim(1));
+      generator_ = std::make_unique<feature_generator>(data_->classes, latent, parse_fedgen(o.strategy), 0);
+      head_offset_ = net_->parameter_count() - static_cast<std::size_t>(data_->classes) * (static_cast<std::size_t>(latent) + 1);
+    }
   }
   std::size_t dim() const override { return net_->parameter_count(); }
   std::span<float> working_model() override { return net_->flat_parameters(); }
@@ -71,6 +78,11 @@ public:
     if (!job.correction.empty()) terms.correction = job.correction.data();
     opt_->groups().front().hp.lr = job.lr;
     net_->load_flat(model.data());
+    const bool distil = generator_ && job.generator_weight > 0 && !job.generator.empty();
+    if (distil) {
+      start_distillation(job);
+      terms.correction = correction_.data();
+    }
     if (job.optimizer_state) {  // the client's own moments, or fresh ones the first time
       if (job.optimizer_state->empty())
         opt_->reset_state();
@@ -78,14 +90,17 @@ public:
         opt_->load_state(*job.optimizer_state);
     }
     double loss = 0;
-    for (int e = 0; e < job.epochs; ++e) {
+    const std::int64_t step_limit = n > 0 ? job.steps : 0;  // 0: job.epochs passes
+    for (int e = 0; step_limit > 0 ? r.steps + r.skipped < step_limit : e < job.epochs; ++e) {
       for (std::size_t i = n; i > 1; --i) std::swap(order_[i - 1], order_[rng.below(i)]);
       batches_.prefetch(train, order_.data(), std::min(batch, n));
       for (std::size_t s = 0; s < n; s += batch) {
+        if (step_limit > 0 && r.steps + r.skipped == step_limit) break;
         const std::size_t rows = std::min(batch, n - s);
         batches_.gather(train, order_.data() + s, rows);
         // The rows are scattered over 47 MB: ask for the next batch's while this one trains.
         if (s + batch < n) batches_.prefetch(train, order_.data() + s + batch, std::min(batch, n - s - batch));
+        if (distil) generator_term(job.generator_weight * generator_->options().batch / job.batch, rng);
         const kernels::batch_outcome b = net_->step(batches_.x(), batches_.y(), static_cast<int>(rows), terms);
         loss += b.loss_sum;
         ++(b.applied ? r.steps : r.skipped);
@@ -126,6 +141,35 @@ public:
   }
 
 private:
+  /// FedGEN's client (fedgen.hpp): the round's generator, the labels this client holds, and a
+  /// correction vector that is zero but for the head.
+  void start_distillation(const local_job& job) {
+    generator_->load(job.generator);
+    correction_.assign(net_->parameter_count(), 0.0f);
+    bool seen[256] = {};
+    const std::uint8_t* labels = data_->train.labels.data<std::uint8_t>().data();
+    for (std::uint32_t i : job.shard) seen[labels[i]] = true;
+    held_labels_.clear();
+    for (int y = 0; y < 256; ++y)
+      if (seen[y]) held_labels_.push_back(static_cast<std::uint8_t>(y));
+    const std::size_t rows = static_cast<std::size_t>(generator_->options().batch);
+    generated_.resize(rows * static_cast<std::size_t>(generator_->latent()));
+    generated_labels_.resize(rows);
+  }
+  /// The gradient of weight * mean CE(head(G(y, eps)), y) with respect to the head, into the
+  /// correction, for labels drawn from the client's own.
+  void generator_term(double weight, splitmix64& rng) {
+    const int rows = generator_->options().batch, c = generator_->classes(), latent = generator_->latent();
+    for (auto& y : generated_labels_) y = held_labels_[rng.below(held_labels_.size())];
+    generator_->generate(generated_labels_.data(), rows, rng, generated_.data());
+    const float* head = net_->flat_parameters().data() + head_offset_;
+    float* gw = correction_.data() + head_offset_;
+    float* gb = gw + static_cast<std::size_t>(c) * latent;
+    std::fill(gw, gb + c, 0.0f);
+    (void)head_cross_entropy({head, head + static_cast<std::size_t>(c) * latent}, c, latent, generated_.data(),
+                             generated_labels_.data(), rows, nullptr, static_cast<float>(weight), gw, gb, nullptr);
+  }
+
   shared_data data_;
   detail::image_batches batches_;
   std::string spec_, finetune_from_;
@@ -135,6 +179,10 @@ private:
   std::size_t test_limit_;
   int pixels_ = 0;
   std::vector<std::uint32_t> order_;
+  std::unique_ptr<feature_generator> generator_;  // FedGEN only
+  std::size_t head_offset_ = 0;
+  std::vector<float> correction_, generated_;
+  std::vector<std::uint8_t> held_labels_, generated_labels_;
 };
 
 /// Trains nothing: moves each coordinate by a small seeded amount, so that the rounds, the

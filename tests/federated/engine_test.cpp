@@ -354,3 +354,47 @@ TEST(Simulation, ASynchronousRoundLastsAsLongAsItsSlowestClient) {
 }
 
 // ---- FedBuff: checkpoints and mechanisms ---------------------------------------------------------
+
+namespace troupe::federated {
+namespace {
+
+// --local-steps: exactly that many steps, through a shard smaller than one pass needs (it is
+// reshuffled and passed again) and larger; the default remains whole passes.
+TEST(LocalSteps, TakeExactlyThatManyStepsWhateverTheShard) {
+  simulation_options o;
+  o.model = "mlp:784-16-10";
+  o.batch = 8;
+  auto trainer = make_trainer_factory(o)(test_support::fashion());
+  std::vector<float> global(trainer->dim());
+  trainer->initialize(global, 1);
+  std::vector<std::uint32_t> shard(20);
+  for (std::uint32_t i = 0; i < shard.size(); ++i) shard[i] = i * 7;
+  for (int steps : {1, 2, 3, 7}) {
+    std::vector<float> model = global;
+    local_job job;
+    job.global = global;
+    job.shard = shard;
+    job.batch = 8;
+    job.lr = 0.01;
+    job.steps = steps;
+    splitmix64 rng{3};
+    const local_result r = trainer->train(job, model, rng);
+    EXPECT_EQ(r.steps, steps);
+    EXPECT_LE(r.samples, 8 * steps);
+  }
+  std::vector<float> model = global;
+  local_job job;
+  job.global = global;
+  job.shard = shard;
+  job.batch = 8;
+  job.epochs = 2;
+  splitmix64 rng{3};
+  EXPECT_EQ(trainer->train(job, model, rng).steps, 6);  // 2 passes of batches 8, 8, 4
+  job.shard = {};
+  job.steps = 5;
+  model = global;
+  EXPECT_EQ(trainer->train(job, model, rng).steps, 0);  // an empty shard has nothing to step on
+}
+
+}  // namespace
+}  // namespace troupe::federated

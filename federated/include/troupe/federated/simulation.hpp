@@ -43,6 +43,9 @@ struct simulation_options {
   std::size_t min_per_round = 1;  ///< ... but at least this many
   int rounds = 200;
   int local_epochs = 1;
+  /// > 0: each client takes exactly this many steps per round instead (batches drawn through its
+  /// shard in a fresh order each pass, as a data loader cycles), whatever its shard's size.
+  int local_steps = 0;
   int batch = 10;
   double lr = 0.05;               ///< clients' learning rate
   /// The clients' optimizer: "sgd" (plain SGD: no state), "adam" or "adamw" (betas 0.9 and
@@ -61,6 +64,12 @@ struct simulation_options {
   std::string model = "mlp:784-100-10";
   std::string partition = "dirichlet:0.5";  ///< see partition.hpp
   std::string strategy = "fedavg";          ///< see strategy.hpp
+  /// Clients of different architectures: "SPEC,SPEC,..." assigned to the clients round-robin,
+  /// trained with strategy fedavg (within each architecture), feddf or fedmd; run_heterogeneous
+  /// (distillation.hpp) runs them, a simulation refuses them. Empty: every client has `model`.
+  std::string client_models;
+  std::size_t public_examples = 5000;  ///< with client_models: training examples held out as the server's public data
+  int distill_steps = 100;             ///< feddf: the server's distillation steps (batches of 64) per round
   strategy_options server;
   std::uint64_t seed = 0;
   int eval_every = 10;            ///< evaluate every N rounds (and after the last one)
@@ -155,6 +164,7 @@ struct local_job {
   std::span<const float> global;            ///< the model broadcast this round
   std::span<const std::uint32_t> shard;     ///< indices into the training set
   int epochs = 1;
+  int steps = 0;                            ///< > 0: exactly this many steps instead of epochs
   int batch = 10;
   double lr = 0.05;
   double proximal_mu = 0;                   ///< FedProx: gradient += mu * (w - global)
@@ -163,6 +173,10 @@ struct local_job {
   /// otherwise): on entry what the client kept from its last round (empty the first time), on
   /// return what it keeps for the next (as kernels::optimizer::save_state writes it).
   std::vector<std::byte>* optimizer_state = nullptr;
+  /// FedGEN (fedgen.hpp): the server's generator of latent features and the weight of the
+  /// clients' term on it this round; empty and 0 otherwise.
+  std::span<const float> generator;
+  double generator_weight = 0;
 };
 
 struct local_result {

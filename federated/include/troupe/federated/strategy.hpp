@@ -57,6 +57,15 @@ public:
                      const round_info& round) = 0;
   /// The server control variate broadcast to the clients (SCAFFOLD); empty otherwise.
   virtual std::span<const float> control() const { return {}; }
+  /// True when the strategy sees each update of a round through observe(), in aggregation order,
+  /// before apply() (FedGEN keeps the clients' heads). Only plain updates can be observed: the
+  /// engine refuses such a strategy with mechanisms that encode or buffer them.
+  virtual bool observes() const { return false; }
+  virtual void observe(std::uint64_t /*client*/, double /*weight*/, std::span<const float> /*delta*/) {}
+  /// What the clients train against besides the model (FedGEN's generator, as its parameters)
+  /// and the weight of that term in round `round` (1-based); empty and 0 otherwise.
+  virtual std::span<const float> generator() const { return {}; }
+  virtual double generator_weight(int /*round*/) const { return 0; }
   /// The state carried between rounds (momentum, moments, control variate), for checkpoints;
   /// empty when none. load_state restores it and throws std::invalid_argument, changing nothing,
   /// for state that check_state refuses for the model the state implies.
