@@ -6,7 +6,7 @@
 #   make bench   run the benchmark suites (and the CAF anchor side by side when installed)
 #   make tsan    build and run the actor runtime's and the pipeline runtime's tests under ThreadSanitizer
 #   make asan    build and run the unit tests under AddressSanitizer + UBSan
-#   make fuzz    build the frame decoder's and load_npz's libFuzzer targets with clang and run
+#   make fuzz    build the frame decoder's, load_npz's and the PSI decoder's libFuzzer targets with clang and run
 #                each (FUZZ_SECONDS apiece, 60)
 #   make package build everything and make the Debian packages libtroupe-dev and troupe in
 #                $(BUILD)/ (CPack; install them with apt install ./build/*.deb)
@@ -112,6 +112,13 @@ fuzz: deps $(FUZZ_BUILD)/CMakeCache.txt
 	  $(FUZZ_BUILD)/bin/npz_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -rss_limit_mb=2048 \
 	  -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/npz- \
 	  $(FUZZ_BUILD)/npz-corpus $(FUZZ_BUILD)/npz-seeds
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target psi_fuzz psi_fuzz_seeds
+	rm -rf $(FUZZ_BUILD)/psi-seeds && mkdir -p $(FUZZ_BUILD)/psi-seeds $(FUZZ_BUILD)/psi-corpus
+	$(FUZZ_BUILD)/bin/psi_fuzz_seeds $(FUZZ_BUILD)/psi-seeds
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(FUZZ_BUILD)/bin/psi_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=2049 -rss_limit_mb=2048 \
+	  -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/psi- \
+	  $(FUZZ_BUILD)/psi-corpus $(FUZZ_BUILD)/psi-seeds
 
 clean:
 	rm -rf $(BUILD) $(TSAN_BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
