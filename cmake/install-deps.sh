@@ -22,6 +22,7 @@ packages=(
   clang libclang-rt-14-dev    # the frame decoder's fuzzer (libFuzzer, `make fuzz`)
   dpkg-dev                    # dpkg-shlibdeps: the Depends of `make package`'s troupe package
   dataset-fashion-mnist       # real training data
+  chromium python3            # tests of the HTML reports: a real browser loads them; their SVG is checked as XML
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(libcaf-dev)

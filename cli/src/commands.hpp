@@ -61,6 +61,7 @@ struct simulation_options;
 
 namespace troupe::cli {
 /// `troupe fedsim --client-models ...` (fedsim_heterogeneous.cpp); returns the exit code.
-int run_fedsim_heterogeneous(const troupe::federated::simulation_options& o, bool json);
+/// With `report` not empty, also writes the HTML report there.
+int run_fedsim_heterogeneous(const troupe::federated::simulation_options& o, bool json, const std::string& report);
 
 }  // namespace troupe::cli

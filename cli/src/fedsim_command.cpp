@@ -11,6 +11,7 @@
 #include <troupe/federated/simulation.hpp>
 
 #include "commands.hpp"
+#include "run_report.hpp"
 #include "fedsim_vertical.hpp"
 
 namespace troupe::cli {
@@ -23,6 +24,7 @@ struct fedsim_flags {
   std::string split;
   bool json = false;
   bool bias_correction = false;
+  std::string report;
 };
 
 /// "0.8812", or "n/a" for what was not measured (the noop trainer's accuracy, the training loss
@@ -140,6 +142,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                   "rest; the clients' bottoms are averaged (FedAvg) after every round")
       ->check(CLI::IsMember({"horizontal"}));
   cmd->add_flag("--json", f->json, "one JSON object per evaluated round and a final summary");
+  cmd->add_option("--report", f->report, "also write a self-contained HTML report (charts per round) to this file");
   cmd->callback([f, cmd, &rc] {
     auto fail = [&](const std::string& why) {
       std::fprintf(stderr, "troupe fedsim: %s\n", why.c_str());
@@ -166,13 +169,25 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         }
     }
     f->o.server.bias_correction = f->bias_correction;
+    if (!f->report.empty()) {
+      if (f->vertical.parties > 0 || !f->split.empty()) {
+        fail("--report draws the rounds of a federated run; --vertical and --split have none yet");
+        return;
+      }
+      try {
+        troupe::check_report_path(f->report);
+      } catch (const std::exception& e) {
+        fail(e.what());
+        return;
+      }
+    }
     if (!f->o.client_models.empty()) {
       if (f->vertical.parties > 0 || !f->split.empty()) {
         fail("--client-models cannot combine with --vertical or --split (those split one model between parties)");
         return;
       }
       try {
-        rc = run_fedsim_heterogeneous(f->o, f->json);
+        rc = run_fedsim_heterogeneous(f->o, f->json, f->report);
       } catch (const std::exception& e) {
         fail(e.what());
       }
@@ -209,6 +224,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       return;
     }
     try {
+      troupe::chart_book charts;
       int empty_rounds = 0;  // rounds in which no update arrived (all late or failed)
       auto s = troupe::federated::run_simulation(f->o, [&](const troupe::federated::progress& p) {
         const int r = p.round->round;
@@ -219,6 +235,14 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         }
         if (p.evaluated) {
           if (tty) std::fprintf(stderr, "\r\033[K");
+          if (!f->report.empty()) {
+            charts.add("test accuracy per round", "test accuracy", r, p.eval.accuracy, "round", "accuracy");
+            charts.add("loss per round", "test loss", r, p.eval.loss, "round", "loss");
+            if (p.round->participants > 0) charts.add("loss per round", "train loss", r, p.round->train_loss, "round", "loss");
+            charts.add("uplink per round", "MB sent by the clients so far", r, static_cast<double>(p.uplink_bytes) / 1e6, "round", "MB");
+            for (const auto& [name, value] : p.round->metrics) charts.add(name + " per round", name, r, value, "round", name);
+            for (const auto& [name, value] : p.eval.metrics) charts.add(name + " per round", name, r, value, "round", name);
+          }
           std::string extra;
           // The counts, when some sampled client failed or was late (JSON: only then, so that the
           // usual line keeps its fields).
@@ -288,6 +312,20 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                     "uplink %.2f MB\n",
                     text_number(s.final_accuracy).c_str(), s.rounds, s.rounds_per_s, s.peak_rss_mb, s.seconds,
                     static_cast<unsigned>(s.model_crc32), static_cast<double>(s.uplink_bytes) / 1e6);
+      if (!f->report.empty()) {
+        char crc[16];
+        std::snprintf(crc, sizeof crc, "%08x", static_cast<unsigned>(s.model_crc32));
+        write_run_report(f->report, "troupe fedsim", fedsim_option_rows(f->o),
+                         {{"final test accuracy", troupe::report_number(s.final_accuracy)},
+                          {"final test loss", troupe::report_number(s.final_loss)},
+                          {"rounds", std::to_string(s.rounds)},
+                          {"rounds per second", troupe::report_number(s.rounds_per_s)},
+                          {"wall time (s)", troupe::report_number(s.seconds)},
+                          {"peak memory (MB)", troupe::report_number(s.peak_rss_mb)},
+                          {"uplink (MB)", troupe::report_number(static_cast<double>(s.uplink_bytes) / 1e6)},
+                          {"model CRC-32", crc}},
+                         charts);
+      }
       rc = 0;
     } catch (const std::bad_alloc&) {
       if (tty) std::fprintf(stderr, "\r\033[K");

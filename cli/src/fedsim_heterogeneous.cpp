@@ -9,6 +9,7 @@
 #include <troupe/federated/distillation.hpp>
 
 #include "commands.hpp"
+#include "run_report.hpp"
 
 namespace troupe::cli {
 
@@ -28,11 +29,18 @@ std::string json_string(const std::string& v) {
 }
 }  // namespace
 
-int run_fedsim_heterogeneous(const troupe::federated::simulation_options& o, bool json) {
+int run_fedsim_heterogeneous(const troupe::federated::simulation_options& o, bool json, const std::string& report) {
   namespace fed = troupe::federated;
   const auto models = fed::split_model_list(o.client_models);
   const bool tty = isatty(STDERR_FILENO);
+  troupe::chart_book charts;
   auto s = fed::run_heterogeneous(o, models, [&](const fed::heterogeneous_progress& p) {
+    if (p.evaluated && !report.empty()) {
+      for (std::size_t g = 0; g < p.accuracies.size(); ++g)
+        charts.add("test accuracy per round", models[g], p.round, p.accuracies[g], "round", "accuracy");
+      charts.add("training loss per round", "train loss", p.round, p.train_loss, "round", "loss");
+      if (o.strategy == "feddf") charts.add("distillation loss per round", "KL to the ensemble", p.round, p.distill_loss, "round", "loss");
+    }
     if (p.evaluated) {
       if (tty) std::fprintf(stderr, "\r\033[K");
       double mean = 0;
@@ -69,6 +77,14 @@ int run_fedsim_heterogeneous(const troupe::federated::simulation_options& o, boo
   } else {
     std::printf("final test accuracy %.4f (mean over %zu models) after %d rounds, %.1f s, peak memory %.0f MB\n",
                 s.mean_accuracy, s.models.size(), s.rounds, s.seconds, s.peak_rss_mb);
+  }
+  if (!report.empty()) {
+    std::vector<std::vector<std::string>> summary = {{"mean final test accuracy", json_number(s.mean_accuracy, "%.4f")}};
+    for (std::size_t g = 0; g < s.models.size(); ++g)
+      summary.push_back({"final test accuracy of " + s.models[g], json_number(s.accuracies[g], "%.4f")});
+    summary.push_back({"rounds", std::to_string(s.rounds)});
+    summary.push_back({"wall time (s)", json_number(s.seconds, "%.2f")});
+    write_run_report(report, "troupe fedsim --client-models", fedsim_option_rows(o), summary, charts);
   }
   return 0;
 }

@@ -15,8 +15,11 @@
 #include <troupe/actors/remote.hpp>
 #include <troupe/kernels/layers.hpp>
 #include <troupe/kernels/train.hpp>
+#include <troupe/core/report.hpp>
 #include <troupe/pipeline/generators.hpp>
+#include <troupe/pipeline/render.hpp>
 #include <troupe/pipeline/runtime.hpp>
+#include <troupe/pipeline/simulator.hpp>
 
 #include "commands.hpp"
 
@@ -25,6 +28,7 @@ namespace troupe::cli {
 void add_train_command(CLI::App& app, int& rc) {
   auto o = std::make_shared<troupe::kernels::train_options>();
   auto json = std::make_shared<bool>(false);
+  auto report = std::make_shared<std::string>();
   struct pipeline_flags {
     std::string schedule, head;
     int ranks = 2, microbatches = 4, virtual_stages = 0;
@@ -50,6 +54,7 @@ void add_train_command(CLI::App& app, int& rc) {
   cmd->add_option("--save", o->save, "write the trained weights to this file");
   cmd->add_option("--load", o->load, "start from the weights in this file");
   cmd->add_flag("--json", *json, "print a final summary line as JSON");
+  cmd->add_option("--report", *report, "also write a self-contained HTML report (loss and throughput per step) to this file");
   auto* schedule = cmd->add_option("--pipeline", pipe->schedule,
                                    "train with the pipeline runtime: one stage actor per rank, this schedule (gpipe, "
                                    "1f1b, interleaved-1f1b, zb-h1, zb-v, ...); the model's linear layers are cut "
@@ -72,9 +77,12 @@ void add_train_command(CLI::App& app, int& rc) {
                   "run the ranks on the other nodes of the cluster whose head is at HOST:PORT (`troupe node "
                   "start`); this process joins it, with the token in TROUPE_CLUSTER_TOKEN")
       ->needs(schedule);
-  cmd->callback([o, json, pipe, &rc] {
+  cmd->callback([o, json, pipe, report, &rc] {
     const bool tty = isatty(STDERR_FILENO);
     try {
+      if (!report->empty()) troupe::check_report_path(*report);
+      troupe::chart_book charts;
+      std::string schedule_svg;
       // The pipeline's stage actors, when asked for; otherwise the model trains in this thread.
       std::unique_ptr<troupe::actor_system> sys;
       troupe::kernels::engine_factory engine;
@@ -88,6 +96,8 @@ void add_train_command(CLI::App& app, int& rc) {
           plan = troupe::pipeline::with_checkpointing(
               plan, troupe::pipeline::checkpoint_policy::parse("every:" + std::to_string(per_stage)), per_stage);
         }
+        if (!report->empty())
+          schedule_svg = troupe::pipeline::render(plan, troupe::pipeline::simulate(plan), troupe::pipeline::render_format::svg);
         std::vector<std::uint32_t> nodes;
         if (pipe->head.empty()) {
           sys = std::make_unique<troupe::actor_system>(troupe::system_config{});
@@ -114,6 +124,16 @@ void add_train_command(CLI::App& app, int& rc) {
         engine = troupe::pipeline::pipeline_engine(*sys, std::move(plan), std::move(nodes));
       }
       auto result = troupe::kernels::train(*o, [&](const troupe::kernels::train_progress& p) {
+        if (!report->empty() && p.steps > 0) {
+          // At most about 200 points per epoch: every k-th step, and the epoch's last.
+          const std::int64_t every = std::max<std::int64_t>(1, p.steps / 200);
+          const double x = (p.epoch - 1) + static_cast<double>(p.step) / static_cast<double>(p.steps);
+          if (!p.epoch_done && (p.step % every == 0 || p.step == p.steps)) {
+            charts.add("training loss", "running mean over the epoch", x, p.loss, "epoch", "loss");
+            charts.add("throughput", "samples per second", x, p.samples_per_s, "epoch", "samples/s");
+          }
+          if (p.epoch_done) charts.add("test accuracy per epoch", "test accuracy", p.epoch, p.test_accuracy, "epoch", "accuracy");
+        }
         if (p.epoch_done) {
           std::fprintf(stderr, "%sepoch %d/%d  loss %.4f  %.0f samples/s  test accuracy %.4f\n",
                        tty ? "\r\033[K" : "", p.epoch, o->epochs, p.loss, p.samples_per_s, p.test_accuracy);
@@ -131,6 +151,31 @@ void add_train_command(CLI::App& app, int& rc) {
       else
         std::printf("test accuracy %.4f after %d epochs, %.0f samples/s, %.1f s\n", result.test_accuracy,
                     o->epochs, result.samples_per_s, result.seconds);
+      if (!report->empty()) {
+        troupe::report r("troupe train");
+        const auto num = troupe::report_number;
+        r.heading("Result");
+        r.table({"measure", "value"}, {{"test accuracy", num(result.test_accuracy)},
+                                       {"samples per second", num(result.samples_per_s)},
+                                       {"wall time (s)", num(result.seconds)},
+                                       {"skipped steps", std::to_string(result.skipped_steps)}});
+        r.heading("Curves");
+        charts.add_to(r);
+        if (!schedule_svg.empty()) {
+          r.heading("Pipeline schedule " + pipe->schedule + " (simulated, unit costs)");
+          r.svg(schedule_svg);
+        }
+        r.heading("Options");
+        std::vector<std::vector<std::string>> rows = {{"model", o->model}, {"dataset", o->dataset},
+                                                      {"optimizer", o->optimizer + " (" + o->state + ")"},
+                                                      {"epochs", std::to_string(o->epochs)}, {"batch", std::to_string(o->batch)},
+                                                      {"learning rate", num(o->lr)}, {"seed", std::to_string(o->seed)}};
+        if (!pipe->schedule.empty())
+          rows.push_back({"pipeline", pipe->schedule + ", " + std::to_string(pipe->ranks) + " ranks, " +
+                                          std::to_string(pipe->microbatches) + " microbatches"});
+        r.table({"option", "value"}, rows);
+        r.write(*report);
+      }
       if (result.skipped_steps > 0)
         std::fprintf(stderr, "troupe train: warning: %lld optimizer steps were skipped, their gradients not finite (lower --lr?)\n",
                      static_cast<long long>(result.skipped_steps));
