@@ -7,10 +7,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <vector>
 
+#include "troupe/federated/simulation.hpp"
+#include "troupe/kernels/classifier.hpp"
 #include "troupe/kernels/data.hpp"
 
 namespace troupe::federated::detail {
@@ -78,5 +81,25 @@ private:
   std::vector<float> x_;
   std::vector<std::uint8_t> y_;
 };
+
+/// Test accuracy and mean loss of `net`'s parameters as they are on the first `limit` test
+/// examples (all when 0), in chunks of 240 rows; NaN for both when there are none.
+inline evaluation evaluate_test(kernels::classifier& net, image_batches& batches, std::size_t limit) {
+  const std::size_t total = static_cast<std::size_t>(batches.data().test.size());
+  const std::size_t n = limit ? std::min(limit, total) : total;
+  if (n == 0) return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN(), {}};
+  const std::size_t chunk = 240;
+  batches.reserve(chunk);
+  std::vector<std::uint32_t> rows(chunk);
+  double loss = 0;
+  std::int64_t correct = 0;
+  for (std::size_t s = 0; s < n; s += chunk) {
+    const std::size_t m = std::min(chunk, n - s);
+    for (std::size_t i = 0; i < m; ++i) rows[i] = static_cast<std::uint32_t>(s + i);
+    batches.gather(batches.data().test, rows.data(), m);
+    net.evaluate(batches.x(), batches.y(), static_cast<int>(m), loss, correct);
+  }
+  return {static_cast<double>(correct) / static_cast<double>(n), loss / static_cast<double>(n), {}};
+}
 
 }  // namespace troupe::federated::detail

@@ -262,21 +262,7 @@ public:
                       tensor::from<float>(std::span<const float>(g.a), {g.rank, y.shape.in}), false, w, 1.0f, 1.0f);
       }
     }
-    const std::size_t total = static_cast<std::size_t>(data_->test.size());
-    const std::size_t n = test_limit_ ? std::min(test_limit_, total) : total;
-    if (n == 0) return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN(), {}};
-    const std::size_t chunk = 240;
-    batches_.reserve(chunk);
-    std::vector<std::uint32_t> rows(chunk);
-    double loss = 0;
-    std::int64_t correct = 0;
-    for (std::size_t s = 0; s < n; s += chunk) {
-      const std::size_t m = std::min(chunk, n - s);
-      for (std::size_t i = 0; i < m; ++i) rows[i] = static_cast<std::uint32_t>(s + i);
-      batches_.gather(data_->test, rows.data(), m);
-      net_->evaluate(batches_.x(), batches_.y(), static_cast<int>(m), loss, correct);
-    }
-    return {static_cast<double>(correct) / static_cast<double>(n), loss / static_cast<double>(n), {}};
+    return detail::evaluate_test(*net_, batches_, test_limit_);
   }
 
 private:

@@ -5,6 +5,8 @@
 
 #include "troupe/pipeline/render.hpp"
 
+#include "troupe/core/report.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -256,21 +258,6 @@ std::string render_ascii(const schedule& s, const simulation& sim, const render_
 
 // ---- svg ----------------------------------------------------------------------------------
 
-std::string xml_escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
 struct rgb {
   int r, g, b;
 };
@@ -339,11 +326,11 @@ std::string render_svg(const schedule& s, const simulation& sim) {
   out += "<rect class=\"background\" x=\"0\" y=\"0\" width=\"" + number(width) + "\" height=\"" +
          number(height) + "\" fill=\"#ffffff\"/>\n";
   out += "<text x=\"" + number(left) + "\" y=\"22\" font-size=\"15\" font-weight=\"bold\">" +
-         xml_escape(s.name + ": p=" + std::to_string(p) + " m=" + std::to_string(s.microbatches) +
+         html_escape(s.name + ": p=" + std::to_string(p) + " m=" + std::to_string(s.microbatches) +
                     " v=" + std::to_string(v)) +
          "</text>\n";
   out += "<text x=\"" + number(left) + "\" y=\"42\" font-size=\"12\" fill=\"#444444\">" +
-         xml_escape("makespan " + sim.makespan.str() + ", bubble " + percent(sim.bubble) +
+         html_escape("makespan " + sim.makespan.str() + ", bubble " + percent(sim.bubble) +
                     ", bubble_span " + percent(sim.bubble_span)) +
          "</text>\n";
 
@@ -367,7 +354,7 @@ std::string render_svg(const schedule& s, const simulation& sim) {
              number(by) + "\" width=\"" + number(w) + "\" height=\"" + number(box_h) +
              "\" fill=\"" + fill_of(t.what.kind, chunk, v) +
              "\" stroke=\"#333333\" stroke-width=\"0.5\"><title>" +
-             xml_escape(to_string(t.what) + ": " + t.start.str() + " to " + t.end.str()) +
+             html_escape(to_string(t.what) + ": " + t.start.str() + " to " + t.end.str()) +
              "</title></rect>\n";
       out += "<text x=\"" + number(x0 + w / 2) + "\" y=\"" + number(by + box_h / 2 + font / 3) +
              "\" font-size=\"" + number(font) + "\" text-anchor=\"middle\">" + mb + "</text>\n";
@@ -398,7 +385,7 @@ std::string render_svg(const schedule& s, const simulation& sim) {
            "\" stroke=\"#333333\" stroke-width=\"0.5\"/>\n";
     const std::string label = std::string(1, letter(kind)) + " " + kind_name(kind);
     out += "<text x=\"" + number(lx + 18) + "\" y=\"" + number(legend_y + 11) +
-           "\" font-size=\"11\">" + xml_escape(label) + "</text>\n";
+           "\" font-size=\"11\">" + html_escape(label) + "</text>\n";
     lx += 30 + 6.5 * static_cast<double>(label.size());
   }
   if (v > 1)

@@ -186,7 +186,7 @@ xml_summary check_xml(const std::string& t) {
       const auto semi = text.find(';', i);
       const std::string entity = semi == std::string::npos ? "" : text.substr(i, semi - i + 1);
       if (entity != "&amp;" && entity != "&lt;" && entity != "&gt;" && entity != "&quot;" &&
-          entity != "&apos;")
+          entity != "&apos;" && entity != "&#39;")
         throw std::runtime_error("raw '&' or unknown entity near: " + text.substr(i, 12));
     }
   };
