@@ -16,13 +16,7 @@ namespace {
 
 using test_support::expect_error;
 using test_support::fashion;
-
-std::vector<float> random_values(std::size_t n, std::uint64_t seed, double scale = 1.0) {
-  splitmix64 g{seed};
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>((g.uniform01() * 2 - 1) * scale);
-  return v;
-}
+using test_support::random_values;
 
 TEST(Distillation, ModelListSplitsOutsideParentheses) {
   const auto m = split_model_list("mlp:784-100-10, sequential(linear(784->10), relu, linear(10->10))");

@@ -16,16 +16,10 @@ namespace {
 
 using test_support::expect_error;
 using test_support::fashion;
+using test_support::random_values;
 using test_support::model_of;
 using test_support::run_to;
 using test_support::small;
-
-std::vector<float> random_values(std::size_t n, std::uint64_t seed, double scale = 1.0) {
-  splitmix64 g{seed};
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>((g.uniform01() * 2 - 1) * scale);
-  return v;
-}
 
 TEST(FedGen, ParsesItsSpelling) {
   EXPECT_TRUE(is_fedgen("fedgen"));

@@ -29,6 +29,14 @@ void expect_error(F&& f, const std::string& words) {
   }
 }
 
+/// n values uniform in [-scale, scale), seeded.
+inline std::vector<float> random_values(std::size_t n, std::uint64_t seed, double scale = 1.0) {
+  splitmix64 g{seed};
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>((g.uniform01() * 2 - 1) * scale);
+  return v;
+}
+
 inline std::vector<float> model_of(const simulation& sim) { return {sim.global_model().begin(), sim.global_model().end()}; }
 
 // ---- the engine's test configurations and checkpoint files -----------------------------------
