@@ -61,7 +61,8 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--partition", o.partition, "iid, dirichlet:A, shards:K or powerlaw:A")->capture_default_str();
   cmd->add_option("--strategy", o.strategy,
-                  troupe::federated::strategy_names() + ", or a robust rule: median, trimmed-mean:B, krum:F, multi-krum:F:M, geomed, norm-bound:M")
+                  troupe::federated::strategy_names() + ", or a robust rule: median, trimmed-mean:B, krum:F, multi-krum:F:M, geomed, norm-bound:M, "
+                  "or the backdoor defence alignins[:LAMBDA_T:LAMBDA_S]")
       ->capture_default_str();
   cmd->add_option("--client-models", o.client_models,
                   "clients of different architectures: SPEC,SPEC,... assigned round-robin (--strategy fedavg, feddf or fedmd)");

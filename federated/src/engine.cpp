@@ -112,6 +112,9 @@ void check_options(const simulation_options& o) {
       fail("--async: --deadline and --over-select shape a synchronous round's cohort; FedBuff has no rounds to cut "
            "short (a slow client's update arrives stale and is weighted down instead)");
     if (o.secagg) fail("--async with --secagg: secure aggregation needs a fixed cohort per round");
+    if (o.strategy.rfind("alignins", 0) == 0)
+      fail("--async with --strategy " + o.strategy + ": AlignIns compares each update with the global model its round "
+           "started from, and FedBuff's buffered updates start from different versions");
     if (o.dp_adaptive)
       fail("--async with --dp-adaptive is not supported: the clipping bound would change while clients that clipped "
            "to an older, larger bound are still in flight, and the noise would no longer cover their updates");

@@ -275,6 +275,7 @@ round_report simulation::run_round() {
   ctx->info.dim = e.strategy->update_floats(e.dim);
   ctx->info.population = impl_->clients.size();
   ctx->info.participants = ctx->participants;
+  ctx->info.global = *ctx->global;
   ctx->info.seed = derive_seed(e.options.seed, stream_sample + static_cast<std::uint64_t>(round) + (1ull << 31));
   ctx->provisional = e.state_floats > 0 || e.stateful_optimizer;
   std::shared_ptr<const round_context> shared = ctx;

@@ -261,12 +261,12 @@ std::unique_ptr<server_strategy> make_strategy(const std::string& spec, const st
   if (name == "fedgen")
     throw std::invalid_argument("'" + spec + "' needs the model and the data: name it as a simulation's strategy "
                                 "(simulation_options::strategy), which makes it (see fedgen.hpp)");
-  if (name == "median" || name == "trimmed-mean" || name == "krum" || name == "multi-krum")
+  if (name == "median" || name == "trimmed-mean" || name == "krum" || name == "multi-krum" || name == "alignins")
     throw std::invalid_argument("'" + spec + "' is a robust aggregation rule, not a server strategy: pass it as the "
                                 "simulation's strategy, or set make_robust_aggregator('" + spec + "') as its aggregator");
   throw std::invalid_argument("unknown strategy '" + spec + "' (use " + strategy_names() +
                               "; a simulation also takes the robust rules median, trimmed-mean:B, krum:F and "
-                              "multi-krum:F:M)");
+                              "multi-krum:F:M, and the backdoor defence alignins[:LAMBDA_T:LAMBDA_S])");
 }
 
 }  // namespace troupe::federated
