@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "spec.hpp"
+#include "troupe/federated/fairness.hpp"
 
 namespace troupe::federated {
 
@@ -215,7 +216,7 @@ void server_strategy::check_state(std::span<const double> state, std::size_t) co
 }
 
 std::string strategy_names() {
-  return "fedavg, fedprox:MU, fedavgm, fedadagrad, fedadam, fedyogi, scaffold, fedgen[:ALPHA]; with --client-models: fedavg, feddf, fedmd";
+  return "fedavg, fedprox:MU, fedavgm, fedadagrad, fedadam, fedyogi, scaffold, fedgen[:ALPHA], qfedavg:Q; with --client-models: fedavg, feddf, fedmd";
 }
 
 std::unique_ptr<server_strategy> make_strategy(const std::string& spec, const strategy_options& o) {
@@ -257,6 +258,11 @@ std::unique_ptr<server_strategy> make_strategy(const std::string& spec, const st
   if (name == "scaffold") {
     no_argument();
     return std::make_unique<scaffold>(lr_or(o, 1.0));
+  }
+  if (name == "qfedavg") {
+    if (o.server_lr >= 0)
+      throw std::invalid_argument("'" + spec + "' steps by sum(F^q delta) / sum(h): it takes no server learning rate");
+    return make_qfedavg(parse_qfedavg(spec), o.client_lr);
   }
   if (name == "fedgen")
     throw std::invalid_argument("'" + spec + "' needs the model and the data: name it as a simulation's strategy "

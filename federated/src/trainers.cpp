@@ -78,6 +78,10 @@ public:
     if (!job.correction.empty()) terms.correction = job.correction.data();
     opt_->groups().front().hp.lr = job.lr;
     net_->load_flat(model.data());
+    if (job.start_loss) {  // q-FedAvg's F_k: the loss on the whole shard before any step
+      r.start_loss = n > 0 ? measure(data_->train, job.shard).loss : 0.0;
+      batches_.reserve(rows_at_most);
+    }
     const bool distil = generator_ && job.generator_weight > 0 && !job.generator.empty();
     if (distil) {
       start_distillation(job);
@@ -115,20 +119,16 @@ public:
   evaluation evaluate(std::span<const float> model) override {
     const std::size_t total = static_cast<std::size_t>(data_->test.size());
     const std::size_t n = test_limit_ ? std::min(test_limit_, total) : total;
-    const std::size_t chunk = 240;
-    batches_.reserve(chunk);
-    if (n == 0) return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN(), {}};
-    std::vector<std::uint32_t> rows(chunk);
-    net_->load_flat(model.data());
-    double loss = 0;
-    std::int64_t correct = 0;
-    for (std::size_t s = 0; s < n; s += chunk) {
-      const std::size_t m = std::min(chunk, n - s);
-      for (std::size_t i = 0; i < m; ++i) rows[i] = static_cast<std::uint32_t>(s + i);
-      batches_.gather(data_->test, rows.data(), m);
-      net_->evaluate(batches_.x(), batches_.y(), static_cast<int>(m), loss, correct);
+    if (test_rows_.size() != n) {
+      test_rows_.resize(n);
+      for (std::size_t i = 0; i < n; ++i) test_rows_[i] = static_cast<std::uint32_t>(i);
     }
-    return {static_cast<double>(correct) / static_cast<double>(n), loss / static_cast<double>(n), {}};
+    net_->load_flat(model.data());
+    return measure(data_->test, test_rows_);
+  }
+  evaluation evaluate_rows(std::span<const float> model, std::span<const std::uint32_t> rows) override {
+    net_->load_flat(model.data());
+    return measure(data_->train, rows);
   }
 
   void check_optimizer_state(std::span<const std::byte> state) override {
@@ -141,6 +141,21 @@ public:
   }
 
 private:
+  /// Accuracy and mean loss of the loaded model on `rows` of `set` (NaN for no rows).
+  evaluation measure(const dataset& set, std::span<const std::uint32_t> rows) {
+    const std::size_t n = rows.size(), chunk = 240;
+    if (n == 0) return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN(), {}};
+    batches_.reserve(chunk);
+    double loss = 0;
+    std::int64_t correct = 0;
+    for (std::size_t s = 0; s < n; s += chunk) {
+      const std::size_t m = std::min(chunk, n - s);
+      batches_.gather(set, rows.data() + s, m);
+      net_->evaluate(batches_.x(), batches_.y(), static_cast<int>(m), loss, correct);
+    }
+    return {static_cast<double>(correct) / static_cast<double>(n), loss / static_cast<double>(n), {}};
+  }
+
   /// FedGEN's client (fedgen.hpp): the round's generator, the labels this client holds, and a
   /// correction vector that is zero but for the head.
   void start_distillation(const local_job& job) {
@@ -178,7 +193,7 @@ private:
   std::unique_ptr<kernels::classifier> net_;
   std::size_t test_limit_;
   int pixels_ = 0;
-  std::vector<std::uint32_t> order_;
+  std::vector<std::uint32_t> order_, test_rows_;
   std::unique_ptr<feature_generator> generator_;  // FedGEN only
   std::size_t head_offset_ = 0;
   std::vector<float> correction_, generated_;
