@@ -63,7 +63,8 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--partition", o.partition, "iid, dirichlet:A, shards:K or powerlaw:A")->capture_default_str();
   cmd->add_option("--strategy", o.strategy,
-                  troupe::federated::strategy_names() + ", or a robust rule: median, trimmed-mean:B, krum:F, multi-krum:F:M, geomed, norm-bound:M")
+                  troupe::federated::strategy_names() + ", or a robust rule: median, trimmed-mean:B, krum:F, multi-krum:F:M, geomed, norm-bound:M, "
+                  "or the backdoor defence alignins[:LAMBDA_T:LAMBDA_S]")
       ->capture_default_str();
   cmd->add_option("--client-models", o.client_models,
                   "clients of different architectures: SPEC,SPEC,... assigned round-robin (--strategy fedavg, feddf or fedmd)");
@@ -107,6 +108,9 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "seed of every random choice")->capture_default_str();
   cmd->add_option("--eval-every", o.eval_every, "evaluate every N rounds (and after the last)")->capture_default_str();
+  cmd->add_flag("--eval-clients", o.eval_clients,
+                "hold out 20% of each client's shard (seeded, never trained on) and report the mean, std, worst 10% and "
+                "best 10% of the clients' accuracies at every evaluation (client_accuracy_*)");
   cmd->add_option("--threads", o.threads, "worker threads (0: one per core)")->capture_default_str()->check(CLI::Range(0, 256));
   cmd->add_option("--data-dir", o.data_dir, "where the Fashion-MNIST files are (default: their Debian location)");
   cmd->add_option("--data", o.data,
@@ -296,22 +300,30 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       std::string settings;  // the fine-tuning settings, when given (validated spellings: no escaping needed)
       if (!f->o.shift.empty()) settings += ",\"shift\":\"" + f->o.shift + "\"";
       if (!f->o.finetune_from.empty()) settings += ",\"finetuned\":true";
+      // The last evaluation's further measures (backdoor_success, client_accuracy_*...).
+      std::string finals, finals_text;
+      for (const auto& [name, value] : s.final_metrics) {
+        finals += ",\"" + name + "\":" + json_number(value, "%.6g");
+        char buf[96];
+        std::snprintf(buf, sizeof buf, ", %s %.4g", name.c_str(), value);
+        finals_text += buf;
+      }
       if (!f->o.lora.empty())
         settings += ",\"lora\":\"" + f->o.lora + "\",\"lora_agg\":\"" + f->o.lora_agg + "\",\"lora_alpha\":" +
                     json_number(f->o.lora_alpha, "%.6g");
       if (json)
         std::printf("{\"final_accuracy\":%s,\"rounds_per_s\":%.2f,\"peak_rss_mb\":%.1f,\"rounds\":%d,\"seconds\":%.2f,"
                     "\"final_loss\":%s,\"model_crc32\":\"%08x\",\"resumed_from\":%d,\"state_bytes_per_client\":%.0f,"
-                    "\"uplink_bytes\":%llu,\"uplink_bytes_per_round\":%.0f%s}\n",
+                    "\"uplink_bytes\":%llu,\"uplink_bytes_per_round\":%.0f%s%s}\n",
                     json_number(s.final_accuracy, "%.4f").c_str(), s.rounds_per_s, s.peak_rss_mb, s.rounds, s.seconds,
                     json_number(s.final_loss, "%.9g").c_str(),
                     static_cast<unsigned>(s.model_crc32), s.resumed_from, s.state_bytes_per_client,
-                    static_cast<unsigned long long>(s.uplink_bytes), per_round, settings.c_str());
+                    static_cast<unsigned long long>(s.uplink_bytes), per_round, finals.c_str(), settings.c_str());
       else
         std::printf("final test accuracy %s after %d rounds, %.1f rounds/s, peak memory %.0f MB, %.1f s, model CRC-32 %08x, "
-                    "uplink %.2f MB\n",
+                    "uplink %.2f MB%s\n",
                     text_number(s.final_accuracy).c_str(), s.rounds, s.rounds_per_s, s.peak_rss_mb, s.seconds,
-                    static_cast<unsigned>(s.model_crc32), static_cast<double>(s.uplink_bytes) / 1e6);
+                    static_cast<unsigned>(s.model_crc32), static_cast<double>(s.uplink_bytes) / 1e6, finals_text.c_str());
       if (!f->report.empty()) {
         char crc[16];
         std::snprintf(crc, sizeof crc, "%08x", static_cast<unsigned>(s.model_crc32));

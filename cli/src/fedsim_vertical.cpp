@@ -70,6 +70,7 @@ std::string splitfed_conflict(const CLI::App& cmd) {
       {"--lora", "LoRA adapters are trained by horizontal clients"},
       {"--lora-agg", "LoRA adapters are trained by horizontal clients"},
       {"--lora-alpha", "LoRA adapters are trained by horizontal clients"},
+      {"--eval-clients", "SplitFed evaluates the split model on the test set only"},
   };
   return first_conflict(cmd, conflicts, "--split horizontal");
 }
@@ -110,6 +111,7 @@ std::string vertical_conflict(const CLI::App& cmd) {
       {"--lora", "LoRA adapters are trained by horizontal clients"},
       {"--lora-agg", "LoRA adapters are trained by horizontal clients"},
       {"--lora-alpha", "LoRA adapters are trained by horizontal clients"},
+      {"--eval-clients", "the two parties hold columns, not clients' shards"},
   };
   return first_conflict(cmd, conflicts, "--vertical");
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -82,24 +83,29 @@ private:
   std::vector<std::uint8_t> y_;
 };
 
-/// Test accuracy and mean loss of `net`'s parameters as they are on the first `limit` test
-/// examples (all when 0), in chunks of 240 rows; NaN for both when there are none.
-inline evaluation evaluate_test(kernels::classifier& net, image_batches& batches, std::size_t limit) {
-  const std::size_t total = static_cast<std::size_t>(batches.data().test.size());
-  const std::size_t n = limit ? std::min(limit, total) : total;
+/// Accuracy and mean loss of `net`'s parameters as they are on rows `rows` of `set`, in chunks of
+/// 240 rows; NaN for both when there are none.
+inline evaluation evaluate_rows(kernels::classifier& net, image_batches& batches, const dataset& set,
+                                std::span<const std::uint32_t> rows) {
+  const std::size_t n = rows.size(), chunk = 240;
   if (n == 0) return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN(), {}};
-  const std::size_t chunk = 240;
   batches.reserve(chunk);
-  std::vector<std::uint32_t> rows(chunk);
   double loss = 0;
   std::int64_t correct = 0;
   for (std::size_t s = 0; s < n; s += chunk) {
     const std::size_t m = std::min(chunk, n - s);
-    for (std::size_t i = 0; i < m; ++i) rows[i] = static_cast<std::uint32_t>(s + i);
-    batches.gather(batches.data().test, rows.data(), m);
+    batches.gather(set, rows.data() + s, m);
     net.evaluate(batches.x(), batches.y(), static_cast<int>(m), loss, correct);
   }
   return {static_cast<double>(correct) / static_cast<double>(n), loss / static_cast<double>(n), {}};
+}
+
+/// The same on the first `limit` test examples (all when 0).
+inline evaluation evaluate_test(kernels::classifier& net, image_batches& batches, std::size_t limit) {
+  const std::size_t total = static_cast<std::size_t>(batches.data().test.size());
+  std::vector<std::uint32_t> rows(limit ? std::min(limit, total) : total);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<std::uint32_t>(i);
+  return evaluate_rows(net, batches, batches.data().test, rows);
 }
 
 }  // namespace troupe::federated::detail

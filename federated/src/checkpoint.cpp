@@ -38,6 +38,7 @@ std::string fingerprint(const simulation_options& o) {
   if (o.client_optimizer != "sgd") s << "client-optimizer=" << o.client_optimizer << "\nclient-state=" << o.client_state << "\n";
   // Likewise for fine-tuning, a shift and LoRA.
   if (!o.finetune_from.empty()) s << "finetune-from=" << o.finetune_from << "\n";
+  if (o.eval_clients) s << "eval-clients=1\n";  // the clients train on 80% of their shards
   if (!o.shift.empty()) s << "shift=" << o.shift << "\n";
   if (!o.lora.empty()) s << "lora=" << o.lora << "\nlora-agg=" << o.lora_agg << "\nlora-alpha=" << o.lora_alpha << "\n";
   if (o.local_steps > 0) s << "local-steps=" << o.local_steps << "\n";

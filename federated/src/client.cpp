@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 namespace troupe::federated::detail {
 
@@ -42,6 +44,8 @@ client_update client::train(const std::shared_ptr<const round_context>& ctx, std
   if (e.stateful_optimizer) job.optimizer_state = &optimizer_;
   job.generator = ctx->generator;
   job.generator_weight = ctx->generator_weight;
+  const bool qffl = e.rule.loss_power >= 0;
+  job.start_loss = qffl;
   const local_result r = w.trainer->train(job, w.model, rng_);
   if (optimizer_.size() != optimizer_bytes)
     e.state_bytes.fetch_add(optimizer_.size() - optimizer_bytes, std::memory_order_relaxed);  // modulo 2^64
@@ -52,8 +56,15 @@ client_update client::train(const std::shared_ptr<const round_context>& ctx, std
   u.samples = r.samples;
   u.loss = r.loss;
   u.weight = e.rule.uniform_weights ? 1.0 : static_cast<double>(length_);
-  u.delta = e.take_buffer(e.rule.control_variates ? 2 * dim : dim);
+  u.delta = e.take_buffer(e.rule.control_variates ? 2 * dim : qffl ? dim + 1 : dim);
   for (std::size_t p = 0; p < dim; ++p) u.delta[p] = w.model[p] - global[p];
+  if (qffl) {  // q-FedAvg: the loss at the global model, and the weight F^q (fairness.hpp)
+    if (!(r.start_loss >= 0) || !std::isfinite(r.start_loss))
+      throw std::runtime_error("q-FedAvg: client " + std::to_string(id) + "'s loss at the global model is " +
+                               std::to_string(r.start_loss) + " (the model diverged, or the trainer measures no loss)");
+    u.weight = std::pow(r.start_loss, e.rule.loss_power);
+    u.delta[dim] = static_cast<float>(r.start_loss);
+  }
   if (e.rule.control_variates && r.steps == 0) std::fill(u.delta.begin() + static_cast<std::ptrdiff_t>(dim), u.delta.end(), 0.0f);
   if (e.rule.control_variates && r.steps > 0) {
     // Option II: c_i+ = c_i - c + (x - y_i) / (K lr); the client sends c_i+ - c_i.

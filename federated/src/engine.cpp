@@ -1,4 +1,5 @@
 #include "engine.hpp"
+#include "troupe/federated/fairness.hpp"
 #include "troupe/federated/fedgen.hpp"
 
 #include <cmath>
@@ -105,6 +106,22 @@ void check_options(const simulation_options& o) {
     if (parse_async(o.async) > 0) fail("--strategy fedgen with --async: FedGEN's generator is trained per synchronous round");
     if (o.device != "cpu") fail("--strategy fedgen with --device " + o.device + ": its generator term is added on the host; use --device cpu");
   }
+  if (o.eval_clients && o.trainer != "mlp")
+    fail("--eval-clients measures the model on each client's held-out examples: use --trainer mlp");
+  if (is_qfedavg(o.strategy)) {
+    (void)parse_qfedavg(o.strategy);
+    const std::string why = "q-FedAvg's server needs each client's plain update and its loss F_k";
+    if (o.trainer != "mlp") fail("--strategy " + o.strategy + " weighs clients by their loss: use --trainer mlp");
+    if (o.secagg) fail("--strategy " + o.strategy + " with --secagg: " + why + ", and secure aggregation shows only the sum");
+    if (o.dp_clip != 0 || o.dp_noise != 0 || o.dp_adaptive)
+      fail("--strategy " + o.strategy + " with --dp-*: DP-FedAvg's noise is calibrated to the mean of clipped updates, "
+           "not to q-FedAvg's loss-weighted step");
+    if (!o.compress.empty()) fail("--strategy " + o.strategy + " with --compress: " + why);
+    if (!o.attack.empty() && !is_data_attack(o.attack))
+      fail("--strategy " + o.strategy + " with --attack " + o.attack +
+           ": the update attacks would rewrite the loss the update carries; the data attacks (label-flip, backdoor) work");
+    if (parse_async(o.async) > 0) fail("--strategy " + o.strategy + " with --async: q-FedAvg's step is per synchronous round");
+  }
   if (parse_async(o.async) > 0) {
     // Failures (--dropout) are FedBuff's too: a failed client's slot is refilled. A deadline and
     // over-selection shape a round's cohort, and FedBuff has none.
@@ -112,6 +129,9 @@ void check_options(const simulation_options& o) {
       fail("--async: --deadline and --over-select shape a synchronous round's cohort; FedBuff has no rounds to cut "
            "short (a slow client's update arrives stale and is weighted down instead)");
     if (o.secagg) fail("--async with --secagg: secure aggregation needs a fixed cohort per round");
+    if (o.strategy.rfind("alignins", 0) == 0)
+      fail("--async with --strategy " + o.strategy + ": AlignIns compares each update with the global model its round "
+           "started from, and FedBuff's buffered updates start from different versions");
     if (o.dp_adaptive)
       fail("--async with --dp-adaptive is not supported: the clipping bound would change while clients that clipped "
            "to an older, larger bound are still in flight, and the noise would no longer cover their updates");

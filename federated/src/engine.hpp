@@ -40,6 +40,7 @@ inline constexpr std::uint64_t stream_async = 6ull << 32;    // + dispatch: whic
 inline constexpr std::uint64_t stream_dispatch = 7ull << 32; // + dispatch: its latency
 inline constexpr std::uint64_t stream_async_fault = 8ull << 32;  // + dispatch: whether it fails
 inline constexpr std::uint64_t stream_generator = 9;               // FedGEN's generator
+inline constexpr std::uint64_t stream_holdout = 10;                // --eval-clients' held-out rows
 
 /// The clients' speed factors (simulation_options::latency).
 struct latency_model {
@@ -63,7 +64,8 @@ struct engine_state {
   simulation_options options;
   shared_data data;
   trainer_factory factory;
-  partition part;
+  partition part;      // what the clients train on
+  partition holdout;   // --eval-clients: each client's held-out rows (empty otherwise)
   std::size_t dim = 0;
   std::unique_ptr<server_strategy> strategy;
   client_rule rule;

@@ -189,6 +189,7 @@ void check_heterogeneous(const simulation_options& o) {
   if (!o.compress.empty()) refuse("--compress");
   if (!o.attack.empty()) refuse("--attack");
   if (!o.async.empty()) refuse("--async");
+  if (o.eval_clients) refuse("--eval-clients");
   if (!o.checkpoint.empty()) refuse("--checkpoint");
   if (o.device != "cpu") refuse("--device " + o.device);
   if (o.client_optimizer != "sgd") refuse("--client-optimizer " + o.client_optimizer);

@@ -425,6 +425,7 @@ void check_lora_options(const simulation_options& o) {
   if (!o.compress.empty()) fail("--compress" + why + "the clients already send only their adapters");
   if (!o.attack.empty()) fail("--attack" + why + "the attacks act on whole-model updates and data");
   if (!o.async.empty()) fail("--async" + why + "the LoRA rules aggregate synchronous rounds");
+  if (o.eval_clients) fail("--eval-clients" + why + "the LoRA trainer measures only the test set");
   if (o.client_optimizer != "sgd") fail("--client-optimizer " + o.client_optimizer + why + "the adapters are stepped by plain SGD");
   if (o.device != "cpu") fail("--device " + o.device + why + "the adapters are trained on the host");
   if (o.trainer != "mlp") fail("--trainer " + o.trainer + why + "the adapters need the mlp trainer's model");

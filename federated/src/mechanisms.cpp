@@ -12,6 +12,7 @@
 
 #include "engine.hpp"
 #include "spec.hpp"
+#include "troupe/federated/alignins.hpp"
 #include "troupe/federated/compress.hpp"
 #include "troupe/federated/dp.hpp"
 #include "troupe/federated/rng.hpp"
@@ -530,7 +531,7 @@ private:
 bool is_robust_rule(const std::string& spec) {
   const auto name = detail::split_spec(spec).front();
   return name == "median" || name == "trimmed-mean" || name == "krum" || name == "multi-krum" || name == "geomed" ||
-         name == "norm-bound";
+         name == "norm-bound" || name == "alignins";
 }
 
 std::size_t least_updates(const std::string& spec) {
@@ -545,6 +546,7 @@ std::size_t least_updates(const std::string& spec) {
 std::unique_ptr<aggregator> make_robust_aggregator(const std::string& spec) {
   const auto p = detail::split_spec(spec);
   using k = buffered_rule::kind;
+  if (p[0] == "alignins") return make_alignins(spec);
   if (p[0] == "median" && p.size() == 1) return std::make_unique<buffered_rule>(spec, k::median, 0, 0);
   if (p[0] == "geomed" && p.size() == 1) return std::make_unique<buffered_rule>(spec, k::geometric_median, 0, 0);
   if (p[0] == "norm-bound" && p.size() == 2) {
@@ -559,7 +561,7 @@ std::unique_ptr<aggregator> make_robust_aggregator(const std::string& spec) {
     if (m < 1) bad("'" + spec + "': M must be at least 1");
     return std::make_unique<buffered_rule>(spec, k::krum, count(p[1], spec), m);
   }
-  bad("unknown robust aggregation rule '" + spec + "' (median, trimmed-mean:B, krum:F, multi-krum:F:M, geomed, norm-bound:M)");
+  bad("unknown robust aggregation rule '" + spec + "' (median, trimmed-mean:B, krum:F, multi-krum:F:M, geomed, norm-bound:M, alignins[:LAMBDA_T:LAMBDA_S])");
 }
 
 namespace {
@@ -723,8 +725,8 @@ void install_mechanisms(simulation& sim, const simulation_options& o, const weig
   const bool robust = is_robust_rule(o.strategy), dp = o.dp_clip != 0 || o.dp_noise != 0 || o.dp_adaptive;
   if (dp && !(o.dp_clip > 0 && o.dp_noise > 0))
     bad("differential privacy needs both --dp-clip and --dp-noise, positive");
-  if (robust && o.secagg) bad("a robust rule needs each update and secure aggregation hides them: pick one");
-  if (robust && dp) bad("a robust rule with differential privacy is not supported: the noise is calibrated to the mean");
+  if (robust && o.secagg) bad("--strategy " + o.strategy + ": a robust rule needs each update and secure aggregation hides them: pick one");
+  if (robust && dp) bad("--strategy " + o.strategy + ": a robust rule with differential privacy is not supported: the noise is calibrated to the mean");
   if (!o.compress.empty() && o.secagg)
     bad("--compress saves uplink bytes on plain updates, and secure aggregation masks every coordinate into a dense "
         "32-bit word (a compressed update would travel as large as a dense one): pick one");

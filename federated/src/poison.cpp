@@ -123,6 +123,10 @@ public:
     poisoned.shard = shard_;
     return inner_->train(poisoned, model, rng);
   }
+  /// The clean rows (a client's held-out examples are measured as they are).
+  evaluation evaluate_rows(std::span<const float> model, std::span<const std::uint32_t> rows) override {
+    return inner_->evaluate_rows(model, rows);
+  }
   evaluation evaluate(std::span<const float> model) override {
     evaluation e = inner_->evaluate(model);
     if (triggered_) e.metrics.emplace_back("backdoor_success", triggered_->evaluate(model).accuracy);

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "simulation_impl.hpp"
+#include "troupe/federated/fairness.hpp"
 #include "troupe/federated/fedgen.hpp"
 #include "troupe/core/file.hpp"
 #include "troupe/kernels/data.hpp"
@@ -66,7 +67,11 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
   e.factory = custom ? std::move(trainer) : make_trainer_factory(o);
   // The strategy first: a bad name fails before the data loads. A robust rule is FedAvg's
   // server step over that rule's aggregate.
-  e.strategy = make_strategy(is_robust_rule(o.strategy) || is_fedgen(o.strategy) ? "fedavg" : o.strategy, o.server);
+  {
+    auto server = o.server;
+    server.client_lr = o.lr;  // q-FedAvg's L = 1 / lr
+    e.strategy = make_strategy(is_robust_rule(o.strategy) || is_fedgen(o.strategy) ? "fedavg" : o.strategy, server);
+  }
   if (!custom && o.trainer == "mlp") (void)make_model(o.model);
   if (!data && (custom || o.trainer == "mlp")) data = load_data(o);
   if (!o.shift.empty()) {
@@ -97,6 +102,9 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
   } else {
     e.part = make_partition(o.partition, labels, o.clients, derive_seed(o.seed, stream_partition));
   }
+
+  // --eval-clients: each client's held-out rows leave its training shard before anything reads it.
+  if (o.eval_clients) e.holdout = hold_out(e.part, 0.2, derive_seed(o.seed, stream_holdout));
 
   if (is_fedgen(o.strategy)) {
     if (custom || !e.data) throw std::invalid_argument("--strategy fedgen needs the built-in mlp trainer and its data");
@@ -131,6 +139,13 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
 
   auto global = std::make_shared<std::vector<float>>(e.dim);
   impl_->server_trainer->initialize(*global, derive_seed(o.seed, stream_model));
+  if (o.eval_clients) {
+    try {
+      (void)impl_->server_trainer->evaluate_rows(*global, {});
+    } catch (const std::logic_error&) {
+      throw std::invalid_argument("--eval-clients: this trainer does not measure accuracy on the clients' examples");
+    }
+  }
   impl_->global = std::move(global);
 
   impl_->system = std::make_unique<actor_system>(system_config{.threads = o.threads});
@@ -275,6 +290,7 @@ round_report simulation::run_round() {
   ctx->info.dim = e.strategy->update_floats(e.dim);
   ctx->info.population = impl_->clients.size();
   ctx->info.participants = ctx->participants;
+  ctx->info.global = *ctx->global;
   ctx->info.seed = derive_seed(e.options.seed, stream_sample + static_cast<std::uint64_t>(round) + (1ull << 31));
   ctx->provisional = e.state_floats > 0 || e.stateful_optimizer;
   std::shared_ptr<const round_context> shared = ctx;
@@ -348,7 +364,25 @@ round_report simulation::run_round() {
   return r;
 }
 
-evaluation simulation::evaluate() { return impl_->server_trainer->evaluate(*impl_->global); }
+evaluation simulation::evaluate() {
+  evaluation ev = impl_->server_trainer->evaluate(*impl_->global);
+  const auto& e = impl_->engine;
+  if (e.options.eval_clients) {
+    // The global model on each client's held-out rows: one forward pass over 20% of the
+    // training set in all, as cheap as a test-set evaluation of that size.
+    std::vector<double> accuracies(e.holdout.clients(), std::nan(""));
+    for (std::size_t c = 0; c < accuracies.size(); ++c)
+      if (const auto rows = e.holdout.shard(c); !rows.empty())
+        accuracies[c] = impl_->server_trainer->evaluate_rows(*impl_->global, rows).accuracy;
+    const auto s = summarize_client_accuracies(accuracies);
+    ev.metrics.emplace_back("client_accuracy_mean", s.mean);
+    ev.metrics.emplace_back("client_accuracy_std", s.std);
+    ev.metrics.emplace_back("client_accuracy_worst10", s.worst10);
+    ev.metrics.emplace_back("client_accuracy_best10", s.best10);
+    ev.metrics.emplace_back("client_accuracy_clients", static_cast<double>(s.clients));
+  }
+  return ev;
+}
 int simulation::rounds_done() const noexcept { return impl_->rounds; }
 std::span<const float> simulation::global_model() const noexcept { return *impl_->global; }
 std::size_t simulation::population() const noexcept { return impl_->clients.size(); }
@@ -417,6 +451,7 @@ summary run_simulation(const simulation_options& options, const std::function<vo
       p.eval = sim.evaluate();
       s.final_accuracy = p.eval.accuracy;
       s.final_loss = p.eval.loss;
+      s.final_metrics = p.eval.metrics;
     }
     // Saved before the round is reported: what was reported survives a crash. A save counts as
     // round time: under FedBuff it waits for the clients in flight, training that the next
@@ -437,6 +472,7 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     const auto ev = sim.evaluate();
     s.final_accuracy = ev.accuracy;
     s.final_loss = ev.loss;
+    s.final_metrics = ev.metrics;
   }
   const auto model = sim.global_model();
   s.model_crc32 = troupe::crc32(std::as_bytes(model));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "spec.hpp"
+#include "troupe/federated/fairness.hpp"
 
 namespace troupe::federated {
 
@@ -215,7 +216,7 @@ void server_strategy::check_state(std::span<const double> state, std::size_t) co
 }
 
 std::string strategy_names() {
-  return "fedavg, fedprox:MU, fedavgm, fedadagrad, fedadam, fedyogi, scaffold, fedgen[:ALPHA]; with --client-models: fedavg, feddf, fedmd";
+  return "fedavg, fedprox:MU, fedavgm, fedadagrad, fedadam, fedyogi, scaffold, fedgen[:ALPHA], qfedavg:Q; with --client-models: fedavg, feddf, fedmd";
 }
 
 std::unique_ptr<server_strategy> make_strategy(const std::string& spec, const strategy_options& o) {
@@ -258,15 +259,20 @@ std::unique_ptr<server_strategy> make_strategy(const std::string& spec, const st
     no_argument();
     return std::make_unique<scaffold>(lr_or(o, 1.0));
   }
+  if (name == "qfedavg") {
+    if (o.server_lr >= 0)
+      throw std::invalid_argument("'" + spec + "' steps by sum(F^q delta) / sum(h): it takes no server learning rate");
+    return make_qfedavg(parse_qfedavg(spec), o.client_lr);
+  }
   if (name == "fedgen")
     throw std::invalid_argument("'" + spec + "' needs the model and the data: name it as a simulation's strategy "
                                 "(simulation_options::strategy), which makes it (see fedgen.hpp)");
-  if (name == "median" || name == "trimmed-mean" || name == "krum" || name == "multi-krum")
+  if (name == "median" || name == "trimmed-mean" || name == "krum" || name == "multi-krum" || name == "alignins")
     throw std::invalid_argument("'" + spec + "' is a robust aggregation rule, not a server strategy: pass it as the "
                                 "simulation's strategy, or set make_robust_aggregator('" + spec + "') as its aggregator");
   throw std::invalid_argument("unknown strategy '" + spec + "' (use " + strategy_names() +
                               "; a simulation also takes the robust rules median, trimmed-mean:B, krum:F and "
-                              "multi-krum:F:M)");
+                              "multi-krum:F:M, and the backdoor defence alignins[:LAMBDA_T:LAMBDA_S])");
 }
 
 }  // namespace troupe::federated

@@ -78,6 +78,10 @@ public:
     if (!job.correction.empty()) terms.correction = job.correction.data();
     opt_->groups().front().hp.lr = job.lr;
     net_->load_flat(model.data());
+    if (job.start_loss) {  // q-FedAvg's F_k: the loss on the whole shard before any step
+      r.start_loss = n > 0 ? detail::evaluate_rows(*net_, batches_, data_->train, job.shard).loss : 0.0;
+      batches_.reserve(rows_at_most);
+    }
     const bool distil = generator_ && job.generator_weight > 0 && !job.generator.empty();
     if (distil) {
       start_distillation(job);
@@ -113,8 +117,18 @@ public:
     return r;
   }
   evaluation evaluate(std::span<const float> model) override {
+    const std::size_t total = static_cast<std::size_t>(data_->test.size());
+    const std::size_t n = test_limit_ ? std::min(test_limit_, total) : total;
+    if (test_rows_.size() != n) {
+      test_rows_.resize(n);
+      for (std::size_t i = 0; i < n; ++i) test_rows_[i] = static_cast<std::uint32_t>(i);
+    }
     net_->load_flat(model.data());
-    return detail::evaluate_test(*net_, batches_, test_limit_);
+    return detail::evaluate_rows(*net_, batches_, data_->test, test_rows_);
+  }
+  evaluation evaluate_rows(std::span<const float> model, std::span<const std::uint32_t> rows) override {
+    net_->load_flat(model.data());
+    return detail::evaluate_rows(*net_, batches_, data_->train, rows);
   }
 
   void check_optimizer_state(std::span<const std::byte> state) override {
@@ -127,6 +141,7 @@ public:
   }
 
 private:
+  /// Accuracy and mean loss of the loaded model on `rows` of `set` (NaN for no rows).
   /// FedGEN's client (fedgen.hpp): the round's generator, the labels this client holds, and a
   /// correction vector that is zero but for the head.
   void start_distillation(const local_job& job) {
@@ -164,7 +179,7 @@ private:
   std::unique_ptr<kernels::classifier> net_;
   std::size_t test_limit_;
   int pixels_ = 0;
-  std::vector<std::uint32_t> order_;
+  std::vector<std::uint32_t> order_, test_rows_;
   std::unique_ptr<feature_generator> generator_;  // FedGEN only
   std::size_t head_offset_ = 0;
   std::vector<float> correction_, generated_;

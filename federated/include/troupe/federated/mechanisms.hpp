@@ -25,7 +25,8 @@ struct mechanism {
 
 /// True for the rules make_robust_aggregator knows: "median", "trimmed-mean:B" (B updates dropped
 /// from each end of every coordinate), "krum:F" (Krum tolerating F Byzantine clients) and
-/// "multi-krum:F:M" (the mean of the M best by Krum's score).
+/// "multi-krum:F:M" (the mean of the M best by Krum's score), "geomed", "norm-bound:M",
+/// and "alignins[:LAMBDA_T:LAMBDA_S]" (AlignIns, alignins.hpp: weighted, unlike the others).
 bool is_robust_rule(const std::string& spec);
 /// Throws std::invalid_argument for an unknown or malformed rule. The aggregators buffer the
 /// round's updates and ignore the clients' weights (a Byzantine client could lie about them).

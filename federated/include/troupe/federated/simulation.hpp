@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -73,6 +74,10 @@ struct simulation_options {
   strategy_options server;
   std::uint64_t seed = 0;
   int eval_every = 10;            ///< evaluate every N rounds (and after the last one)
+  /// Per-client evaluation (fairness.hpp): a seeded 20% of each client's shard is held out (never
+  /// trained on) as its local test set, and every evaluation adds the mean, standard deviation,
+  /// worst 10% and best 10% of the global model's accuracies on them ("client_accuracy_*").
+  bool eval_clients = false;
   unsigned threads = 0;           ///< worker threads; 0: one per hardware thread
   std::string data_dir;           ///< empty: Debian's fashion-mnist location
   /// Another data set instead of Fashion-MNIST: "npz:FILE" (NumPy's .npz with x_train, y_train,
@@ -177,6 +182,9 @@ struct local_job {
   /// clients' term on it this round; empty and 0 otherwise.
   std::span<const float> generator;
   double generator_weight = 0;
+  /// q-FedAvg: measure the mean loss on the whole shard at job.global before training
+  /// (local_result::start_loss).
+  bool start_loss = false;
 };
 
 struct local_result {
@@ -186,6 +194,9 @@ struct local_result {
   /// Steps the optimizer refused because the gradients were not finite: the client's training
   /// diverged, and its update ends the run (as a non-finite update does).
   std::int64_t skipped = 0;
+  /// With local_job::start_loss: the mean loss of job.global on the shard (0 for an empty one);
+  /// NaN when the trainer measures none.
+  double start_loss = std::numeric_limits<double>::quiet_NaN();
 };
 
 /// What a client does in a round. The engine makes one per worker thread (plus one for the
@@ -205,6 +216,12 @@ public:
   virtual std::span<float> working_model() { return {}; }
   /// Test accuracy and mean loss of `model`.
   virtual evaluation evaluate(std::span<const float> model) = 0;
+  /// Accuracy and mean loss of `model` on these rows of the training set (a client's held-out
+  /// examples under --eval-clients); NaN for no rows. The default throws std::logic_error:
+  /// a trainer that measures nothing (noop) cannot.
+  virtual evaluation evaluate_rows(std::span<const float> /*model*/, std::span<const std::uint32_t> /*rows*/) {
+    throw std::logic_error("this trainer does not measure accuracy on the clients' examples");
+  }
   /// Throws std::invalid_argument, saying why, for optimizer state that train() could not take
   /// (a checkpoint's, checked before it is restored). Trainers that keep none accept only empty.
   virtual void check_optimizer_state(std::span<const std::byte> state) {
@@ -335,6 +352,8 @@ struct summary {
   double state_bytes_per_client = 0;
   /// Bytes the clients sent in the rounds this run ran (not those before a resumed checkpoint).
   std::uint64_t uplink_bytes = 0;
+  /// The last evaluation's further measures (backdoor_success, client_accuracy_*...).
+  std::vector<std::pair<std::string, double>> final_metrics;
 };
 
 /// Runs options.rounds rounds with evaluations every options.eval_every rounds (resuming from

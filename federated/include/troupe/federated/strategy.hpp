@@ -10,6 +10,7 @@
 ///   fedadam      v = b2 v + (1 - b2) delta^2;
 ///   fedyogi      v = v - (1 - b2) delta^2 sign(v - delta^2);
 ///                x += lr * m / (sqrt(v) + tau)                 (Reddi et al., 2021, Alg. 2)
+///   qfedavg:Q    q-FedAvg (Li et al., 2020; fairness.hpp)
 ///   scaffold     option II control variates; clients step with g - c_i + c and send
 ///                (delta_y, delta_c); x += lr * mean(delta_y); c += |S|/N mean(delta_c)
 ///                                                              (Karimireddy et al., 2020)
@@ -35,6 +36,9 @@ struct strategy_options {
   double momentum = 0.9;      ///< fedavgm
   double beta1 = 0.9, beta2 = 0.99, tau = 1e-3;  ///< fedadagrad, fedadam, fedyogi
   bool bias_correction = false;  ///< see the file comment
+  /// qfedavg: the clients' learning rate (L = 1 / client_lr); a simulation sets it from its
+  /// options.
+  double client_lr = 0;
 };
 
 /// What the clients of a strategy do besides plain local SGD.
@@ -42,6 +46,9 @@ struct client_rule {
   double proximal_mu = 0;      ///< FedProx: gradient += mu * (w - global)
   bool control_variates = false;  ///< SCAFFOLD: gradient += c - c_i; update is [dy | dc]
   bool uniform_weights = false;   ///< weight every client 1 instead of its example count
+  /// >= 0: q-FedAvg's q (fairness.hpp): the client measures its loss F at the global model
+  /// before training, sends it as the update's last float and weighs F^q.
+  double loss_power = -1;
 };
 
 /// Not thread-safe: one server uses it from one thread.

@@ -33,6 +33,9 @@ struct round_info {
   /// skipped, the others keep this order).
   std::span<const std::uint64_t> participants;
   std::uint64_t seed = 0;        ///< this round's seed, for server-side draws
+  /// The global model the round's clients start from (model floats), for rules that compare
+  /// updates with it (AlignIns); empty where the engine gives none (FedBuff's steps).
+  std::span<const float> global;
 };
 
 /// What one client sends back at the end of a round.
