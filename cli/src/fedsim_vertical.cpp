@@ -70,6 +70,10 @@ std::string splitfed_conflict(const CLI::App& cmd) {
       {"--lora", "LoRA adapters are trained by horizontal clients"},
       {"--lora-agg", "LoRA adapters are trained by horizontal clients"},
       {"--lora-alpha", "LoRA adapters are trained by horizontal clients"},
+      {"--contribution", "the Shapley values are of horizontal clients' model updates"},
+      {"--contributions", "the Shapley values are of horizontal clients' model updates"},
+      {"--reward-budget", "the rewards are paid from horizontal clients' Shapley values"},
+      {"--validation", "it is read with --contribution"},
   };
   return first_conflict(cmd, conflicts, "--split horizontal");
 }
@@ -110,6 +114,10 @@ std::string vertical_conflict(const CLI::App& cmd) {
       {"--lora", "LoRA adapters are trained by horizontal clients"},
       {"--lora-agg", "LoRA adapters are trained by horizontal clients"},
       {"--lora-alpha", "LoRA adapters are trained by horizontal clients"},
+      {"--contribution", "the Shapley values are of horizontal clients' model updates"},
+      {"--contributions", "the Shapley values are of horizontal clients' model updates"},
+      {"--reward-budget", "the rewards are paid from horizontal clients' Shapley values"},
+      {"--validation", "it is read with --contribution"},
   };
   return first_conflict(cmd, conflicts, "--vertical");
 }
