@@ -127,6 +127,10 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--validation", o.validation,
                   "with --contribution: the last N training examples, held out of every client's shard, measure the utility")
       ->capture_default_str()->needs(contribution);
+  cmd->add_option("--coalition-model", o.coalition_model,
+                  "with --contribution: a coalition's model adds the weighted mean of its updates (mean) or its share "
+                  "of the round's FedAvg sum (share: a client sending no change is worth exactly 0)")
+      ->capture_default_str()->needs(contribution)->check(CLI::IsMember({"mean", "share"}));
   cmd->add_option("--contributions", o.contributions_file,
                   "with --contribution: write each client's cumulative Shapley value and reward to this CSV file");
   cmd->add_option("--reward-budget", o.reward_budget,
@@ -294,7 +298,8 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       std::string valued;  // --contribution's figures (the spec is validated: no escaping needed)
       if (!f->o.contribution.empty()) {
         const double rounds_valued = static_cast<double>(std::max<std::size_t>(1, s.contribution_rounds));
-        settings += ",\"contribution\":\"" + f->o.contribution + "\",\"validation\":" + std::to_string(f->o.validation) +
+        settings += ",\"contribution\":\"" + f->o.contribution + "\",\"coalition_model\":\"" + f->o.coalition_model +
+                    "\",\"validation\":" + std::to_string(f->o.validation) +
                     ",\"contribution_rounds\":" + std::to_string(s.contribution_rounds) +
                     ",\"contribution_rounds_skipped\":" + std::to_string(s.contribution_rounds_skipped) +
                     ",\"contribution_seconds_per_round\":" + json_number(s.contribution_seconds / rounds_valued, "%.4g") +

@@ -74,6 +74,7 @@ std::string splitfed_conflict(const CLI::App& cmd) {
       {"--contributions", "the Shapley values are of horizontal clients' model updates"},
       {"--reward-budget", "the rewards are paid from horizontal clients' Shapley values"},
       {"--validation", "it is read with --contribution"},
+      {"--coalition-model", "it is read with --contribution"},
   };
   return first_conflict(cmd, conflicts, "--split horizontal");
 }
@@ -118,6 +119,7 @@ std::string vertical_conflict(const CLI::App& cmd) {
       {"--contributions", "the Shapley values are of horizontal clients' model updates"},
       {"--reward-budget", "the rewards are paid from horizontal clients' Shapley values"},
       {"--validation", "it is read with --contribution"},
+      {"--coalition-model", "it is read with --contribution"},
   };
   return first_conflict(cmd, conflicts, "--vertical");
 }

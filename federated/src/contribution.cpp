@@ -260,8 +260,8 @@ shapley_estimate estimate_shapley(const contribution_method& m, std::size_t play
 
 contribution_tracker::contribution_tracker(contribution_method method, std::size_t dim,
                                            std::function<double(std::span<const float>)> accuracy, std::uint64_t seed,
-                                           const reward_budget* budget)
-    : method_(method), dim_(dim), accuracy_(std::move(accuracy)), seed_(seed), pays_(budget != nullptr) {
+                                           const reward_budget* budget, bool share)
+    : method_(method), dim_(dim), accuracy_(std::move(accuracy)), seed_(seed), pays_(budget != nullptr), share_(share) {
   if (!accuracy_) throw std::invalid_argument("contribution_tracker: no accuracy function");
   if (budget) budget_ = *budget;
 }
@@ -295,7 +295,9 @@ void contribution_tracker::finish(std::span<const float> global) {
   model_.resize(dim_);
   sum_.resize(dim_);
   // A coalition's model: FedAvg's aggregate of its members' updates (their weights; the plain
-  // mean when those sum to zero, as the weighted mean does) added to the starting model.
+  // mean when those sum to zero, as the weighted mean does) added to the starting model; with
+  // share_ the denominator is the whole round's.
+  const double round_weight = std::accumulate(weights_.begin(), weights_.end(), 0.0);
   const coalition_utility utility = [&](const coalition& c) {
     double weight = 0;
     std::size_t members = 0;
@@ -304,6 +306,10 @@ void contribution_tracker::finish(std::span<const float> global) {
         weight += weights_[i];
         ++members;
       }
+    if (share_) {
+      weight = round_weight;
+      members = k;
+    }
     const bool plain = !(weight > 0);
     std::fill(sum_.begin(), sum_.end(), 0.0);
     for (std::size_t i = 0; i < k; ++i) {

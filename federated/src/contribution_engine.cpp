@@ -22,6 +22,9 @@ void check_contribution_options(const simulation_options& o) {
   const std::string flag = "--contribution " + o.contribution;
   (void)parse_contribution(o.contribution);
   if (!o.reward_budget.empty()) (void)parse_reward_budget(o.reward_budget);
+  if (o.coalition_model != "mean" && o.coalition_model != "share")
+    fail("--coalition-model '" + o.coalition_model + "': use mean (the weighted mean of the coalition's updates) or share "
+         "(its share of the round's FedAvg sum)");
   if (o.validation < 1) fail(flag + ": --validation must be at least 1 (the held-out examples the utility is measured on)");
   if (o.trainer != "mlp") fail(flag + " measures validation accuracy: use --trainer mlp (noop measures none)");
   if (o.secagg)
@@ -70,7 +73,7 @@ std::unique_ptr<contribution_tracker> make_contribution_tracker(const engine_sta
   return std::make_unique<contribution_tracker>(
       parse_contribution(o.contribution), e.dim,
       [validator](std::span<const float> model) { return validator->evaluate(model).accuracy; },
-      derive_seed(o.seed, stream_contribution), budget.get());
+      derive_seed(o.seed, stream_contribution), budget.get(), o.coalition_model == "share");
 }
 
 namespace {

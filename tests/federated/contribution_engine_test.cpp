@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "troupe/federated/contribution.hpp"
+#include "troupe/federated/mechanisms.hpp"
 #include "troupe/federated/simulation.hpp"
 #include "troupe/kernels/data.hpp"
 
@@ -68,6 +69,29 @@ TEST(Contribution, PermutationEstimatorsAreEfficientOnARealRound) {
     const auto& v = t->last_estimate().values;
     EXPECT_NEAR(std::accumulate(v.begin(), v.end(), 0.0), t->last_gain(), 1e-12) << method;
   }
+}
+
+TEST(Contribution, AFreeRiderIsANullPlayerUnderTheShareModel) {
+  // scale:P:0: the malicious clients return the model they were given (an update of zeros).
+  auto o = valued("exact");
+  o.attack = "scale:0.5:0";
+  o.coalition_model = "share";
+  simulation sim(o, fashion());
+  std::size_t free_riders = 0;
+  for (int r = 0; r < 2; ++r) {
+    const auto before = model_of(sim);
+    (void)sim.run_round();
+    const auto* t = sim.contributions();
+    const auto& v = t->last_estimate().values;
+    const double gain = validation_accuracy(o, sim.global_model()) - validation_accuracy(o, before);
+    EXPECT_NEAR(std::accumulate(v.begin(), v.end(), 0.0), gain, 1e-12) << "all together are still FedAvg's step";
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (is_malicious(t->last_participants()[i], 0.5, o.seed)) {
+        EXPECT_EQ(v[i], 0.0) << "client " << t->last_participants()[i];
+        ++free_riders;
+      }
+  }
+  ASSERT_GT(free_riders, 0u) << "no free rider took part: the test would prove nothing";
 }
 
 TEST(Contribution, RunWritesTheCsvAndPaysTheBudgetExactly) {
@@ -138,6 +162,9 @@ TEST(Contribution, RefusesWhatCannotWork) {
   o = valued("mc:5");
   o.validation = 3000;
   refused(o, "leaves no training examples");
+  o = valued("mc:5");
+  o.coalition_model = "median";
+  refused(o, "--coalition-model 'median'");
   o = valued("mc:0");
   refused(o, "P (permutations)");
   o = valued("");

@@ -115,9 +115,14 @@ struct client_contribution {
 /// totals and, with a budget, pays the round's rewards. Not thread-safe: the server's thread.
 class contribution_tracker {
 public:
-  /// `accuracy` is the validation accuracy of a model of `dim` floats.
+  /// `accuracy` is the validation accuracy of a model of `dim` floats. A coalition's model is
+  /// the starting model plus the weighted mean of its members' updates (FedAvg on the coalition
+  /// alone), or with `share` plus its members' share of the round's FedAvg sum, sum over S of
+  /// w_i delta_i / (sum of the round's weights): a client that sends no change then adds nothing
+  /// to any coalition (a null player, value 0). Either way all participants together make
+  /// FedAvg's next model.
   contribution_tracker(contribution_method method, std::size_t dim, std::function<double(std::span<const float>)> accuracy,
-                       std::uint64_t seed, const reward_budget* budget = nullptr);
+                       std::uint64_t seed, const reward_budget* budget = nullptr, bool share = false);
 
   /// Starts round `round` (1-based); forgets the previous round's updates.
   void begin(int round);
@@ -154,6 +159,7 @@ private:
   std::function<double(std::span<const float>)> accuracy_;
   std::uint64_t seed_;
   bool pays_ = false;
+  bool share_ = false;
   reward_budget budget_;
   int round_ = 0;
   std::vector<std::uint64_t> clients_;

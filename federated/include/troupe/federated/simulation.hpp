@@ -158,6 +158,9 @@ struct simulation_options {
   /// the weighted mean of the coalition's updates, minus that of the starting model. Empty: none.
   std::string contribution;
   std::size_t validation = 500;    ///< with contribution: the last N training examples are held out
+  /// A coalition's model (contribution_tracker): "mean" (the weighted mean of its updates) or
+  /// "share" (its share of the round's FedAvg sum; a client that sends no change is worth 0).
+  std::string coalition_model = "mean";
   std::string contributions_file;  ///< run_simulation writes each client's cumulative values there (CSV)
   /// "B[:FLOOR_FRACTION]": each round B is paid out from the values (budget_rewards). Empty: none.
   std::string reward_budget;
