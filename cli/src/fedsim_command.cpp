@@ -1,6 +1,7 @@
 // troupe fedsim: a federated simulation on Fashion-MNIST, with a progress bar and a line per
 // evaluated round (or one JSON object per evaluated round and a final summary).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -126,6 +127,21 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--lora-alpha", o.lora_alpha, "LoRA's alpha: the change is (alpha / rank) B A (0: alpha = rank)")
       ->capture_default_str();
+  auto* contribution = cmd->add_option("--contribution", o.contribution,
+                  "value each round's clients by their Shapley values on held-out validation accuracy: exact (K <= 12), "
+                  "mc:P (P random permutations) or gtg:EPS (GTG-Shapley)");
+  cmd->add_option("--validation", o.validation,
+                  "with --contribution: the last N training examples, held out of every client's shard, measure the utility")
+      ->capture_default_str()->needs(contribution);
+  cmd->add_option("--coalition-model", o.coalition_model,
+                  "with --contribution: a coalition's model adds the weighted mean of its updates (mean) or its share "
+                  "of the round's FedAvg sum (share: a client sending no change is worth exactly 0)")
+      ->capture_default_str()->needs(contribution)->check(CLI::IsMember({"mean", "share"}));
+  cmd->add_option("--contributions", o.contributions_file,
+                  "with --contribution: write each client's cumulative Shapley value and reward to this CSV file");
+  cmd->add_option("--reward-budget", o.reward_budget,
+                  "with --contribution: pay B per round, a floor of min(FLOOR_FRACTION*B, B/n) to each participant and "
+                  "the rest in proportion to the positive part of its Shapley value (B[:FLOOR_FRACTION], micro-units)");
   cmd->add_option("--trainer", o.trainer, "mlp, or noop to measure the orchestration alone")->capture_default_str();
   auto* vertical = cmd->add_option("--vertical", f->vertical.parties,
                   "2: vertical federated learning: two parties hold each image's left and right columns for their own, "
@@ -186,6 +202,10 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       }
     }
     if (!f->o.client_models.empty()) {
+      if (!f->o.contribution.empty()) {
+        fail("--contribution cannot combine with --client-models (the clients' updates belong to different models)");
+        return;
+      }
       if (f->vertical.parties > 0 || !f->split.empty()) {
         fail("--client-models cannot combine with --vertical or --split (those split one model between parties)");
         return;
@@ -311,6 +331,35 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       if (!f->o.lora.empty())
         settings += ",\"lora\":\"" + f->o.lora + "\",\"lora_agg\":\"" + f->o.lora_agg + "\",\"lora_alpha\":" +
                     json_number(f->o.lora_alpha, "%.6g");
+      std::string valued;  // --contribution's figures (the spec is validated: no escaping needed)
+      if (!f->o.contribution.empty()) {
+        const double rounds_valued = static_cast<double>(std::max<std::size_t>(1, s.contribution_rounds));
+        settings += ",\"contribution\":\"" + f->o.contribution + "\",\"coalition_model\":\"" + f->o.coalition_model +
+                    "\",\"validation\":" + std::to_string(f->o.validation) +
+                    ",\"contribution_rounds\":" + std::to_string(s.contribution_rounds) +
+                    ",\"contribution_rounds_skipped\":" + std::to_string(s.contribution_rounds_skipped) +
+                    ",\"contribution_seconds_per_round\":" + json_number(s.contribution_seconds / rounds_valued, "%.4g") +
+                    ",\"contribution_evaluations_per_round\":" +
+                    json_number(static_cast<double>(s.contribution_evaluations) / rounds_valued, "%.4g");
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "values of %zu rounds by %s, %.3f s and %.1f evaluations per round",
+                      s.contribution_rounds, f->o.contribution.c_str(), s.contribution_seconds / rounds_valued,
+                      static_cast<double>(s.contribution_evaluations) / rounds_valued);
+        valued = buf;
+        if (std::isfinite(s.contribution_auc)) {
+          settings += ",\"contribution_auc\":" + json_number(s.contribution_auc, "%.4f") + ",\"value_mean_honest\":" +
+                      json_number(s.value_mean_honest, "%.6g") + ",\"value_mean_malicious\":" +
+                      json_number(s.value_mean_malicious, "%.6g");
+          std::snprintf(buf, sizeof buf, ", AUC honest vs malicious %.4f (mean value %.4g vs %.4g)", s.contribution_auc,
+                        s.value_mean_honest, s.value_mean_malicious);
+          valued += buf;
+        }
+        if (!f->o.reward_budget.empty()) {
+          settings += ",\"reward_budget\":\"" + f->o.reward_budget + "\",\"rewards_total\":" + json_number(s.rewards_total, "%.6f");
+          std::snprintf(buf, sizeof buf, ", rewards paid %.6f", s.rewards_total);
+          valued += buf;
+        }
+      }
       if (json)
         std::printf("{\"final_accuracy\":%s,\"rounds_per_s\":%.2f,\"peak_rss_mb\":%.1f,\"rounds\":%d,\"seconds\":%.2f,"
                     "\"final_loss\":%s,\"model_crc32\":\"%08x\",\"resumed_from\":%d,\"state_bytes_per_client\":%.0f,"
@@ -338,6 +387,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                           {"model CRC-32", crc}},
                          charts);
       }
+      if (!json && !valued.empty()) std::printf("contributions: %s\n", valued.c_str());
       rc = 0;
     } catch (const std::bad_alloc&) {
       if (tty) std::fprintf(stderr, "\r\033[K");

@@ -71,6 +71,11 @@ std::string splitfed_conflict(const CLI::App& cmd) {
       {"--lora-agg", "LoRA adapters are trained by horizontal clients"},
       {"--lora-alpha", "LoRA adapters are trained by horizontal clients"},
       {"--eval-clients", "SplitFed evaluates the split model on the test set only"},
+      {"--contribution", "the Shapley values are of horizontal clients' model updates"},
+      {"--contributions", "the Shapley values are of horizontal clients' model updates"},
+      {"--reward-budget", "the rewards are paid from horizontal clients' Shapley values"},
+      {"--validation", "it is read with --contribution"},
+      {"--coalition-model", "it is read with --contribution"},
   };
   return first_conflict(cmd, conflicts, "--split horizontal");
 }
@@ -112,6 +117,11 @@ std::string vertical_conflict(const CLI::App& cmd) {
       {"--lora-agg", "LoRA adapters are trained by horizontal clients"},
       {"--lora-alpha", "LoRA adapters are trained by horizontal clients"},
       {"--eval-clients", "the two parties hold columns, not clients' shards"},
+      {"--contribution", "the Shapley values are of horizontal clients' model updates"},
+      {"--contributions", "the Shapley values are of horizontal clients' model updates"},
+      {"--reward-budget", "the rewards are paid from horizontal clients' Shapley values"},
+      {"--validation", "it is read with --contribution"},
+      {"--coalition-model", "it is read with --contribution"},
   };
   return first_conflict(cmd, conflicts, "--vertical");
 }

@@ -112,6 +112,8 @@ struct byte_reader {
 
 void simulation::save_checkpoint(const std::string& file) const {
   auto& e = impl_->engine;
+  if (impl_->contributions)
+    throw std::invalid_argument("--contribution: the cumulative values are not saved in checkpoints");
   // A client in flight trains (in wall time) when it is sent out, which advances its generator
   // and persistent state; its update arrives later on the virtual clock. So the checkpoint waits
   // for the clients in flight and holds their finished updates: what they will deliver is then

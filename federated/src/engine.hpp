@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "troupe/federated/contribution.hpp"
 #include "troupe/federated/mechanisms.hpp"
 #include "troupe/federated/partition.hpp"
 #include "troupe/federated/simulation.hpp"
@@ -41,6 +42,7 @@ inline constexpr std::uint64_t stream_dispatch = 7ull << 32; // + dispatch: its 
 inline constexpr std::uint64_t stream_async_fault = 8ull << 32;  // + dispatch: whether it fails
 inline constexpr std::uint64_t stream_generator = 9;               // FedGEN's generator
 inline constexpr std::uint64_t stream_holdout = 10;                // --eval-clients' held-out rows
+inline constexpr std::uint64_t stream_contribution = 11;           // + round: the Shapley estimators' orders
 
 /// The clients' speed factors (simulation_options::latency).
 struct latency_model {
@@ -215,6 +217,22 @@ void install_lora(simulation& sim, const simulation_options& o);
 /// Throws std::invalid_argument, saying what to change, for LoRA options that cannot run or
 /// cannot combine with the others.
 void check_lora_options(const simulation_options& o);
+
+// ---- client contributions (contribution_engine.cpp) ------------------------------------------
+
+/// Throws std::invalid_argument, saying what to change, for contribution options that cannot run
+/// or cannot combine with the others (and for --contributions or --reward-budget without it).
+void check_contribution_options(const simulation_options& o);
+/// With --contribution: the first training row of the validation set (the last o.validation
+/// rows), which the partition leaves out; 0 without. Throws for a validation set as large as the data.
+std::size_t hold_out_validation(const simulation_options& o, const shared_data& data);
+/// The tracker valuing each round on the training rows [first_row, n).
+std::unique_ptr<contribution_tracker> make_contribution_tracker(const engine_state& e, bool custom_trainer,
+                                                                std::size_t first_row);
+/// The contribution figures of a run's summary (the AUC when --attack names malicious clients).
+void summarize_contributions(const contribution_tracker& t, const simulation_options& o, summary& s);
+/// Whether --attack makes `client` malicious.
+bool is_attacker(const simulation_options& o, std::uint64_t client);
 
 // ---- per-client quantities (engine.cpp) ------------------------------------------------------
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <unordered_set>
+#include <utility>
 
 #include "simulation_impl.hpp"
 #include "troupe/federated/fairness.hpp"
@@ -83,9 +84,12 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
   e.dim = impl_->server_trainer->dim();
 
   // Partition: over the data's labels, or, for a trainer without data, over synthetic ones.
+  // --contribution's validation examples (the last rows) are in no client's shard.
+  const std::size_t validation_from = hold_out_validation(o, e.data);
   tensor labels;
   if (e.data) {
     labels = e.data->train.labels;
+    if (validation_from > 0) labels = labels.slice(0, static_cast<std::int64_t>(validation_from)).clone();
   } else {
     const std::int64_t n = std::max<std::int64_t>(60000, static_cast<std::int64_t>(o.clients));
     labels = tensor::empty({n}, dtype::u8);
@@ -98,7 +102,9 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
     if (named != o.clients)
       throw std::invalid_argument("the data assigns its training examples to " + std::to_string(named) +
                                   " clients (client_train): run with --clients " + std::to_string(named));
-    e.part = partition_assigned(e.data->client_train, o.clients);
+    e.part = partition_assigned(validation_from > 0 ? e.data->client_train.slice(0, static_cast<std::int64_t>(validation_from))
+                                                    : e.data->client_train,
+                                o.clients);
   } else {
     e.part = make_partition(o.partition, labels, o.clients, derive_seed(o.seed, stream_partition));
   }
@@ -118,6 +124,11 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
   if (o.over_select > 0)
     impl_->sample_size = std::min<std::size_t>(
         o.clients, static_cast<std::size_t>(std::ceil(static_cast<double>(impl_->sample_size) * (1 + o.over_select))));
+  if (!o.contribution.empty() && parse_contribution(o.contribution).type == contribution_method::kind::exact &&
+      impl_->keep > max_exact_players)
+    throw std::invalid_argument("--contribution exact enumerates all 2^K coalitions: K = " + std::to_string(impl_->keep) +
+                                " clients per round is more than " + std::to_string(max_exact_players) +
+                                "; use mc:P or gtg:EPS, or fewer --per-round");
   e.rule = e.strategy->rule();
   e.stateful_optimizer = o.client_optimizer != "sgd";
   if (o.device != "cpu" && (e.rule.proximal_mu > 0 || e.rule.control_variates))
@@ -159,6 +170,7 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
     impl_->clients.push_back(impl_->system->spawn<client>(e.part.offsets[c], e.part.offsets[c + 1] - e.part.offsets[c],
                                                           derive_seed(o.seed, stream_client + c)));
   install_mechanisms(*this, o, client_weight_bounds(e, impl_->keep));
+  if (!o.contribution.empty()) impl_->contributions = make_contribution_tracker(e, custom, validation_from);
   if (impl_->buffer) check_async_mechanisms(o, impl_->keep, impl_->buffer);
   impl_->hold = impl_->buffer && (o.dp_clip != 0 || o.dp_noise != 0);
 }
@@ -297,6 +309,7 @@ round_report simulation::run_round() {
 
   // Asks go out through a window; replies are added in sample order, so the sum is the same
   // whatever order the workers finish in, and at most `window` updates exist at once.
+  if (impl_->contributions) impl_->contributions->begin(round);
   try {
     impl_->agg->begin(ctx->info);
   } catch (const round_aborted& e) {
@@ -327,12 +340,14 @@ round_report simulation::run_round() {
       throw;
     }
     if (!u.words.empty()) {
-      if (e.strategy->observes())
-        throw std::logic_error("strategy " + e.strategy->name() + " observes plain updates; this one is encoded");
+      if (e.strategy->observes() || impl_->contributions)
+        throw std::logic_error((impl_->contributions ? std::string("--contribution") : "strategy " + e.strategy->name()) +
+                               " observes plain updates; this one is encoded");
       impl_->agg->add_encoded(u.client, u.weight, u.words);
     } else {
       impl_->agg->add(u.client, u.weight, u.delta);
       if (e.strategy->observes()) e.strategy->observe(u.client, u.weight, u.delta);
+      if (impl_->contributions) impl_->contributions->observe(u.client, u.weight, u.delta);
     }
     loss += u.loss * static_cast<double>(u.samples);
     samples += u.samples;
@@ -345,7 +360,10 @@ round_report simulation::run_round() {
       std::vector<float> aggregate = impl_->agg->finish();
       auto next = std::make_shared<std::vector<float>>(*impl_->global);
       e.strategy->apply(*next, aggregate, ctx->info);
-      impl_->global = std::move(next);
+      const auto start = std::exchange(impl_->global, std::move(next));
+      // The round's participants valued against the model they trained from (a round given up
+      // is not valued: its updates were not applied).
+      if (impl_->contributions) impl_->contributions->finish(*start);
     } catch (const round_aborted& e) {
       r.aborted = e.what();
     }
@@ -392,6 +410,7 @@ std::size_t simulation::cohort_size() const noexcept { return impl_->keep; }
 std::size_t simulation::client_state_bytes() const noexcept { return impl_->engine.state_bytes.load(); }
 std::size_t simulation::clients_with_state() const noexcept { return impl_->engine.state_holders.load(); }
 double simulation::simulated_seconds() const noexcept { return impl_->clock; }
+const contribution_tracker* simulation::contributions() const noexcept { return impl_->contributions.get(); }
 
 double peak_rss_mb() {
   rusage u{};
@@ -422,6 +441,13 @@ summary run_simulation(const simulation_options& options, const std::function<vo
         throw std::invalid_argument("the checkpoint in " + options.checkpoint + " is at round " +
                                     std::to_string(s.resumed_from) + ", past --rounds " + std::to_string(options.rounds) +
                                     " (raise --rounds to go on, or name another --checkpoint directory)");
+    }
+  }
+  if (!options.contributions_file.empty()) {
+    try {  // writable now, or refused before any round runs
+      check_writable(options.contributions_file);
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error("cannot write the --contributions file " + options.contributions_file + ": " + e.what());
     }
   }
   double round_seconds = 0;
@@ -480,6 +506,11 @@ summary run_simulation(const simulation_options& options, const std::function<vo
   s.rounds_per_s = round_seconds > 0 ? (s.rounds - first + 1) / round_seconds : 0.0;
   s.seconds = since(start);
   s.peak_rss_mb = peak_rss_mb();
+  if (const auto* t = sim.contributions()) {
+    summarize_contributions(*t, options, s);
+    if (!options.contributions_file.empty())
+      t->write_csv(options.contributions_file, [&options](std::uint64_t c) { return is_attacker(options, c); });
+  }
   if (sim.clients_with_state() > 0)
     s.state_bytes_per_client = static_cast<double>(sim.client_state_bytes()) / static_cast<double>(sim.clients_with_state());
   return s;

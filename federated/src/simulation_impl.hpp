@@ -24,6 +24,7 @@ struct simulation::impl {
   std::size_t window = 0;
   int rounds = 0;
   double clock = 0;             // simulated seconds so far
+  std::unique_ptr<contribution_tracker> contributions;  // --contribution
 
   // FedBuff: the clients in flight, each with the simulated time its update arrives.
   struct in_flight {

@@ -33,6 +33,8 @@ using fashion_mnist = labelled_data;  // as troupe/kernels/data.hpp declares it
 
 namespace troupe::federated {
 
+class contribution_tracker;
+
 /// The largest population a simulation takes: each client is an actor with its own state, about
 /// 250 bytes even with the noop trainer (10 million: 2.5 GB).
 constexpr std::size_t max_clients = 10'000'000;
@@ -154,6 +156,19 @@ struct simulation_options {
   /// finds a checkpoint there resumes from it (bit-identical to a run never stopped).
   std::string checkpoint;
   int checkpoint_every = 0;
+
+  /// Client contributions (contribution.hpp): "exact", "mc:P" or "gtg:EPS" values each round's
+  /// participants by their Shapley values, the utility of a coalition being the accuracy, on
+  /// `validation` training examples held out of every client's shard, of the starting model plus
+  /// the weighted mean of the coalition's updates, minus that of the starting model. Empty: none.
+  std::string contribution;
+  std::size_t validation = 500;    ///< with contribution: the last N training examples are held out
+  /// A coalition's model (contribution_tracker): "mean" (the weighted mean of its updates) or
+  /// "share" (its share of the round's FedAvg sum; a client that sends no change is worth 0).
+  std::string coalition_model = "mean";
+  std::string contributions_file;  ///< run_simulation writes each client's cumulative values there (CSV)
+  /// "B[:FLOOR_FRACTION]": each round B is paid out from the values (budget_rewards). Empty: none.
+  std::string reward_budget;
 };
 
 /// A test-set evaluation.
@@ -305,6 +320,8 @@ public:
   /// Simulated seconds since the start: the sum of the synchronous rounds' durations (each as
   /// long as its slowest kept client), or the virtual clock at the last asynchronous update.
   double simulated_seconds() const noexcept;
+  /// The Shapley values so far (simulation_options::contribution); null without.
+  const contribution_tracker* contributions() const noexcept;
 
   /// Writes everything the next rounds depend on (round counter, global model, strategy and
   /// transform state, every client's generator and persistent state; under FedBuff the server
@@ -354,6 +371,17 @@ struct summary {
   std::uint64_t uplink_bytes = 0;
   /// The last evaluation's further measures (backdoor_success, client_accuracy_*...).
   std::vector<std::pair<std::string, double>> final_metrics;
+
+  // With simulation_options::contribution:
+  std::size_t contribution_rounds = 0;          ///< rounds whose participants were valued
+  std::size_t contribution_rounds_skipped = 0;  ///< of those, rounds gtg did not value (gain below EPS)
+  double contribution_seconds = 0;              ///< wall time spent valuing (in the rounds' time)
+  std::size_t contribution_evaluations = 0;     ///< validation evaluations, the rounds' base models included
+  /// With an attack: the AUC of the cumulative values for honest against malicious clients
+  /// (the probability that an honest client's exceeds a malicious one's, ties one half), and
+  /// the mean cumulative value of each group; NaN where a group is empty.
+  double contribution_auc = 0, value_mean_honest = 0, value_mean_malicious = 0;
+  double rewards_total = 0;  ///< with reward_budget: paid over the run, in units of the budget
 };
 
 /// Runs options.rounds rounds with evaluations every options.eval_every rounds (resuming from
