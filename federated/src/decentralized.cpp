@@ -262,6 +262,7 @@ void check_decentralized(const decentralized_options& d) {
   if (!(o.lr > 0) || !std::isfinite(o.lr)) throw std::invalid_argument("--lr must be a positive number");
   if (o.eval_every < 1) throw std::invalid_argument("--eval-every must be at least 1");
   if (o.local_steps < 0 || o.local_epochs < 1) throw std::invalid_argument("--local-steps must be >= 0 and --local-epochs >= 1");
+  if (o.device != "cpu") throw std::invalid_argument("--decentralized trains on the CPU (--device cpu)");
   if (o.clients > 100000) throw std::invalid_argument("--decentralized keeps a model per client: at most 100000 clients");
 }
 
@@ -284,7 +285,17 @@ decentralized_summary run_decentralized(const decentralized_options& d, shared_d
   ctx.data = data;
   auto evaluator = ctx.factory(ctx.data);
   ctx.dim = evaluator->dim();
-  const auto part = make_partition(o.partition, data->train.labels, o.clients, derive_seed(o.seed, detail::stream_partition));
+  partition part;
+  if (data->client_train.defined()) {  // the data's own partition, as a simulation takes it
+    const auto of = data->client_train.data<std::uint32_t>();
+    const std::size_t named = of.empty() ? 0 : static_cast<std::size_t>(*std::max_element(of.begin(), of.end())) + 1;
+    if (named != o.clients)
+      throw std::invalid_argument("the data assigns its training examples to " + std::to_string(named) +
+                                  " clients (client_train): run with --clients " + std::to_string(named));
+    part = partition_assigned(data->client_train, o.clients);
+  } else {
+    part = make_partition(o.partition, data->train.labels, o.clients, derive_seed(o.seed, detail::stream_partition));
+  }
   std::vector<std::span<const std::uint32_t>> shards;
   for (std::size_t c = 0; c < o.clients; ++c) shards.push_back(part.shard(c));
   std::vector<float> initial(ctx.dim);

@@ -235,6 +235,12 @@ TEST(Decentralized, RefusesWhatItCannotRun) {
   d = small("gossip", "ring");
   d.base.clients = 1;
   EXPECT_THROW(run_decentralized(d, test_data::fashion_subset()), std::invalid_argument);
+  d = small("gossip", "ring");
+  d.base.device = "cuda";
+  EXPECT_THROW(run_decentralized(d, test_data::fashion_subset()), std::invalid_argument);
+  d = small("dpsgd", "ring");
+  d.base.eval_every = 0;
+  EXPECT_THROW(run_decentralized(d, test_data::fashion_subset()), std::invalid_argument);
 }
 
 }  // namespace
