@@ -226,6 +226,22 @@ TEST(Decentralized, DpsgdAndGossipLearnAndKeepPeersClose) {
   EXPECT_EQ(s.bytes, 3ull * 10 * 9 * 4 * 4 * (784 * 100 + 100 + 100 * 10 + 10));
 }
 
+TEST(Decentralized, TheSameSeedGivesTheSameModelsAtAnyThreadCount) {
+  for (const char* mode : {"dpsgd", "gossip"}) {
+    auto d = small(mode, "ring");
+    d.base.rounds = 1;
+    d.base.eval_every = 1;
+    d.base.threads = 1;
+    const auto one = run_decentralized(d, test_data::fashion_subset());
+    d.base.threads = 2;
+    const auto two = run_decentralized(d, test_data::fashion_subset());
+    EXPECT_EQ(one.mean_model, two.mean_model) << mode;
+    EXPECT_EQ(one.consensus_error, two.consensus_error) << mode;
+    d.base.seed = 1;
+    EXPECT_NE(run_decentralized(d, test_data::fashion_subset()).mean_model, one.mean_model) << mode;
+  }
+}
+
 TEST(Decentralized, RefusesWhatItCannotRun) {
   auto d = small("push-sum", "ring");
   EXPECT_THROW(run_decentralized(d, test_data::fashion_subset()), std::invalid_argument);
