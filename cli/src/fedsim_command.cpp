@@ -13,6 +13,7 @@
 
 #include "commands.hpp"
 #include "run_report.hpp"
+#include "fedsim_decentralized.hpp"
 #include "fedsim_vertical.hpp"
 
 namespace troupe::cli {
@@ -23,6 +24,7 @@ struct fedsim_flags {
   troupe::federated::simulation_options o;
   vertical_flags vertical;
   std::string split;
+  std::string decentralized, topology = "ring";
   bool json = false;
   bool bias_correction = false;
   std::string report;
@@ -161,6 +163,13 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                   "horizontal: SplitFed: each of --clients clients holds the MLP's first layer and a shard, the server the "
                   "rest; the clients' bottoms are averaged (FedAvg) after every round")
       ->check(CLI::IsMember({"horizontal"}));
+  auto* decentralized = cmd->add_option("--decentralized", f->decentralized,
+                  "no server: gossip (local training, then random pairwise averaging), dpsgd (D-PSGD: one SGD step and one "
+                  "Metropolis averaging with the neighbours per iteration) or allreduce (local training, then the exact mean "
+                  "by a ring all-reduce between the client actors)")
+      ->check(CLI::IsMember({"gossip", "dpsgd", "allreduce"}));
+  cmd->add_option("--topology", f->topology, "with --decentralized gossip|dpsgd: ring, torus, random-regular:D or complete")
+      ->capture_default_str()->needs(decentralized);
   cmd->add_flag("--json", f->json, "one JSON object per evaluated round and a final summary");
   cmd->add_option("--report", f->report, "also write a self-contained HTML report (charts per round) to this file");
   cmd->callback([f, cmd, &rc] {
@@ -190,8 +199,8 @@ void add_fedsim_command(CLI::App& app, int& rc) {
     }
     f->o.server.bias_correction = f->bias_correction;
     if (!f->report.empty()) {
-      if (f->vertical.parties > 0 || !f->split.empty()) {
-        fail("--report draws the rounds of a federated run; --vertical and --split have none yet");
+      if (f->vertical.parties > 0 || !f->split.empty() || !f->decentralized.empty()) {
+        fail("--report draws the rounds of a federated run with a server; --vertical, --split and --decentralized have none yet");
         return;
       }
       try {
@@ -200,6 +209,20 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         fail(e.what());
         return;
       }
+    }
+    if (!f->decentralized.empty()) {
+      if (auto why = decentralized_conflict(*cmd, f->decentralized); !why.empty()) {
+        fail(why);
+        return;
+      }
+      try {
+        rc = run_fedsim_decentralized(f->o, f->topology, f->decentralized, f->json);
+      } catch (const std::bad_alloc&) {
+        fail("out of memory (the clients' models are too large for this machine)");
+      } catch (const std::exception& e) {
+        fail(e.what());
+      }
+      return;
     }
     if (!f->o.client_models.empty()) {
       if (!f->o.contribution.empty()) {

@@ -76,6 +76,8 @@ std::string splitfed_conflict(const CLI::App& cmd) {
       {"--reward-budget", "the rewards are paid from horizontal clients' Shapley values"},
       {"--validation", "it is read with --contribution"},
       {"--coalition-model", "it is read with --contribution"},
+      {"--decentralized", "it trains whole models without a server"},
+      {"--topology", "it is read with --decentralized"},
   };
   return first_conflict(cmd, conflicts, "--split horizontal");
 }
@@ -122,6 +124,8 @@ std::string vertical_conflict(const CLI::App& cmd) {
       {"--reward-budget", "the rewards are paid from horizontal clients' Shapley values"},
       {"--validation", "it is read with --contribution"},
       {"--coalition-model", "it is read with --contribution"},
+      {"--decentralized", "it trains whole models without a server"},
+      {"--topology", "it is read with --decentralized"},
   };
   return first_conflict(cmd, conflicts, "--vertical");
 }

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "troupe/actors/collective.hpp"  // ring members live on worker nodes too
 #include "troupe/actors/remote.hpp"
 
 namespace remote_test {
