@@ -95,6 +95,7 @@ void check_options(const simulation_options& o) {
   if (o.trainer == "noop" && is_data_attack(o.attack))
     fail("--attack " + o.attack + " poisons the training data, and the noop trainer trains on none: use --trainer mlp");
   (void)parse_latency(o.latency);
+  check_drift_options(o);
   if (is_fedgen(o.strategy)) {
     (void)parse_fedgen(o.strategy);
     if (o.trainer != "mlp") fail("--strategy fedgen distills into the model's head: use --trainer mlp");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "client.hpp"
+#include "drift_cluster.hpp"
 #include "engine.hpp"
 #include "troupe/actors/actor_system.hpp"
 
@@ -24,6 +25,11 @@ struct simulation::impl {
   std::size_t window = 0;
   int rounds = 0;
   double clock = 0;             // simulated seconds so far
+  // Concept drift: the drifted clients (--drift; empty without), the round they drift at, and
+  // the second model of --drift-response cluster.
+  std::vector<char> drifted;
+  int drift_round = 0;
+  detail::drift_cluster cluster;
 
   // FedBuff: the clients in flight, each with the simulated time its update arrives.
   struct in_flight {
