@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <troupe/federated/drift.hpp>
 #include <troupe/federated/simulation.hpp>
 
 #include "commands.hpp"
@@ -37,6 +38,52 @@ std::string text_number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.4f", v);
   return buf;
+}
+
+/// The summary's drift fields: "drift_alarms" (each round with alarms and its clients), and
+/// under --drift the drifted clients, the first alarm on one of them at or after the drift's
+/// round less that round ("drift_detection_delay", null: none) and the alarms before that round
+/// or on clients that did not drift ("drift_false_alarms").
+std::string drift_json(const troupe::federated::simulation_options& o, const troupe::federated::summary& s) {
+  if (o.drift.empty() && o.drift_detect.empty()) return "";
+  std::string out = ",\"drift_alarms\":[";
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < s.drift_alarms.size(); ++i) {
+    const auto& [round, clients] = s.drift_alarms[i];
+    out += (i ? ",{\"round\":" : "{\"round\":") + std::to_string(round) + ",\"clients\":[";
+    for (std::size_t j = 0; j < clients.size(); ++j) out += (j ? "," : "") + std::to_string(clients[j]);
+    out += "]}";
+    total += clients.size();
+  }
+  out += "],\"drift_alarm_count\":" + std::to_string(total);
+  if (o.drift.empty()) return out;
+  const auto d = troupe::federated::parse_drift(o.drift);
+  std::vector<char> drifted(o.clients, 0);
+  out += ",\"drifted_clients\":[";
+  for (std::size_t j = 0; j < s.drifted_clients.size(); ++j) {
+    out += (j ? "," : "") + std::to_string(s.drifted_clients[j]);
+    drifted[s.drifted_clients[j]] = 1;
+  }
+  out += "]";
+  int first = -1;
+  std::size_t false_alarms = 0;
+  std::vector<char> caught(o.clients, 0);
+  std::size_t detected = 0;
+  for (const auto& [round, clients] : s.drift_alarms)
+    for (auto c : clients) {
+      if (round < d.round || !drifted[c]) {
+        ++false_alarms;
+        continue;
+      }
+      if (first < 0) first = round;
+      if (!caught[c]) ++detected;
+      caught[c] = 1;
+    }
+  if (!o.drift_detect.empty())
+    out += ",\"drift_detection_delay\":" + (first < 0 ? std::string("null") : std::to_string(first - d.round)) +
+           ",\"drift_false_alarms\":" + std::to_string(false_alarms) + ",\"drifted_clients_alarmed\":" +
+           std::to_string(detected);
+  return out;
 }
 
 }  // namespace
@@ -144,6 +191,13 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--reward-budget", o.reward_budget,
                   "with --contribution: pay B per round, a floor of min(FLOOR_FRACTION*B, B/n) to each participant and "
                   "the rest in proportion to the positive part of its Shapley value (B[:FLOOR_FRACTION], micro-units)");
+  cmd->add_option("--drift", o.drift,
+                  "concept drift: swap:ROUND:FRACTION:A-B (from round ROUND, a seeded FRACTION of the clients swap labels A and B)");
+  cmd->add_option("--drift-detect", o.drift_detect,
+                  "a drift detector per client on its stream of local errors: ddm or adwin (alarms are reported)");
+  cmd->add_option("--drift-response", o.drift_response,
+                  "what an alarm does: reset (the client's detector and optimizer/algorithm state) or cluster (a second "
+                  "model, FedAvg among the alarmed clients)");
   cmd->add_option("--trainer", o.trainer, "mlp, or noop to measure the orchestration alone")->capture_default_str();
   auto* vertical = cmd->add_option("--vertical", f->vertical.parties,
                   "2: vertical federated learning: two parties hold each image's left and right columns for their own, "
@@ -198,6 +252,13 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         }
     }
     f->o.server.bias_correction = f->bias_correction;
+    if (!f->o.drift.empty() || !f->o.drift_detect.empty() || !f->o.drift_response.empty()) {
+      const char* other = !f->o.client_models.empty() ? "--client-models" : !f->split.empty() ? "--split" : f->vertical.parties > 0 ? "--vertical" : !f->decentralized.empty() ? "--decentralized" : nullptr;
+      if (other) {
+        fail(std::string("--drift, --drift-detect and --drift-response run in the horizontal simulation; they cannot combine with ") + other);
+        return;
+      }
+    }
     if (!f->report.empty()) {
       if (f->vertical.parties > 0 || !f->split.empty() || !f->decentralized.empty()) {
         fail("--report draws the rounds of a federated run with a server; --vertical, --split and --decentralized have none yet");
@@ -273,6 +334,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
     try {
       troupe::chart_book charts;
       int empty_rounds = 0;  // rounds in which no update arrived (all late or failed)
+      std::size_t alarms_since_eval = 0;  // drift alarms in the rounds since the last evaluated one
       auto s = troupe::federated::run_simulation(f->o, [&](const troupe::federated::progress& p) {
         const int r = p.round->round;
         if (p.round->aborted.empty() && p.round->sampled > 0 && p.round->participants == 0) ++empty_rounds;
@@ -280,6 +342,14 @@ void add_fedsim_command(CLI::App& app, int& rc) {
           if (tty) std::fprintf(stderr, "\r\033[K");
           std::fprintf(stderr, "troupe fedsim: round %d aborted, the model unchanged: %s\n", r, p.round->aborted.c_str());
         }
+        if (!p.round->drift_alarms.empty() && !json) {
+          if (tty) std::fprintf(stderr, "\r\033[K");
+          std::string who;
+          for (auto c : p.round->drift_alarms) who += (who.empty() ? "" : ", ") + std::to_string(c);
+          std::fprintf(stderr, "troupe fedsim: round %d: drift alarm from client%s %s\n", r,
+                       p.round->drift_alarms.size() > 1 ? "s" : "", who.c_str());
+        }
+        alarms_since_eval += p.round->drift_alarms.size();
         if (p.evaluated) {
           if (tty) std::fprintf(stderr, "\r\033[K");
           if (!f->report.empty()) {
@@ -300,6 +370,8 @@ void add_fedsim_command(CLI::App& app, int& rc) {
           else if (!json && p.round->sampled != p.round->participants)
             extra += "  " + std::to_string(p.round->participants) + "/" + std::to_string(p.round->sampled) + " updates (" +
                      std::to_string(p.round->dropped) + " failed, " + std::to_string(p.round->late) + " late)";
+          if (json && !f->o.drift_detect.empty()) extra += ",\"round_drift_alarms\":" + std::to_string(alarms_since_eval);
+          alarms_since_eval = 0;
           auto metrics = p.round->metrics;
           metrics.insert(metrics.end(), p.eval.metrics.begin(), p.eval.metrics.end());
           for (const auto& [name, value] : metrics) {
@@ -351,6 +423,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         std::snprintf(buf, sizeof buf, ", %s %.4g", name.c_str(), value);
         finals_text += buf;
       }
+      settings += drift_json(f->o, s);
       if (!f->o.lora.empty())
         settings += ",\"lora\":\"" + f->o.lora + "\",\"lora_agg\":\"" + f->o.lora_agg + "\",\"lora_alpha\":" +
                     json_number(f->o.lora_alpha, "%.6g");

@@ -56,6 +56,9 @@ std::string decentralized_conflict(const CLI::App& cmd, const std::string& mode)
       {"--reward-budget", "the rewards are paid from a server round's Shapley values"},
       {"--validation", "it is read with --contribution"},
       {"--coalition-model", "it is read with --contribution"},
+      {"--drift", "drift is injected into the horizontal simulation's clients"},
+      {"--drift-detect", "drift is detected on the horizontal simulation's clients"},
+      {"--drift-response", "drift is answered in the horizontal simulation"},
   };
   for (const auto& c : conflicts) {
     if (cmd.count(c.flag) == 0) continue;

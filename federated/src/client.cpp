@@ -10,7 +10,9 @@ namespace troupe::federated::detail {
 client_update client::train(const std::shared_ptr<const round_context>& ctx, std::uint64_t id) {
   engine_state& e = *ctx->engine;
   worker_slot& w = e.worker();
-  const std::vector<float>& global = *ctx->global;
+  // Under --drift-response cluster, a client moved to the second model trains from it.
+  const bool second = ctx->cluster && ctx->second && id < ctx->cluster->size() && (*ctx->cluster)[id];
+  const std::vector<float>& global = second ? *ctx->second : *ctx->global;
   const std::size_t dim = e.dim;
   const bool held = holds_state();
   const std::size_t optimizer_bytes = optimizer_.size();
@@ -28,6 +30,7 @@ client_update client::train(const std::shared_ptr<const round_context>& ctx, std
   std::copy(global.begin(), global.end(), w.model.begin());
   local_job job;
   job.client = id;
+  job.round = ctx->info.round;
   job.global = global;
   job.shard = {e.part.indices.data() + offset_, length_};
   job.epochs = e.options.local_epochs;
@@ -41,11 +44,14 @@ client_update client::train(const std::shared_ptr<const round_context>& ctx, std
     for (std::size_t p = 0; p < dim; ++p) w.correction[p] = ctx->control[p] - ci[p];
     job.correction = w.correction;
   }
-  if (e.stateful_optimizer) job.optimizer_state = &optimizer_;
   job.generator = ctx->generator;
   job.generator_weight = ctx->generator_weight;
   const bool qffl = e.rule.loss_power >= 0;
   job.start_loss = qffl;
+  // The errors of the model it was sent, on its shard, before it trains.
+  const bool alarm = e.detect_drift && detect(e, w, job);
+  if (alarm && e.reset_on_alarm) reset_state(e);
+  if (e.stateful_optimizer) job.optimizer_state = &optimizer_;
   const local_result r = w.trainer->train(job, w.model, rng_);
   if (optimizer_.size() != optimizer_bytes)
     e.state_bytes.fetch_add(optimizer_.size() - optimizer_bytes, std::memory_order_relaxed);  // modulo 2^64
@@ -53,6 +59,7 @@ client_update client::train(const std::shared_ptr<const round_context>& ctx, std
 
   client_update u;
   u.client = id;
+  u.drift_alarm = alarm;
   u.samples = r.samples;
   u.loss = r.loss;
   u.weight = e.rule.uniform_weights ? 1.0 : static_cast<double>(length_);
@@ -91,6 +98,26 @@ client_update client::train(const std::shared_ptr<const round_context>& ctx, std
     e.transforms[t]->apply(u, state, ctx->info, g);
   }
   return u;
+}
+
+bool client::detect(engine_state& e, worker_slot& w, const local_job& job) {
+  if (!detector_) {
+    detector_ = std::make_unique<error_detector>(e.options.drift_detect);
+    detector_bytes_ = 0;
+  }
+  w.trainer->errors(job, job.global, w.errors);
+  bool alarm = false;
+  for (std::uint8_t error : w.errors) alarm = detector_->observe(error != 0) || alarm;
+  const std::size_t bytes = detector_->bytes();
+  e.state_bytes.fetch_add(bytes - detector_bytes_, std::memory_order_relaxed);  // modulo 2^64
+  detector_bytes_ = bytes;
+  return alarm;
+}
+
+void client::reset_state(engine_state& e) {
+  if (detector_) detector_->reset();
+  optimizer_.clear();  // fresh moments from an empty state (train() counts the change in bytes)
+  if (state_) std::fill(state_.get(), state_.get() + e.state_floats, 0.0f);
 }
 
 void client::settle(const std::shared_ptr<const round_context>& ctx, bool applied) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "troupe/federated/drift.hpp"
 
 namespace troupe::federated::detail {
 
@@ -39,12 +40,18 @@ public:
   std::pair<std::ptrdiff_t, std::ptrdiff_t> restore(saved s, std::size_t floats);
 
 private:
-  bool holds_state() const noexcept { return state_ || !optimizer_.empty(); }
+  bool holds_state() const noexcept { return state_ || !optimizer_.empty() || detector_; }
+  /// Feeds the errors of the model it was sent on its shard to its detector; true on an alarm.
+  bool detect(engine_state& e, worker_slot& w, const local_job& job);
+  /// --drift-response reset: the detector, the optimizer's state and the algorithm's start afresh.
+  void reset_state(engine_state& e);
 
   std::uint32_t offset_, length_;
   splitmix64 rng_;
   std::unique_ptr<float[]> state_;   // the algorithm's (SCAFFOLD's c_i, the transforms')
   std::vector<std::byte> optimizer_; // its optimizer's, when the options give it one
+  std::unique_ptr<error_detector> detector_;  // under --drift-detect, made on its first round
+  std::size_t detector_bytes_ = 0;   // counted in engine_state::state_bytes
   struct undo {
     std::uint64_t rng;
     std::unique_ptr<float[]> state;  // null: there was none

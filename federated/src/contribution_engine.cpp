@@ -36,6 +36,8 @@ void check_contribution_options(const simulation_options& o) {
                 "privacy accounting");
   if (!o.lora.empty()) fail(flag + " with --lora: the updates are adapters, not deltas of the model");
   if (!o.client_models.empty()) fail(flag + " with --client-models: the clients' updates belong to different models");
+  if (o.drift_response == "cluster")
+    fail(flag + " with --drift-response cluster: the alarmed clients' updates go to a second model, outside the round's game");
   if (!o.checkpoint.empty())
     fail(flag + " with --checkpoint: the cumulative values are not saved in checkpoints, so a resumed run would lose "
                 "them");

@@ -97,6 +97,7 @@ void check_options(const simulation_options& o) {
     fail("--attack " + o.attack + " poisons the training data, and the noop trainer trains on none: use --trainer mlp");
   (void)parse_latency(o.latency);
   check_contribution_options(o);
+  check_drift_options(o);
   if (is_fedgen(o.strategy)) {
     (void)parse_fedgen(o.strategy);
     if (o.trainer != "mlp") fail("--strategy fedgen distills into the model's head: use --trainer mlp");

@@ -43,6 +43,7 @@ inline constexpr std::uint64_t stream_async_fault = 8ull << 32;  // + dispatch: 
 inline constexpr std::uint64_t stream_generator = 9;               // FedGEN's generator
 inline constexpr std::uint64_t stream_holdout = 10;                // --eval-clients' held-out rows
 inline constexpr std::uint64_t stream_contribution = 11;           // + round: the Shapley estimators' orders
+// 12: the drifted clients (drift.cpp)
 
 /// The clients' speed factors (simulation_options::latency).
 struct latency_model {
@@ -57,6 +58,7 @@ struct worker_slot {
   /// models and scratch share the caches they have.
   std::span<float> model;
   std::vector<float> own, correction;
+  std::vector<std::uint8_t> errors;  // a client's errors for its drift detector
 };
 
 inline std::atomic<std::uint64_t> next_engine_id{1};
@@ -80,6 +82,10 @@ struct engine_state {
   latency_model latency;
   /// The clients keep optimizer state between their rounds (options.client_optimizer is not sgd).
   bool stateful_optimizer = false;
+  /// Drift detection (options.drift_detect): each client runs a detector on its errors.
+  bool detect_drift = false;
+  bool reset_on_alarm = false;    // options.drift_response is reset
+  bool cluster_on_alarm = false;  // options.drift_response is cluster
   std::atomic<std::size_t> state_bytes{0};
   std::atomic<std::size_t> state_holders{0};  // clients holding persistent state
   const std::uint64_t id = next_engine_id.fetch_add(1);
@@ -157,6 +163,10 @@ struct round_context {
   std::shared_ptr<const std::vector<float>> global;
   std::vector<float> control;  // SCAFFOLD's server control variate
   std::vector<float> generator;  // FedGEN's generator, when its term is on this round
+  /// --drift-response cluster: the second model and which clients train from it (fixed during
+  /// the round; null before the first alarm).
+  std::shared_ptr<const std::vector<float>> second;
+  const std::vector<char>* cluster = nullptr;
   double generator_weight = 0;
   std::vector<std::uint64_t> participants;
   round_info info;
@@ -233,6 +243,16 @@ std::unique_ptr<contribution_tracker> make_contribution_tracker(const engine_sta
 void summarize_contributions(const contribution_tracker& t, const simulation_options& o, summary& s);
 /// Whether --attack makes `client` malicious.
 bool is_attacker(const simulation_options& o, std::uint64_t client);
+
+// ---- concept drift (drift_swap.cpp, drift_engine.cpp) ---------------------------------------
+
+/// Wraps a trainer factory so that, from the drift's round on, the drifted clients train on their
+/// examples with the two labels swapped (simulation_options::drift); evaluations add
+/// "swapped_accuracy", on the test set with the labels swapped.
+trainer_factory drift_training(trainer_factory inner, const simulation_options& o);
+/// Throws std::invalid_argument, saying what to change, for drift options that cannot run or
+/// cannot combine with the others.
+void check_drift_options(const simulation_options& o);
 
 // ---- per-client quantities (engine.cpp) ------------------------------------------------------
 

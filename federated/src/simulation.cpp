@@ -7,12 +7,14 @@
 #include <cmath>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <stdexcept>
 #include <unordered_set>
 #include <utility>
 
 #include "simulation_impl.hpp"
 #include "troupe/federated/fairness.hpp"
+#include "troupe/federated/drift.hpp"
 #include "troupe/federated/fedgen.hpp"
 #include "troupe/core/file.hpp"
 #include "troupe/kernels/data.hpp"
@@ -131,6 +133,15 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
                                 "; use mc:P or gtg:EPS, or fewer --per-round");
   e.rule = e.strategy->rule();
   e.stateful_optimizer = o.client_optimizer != "sgd";
+  e.detect_drift = !o.drift_detect.empty();
+  e.reset_on_alarm = o.drift_response == "reset";
+  e.cluster_on_alarm = o.drift_response == "cluster";
+  if (!o.drift.empty()) {
+    const drift_swap d = parse_drift(o.drift);
+    impl_->drifted = drifted_clients(d, o.clients, o.seed);
+    impl_->drift_round = d.round;
+  }
+  if (e.cluster_on_alarm) impl_->cluster.resize(o.clients);
   if (o.device != "cpu" && (e.rule.proximal_mu > 0 || e.rule.control_variates))
     throw std::invalid_argument("--device " + o.device + " with --strategy " + o.strategy +
                                 ": its gradient terms are added on the host; use --device cpu");
@@ -296,6 +307,11 @@ round_report simulation::run_round() {
     ctx->generator.assign(g.begin(), g.end());
     ctx->generator_weight = weight;
   }
+  if (e.cluster_on_alarm) {
+    ctx->second = impl_->cluster.model();
+    ctx->cluster = &impl_->cluster.members();
+    impl_->cluster.begin(e.dim);
+  }
   round_report r;
   ctx->participants = participants(round, &r);
   ctx->info.round = round;
@@ -321,6 +337,7 @@ round_report simulation::run_round() {
   double loss = 0;
   std::int64_t samples = 0;
   const std::size_t asked = r.aborted.empty() ? who.size() : 0;
+  std::size_t first_model = 0;  // updates for the first model (all but the second model's)
   for (std::size_t added = 0; added < asked; ++added) {
     while (sent < asked && sent - added < impl_->window) {
       pending.push_back(impl_->clients[who[sent]].ask(&client::train, shared, who[sent]));
@@ -339,7 +356,10 @@ round_report simulation::run_round() {
       }
       throw;
     }
-    if (!u.words.empty()) {
+    if (u.drift_alarm) r.drift_alarms.push_back(u.client);
+    if (e.cluster_on_alarm && impl_->cluster.takes(u)) {  // the second model's
+      impl_->cluster.add(u, *ctx->global);
+    } else if (!u.words.empty()) {
       if (e.strategy->observes() || impl_->contributions)
         throw std::logic_error((impl_->contributions ? std::string("--contribution") : "strategy " + e.strategy->name()) +
                                " observes plain updates; this one is encoded");
@@ -348,6 +368,7 @@ round_report simulation::run_round() {
       impl_->agg->add(u.client, u.weight, u.delta);
       if (e.strategy->observes()) e.strategy->observe(u.client, u.weight, u.delta);
       if (impl_->contributions) impl_->contributions->observe(u.client, u.weight, u.delta);
+      ++first_model;
     }
     loss += u.loss * static_cast<double>(u.samples);
     samples += u.samples;
@@ -355,7 +376,10 @@ round_report simulation::run_round() {
     e.give_back(std::move(u.delta));
     e.give_back(std::move(u.words));
   }
-  if (asked > 0) {  // a round where every client failed leaves the model as it was
+  if (e.cluster_on_alarm) {
+    impl_->cluster.finish(*ctx->global, e.options.server.server_lr > 0 ? e.options.server.server_lr : 1.0);
+  }
+  if (asked > 0 && (!e.cluster_on_alarm || first_model > 0)) {  // a round where every client failed leaves the model as it was
     try {
       std::vector<float> aggregate = impl_->agg->finish();
       auto next = std::make_shared<std::vector<float>>(*impl_->global);
@@ -399,8 +423,49 @@ evaluation simulation::evaluate() {
     ev.metrics.emplace_back("client_accuracy_best10", s.best10);
     ev.metrics.emplace_back("client_accuracy_clients", static_cast<double>(s.clients));
   }
+    if (impl_->drifted.empty() && !impl_->engine.cluster_on_alarm) return ev;
+  // The accuracy each client's model has on its current task: the drifted clients' is the test
+  // set with the labels swapped from the drift's round on; a client moved to the second model is
+  // served that one.
+  auto take_swapped = [](evaluation& x) {
+    double swapped = std::numeric_limits<double>::quiet_NaN();
+    for (auto it = x.metrics.begin(); it != x.metrics.end(); ++it)
+      if (it->first == "swapped_accuracy") {
+        swapped = it->second;
+        x.metrics.erase(it);
+        break;
+      }
+    return swapped;
+  };
+  const double swapped = take_swapped(ev);
+  double second = 0, second_swapped = 0;
+  const auto& model2 = impl_->cluster.model();
+  if (model2) {
+    evaluation e2 = impl_->server_trainer->evaluate(*model2);
+    second = e2.accuracy;
+    second_swapped = take_swapped(e2);
+  }
+  const std::vector<char>& member = impl_->cluster.members();
+  const bool after = !impl_->drifted.empty() && impl_->rounds >= impl_->drift_round;
+  double drifted_sum = 0, stable_sum = 0;
+  std::size_t drifted_n = 0, stable_n = 0;
+  for (std::size_t c = 0; c < impl_->clients.size(); ++c) {
+    const bool in_second = model2 && member[c];
+    if (!impl_->drifted.empty() && impl_->drifted[c]) {
+      drifted_sum += after ? (in_second ? second_swapped : swapped) : (in_second ? second : ev.accuracy);
+      ++drifted_n;
+    } else {
+      stable_sum += in_second ? second : ev.accuracy;
+      ++stable_n;
+    }
+  }
+  if (drifted_n) ev.metrics.emplace_back("drifted_accuracy", drifted_sum / static_cast<double>(drifted_n));
+  if (stable_n) ev.metrics.emplace_back("stable_accuracy", stable_sum / static_cast<double>(stable_n));
+  if (impl_->engine.cluster_on_alarm) ev.metrics.emplace_back("second_model_clients", static_cast<double>(impl_->cluster.size()));
   return ev;
 }
+const std::vector<char>& simulation::drift_cluster() const noexcept { return impl_->cluster.members(); }
+const std::vector<char>& simulation::drifted() const noexcept { return impl_->drifted; }
 int simulation::rounds_done() const noexcept { return impl_->rounds; }
 std::span<const float> simulation::global_model() const noexcept { return *impl_->global; }
 std::size_t simulation::population() const noexcept { return impl_->clients.size(); }
@@ -491,6 +556,7 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     p.seconds = since(start);
     p.simulated_seconds = sim.simulated_seconds();
     s.uplink_bytes += rr.uplink_bytes;
+    if (!rr.drift_alarms.empty()) s.drift_alarms.emplace_back(rr.round, rr.drift_alarms);
     p.uplink_bytes = s.uplink_bytes;
     if (report) report(p);
   }
@@ -511,6 +577,8 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     if (!options.contributions_file.empty())
       t->write_csv(options.contributions_file, [&options](std::uint64_t c) { return is_attacker(options, c); });
   }
+  for (std::size_t c = 0; c < sim.drifted().size(); ++c)
+    if (sim.drifted()[c]) s.drifted_clients.push_back(c);
   if (sim.clients_with_state() > 0)
     s.state_bytes_per_client = static_cast<double>(sim.client_state_bytes()) / static_cast<double>(sim.clients_with_state());
   return s;

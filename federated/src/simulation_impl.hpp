@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "client.hpp"
+#include "drift_cluster.hpp"
 #include "engine.hpp"
 #include "troupe/actors/actor_system.hpp"
 
@@ -25,6 +26,11 @@ struct simulation::impl {
   int rounds = 0;
   double clock = 0;             // simulated seconds so far
   std::unique_ptr<contribution_tracker> contributions;  // --contribution
+  // Concept drift: the drifted clients (--drift; empty without), the round they drift at, and
+  // the second model of --drift-response cluster.
+  std::vector<char> drifted;
+  int drift_round = 0;
+  detail::drift_cluster cluster;
 
   // FedBuff: the clients in flight, each with the simulated time its update arrives.
   struct in_flight {

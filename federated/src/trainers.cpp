@@ -131,6 +131,21 @@ public:
     return detail::evaluate_rows(*net_, batches_, data_->train, rows);
   }
 
+  /// A forward pass of the shard in chunks.
+  void errors(const local_job& job, std::span<const float> model, std::vector<std::uint8_t>& out) override {
+    const std::size_t n = job.shard.size(), chunk = 240;
+    out.resize(n);
+    batches_.reserve(chunk);
+    net_->load_flat(model.data());
+    double loss = 0;
+    std::int64_t correct = 0;
+    for (std::size_t s = 0; s < n; s += chunk) {
+      const std::size_t m = std::min(chunk, n - s);
+      batches_.gather(data_->train, job.shard.data() + s, m);
+      net_->evaluate(batches_.x(), batches_.y(), static_cast<int>(m), loss, correct, out.data() + s);
+    }
+  }
+
   void check_optimizer_state(std::span<const std::byte> state) override {
     if (state.empty()) return;
     try {
@@ -224,6 +239,7 @@ trainer_factory make_trainer_factory(const simulation_options& options) {
   trainer_factory mlp = [options](const shared_data& data) -> std::unique_ptr<local_trainer> {
     return std::make_unique<mlp_trainer>(data, options);
   };
+  if (!options.drift.empty()) return detail::drift_training(std::move(mlp), options);
   return is_data_attack(options.attack) ? poison_training(std::move(mlp), options.attack, options.seed) : mlp;
 }
 

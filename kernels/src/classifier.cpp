@@ -162,7 +162,7 @@ void classifier::check_batch(const float* x, const std::uint8_t* labels, int row
 }
 
 double classifier::softmax_loss(const float* logits, const std::uint8_t* labels, int rows, float* dz,
-                                std::int64_t* correct) const {
+                                std::int64_t* correct, std::uint8_t* errors) const {
   const int c = static_cast<int>(classes_);
   double loss = 0;
   std::array<double, 256> e;
@@ -178,6 +178,7 @@ double classifier::softmax_loss(const float* logits, const std::uint8_t* labels,
     for (int j = 0; j < c; ++j) sum += (e[j] = std::exp(static_cast<double>(z[j]) - top));
     loss += std::log(sum) + top - z[y];
     if (correct && best == y) ++*correct;
+    if (errors) errors[i] = best == y ? 0 : 1;
     if (dz)
       for (int j = 0; j < c; ++j)
         dz[static_cast<std::size_t>(i) * c + j] =
@@ -301,7 +302,8 @@ batch_outcome classifier::step_fused(const float* x, const std::uint8_t* labels,
   return {loss, true};
 }
 
-void classifier::evaluate(const float* x, const std::uint8_t* labels, int rows, double& loss_sum, std::int64_t& correct) {
+void classifier::evaluate(const float* x, const std::uint8_t* labels, int rows, double& loss_sum, std::int64_t& correct,
+                          std::uint8_t* errors) {
   check_batch(x, labels, rows);
   reserve(rows);
   const detail::row_kernels* k = kernels_in_use();
@@ -324,7 +326,7 @@ void classifier::evaluate(const float* x, const std::uint8_t* labels, int rows, 
     const auto v = std::as_const(logits).data<float>();
     std::copy(v.begin(), v.end(), logits_.begin());
   }
-  loss_sum += softmax_loss(logits_.data(), labels, rows, nullptr, &correct);
+  loss_sum += softmax_loss(logits_.data(), labels, rows, nullptr, &correct, errors);
 }
 
 }  // namespace troupe::kernels

@@ -151,6 +151,19 @@ struct simulation_options {
   /// LoRA's alpha: the change is (alpha / rank) B A; 0: alpha = the client's rank (scale 1).
   double lora_alpha = 0;
 
+  /// Concept drift (drift.hpp, src/drift_swap.cpp): "swap:ROUND:FRACTION:A-B" makes a seeded
+  /// FRACTION of the clients train (and report errors) on their examples with labels A and B
+  /// swapped from round ROUND on. Empty: none.
+  std::string drift;
+  /// "ddm" or "adwin": each client runs that detector on its stream of local errors (the 0/1
+  /// errors of the model it is sent, on its shard, before it trains) and reports an alarm with
+  /// its update. Empty: no detection.
+  std::string drift_detect;
+  /// What an alarm does: "" (reported only), "reset" (the client's detector, optimizer state
+  /// and algorithm state start afresh) or "cluster" (the client moves to a second global model,
+  /// trained by FedAvg among the alarmed clients from then on, as FedDrift does).
+  std::string drift_response;
+
   /// run_simulation's checkpoints: a directory (empty: none). The whole state is saved there
   /// after every evaluated round, or every `checkpoint_every` rounds when > 0, and a run that
   /// finds a checkpoint there resumes from it (bit-identical to a run never stopped).
@@ -200,6 +213,7 @@ struct local_job {
   /// q-FedAvg: measure the mean loss on the whole shard at job.global before training
   /// (local_result::start_loss).
   bool start_loss = false;
+  int round = 0;                            ///< the round (1-based) the job belongs to
 };
 
 struct local_result {
@@ -237,6 +251,14 @@ public:
   virtual evaluation evaluate_rows(std::span<const float> /*model*/, std::span<const std::uint32_t> /*rows*/) {
     throw std::logic_error("this trainer does not measure accuracy on the clients' examples");
   }
+  /// The 0/1 errors (1: the prediction is not the label) of `model` on the examples of
+  /// job.shard, in shard order, into `out` (resized): what a client's drift detector reads
+  /// (simulation_options::drift_detect). The default throws std::invalid_argument: the trainer
+  /// measures none.
+  virtual void errors(const local_job& job, std::span<const float> model, std::vector<std::uint8_t>& out) {
+    (void)job, (void)model, (void)out;
+    throw std::invalid_argument("this trainer measures no per-example errors (drift detection needs --trainer mlp)");
+  }
   /// Throws std::invalid_argument, saying why, for optimizer state that train() could not take
   /// (a checkpoint's, checked before it is restored). Trainers that keep none accept only empty.
   virtual void check_optimizer_state(std::span<const std::byte> state) {
@@ -266,6 +288,9 @@ struct round_report {
   /// Bytes the round's updates took on the wire: 4 per float or word sent, or what a transform
   /// that encodes more tightly reports (client_update::wire_bytes).
   std::uint64_t uplink_bytes = 0;
+  /// Clients whose drift detector alarmed in this round (simulation_options::drift_detect), in
+  /// aggregation order.
+  std::vector<std::uint64_t> drift_alarms;
   /// Non-empty when the aggregator gave the round up (round_aborted): why. The model is as it
   /// was before the round, and the metrics hold "aborted" 1.
   std::string aborted;
@@ -317,6 +342,11 @@ public:
   std::size_t client_state_bytes() const noexcept;
   /// Clients that hold persistent state.
   std::size_t clients_with_state() const noexcept;
+  /// Under --drift-response cluster: the clients moved to the second model (one flag per
+  /// client; empty otherwise).
+  const std::vector<char>& drift_cluster() const noexcept;
+  /// Under --drift: the drifted clients (one flag per client; empty otherwise).
+  const std::vector<char>& drifted() const noexcept;
   /// Simulated seconds since the start: the sum of the synchronous rounds' durations (each as
   /// long as its slowest kept client), or the virtual clock at the last asynchronous update.
   double simulated_seconds() const noexcept;
@@ -382,6 +412,10 @@ struct summary {
   /// the mean cumulative value of each group; NaN where a group is empty.
   double contribution_auc = 0, value_mean_honest = 0, value_mean_malicious = 0;
   double rewards_total = 0;  ///< with reward_budget: paid over the run, in units of the budget
+  /// The drift detectors' alarms: (round, clients) for each round with any.
+  std::vector<std::pair<int, std::vector<std::uint64_t>>> drift_alarms;
+  /// Under --drift: the drifted clients, ascending.
+  std::vector<std::uint64_t> drifted_clients;
 };
 
 /// Runs options.rounds rounds with evaluations every options.eval_every rounds (resuming from

@@ -56,6 +56,9 @@ struct client_update {
   /// Set by the engine on the client's thread: delta holds NaN or an infinity (the client
   /// diverged), and the run ends with its name instead of aggregating it.
   bool diverged = false;
+  /// The client's drift detector alarmed on its errors this round (simulation_options::
+  /// drift_detect).
+  bool drift_alarm = false;
 };
 
 /// A client-side step applied to the update before it leaves the client.

@@ -70,8 +70,10 @@ public:
   batch_outcome step_fused(const float* x, const std::uint8_t* labels, int rows, const gradient_terms& terms = {});
 
   /// Forward only: adds the rows' summed loss to `loss_sum` and their correct predictions to
-  /// `correct`.
-  void evaluate(const float* x, const std::uint8_t* labels, int rows, double& loss_sum, std::int64_t& correct);
+  /// `correct`; when `errors` is not null, writes each row's 0/1 error (1: the top logit is not
+  /// its label) to errors[0..rows).
+  void evaluate(const float* x, const std::uint8_t* labels, int rows, double& loss_sum, std::int64_t& correct,
+                std::uint8_t* errors = nullptr);
 
   /// True when step() takes step_fused: the CPU has AVX2 with FMA (see simd_level), the model is
   /// an MLP on the host and the optimizer plain SGD over exactly its parameters with one lr.
@@ -98,7 +100,8 @@ public:
 private:
   void check_batch(const float* x, const std::uint8_t* labels, int rows) const;
   /// logits [rows, classes] -> summed loss; dz = (softmax - onehot) / rows when not null.
-  double softmax_loss(const float* logits, const std::uint8_t* labels, int rows, float* dz, std::int64_t* correct) const;
+  double softmax_loss(const float* logits, const std::uint8_t* labels, int rows, float* dz, std::int64_t* correct,
+                      std::uint8_t* errors = nullptr) const;
   void reserve(int rows);
 
   sequential& model_;
