@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "remote_support.hpp"
+#include "collective_support.hpp"
 #include "troupe/actors/collective.hpp"
 
 namespace {
@@ -20,14 +21,7 @@ using troupe::reduce_op;
 using troupe::ring_member;
 using vec = std::vector<float>;
 
-std::vector<vec> random_integers(std::size_t p, std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> d(-1000, 1000);
-  std::vector<vec> x(p, vec(n));
-  for (auto& v : x)
-    for (auto& e : v) e = static_cast<float>(d(rng));
-  return x;
-}
+using troupe::collective_support::random_integers;
 
 TEST(RingAllreduceRemote, MembersOnThreeProcessesGetThePlainSumAndSendTheirShare) {
   troupe::actor_system head(head_config());
