@@ -35,6 +35,25 @@ std::string first_conflict(const CLI::App& cmd, std::span<const conflict> confli
   return {};
 }
 
+/// Flags of the other horizontal families, which neither split mode reads.
+const conflict horizontal_only[] = {
+      {"--client-models", "one model is split; --client-models gives clients different whole models"},
+      {"--public", "it is read with --client-models"},
+      {"--distill-steps", "it is read with --client-models --strategy feddf"},
+      {"--finetune-from", "fine-tuning starts a horizontal run from a saved model"},
+      {"--shift", "fine-tuning's shifted data belongs to horizontal runs"},
+      {"--lora", "LoRA adapters are trained by horizontal clients"},
+      {"--lora-agg", "LoRA adapters are trained by horizontal clients"},
+      {"--lora-alpha", "LoRA adapters are trained by horizontal clients"},
+      {"--contribution", "the Shapley values are of horizontal clients' model updates"},
+      {"--contributions", "the Shapley values are of horizontal clients' model updates"},
+      {"--reward-budget", "the rewards are paid from horizontal clients' Shapley values"},
+      {"--validation", "it is read with --contribution"},
+      {"--coalition-model", "it is read with --contribution"},
+      {"--decentralized", "it trains whole models without a server"},
+      {"--topology", "it is read with --decentralized"},
+};
+
 }  // namespace
 
 std::string splitfed_conflict(const CLI::App& cmd) {
@@ -62,24 +81,10 @@ std::string splitfed_conflict(const CLI::App& cmd) {
       {"--min-per-round", "every client takes part in every round"},
       {"--latency", "SplitFed runs no simulated clock"},
       {"--local-steps", "each client walks its shard once per round"},
-      {"--client-models", "one model is split; --client-models gives clients different whole models"},
-      {"--public", "it is read with --client-models"},
-      {"--distill-steps", "it is read with --client-models --strategy feddf"},
-      {"--finetune-from", "fine-tuning starts a horizontal run from a saved model"},
-      {"--shift", "fine-tuning's shifted data belongs to horizontal runs"},
-      {"--lora", "LoRA adapters are trained by horizontal clients"},
-      {"--lora-agg", "LoRA adapters are trained by horizontal clients"},
-      {"--lora-alpha", "LoRA adapters are trained by horizontal clients"},
       {"--eval-clients", "SplitFed evaluates the split model on the test set only"},
-      {"--contribution", "the Shapley values are of horizontal clients' model updates"},
-      {"--contributions", "the Shapley values are of horizontal clients' model updates"},
-      {"--reward-budget", "the rewards are paid from horizontal clients' Shapley values"},
-      {"--validation", "it is read with --contribution"},
-      {"--coalition-model", "it is read with --contribution"},
-      {"--decentralized", "it trains whole models without a server"},
-      {"--topology", "it is read with --decentralized"},
   };
-  return first_conflict(cmd, conflicts, "--split horizontal");
+  if (auto why = first_conflict(cmd, conflicts, "--split horizontal"); !why.empty()) return why;
+  return first_conflict(cmd, horizontal_only, "--split horizontal");
 }
 
 std::string vertical_conflict(const CLI::App& cmd) {
@@ -110,24 +115,10 @@ std::string vertical_conflict(const CLI::App& cmd) {
       {"--min-per-round", "there are two parties"},
       {"--latency", "vertical runs have no simulated clock"},
       {"--local-steps", "--rounds counts the epochs"},
-      {"--client-models", "one model is split; --client-models gives clients different whole models"},
-      {"--public", "it is read with --client-models"},
-      {"--distill-steps", "it is read with --client-models --strategy feddf"},
-      {"--finetune-from", "fine-tuning starts a horizontal run from a saved model"},
-      {"--shift", "fine-tuning's shifted data belongs to horizontal runs"},
-      {"--lora", "LoRA adapters are trained by horizontal clients"},
-      {"--lora-agg", "LoRA adapters are trained by horizontal clients"},
-      {"--lora-alpha", "LoRA adapters are trained by horizontal clients"},
       {"--eval-clients", "the two parties hold columns, not clients' shards"},
-      {"--contribution", "the Shapley values are of horizontal clients' model updates"},
-      {"--contributions", "the Shapley values are of horizontal clients' model updates"},
-      {"--reward-budget", "the rewards are paid from horizontal clients' Shapley values"},
-      {"--validation", "it is read with --contribution"},
-      {"--coalition-model", "it is read with --contribution"},
-      {"--decentralized", "it trains whole models without a server"},
-      {"--topology", "it is read with --decentralized"},
   };
-  return first_conflict(cmd, conflicts, "--vertical");
+  if (auto why = first_conflict(cmd, conflicts, "--vertical"); !why.empty()) return why;
+  return first_conflict(cmd, horizontal_only, "--vertical");
 }
 
 int run_fedsim_splitfed(const troupe::federated::simulation_options& s, bool json) {
