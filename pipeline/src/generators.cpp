@@ -133,12 +133,18 @@ schedule looped_bfs(int p, int m, int v) {
 }
 
 // ZB-H1 and ZB-H2 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, section 3 and its
-// reference simulator): rank r runs c*(p-1-r) warm-up forwards (c = 1 for H1, 2 for H2), then
-// per microbatch one F (while any are left), its I, and a W once c*(p-1) - warm-up iterations
-// have passed; the W's still owed end the rank. The delayed W's fill 1F1B's cool-down (H1) and,
-// with twice the warm-up, the warm-up bubble too (H2).
+// reference simulator): rank r runs min(c*(p-1-r), m) warm-up forwards (c = 1 for H1, 2 for H2),
+// then per microbatch one F (while any are left), its I, and, from the (c*r)-th such iteration on,
+// the oldest owed W; the W's still owed end the rank. The delayed W's fill 1F1B's cool-down (H1)
+// and, with twice the warm-up, the warm-up bubble too (H2). The W delay counts from the rank's own
+// first I, not from where the warm-up would have ended: with m < p-1-r the warm-up is cut short,
+// and holding the W's back further only idles the rank (PyTorch's zero-bubble order for one stage
+// per rank, which H1 equals). H2's doubled warm-up pays only once there are microbatches to fill
+// it: with m <= 2p-3 it makes the makespan longer than H1's at unit costs (checked for p <= 16,
+// m <= 48 in the tests), so zb-h2 is H1's order there.
 schedule zero_bubble_h(const std::string& name, int p, int m, int v, int c) {
   if (v != 1) refuse(name, "has one stage per rank; use zb-v for two");
+  if (c == 2 && m <= 2 * p - 3) c = 1;
   auto s = empty_schedule(name, p, m, 1, placement_kind::looped);
   for (int r = 0; r < p; ++r) {
     auto& out = s.ranks[r];
@@ -148,7 +154,7 @@ schedule zero_bubble_h(const std::string& name, int p, int m, int v, int c) {
     for (int i = 0; i < m; ++i) {
       if (warmup + i < m) out.push_back(action{r, op::F, warmup + i});
       out.push_back(action{r, op::I, i});
-      if (warmup + i >= c * (p - 1)) out.push_back(action{r, op::W, w++});
+      if (i >= c * r) out.push_back(action{r, op::W, w++});
     }
     while (w < m) out.push_back(action{r, op::W, w++});
   }

@@ -34,6 +34,25 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+// PyTorch's actions for sharded parameters (UNSHARD, RESHARD: FSDP gathers a stage's weights
+// before use and frees them after) and for data-parallel gradients (REDUCE_GRAD). A troupe stage
+// holds its whole weights, and reducing gradients across replicas of a stage is not a step of its
+// plan, so reading a schedule skips these: `2UNSHARD`, `0RESHARD`, `1REDUCE_GRAD`, with or without a
+// microbatch number after the name.
+bool is_skipped_action(std::string_view cell) {
+  std::size_t i = 0;
+  while (i < cell.size() && cell[i] >= '0' && cell[i] <= '9') ++i;
+  if (i == 0) return false;
+  for (std::string_view name : {"UNSHARD", "RESHARD", "REDUCE_GRAD"}) {
+    if (cell.substr(i, name.size()) != name) continue;
+    std::size_t j = i + name.size();
+    if (j == cell.size()) return true;
+    int mb = 0;
+    return read_int(cell.substr(j), mb);
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string to_string(op k) {
@@ -65,7 +84,8 @@ action parse_action(std::string_view text) {
   }
   throw std::invalid_argument("action '" + std::string(text) +
                               "' has no known type (F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, "
-                              "RECOMPUTE)");
+                              "RECOMPUTE; a schedule file may also hold UNSHARD, RESHARD and "
+                              "REDUCE_GRAD, which reading skips)");
 }
 
 int placement::rank_of(int stage) const noexcept {
@@ -145,6 +165,8 @@ schedule from_csv(std::string_view text, std::string name) {
       auto cell = trim(rest.substr(0, comma));
       if (cell.empty()) {
         row.emplace_back(std::nullopt);
+      } else if (is_skipped_action(cell)) {
+        // Not a step of troupe's plan (see is_skipped_action): it takes no slot.
       } else if (cell.front() == '(') {
         // (a;b)OVERLAP_F_B: the commas of a CSV cell never occur inside it.
         constexpr std::string_view suffix = ")OVERLAP_F_B";

@@ -208,6 +208,23 @@ TEST(Csv, ReadsTheOlderFormWhereBWithAWMeansI) {
   EXPECT_NO_THROW(validate(lower(s)));
 }
 
+TEST(Csv, SkipsPyTorchsShardingAndGradientReductionActions) {
+  // As PyTorch's _dump_csv writes a lowered 1F1B for FSDP-sharded stages with data parallelism.
+  const auto s = from_csv(
+      "0UNSHARD,0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1,0REDUCE_GRAD,0RESHARD\n"
+      "1UNSHARD,1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1,1REDUCE_GRAD,1RESHARD\n");
+  const auto plain = from_csv(
+      "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+      "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1\n");
+  EXPECT_EQ(s.ranks, plain.ranks);
+  EXPECT_EQ(s.microbatches, 2);
+  EXPECT_NO_THROW(validate(s));
+  // The names are read whole: a near miss is still an error, and so is a stray suffix.
+  EXPECT_THROW(from_csv("0F0,0UNSHAR\n"), std::invalid_argument);
+  EXPECT_THROW(from_csv("0F0,0REDUCE_GRADx\n"), std::invalid_argument);
+  EXPECT_THROW(from_csv("0F0,UNSHARD\n"), std::invalid_argument);
+}
+
 TEST(Csv, RejectsCellsThatAreNotActions) {
   EXPECT_THROW(from_csv("0F0,zz\n"), std::invalid_argument);
   EXPECT_THROW(from_csv(""), std::invalid_argument);
@@ -325,6 +342,38 @@ TEST(ZeroBubble, H2HasNoBubbleOnceMIsAtLeast2PMinus1) {
       EXPECT_EQ(sim.bubble_span, 0.0) << "p=" << p << " m=" << m;
       EXPECT_DOUBLE_EQ(sim.peak_activations[0], 2 * p - 1);
     }
+}
+
+// Shapes where m cuts the warm-up short: the makespans of PyTorch's zero-bubble order with one
+// stage per rank (unit costs), at the same peak memory.
+TEST(ZeroBubble, H1DoesNotHoldWBackWhenFewMicrobatchesCutTheWarmUpShort) {
+  struct shape {
+    int p, m, makespan;
+    double peak;
+  };
+  for (const auto& s : {shape{4, 2, 11, 2}, shape{8, 4, 23, 4}, shape{4, 3, 13, 3}, shape{8, 1, 17, 1}}) {
+    const auto sim = simulate(generate("zb-h1", s.p, s.m));
+    EXPECT_EQ(sim.makespan, rational(s.makespan)) << "p=" << s.p << " m=" << s.m;
+    double peak = 0;
+    for (double a : sim.peak_activations) peak = std::max(peak, a);
+    EXPECT_DOUBLE_EQ(peak, s.peak) << "p=" << s.p << " m=" << s.m;
+  }
+  // With m >= p every rank idles p-1 units: 3m + p - 1.
+  for (int p = 1; p <= 16; ++p)
+    for (int m = p; m <= 48; ++m)
+      EXPECT_EQ(simulate(generate("zb-h1", p, m)).makespan, rational(3 * m + p - 1)) << "p=" << p << " m=" << m;
+}
+
+TEST(ZeroBubble, H2IsNeverSlowerThanH1) {
+  for (int p = 1; p <= 16; ++p)
+    for (int m = 1; m <= 48; ++m) {
+      const auto h1 = simulate(generate("zb-h1", p, m)), h2 = simulate(generate("zb-h2", p, m));
+      EXPECT_LE(h2.makespan, h1.makespan) << "p=" << p << " m=" << m;
+    }
+  // p = 4, m = 4: the doubled warm-up would take 16 (17 while the W's waited for the uncut
+  // warm-up); H1's order takes 15.
+  EXPECT_EQ(simulate(generate("zb-h2", 4, 4)).makespan, rational(15));
+  EXPECT_EQ(to_csv(generate("zb-h2", 4, 4)), to_csv(generate("zb-h1", 4, 4)));
 }
 
 TEST(ZeroBubble, VHasNoBubbleOnceMIsAtLeast2PMinus1AndHoldsP) {
