@@ -12,6 +12,7 @@ packages=(
   capnproto libcapnp-dev      # the wire format
   libspdlog-dev libfmt-dev    # logging
   libcli11-dev                # the troupe command's argument parsing
+  nlohmann-json3-dev          # reading JSON: benchmark rows for reports
   libgtest-dev libgmock-dev   # tests
   libbenchmark-dev            # micro-benchmarks
   libopenblas-dev zlib1g-dev  # GEMM, gzip'd datasets

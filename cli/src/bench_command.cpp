@@ -1,15 +1,79 @@
+#include <fstream>
+#include <functional>
 #include <iostream>
+#include <iterator>
 #include <memory>
+#include <sstream>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "actors_bench.hpp"
 #include "nn_bench.hpp"
 #include "optim_bench.hpp"
 #include "pipeline_bench.hpp"
 #include "remote_bench.hpp"
+#include "bench_report.hpp"
 #include "commands.hpp"
 
+#include <troupe/core/report.hpp>
+
 namespace troupe::cli {
+
+namespace {
+
+struct report_options {
+  std::string path;
+  std::vector<std::string> anchors;
+};
+
+void add_report_options(CLI::App* suite, report_options& r) {
+  auto* report = suite->add_option("--report", r.path, "also write the rows as an HTML page (tables and bar charts) to FILE.html");
+  suite->add_option("--anchor", r.anchors,
+                    "JSON rows of another program's run of the same workloads (CAF's, PyTorch's, ...), shown beside "
+                    "troupe's in the report; NAME=FILE names it (default: the file's name)")
+      ->needs(report);
+}
+
+// Runs a suite; with --report, runs it for its JSON rows, prints them (as JSON with --json, as a
+// table otherwise) and writes the page. The anchors are read first, so a bad file costs no run.
+int run_reported(const std::string& suite, const report_options& r, bool& json, const std::function<int(std::ostream&)>& run) {
+  if (r.path.empty()) return run(std::cout);
+  std::vector<std::pair<std::string, std::vector<bench_row>>> anchors;
+  try {
+    troupe::check_report_path(r.path);
+    for (const auto& spec : r.anchors) {
+      const auto eq = spec.find('=');
+      const std::string file = eq == std::string::npos ? spec : spec.substr(eq + 1);
+      std::string name = eq == std::string::npos ? file.substr(file.find_last_of('/') + 1) : spec.substr(0, eq);
+      std::ifstream in(file, std::ios::binary);
+      if (!in) throw std::invalid_argument("cannot read the anchor's rows " + file);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      auto rows = parse_bench_rows(text, file);
+      if (rows.empty()) throw std::invalid_argument("the anchor's file " + file + " holds no benchmark rows");
+      anchors.emplace_back(std::move(name), std::move(rows));
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "troupe bench " << suite << ": " << e.what() << "\n";
+    return 1;
+  }
+  const bool asked_json = json;
+  json = true;
+  std::ostringstream rows_text;
+  const int rc = run(rows_text);
+  if (asked_json) std::cout << rows_text.str() << std::flush;
+  try {
+    const auto rows = parse_bench_rows(rows_text.str(), "troupe bench " + suite);
+    if (!asked_json) print_bench_rows(std::cout, rows);
+    write_bench_report(r.path, suite, rows, anchors);
+  } catch (const std::exception& e) {
+    std::cerr << "troupe bench " << suite << ": " << e.what() << "\n";
+    return 1;
+  }
+  return rc;
+}
+
+}  // namespace
 
 void add_bench_command(CLI::App& app, int& rc) {
   auto* bench = app.add_subcommand("bench", "run a benchmark suite");
@@ -23,7 +87,11 @@ void add_bench_command(CLI::App& app, int& rc) {
   actors->add_option("--only", opts->only, only_help);
   actors->add_option("--threads", opts->threads, "worker threads (default: hardware threads)")
       ->check(CLI::Range(0, 4096));
-  actors->callback([opts, &rc] { rc = troupe::bench::run_actors(*opts, std::cout); });
+  auto actors_report = std::make_shared<report_options>();
+  add_report_options(actors, *actors_report);
+  actors->callback([opts, actors_report, &rc] {
+    rc = run_reported("actors", *actors_report, opts->json, [&](std::ostream& out) { return troupe::bench::run_actors(*opts, out); });
+  });
 
   auto remote_opts = std::make_shared<troupe::bench::remote_options>();
   auto* remote = bench->add_subcommand("remote", "two processes on loopback: remote actor calls (sync, async, bulk), remote spawns and failover beside raw TCP ping-pong");
@@ -33,10 +101,14 @@ void add_bench_command(CLI::App& app, int& rc) {
   for (auto* n = troupe::bench::remote_bench_names(); *n; ++n) remote_only += std::string(" ") + *n;
   remote->add_option("--only", remote_opts->only, remote_only);
   remote->add_option("--peer", remote_opts->peer)->group("");  // the peer process started by the suite
-  remote->callback([remote_opts, &rc] {
+  auto remote_report = std::make_shared<report_options>();
+  add_report_options(remote, *remote_report);
+  remote->callback([remote_opts, remote_report, &rc] {
     quiet_info_logs();
-    rc = remote_opts->peer.empty() ? troupe::bench::run_remote(*remote_opts, std::cout)
-                                   : troupe::bench::run_remote_peer(*remote_opts);
+    rc = remote_opts->peer.empty()
+             ? run_reported("remote", *remote_report, remote_opts->json,
+                            [&](std::ostream& out) { return troupe::bench::run_remote(*remote_opts, out); })
+             : troupe::bench::run_remote_peer(*remote_opts);
   });
 
   auto nn_opts = std::make_shared<troupe::bench::options>();
@@ -44,7 +116,11 @@ void add_bench_command(CLI::App& app, int& rc) {
   nn->add_flag("--json", nn_opts->json, "one JSON object per line");
   nn->add_flag("--quick", nn_opts->quick, "shorter timings (for CI)");
   nn->add_option("--only", nn_opts->only, "gemm, train, or one GEMM shape");
-  nn->callback([nn_opts, &rc] { rc = troupe::bench::run_nn(*nn_opts, std::cout); });
+  auto nn_report = std::make_shared<report_options>();
+  add_report_options(nn, *nn_report);
+  nn->callback([nn_opts, nn_report, &rc] {
+    rc = run_reported("nn", *nn_report, nn_opts->json, [&](std::ostream& out) { return troupe::bench::run_nn(*nn_opts, out); });
+  });
 
   auto pipeline_opts = std::make_shared<troupe::bench::pipeline_options>();
   auto* pipe = bench->add_subcommand(
@@ -60,7 +136,12 @@ void add_bench_command(CLI::App& app, int& rc) {
   pipe->add_option("--microbatches", pipeline_opts->microbatches, "microbatches per step (divides --batch)")
       ->capture_default_str()->check(CLI::Range(1, 4096));
   pipe->add_option("--ranks", pipeline_opts->ranks, "pipeline ranks")->capture_default_str()->check(CLI::Range(1, 64));
-  pipe->callback([pipeline_opts, &rc] { rc = troupe::bench::run_pipeline(*pipeline_opts, std::cout); });
+  auto pipeline_report = std::make_shared<report_options>();
+  add_report_options(pipe, *pipeline_report);
+  pipe->callback([pipeline_opts, pipeline_report, &rc] {
+    rc = run_reported("pipeline", *pipeline_report, pipeline_opts->json,
+                      [&](std::ostream& out) { return troupe::bench::run_pipeline(*pipeline_opts, out); });
+  });
 
   auto optim_opts = std::make_shared<troupe::bench::optim_options>();
   auto* optim = bench->add_subcommand("optim", "fused optimizer steps per state storage, against memory bandwidth");
@@ -77,13 +158,16 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "first moment fp32): rows with an \"options\" field");
   optim->add_option("--device", optim_opts->device, "cpu, cuda or cuda:N: where parameters and state live")
       ->capture_default_str();
-  optim->callback([optim_opts, quick, params, tensors, steps, &rc] {
+  auto optim_report = std::make_shared<report_options>();
+  add_report_options(optim, *optim_report);
+  optim->callback([optim_opts, optim_report, quick, params, tensors, steps, &rc] {
     if (*quick) {  // the CI sizes, where not given explicitly
       if (params->count() == 0) optim_opts->params = 1'000'000;
       if (tensors->count() == 0) optim_opts->tensors = 10;
       if (steps->count() == 0) optim_opts->steps = 3;
     }
-    rc = troupe::bench::run_optim(*optim_opts, std::cout);
+    rc = run_reported("optim", *optim_report, optim_opts->json,
+                      [&](std::ostream& out) { return troupe::bench::run_optim(*optim_opts, out); });
   });
 }
 

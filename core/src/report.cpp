@@ -172,6 +172,60 @@ std::string render_histogram_svg(const std::string& title, const std::string& x_
   return s + "</svg>";
 }
 
+std::string render_bar_svg(const bar_chart& c) {
+  const std::size_t n = c.series.size();
+  double hi = 0;
+  for (const auto& g : c.groups) {
+    if (g.values.size() != n)
+      throw std::invalid_argument("render_bar_svg: group '" + g.label + "' has " + std::to_string(g.values.size()) +
+                                  " values for " + std::to_string(n) + " series");
+    for (double v : g.values)
+      if (std::isfinite(v) && v > hi) hi = v;
+  }
+  const int bar = 14, gap = 10, label_width = 240, top = 32;
+  const int rows_height = static_cast<int>(c.groups.size()) * (static_cast<int>(n) * bar + gap);
+  const int legend = static_cast<int>(n) * 16;
+  const int height = top + rows_height + 40 + legend;
+  std::string s = svg_open(c.width, height, c.title);
+  if (hi <= 0) {
+    s += "<text x=\"" + std::to_string(c.width / 2) + "\" y=\"" + std::to_string(height / 2) +
+         "\" text-anchor=\"middle\" fill=\"#888\">no positive values to draw</text></svg>";
+    return s;
+  }
+  double lo = 0;
+  const auto t = ticks(lo, hi);
+  frame f{0, hi, 0, 1, static_cast<double>(label_width), static_cast<double>(c.width - 70), static_cast<double>(top),
+          static_cast<double>(top + rows_height)};
+  for (double v : t)
+    s += "<line x1=\"" + coord(f.px(v)) + "\" y1=\"" + coord(f.top) + "\" x2=\"" + coord(f.px(v)) + "\" y2=\"" +
+         coord(f.bottom) + "\" stroke=\"#eee\"/><text x=\"" + coord(f.px(v)) + "\" y=\"" + coord(f.bottom + 16) +
+         "\" text-anchor=\"middle\">" + number(v) + "</text>";
+  s += "<text x=\"" + coord((f.left + f.right) / 2) + "\" y=\"" + coord(f.bottom + 32) + "\" text-anchor=\"middle\">" +
+       html_escape(c.value_label) + "</text>";
+  int y = top;
+  for (const auto& g : c.groups) {
+    s += "<text x=\"" + std::to_string(label_width - 8) + "\" y=\"" + std::to_string(y + static_cast<int>(n) * bar / 2 + 4) +
+         "\" text-anchor=\"end\">" + html_escape(g.label) + "</text>";
+    for (std::size_t k = 0; k < n; ++k, y += bar) {
+      const double v = g.values[k];
+      if (!std::isfinite(v) || v < 0) continue;
+      s += "<rect x=\"" + coord(f.left) + "\" y=\"" + std::to_string(y + 1) + "\" width=\"" + coord(f.px(v) - f.left) +
+           "\" height=\"" + std::to_string(bar - 2) + "\" fill=\"" + palette[k % std::size(palette)] + "\"/><text x=\"" +
+           coord(f.px(v) + 4) + "\" y=\"" + std::to_string(y + bar - 3) + "\" font-size=\"10\">" + report_number(v) + "</text>";
+    }
+    y += gap;
+  }
+  s += "<line x1=\"" + coord(f.left) + "\" y1=\"" + coord(f.top) + "\" x2=\"" + coord(f.left) + "\" y2=\"" +
+       coord(f.bottom) + "\" stroke=\"#888\"/>";
+  for (std::size_t k = 0; k < n; ++k) {
+    const int ly = top + rows_height + 40 + static_cast<int>(k) * 16;
+    s += "<rect x=\"" + std::to_string(label_width) + "\" y=\"" + std::to_string(ly) + "\" width=\"12\" height=\"10\" fill=\"" +
+         palette[k % std::size(palette)] + "\"/><text x=\"" + std::to_string(label_width + 18) + "\" y=\"" + std::to_string(ly + 9) +
+         "\">" + html_escape(c.series[k]) + "</text>";
+  }
+  return s + "</svg>";
+}
+
 report::report(std::string title) : title_(std::move(title)) {}
 
 void report::heading(std::string_view text) { body_ += "<h2>" + html_escape(text) + "</h2>\n"; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The HTML reports of `--report FILE.html`: troupe fedsim (one run and clients of different
-# architectures) and troupe train (with a pipeline's schedule) write one self-contained page —
+# architectures), troupe train (with a pipeline's schedule) and troupe bench (its rows beside an
+# anchor's, as bar charts) write one self-contained page —
 # inline SVG charts with a point per evaluation, no script, nothing fetched — that parses as
 # XML-clean SVG inside HTML; a report path that cannot be written is refused before the run.
 # When Chromium is installed, it loads each page headless and takes a screenshot (kept in
@@ -51,6 +52,27 @@ grep -q 'mlp:784-8-10' hetero.html || fail "the heterogeneous report does not na
 check_page train.html 4
 grep -q 'Pipeline schedule 1f1b' train.html || fail "the train report has no schedule"
 
+# A benchmark's rows beside an anchor's (here an earlier run of the same workloads): every row
+# finds its anchor row, and each ratio is printed.
+"$troupe" bench nn --quick --only gemm --json > before.jsonl
+"$troupe" bench nn --quick --only gemm --report bench.html --anchor earlier=before.jsonl > bench.txt
+check_page bench.html 1
+[[ $(grep -c '{' before.jsonl) -ge 2 ]] || fail "the anchor run wrote fewer than two rows"
+[[ $(wc -l < bench.txt) -eq $(grep -c '{' before.jsonl) ]] || fail "without --json the rows are not printed as a table: $(cat bench.txt)"
+python3 - bench.html "$(grep -c '{' before.jsonl)" <<'PY' || fail "the bench report does not put each row beside its anchor"
+import re, sys
+page, n = open(sys.argv[1]).read(), int(sys.argv[2])
+assert '<th>troupe / earlier</th>' in page
+rows = re.findall(r'<tr><td>.*?</tr>', page, flags=re.S)
+assert len(rows) == n, (len(rows), n)
+for r in rows:
+    cells = re.findall(r'<td>(.*?)</td>', r)
+    assert float(cells[-1]) > 0, cells
+PY
+printf '{"suite":"nn","bench":"gemm"}\n' > broken.jsonl
+if "$troupe" bench nn --quick --only gemm --report b.html --anchor broken.jsonl 2>err >/dev/null; then fail "accepted an anchor row without a value"; fi
+grep -q 'broken.jsonl line 1' err || fail "the refusal of a bad anchor says: $(cat err)"
+
 if "$troupe" fedsim --rounds 1 --report "$work/missing/dir/r.html" 2>err >/dev/null; then fail "accepted an unwritable report path"; fi
 grep -q -- "--report $work/missing/dir/r.html" err || fail "the refusal says: $(cat err)"
 if "$troupe" fedsim --vertical 2 --report r.html 2>err >/dev/null; then fail "accepted --report with --vertical"; fi
@@ -59,7 +81,7 @@ browser=$(command -v chromium || command -v chromium-browser || true)
 if [[ -z $browser ]]; then
   echo "reports.sh: Chromium is not installed: the pages were not loaded in a browser (skipped)"
 else
-  for page in fedsim hetero train; do
+  for page in fedsim hetero train bench; do
     "$browser" --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1000,1600 \
       --screenshot="$work/$page.png" "file://$work/$page.html" >/dev/null 2>&1 || fail "Chromium could not load $page.html"
     [[ -s $page.png ]] || fail "Chromium took no screenshot of $page.html"

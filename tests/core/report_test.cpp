@@ -116,5 +116,24 @@ TEST(Report, NumbersKeepFourDigitsAndWholeThousands) {
   EXPECT_EQ(report_number(18550.4), "18550");
   EXPECT_EQ(report_number(NAN), "n/a");
 }
+TEST(Report, BarChartDrawsABarPerFiniteValueOnAScaleFromZero) {
+  bar_chart c{"ops <per> second", "ops/s", {"troupe", "<i>anchor</i>"}, {}};
+  c.groups.push_back({"ring", {200, 100}});
+  c.groups.push_back({"fan-out", {50, NAN}});
+  const std::string svg = render_bar_svg(c);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  // Three bars and two legend swatches.
+  EXPECT_EQ(count(svg, "<rect"), 5u);
+  EXPECT_NE(svg.find("&lt;i&gt;anchor&lt;/i&gt;"), std::string::npos);
+  EXPECT_EQ(svg.find("<i>"), std::string::npos);
+  // The scale starts at the labels' edge (240 px) and 200 reaches the right end (720 - 70):
+  // the bar of 100 is half as wide as that of 200.
+  EXPECT_NE(svg.find("x=\"240.0\" y=\"33\" width=\"410.0\""), std::string::npos) << svg;
+  EXPECT_NE(svg.find("width=\"205.0\""), std::string::npos);
+  c.groups.push_back({"short", {1}});
+  EXPECT_THROW(render_bar_svg(c), std::invalid_argument);
+  EXPECT_NE(render_bar_svg({"empty", "x", {"a"}, {}}).find("no positive values"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace troupe

@@ -48,6 +48,22 @@ std::string render_svg(const line_chart& chart);
 std::string render_histogram_svg(const std::string& title, const std::string& x_label, const std::vector<double>& values,
                                  double lo, double hi, int bins = 20);
 
+/// A bar chart: horizontal bars, one row of bars per group, one bar per series in the series'
+/// colours, on a common linear scale from zero; each bar labelled with its value. A value that is
+/// not finite or is negative draws no bar.
+struct bar_group {
+  std::string label;
+  std::vector<double> values;  ///< one per series
+};
+struct bar_chart {
+  std::string title, value_label;
+  std::vector<std::string> series;
+  std::vector<bar_group> groups;
+  int width = 720;
+};
+/// Throws std::invalid_argument when a group has not one value per series.
+std::string render_bar_svg(const bar_chart& chart);
+
 class report {
 public:
   explicit report(std::string title);
