@@ -6,7 +6,7 @@
 #   make bench   run the benchmark suites (and the CAF anchor side by side when installed)
 #   make tsan    build and run the actor runtime's and the pipeline runtime's tests under ThreadSanitizer
 #   make asan    build and run the unit tests under AddressSanitizer + UBSan
-#   make fuzz    build the frame decoder's, load_npz's and the PSI decoder's libFuzzer targets with clang and run
+#   make fuzz    build the frame decoder's, load_npz's, the PSI decoder's and the HTTP router's libFuzzer targets with clang and run
 #                each (FUZZ_SECONDS apiece, 60)
 #   make package build everything and make the Debian packages libtroupe-dev and troupe in
 #                $(BUILD)/ (CPack; install them with apt install ./build/*.deb)
@@ -119,6 +119,15 @@ fuzz: deps $(FUZZ_BUILD)/CMakeCache.txt
 	  $(FUZZ_BUILD)/bin/psi_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=2049 -rss_limit_mb=2048 \
 	  -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/psi- \
 	  $(FUZZ_BUILD)/psi-corpus $(FUZZ_BUILD)/psi-seeds
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target http_fuzz
+	rm -rf $(FUZZ_BUILD)/http-seeds && mkdir -p $(FUZZ_BUILD)/http-seeds $(FUZZ_BUILD)/http-corpus
+	printf 'GET\n/api/state?a=1&b=%%20\nBearer fuzz-token-0123456789\n\n' >$(FUZZ_BUILD)/http-seeds/bearer
+	printf 'POST\n/login\n\na=1; troupe_session=abc\ntoken=fuzz-token-0123456789' >$(FUZZ_BUILD)/http-seeds/login
+	printf 'GET\n/%%zz\nBasic x\n\n' >$(FUZZ_BUILD)/http-seeds/bad-escape
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(FUZZ_BUILD)/bin/http_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=2048 \
+	  -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/http- \
+	  $(FUZZ_BUILD)/http-corpus $(FUZZ_BUILD)/http-seeds
 
 clean:
 	rm -rf $(BUILD) $(TSAN_BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

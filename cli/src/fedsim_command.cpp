@@ -13,6 +13,7 @@
 #include <troupe/federated/simulation.hpp>
 
 #include "commands.hpp"
+#include "dashboard_option.hpp"
 #include "run_report.hpp"
 #include "fedsim_decentralized.hpp"
 #include "fedsim_vertical.hpp"
@@ -29,6 +30,7 @@ struct fedsim_flags {
   bool json = false;
   bool bias_correction = false;
   std::string report;
+  dashboard_flags dashboard;
 };
 
 /// "0.8812", or "n/a" for what was not measured (the noop trainer's accuracy, the training loss
@@ -226,6 +228,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       ->capture_default_str()->needs(decentralized);
   cmd->add_flag("--json", f->json, "one JSON object per evaluated round and a final summary");
   cmd->add_option("--report", f->report, "also write a self-contained HTML report (charts per round) to this file");
+  add_dashboard_options(cmd, f->dashboard, false);
   cmd->callback([f, cmd, &rc] {
     auto fail = [&](const std::string& why) {
       std::fprintf(stderr, "troupe fedsim: %s\n", why.c_str());
@@ -268,6 +271,13 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         troupe::check_report_path(f->report);
       } catch (const std::exception& e) {
         fail(e.what());
+        return;
+      }
+    }
+    if (!f->dashboard.where.empty()) {
+      const char* other = f->vertical.parties > 0 ? "--vertical" : !f->split.empty() ? "--split" : !f->decentralized.empty() ? "--decentralized" : !f->o.client_models.empty() ? "--client-models" : nullptr;
+      if (other) {
+        fail(std::string("--dashboard follows the rounds of a federated run with one server model; it cannot combine with ") + other);
         return;
       }
     }
@@ -332,11 +342,18 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       return;
     }
     try {
+      auto board = open_dashboard(f->dashboard, run_dashboard_token(f->dashboard), "troupe fedsim");
+      if (board) {
+        std::vector<std::pair<std::string, std::string>> options;
+        for (auto& row : fedsim_option_rows(f->o)) options.emplace_back(row[0], row[1]);
+        board->set_run("troupe fedsim", std::move(options));
+      }
       troupe::chart_book charts;
       int empty_rounds = 0;  // rounds in which no update arrived (all late or failed)
       std::size_t alarms_since_eval = 0;  // drift alarms in the rounds since the last evaluated one
       auto s = troupe::federated::run_simulation(f->o, [&](const troupe::federated::progress& p) {
         const int r = p.round->round;
+        if (board) show_round(*board, p);
         if (p.round->aborted.empty() && p.round->sampled > 0 && p.round->participants == 0) ++empty_rounds;
         if (!p.round->aborted.empty()) {
           if (tty) std::fprintf(stderr, "\r\033[K");

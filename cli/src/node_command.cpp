@@ -9,11 +9,13 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "dashboard_option.hpp"
 #include "troupe/actors/remote.hpp"
 
 namespace troupe::cli {
@@ -46,6 +48,7 @@ struct node_args {
   std::vector<std::string> libraries;
   std::vector<std::string> labels;
   std::string tls_certificate, tls_private_key, tls_ca;
+  dashboard_flags dashboard;
 };
 
 int start_node(const node_args& a) {
@@ -62,6 +65,10 @@ int start_node(const node_args& a) {
   if (a.heartbeat_ms >= a.timeout_ms) {
     std::cerr << "troupe node start: --heartbeat-ms " << a.heartbeat_ms << " must be below --node-timeout-ms "
               << a.timeout_ms << "\n";
+    return 1;
+  }
+  if (!a.dashboard.where.empty() && !a.head) {
+    std::cerr << "troupe node start: --dashboard serves the cluster's dashboard from the head: give it with --head\n";
     return 1;
   }
   // Libraries declare the classes (TROUPE_REMOTE) this node can host.
@@ -86,7 +93,21 @@ int start_node(const node_args& a) {
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   try {
-    run_node(cfg, [] { return stop_signal.load(); });
+    if (a.dashboard.where.empty()) {
+      run_node(cfg, [] { return stop_signal.load(); });
+    } else {
+      // The head with its dashboard: run_node's loop (a head has no head to lose), and the
+      // dashboard asks this head for the status as `troupe status` does, with the cluster's
+      // token, which it also requires of its visitors.
+      const std::string token = a.token.empty() ? std::string(env_token) : a.token;
+      actor_system sys(cfg);
+      auto board = open_dashboard(a.dashboard, token, "troupe cluster");
+      const std::string host = a.host == "0.0.0.0" || a.host == "::" ? "127.0.0.1" : a.host;
+      board->watch_cluster(host + ":" + std::to_string(sys.node_port()), token);
+      std::printf("{\"node\":%u,\"port\":%u}\n", static_cast<unsigned>(sys.node()), static_cast<unsigned>(sys.node_port()));
+      std::fflush(stdout);
+      while (!stop_signal.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   } catch (const std::exception& e) {
     std::cerr << "troupe node start: " << e.what() << "\n";
     return 1;
@@ -166,6 +187,7 @@ void add_node_command(CLI::App& app, int& rc) {
   start->add_option("--tls-cert", a->tls_certificate, "PEM certificate: TLS on every connection (default: $TROUPE_TLS_CERTIFICATE)");
   start->add_option("--tls-key", a->tls_private_key, "PEM private key of the certificate (default: $TROUPE_TLS_PRIVATE_KEY)");
   start->add_option("--tls-ca", a->tls_ca, "PEM CA file peers' certificates must chain to (default: $TROUPE_TLS_CA)");
+  add_dashboard_options(start, a->dashboard, true);
   start->callback([a, &rc] { rc = start_node(*a); });
 
   auto address = std::make_shared<std::string>();

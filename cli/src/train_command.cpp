@@ -22,6 +22,7 @@
 #include <troupe/pipeline/simulator.hpp>
 
 #include "commands.hpp"
+#include "dashboard_option.hpp"
 
 namespace troupe::cli {
 
@@ -29,6 +30,7 @@ void add_train_command(CLI::App& app, int& rc) {
   auto o = std::make_shared<troupe::kernels::train_options>();
   auto json = std::make_shared<bool>(false);
   auto report = std::make_shared<std::string>();
+  auto dash = std::make_shared<dashboard_flags>();
   struct pipeline_flags {
     std::string schedule, head;
     int ranks = 2, microbatches = 4, virtual_stages = 0;
@@ -55,6 +57,7 @@ void add_train_command(CLI::App& app, int& rc) {
   cmd->add_option("--load", o->load, "start from the weights in this file");
   cmd->add_flag("--json", *json, "print a final summary line as JSON");
   cmd->add_option("--report", *report, "also write a self-contained HTML report (loss and throughput per step) to this file");
+  add_dashboard_options(cmd, *dash, false);
   auto* schedule = cmd->add_option("--pipeline", pipe->schedule,
                                    "train with the pipeline runtime: one stage actor per rank, this schedule (gpipe, "
                                    "1f1b, interleaved-1f1b, zb-h1, zb-v, ...); the model's linear layers are cut "
@@ -77,10 +80,20 @@ void add_train_command(CLI::App& app, int& rc) {
                   "run the ranks on the other nodes of the cluster whose head is at HOST:PORT (`troupe node "
                   "start`); this process joins it, with the token in TROUPE_CLUSTER_TOKEN")
       ->needs(schedule);
-  cmd->callback([o, json, pipe, report, &rc] {
+  cmd->callback([o, json, pipe, report, dash, &rc] {
     const bool tty = isatty(STDERR_FILENO);
     try {
       if (!report->empty()) troupe::check_report_path(*report);
+      auto board = open_dashboard(*dash, run_dashboard_token(*dash), "troupe train");
+      if (board) {
+        std::vector<std::pair<std::string, std::string>> rows = {
+            {"model", o->model}, {"dataset", o->dataset}, {"optimizer", o->optimizer + " (" + o->state + ")"},
+            {"epochs", std::to_string(o->epochs)}, {"batch", std::to_string(o->batch)}};
+        if (!pipe->schedule.empty())
+          rows.emplace_back("pipeline", pipe->schedule + ", " + std::to_string(pipe->ranks) + " ranks, " +
+                                            std::to_string(pipe->microbatches) + " microbatches");
+        board->set_run("troupe train", std::move(rows));
+      }
       troupe::chart_book charts;
       std::string schedule_svg;
       // The pipeline's stage actors, when asked for; otherwise the model trains in this thread.
@@ -96,7 +109,7 @@ void add_train_command(CLI::App& app, int& rc) {
           plan = troupe::pipeline::with_checkpointing(
               plan, troupe::pipeline::checkpoint_policy::parse("every:" + std::to_string(per_stage)), per_stage);
         }
-        if (!report->empty())
+        if (!report->empty() || board)
           schedule_svg = troupe::pipeline::render(plan, troupe::pipeline::simulate(plan), troupe::pipeline::render_format::svg);
         std::vector<std::uint32_t> nodes;
         if (pipe->head.empty()) {
@@ -121,9 +134,22 @@ void add_train_command(CLI::App& app, int& rc) {
           }
           std::fprintf(stderr, "pipeline %s: %d ranks on nodes %s\n", plan.name.c_str(), plan.place.ranks, where.c_str());
         }
+        if (board) board->set_schedule_svg(schedule_svg);
         engine = troupe::pipeline::pipeline_engine(*sys, std::move(plan), std::move(nodes));
       }
       auto result = troupe::kernels::train(*o, [&](const troupe::kernels::train_progress& p) {
+        if (board && p.steps > 0) {
+          // The same thinning as the report's (about 200 points per epoch); the figures every step.
+          const std::int64_t every = std::max<std::int64_t>(1, p.steps / 200);
+          const double x = (p.epoch - 1) + static_cast<double>(p.step) / static_cast<double>(p.steps);
+          if (!p.epoch_done && (p.step % every == 0 || p.step == p.steps)) {
+            board->add_point("training loss", "running mean over the epoch", x, p.loss, "epoch", "loss");
+            board->add_point("throughput", "samples per second", x, p.samples_per_s, "epoch", "samples/s");
+            board->set_figure("samples per second", p.samples_per_s, "training samples per second so far in the epoch");
+            board->set_figure("epoch", x, "epochs done of " + std::to_string(o->epochs));
+          }
+          if (p.epoch_done) board->add_point("test accuracy per epoch", "test accuracy", p.epoch, p.test_accuracy, "epoch", "accuracy");
+        }
         if (!report->empty() && p.steps > 0) {
           // At most about 200 points per epoch: every k-th step, and the epoch's last.
           const std::int64_t every = std::max<std::int64_t>(1, p.steps / 200);

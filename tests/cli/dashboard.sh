@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The live dashboard of `troupe node start --head --dashboard` and `troupe fedsim --dashboard`:
+# a head serves it on loopback with the cluster's token required; a worker joins with a kv store
+# named `<img src=x onerror=alert(1)>`; the API and /metrics list both nodes and the name,
+# escaped; bad --dashboard flags are refused. When Chromium is installed, it signs in through the
+# login page, waits for the node list and a live update, checks that the name shows as text and
+# that nothing ran, and takes a screenshot (into $TROUPE_DASHBOARD_SHOT when set); otherwise that
+# part says it is skipped.
+#
+#   tests/cli/dashboard.sh PATH/TO/troupe PATH/TO/remote_test_node
+set -euo pipefail
+troupe=$(realpath "${1:?usage: $0 PATH/TO/troupe PATH/TO/remote_test_node}")
+worker=$(realpath "${2:?usage: $0 PATH/TO/troupe PATH/TO/remote_test_node}")
+here=$(cd "$(dirname "$0")" && pwd)
+name=dashboard.sh
+source "$here/../nodes_lib.sh"
+export TROUPE_CLUSTER_TOKEN=dashboard-test-token
+export TROUPE_LOG_LEVEL=warn
+hostile='<img src=x onerror=alert(1)>'
+auth=(-H "Authorization: Bearer $TROUPE_CLUSTER_TOKEN")
+
+start_head "$troupe" --dashboard 0
+wait_for "$dir/head.err" '^dashboard: http'
+url=$(sed -n 's/^dashboard: \(http[^ ]*\).*/\1/p' "$dir/head.err")
+url=${url%/}
+[[ $url == http://127.0.0.1:* ]] || fail "the dashboard does not listen on loopback: $url"
+
+# The worker runs until its standard input closes: this script holds the pipe open.
+mkfifo "$dir/worker.in"
+exec 3<>"$dir/worker.in"
+"$worker" --head "127.0.0.1:$port" --token "$TROUPE_CLUSTER_TOKEN" --name "$hostile" --label worker \
+  <"$dir/worker.in" >"$dir/worker" 2>"$dir/worker.err" &
+pids+=($!)
+wait_for "$dir/worker" '"node":2'
+
+code() { curl -s -o /dev/null -w '%{http_code}' "$@"; }
+[[ $(code "$url/api/state") == 401 ]] || fail "the API answered without the token"
+[[ $(code -H "Authorization: Bearer wrong" "$url/metrics") == 401 ]] || fail "the API answered a wrong token"
+[[ $(code "$url/login") == 200 ]] || fail "no login page"
+[[ $(code "${auth[@]}" "$url/nope") == 404 ]] || fail "an unknown path did not get 404"
+
+# The head's watcher asks for the status every second: wait until both nodes and the name show.
+for _ in $(seq 100); do
+  curl -s "${auth[@]}" "$url/api/state" >"$dir/state.json"
+  grep -q 'onerror' "$dir/state.json" && grep -q '"node":2' "$dir/state.json" && break
+  sleep 0.1
+done
+python3 - "$dir/state.json" "$hostile" <<'PY' || fail "the state is not as expected: $(head -c 3000 "$dir/state.json")"
+import json, sys
+raw = open(sys.argv[1]).read()
+assert "<" not in raw and ">" not in raw, "markup characters in the JSON"
+s = json.loads(raw)
+assert [n["node"] for n in s["nodes"]] == [1, 2], s["nodes"]
+assert all(n["alive"] for n in s["nodes"])
+assert s["nodes"][1]["labels"] == ["worker"]
+assert any(a["name"] == sys.argv[2] for a in s["actors"]), "the named actor is missing"
+assert any(t["count"] >= 1 for t in s["actor_types"])
+PY
+curl -s "${auth[@]}" "$url/metrics" >"$dir/metrics"
+grep -q '^# TYPE troupe_actor_mailbox_depth gauge$' "$dir/metrics" || fail "no mailbox depths in /metrics"
+grep -q "^troupe_actor_mailbox_depth{node=\"2\",id=\"[0-9]*\",type=\"[^\"]*\",name=\"$hostile\"} 0$" "$dir/metrics" ||
+  fail "/metrics lacks the named actor: $(grep mailbox_depth "$dir/metrics")"
+grep -q '^troupe_node_up{node="2",address="127.0.0.1:[0-9]*"} 1$' "$dir/metrics" || fail "/metrics lacks the worker"
+
+# Refusals: a dashboard on a node that is not the head, a bad port, flags that cannot combine.
+if "$troupe" node start --address "127.0.0.1:$port" --dashboard 0 >/dev/null 2>"$dir/err"; then fail "a worker served a dashboard"; fi
+grep -q -- "--dashboard serves the cluster's dashboard from the head" "$dir/err" || fail "the refusal says: $(cat "$dir/err")"
+if timeout 20 "$troupe" fedsim --rounds 1 --dashboard 70000 >/dev/null 2>"$dir/err"; then fail "port 70000 was accepted"; fi
+grep -q -- "--dashboard: the port of 70000 is not a number from 0 to 65535" "$dir/err" || fail "the refusal says: $(cat "$dir/err")"
+if "$troupe" fedsim --vertical 2 --dashboard 0 >/dev/null 2>"$dir/err"; then fail "--dashboard with --vertical ran"; fi
+grep -q -- "--dashboard follows the rounds of a federated run with one server model; it cannot combine with --vertical" "$dir/err" ||
+  fail "the refusal says: $(cat "$dir/err")"
+if "$troupe" fedsim --dashboard-token x >/dev/null 2>&1; then fail "--dashboard-token without --dashboard ran"; fi
+
+# A federated run's dashboard, read while it runs: the curves per round and their metrics.
+TROUPE_DASHBOARD_TOKEN= "$troupe" fedsim --clients 20 --per-round 4 --rounds 100000 --eval-every 2 --dashboard 0 \
+  >"$dir/fedsim" 2>"$dir/fedsim.err" &
+fedsim=$!
+pids+=($fedsim)
+wait_for "$dir/fedsim.err" '^dashboard: http'
+run_url=$(sed -n 's/^dashboard: \(http[^ ]*\).*/\1/p' "$dir/fedsim.err")
+run_url=${run_url%/}
+for _ in $(seq 200); do
+  curl -s "$run_url/api/run" >"$dir/run.json" || true
+  grep -q '"test accuracy per round"' "$dir/run.json" && break
+  sleep 0.1
+done
+python3 - "$dir/run.json" <<'PY' || fail "the run's state is not as expected: $(head -c 2000 "$dir/run.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["kind"] == "troupe fedsim"
+titles = [c["title"] for c in r["charts"]]
+assert "test accuracy per round" in titles and "clients per round" in titles, titles
+sampled = next(s for c in r["charts"] if c["title"] == "clients per round" for s in c["series"] if s["name"] == "sampled")
+assert all(p[1] == 4 for p in sampled["points"]), sampled
+assert any(f["name"] == "rounds per second" for f in r["figures"])
+PY
+curl -s "$run_url/metrics" | grep -q '^troupe_run_value{chart="test accuracy per round",series="test accuracy"} ' ||
+  fail "the run's /metrics lacks its accuracy"
+kill "$fedsim"
+
+browser=$(command -v chromium || command -v chromium-browser || true)
+if [[ -z $browser ]]; then
+  echo "dashboard.sh: Chromium is not installed: the dashboard was not loaded in a browser (skipped)"
+else
+  python3 "$here/dashboard_browser.py" "$browser" "$url" "$TROUPE_CLUSTER_TOKEN" "$hostile" "${TROUPE_DASHBOARD_SHOT:-}" ||
+    fail "the browser check failed"
+fi
+echo "dashboard.sh: ok"
