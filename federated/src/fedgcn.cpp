@@ -258,10 +258,10 @@ int parse_graph_spec(const std::string& spec) {
 void check_graph_options(const graph_options& g) {
   const auto& o = g.base;
   if (g.k < 1 || g.k > 1000) throw std::invalid_argument("--graph knn:K: K must be in 1..1000");
-  if (g.depth < 1 || g.depth > 8) throw std::invalid_argument("the graph's propagation depth must be in 1..8");
+  if (g.depth < 0 || g.depth > 8) throw std::invalid_argument("--graph-depth " + std::to_string(g.depth) + ": must be in 0..8");
   if (g.hops < 0 || g.hops > g.depth)
     throw std::invalid_argument("--graph-hops " + std::to_string(g.hops) + ": must be in 0.." + std::to_string(g.depth) +
-                                " (SGC propagates " + std::to_string(g.depth) + " times)");
+                                " (at most --graph-depth, the propagations SGC makes)");
   if (!(g.beta > 0) || !std::isfinite(g.beta)) throw std::invalid_argument("--graph-beta must be a positive number");
   if (g.labelled < 1) throw std::invalid_argument("--graph-labelled must be at least 1");
   if (g.components < 1) throw std::invalid_argument("the PCA needs at least one component");

@@ -13,14 +13,15 @@
 ///              index), the products by BLAS in blocks of rows (kernels/gemm.hpp), never the
 ///              whole n x n; symmetrized (an edge where either names the other), with self
 ///              loops: Â = D^-1/2 (A + I) D^-1/2, D the degrees of A + I
-///   SGC        softmax(Â² X W): a linear model (one kernels:: linear layer) on Â² X
+///   SGC        softmax(Â^K X W), K = `depth` (2 by default): a linear model (one kernels:: linear
+///              layer) on Â^K X; K = 0 is the same model without the graph
 ///   clients    nodes are assigned to clients by Dirichlet(beta) over their labels; each client
 ///              knows its nodes' features and edges (cross-client edges included)
-///   FedGCN     `hops` (0, 1 or 2) propagations are exchanged: each client sends the server, for
+///   FedGCN     `hops` (0..K) propagations are exchanged: each client sends the server, for
 ///              every node it knows (its own and their neighbours), the sum of its own nodes'
 ///              x_j / sqrt(d_j) over that node's closed neighbourhood; the server adds the clients'
 ///              sums and sends each client those of its own nodes, which it scales by
-///              1 / sqrt(d_i): (Â H)_i exactly, whatever the partition. The remaining 2 - hops
+///              1 / sqrt(d_i): (Â H)_i exactly, whatever the partition. The remaining K - hops
 ///              propagations run inside each client, on the edges between its own nodes (degrees
 ///              counted there): hops 0 drops every cross-client edge.
 ///
@@ -133,10 +134,10 @@ int parse_graph_spec(const std::string& spec);
 struct graph_options {
   simulation_options base;  ///< clients, rounds, per round, lr, batch, seed, threads, data...
   int k = 10;               ///< --graph knn:K
-  int hops = 2;             ///< --graph-hops: FedGCN's exchanged propagations (0, 1 or 2)
+  int hops = 2;             ///< --graph-hops: FedGCN's exchanged propagations (0..depth)
   double beta = 10000;      ///< --graph-beta: Dirichlet concentration of the nodes' assignment
   std::size_t labelled = 60000;  ///< --graph-labelled: training nodes whose labels train (at most all)
-  int depth = 2;            ///< SGC's K: propagations (Â^depth X); hops <= depth
+  int depth = 2;            ///< --graph-depth: SGC's K, propagations (Â^depth X); 0: a linear model on X
   int components = 50;      ///< PCA components: the features and the graph's space
 };
 
