@@ -115,7 +115,8 @@ std::vector<float> propagate(const node_graph& g, std::span<const float> x, std:
 std::vector<double> propagate_reference(const node_graph& g, std::span<const float> x, std::int64_t dims, int depth);
 
 /// FedGCN's features, by messages between client actors and a server actor on `threads`
-/// workers: `exact_hops` exchanges, then depth - exact_hops local propagations.
+/// workers: `exact_hops` exchanges, then depth - exact_hops local propagations. Blocks until
+/// done: call it from outside actors. Throws std::invalid_argument as propagate does.
 struct fedgcn_features {
   std::vector<float> features;     ///< nodes x dims, each row as its owner computed it
   std::uint64_t uplink_bytes = 0;  ///< what the clients sent (node ids 4 bytes, sums 8 per number)
