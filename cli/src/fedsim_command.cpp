@@ -16,6 +16,7 @@
 #include "dashboard_option.hpp"
 #include "run_report.hpp"
 #include "fedsim_decentralized.hpp"
+#include "fedsim_graph.hpp"
 #include "fedsim_vertical.hpp"
 
 namespace troupe::cli {
@@ -27,6 +28,7 @@ struct fedsim_flags {
   vertical_flags vertical;
   std::string split;
   std::string decentralized, topology = "ring";
+  graph_flags graph;
   bool json = false;
   bool bias_correction = false;
   std::string report;
@@ -226,6 +228,22 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       ->check(CLI::IsMember({"gossip", "dpsgd", "allreduce"}));
   cmd->add_option("--topology", f->topology, "with --decentralized gossip|dpsgd: ring, torus, random-regular:D or complete")
       ->capture_default_str()->needs(decentralized);
+  auto* graph = cmd->add_option("--graph", f->graph.graph,
+                  "knn:K: federated graph learning: the train and test images are the nodes of their K-nearest-neighbour "
+                  "graph (cosine after PCA to 50), the test nodes unlabelled; FedGCN's exchange, then FedAvg of SGC "
+                  "(softmax(A^2 X W))");
+  cmd->add_option("--graph-hops", f->graph.hops,
+                  "with --graph: propagations FedGCN exchanges across clients (2: exact A^2 X; 1: exact A X, the second "
+                  "inside each client; 0: the edges between clients dropped; at most --graph-depth)")
+      ->capture_default_str()->check(CLI::Range(0, 8))->needs(graph);
+  cmd->add_option("--graph-depth", f->graph.depth,
+                  "with --graph: SGC's propagations K, softmax(A^K X W) (0: the same linear model without the graph)")
+      ->capture_default_str()->check(CLI::Range(0, 8))->needs(graph);
+  cmd->add_option("--graph-beta", f->graph.beta, "with --graph: nodes go to clients by Dirichlet(B) over their labels")
+      ->capture_default_str()->check(positive_number)->needs(graph);
+  cmd->add_option("--graph-labelled", f->graph.labelled,
+                  "with --graph: training nodes whose labels train (a seeded choice; the rest are unlabelled nodes)")
+      ->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{1} << 32))->needs(graph);
   cmd->add_flag("--json", f->json, "one JSON object per evaluated round and a final summary");
   cmd->add_option("--report", f->report, "also write a self-contained HTML report (charts per round) to this file");
   add_dashboard_options(cmd, f->dashboard, false);
@@ -275,11 +293,25 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       }
     }
     if (!f->dashboard.where.empty()) {
-      const char* other = f->vertical.parties > 0 ? "--vertical" : !f->split.empty() ? "--split" : !f->decentralized.empty() ? "--decentralized" : !f->o.client_models.empty() ? "--client-models" : nullptr;
+      const char* other = f->vertical.parties > 0 ? "--vertical" : !f->graph.graph.empty() ? "--graph" : !f->split.empty() ? "--split" : !f->decentralized.empty() ? "--decentralized" : !f->o.client_models.empty() ? "--client-models" : nullptr;
       if (other) {
         fail(std::string("--dashboard follows the rounds of a federated run with one server model; it cannot combine with ") + other);
         return;
       }
+    }
+    if (!f->graph.graph.empty()) {
+      if (auto why = graph_conflict(*cmd); !why.empty()) {
+        fail(why);
+        return;
+      }
+      try {
+        rc = run_fedsim_graph(f->o, f->graph, f->json);
+      } catch (const std::bad_alloc&) {
+        fail("out of memory (the graph or its features are too large for this machine)");
+      } catch (const std::exception& e) {
+        fail(e.what());
+      }
+      return;
     }
     if (!f->decentralized.empty()) {
       if (auto why = decentralized_conflict(*cmd, f->decentralized); !why.empty()) {

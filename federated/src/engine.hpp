@@ -44,6 +44,7 @@ inline constexpr std::uint64_t stream_generator = 9;               // FedGEN's g
 inline constexpr std::uint64_t stream_holdout = 10;                // --eval-clients' held-out rows
 inline constexpr std::uint64_t stream_contribution = 11;           // + round: the Shapley estimators' orders
 // 12: the drifted clients (drift.cpp)
+inline constexpr std::uint64_t stream_graph = 13;                  // the graph's nodes' clients; its stream 1: the labelled nodes (fedgcn.cpp)
 
 /// The clients' speed factors (simulation_options::latency).
 struct latency_model {
