@@ -301,7 +301,7 @@ std::string check_policy(const quote& q, const policy& p) {
   if (p.measurement) {
     if (p.measurement->size() != m.size())
       throw std::invalid_argument(std::string("the expected ") + name + " has " + std::to_string(p.measurement->size()) +
-                                  " bytes; a " + to_string(q.tee) + " quote's has " + std::to_string(m.size()));
+                                  " bytes, not the " + std::to_string(m.size()) + " of the " + to_string(q.tee) + " quote's");
     if (!std::equal(m.begin(), m.end(), p.measurement->begin()))
       return std::string(name) + " " + to_hex(m) + " is not the expected " + to_hex(*p.measurement);
   }

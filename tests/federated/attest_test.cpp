@@ -337,7 +337,7 @@ TEST(DcapPolicy, TheMeasurementMustBeTheExpectedOne) {
     EXPECT_EQ(failed_step(v), "policy");
     EXPECT_NE(v.error.find(q.tee == tee_kind::tdx ? "MRTD" : "MRENCLAVE"), std::string::npos) << v.error;
     p.measurement->pop_back();
-    expect_error<std::invalid_argument>([&] { (void)verify_quote(q, r.c, r.at, p); }, "bytes; a ");
+    expect_error<std::invalid_argument>([&] { (void)verify_quote(q, r.c, r.at, p); }, q.tee == tee_kind::tdx ? "has 47 bytes, not the 48 of the TDX quote's" : "has 31 bytes, not the 32 of the SGX quote's");
   }
 }
 
