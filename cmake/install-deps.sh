@@ -19,6 +19,7 @@ packages=(
   libzip-dev                  # NumPy .npz archives of users' own data (load_npz)
   libssl-dev                  # secure aggregation's cryptography (and TLS)
   libsodium-dev               # ristretto255: private set intersection (vertical federated learning)
+  nlohmann-json3-dev          # the DCAP attestation collateral's JSON (troupe attest verify)
   openssl                     # the command, to make test certificates for TLS
   clang libclang-rt-14-dev    # the frame decoder's fuzzer (libFuzzer, `make fuzz`)
   dpkg-dev                    # dpkg-shlibdeps: the Depends of `make package`'s troupe package
