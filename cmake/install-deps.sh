@@ -12,14 +12,13 @@ packages=(
   capnproto libcapnp-dev      # the wire format
   libspdlog-dev libfmt-dev    # logging
   libcli11-dev                # the troupe command's argument parsing
-  nlohmann-json3-dev          # reading JSON: benchmark rows for reports
   libgtest-dev libgmock-dev   # tests
   libbenchmark-dev            # micro-benchmarks
   libopenblas-dev zlib1g-dev  # GEMM, gzip'd datasets
   libzip-dev                  # NumPy .npz archives of users' own data (load_npz)
   libssl-dev                  # secure aggregation's cryptography (and TLS)
   libsodium-dev               # ristretto255: private set intersection (vertical federated learning)
-  nlohmann-json3-dev          # the DCAP attestation collateral's JSON (troupe attest verify)
+  nlohmann-json3-dev          # reading JSON: DCAP attestation collateral, benchmark rows for reports
   openssl                     # the command, to make test certificates for TLS
   clang libclang-rt-14-dev    # the frame decoder's fuzzer (libFuzzer, `make fuzz`)
   dpkg-dev                    # dpkg-shlibdeps: the Depends of `make package`'s troupe package
