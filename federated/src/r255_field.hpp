@@ -10,13 +10,13 @@
 namespace troupe::federated::r255::detail {
 
 using fe = field_element;
-using u128 = unsigned __int128;
+__extension__ typedef unsigned __int128 u128;  // __extension__: no -Wpedantic warning
 constexpr std::uint64_t mask51 = (std::uint64_t{1} << 51) - 1;
 
 inline fe fe_zero() { return {{0, 0, 0, 0, 0}}; }
 inline fe fe_one() { return {{1, 0, 0, 0, 0}}; }
 
-inline fe carry(const fe& a) {
+[[gnu::always_inline]] inline fe carry(const fe& a) {
   fe r = a;
   std::uint64_t c;
   c = r.limb[0] >> 51; r.limb[0] &= mask51; r.limb[1] += c;
@@ -33,7 +33,7 @@ inline fe add(const fe& a, const fe& b) {
 }
 
 // a + 4p - b: no limb underflows while b's limbs are below 2^53 - 76.
-inline fe sub(const fe& a, const fe& b) {
+[[gnu::always_inline]] inline fe sub(const fe& a, const fe& b) {
   constexpr std::uint64_t four_p0 = 0x1fffffffffffb4, four_pi = 0x1ffffffffffffc;
   return carry({{a.limb[0] + four_p0 - b.limb[0], a.limb[1] + four_pi - b.limb[1], a.limb[2] + four_pi - b.limb[2],
                  a.limb[3] + four_pi - b.limb[3], a.limb[4] + four_pi - b.limb[4]}});
@@ -41,7 +41,7 @@ inline fe sub(const fe& a, const fe& b) {
 
 inline fe neg(const fe& a) { return sub(fe_zero(), a); }
 
-inline fe reduce_wide(u128 r0, u128 r1, u128 r2, u128 r3, u128 r4) {
+[[gnu::always_inline]] inline fe reduce_wide(u128 r0, u128 r1, u128 r2, u128 r3, u128 r4) {
   fe out;
   r1 += static_cast<std::uint64_t>(r0 >> 51);
   out.limb[0] = static_cast<std::uint64_t>(r0) & mask51;
@@ -59,7 +59,7 @@ inline fe reduce_wide(u128 r0, u128 r1, u128 r2, u128 r3, u128 r4) {
   return out;
 }
 
-inline fe mul(const fe& a, const fe& b) {
+[[gnu::always_inline]] inline fe mul(const fe& a, const fe& b) {
   const std::uint64_t a0 = a.limb[0], a1 = a.limb[1], a2 = a.limb[2], a3 = a.limb[3], a4 = a.limb[4];
   const std::uint64_t b0 = b.limb[0], b1 = b.limb[1], b2 = b.limb[2], b3 = b.limb[3], b4 = b.limb[4];
   const std::uint64_t b1_19 = b1 * 19, b2_19 = b2 * 19, b3_19 = b3 * 19, b4_19 = b4 * 19;
@@ -71,7 +71,7 @@ inline fe mul(const fe& a, const fe& b) {
   return reduce_wide(r0, r1, r2, r3, r4);
 }
 
-inline fe sq(const fe& a) {
+[[gnu::always_inline]] inline fe sq(const fe& a) {
   const std::uint64_t a0 = a.limb[0], a1 = a.limb[1], a2 = a.limb[2], a3 = a.limb[3], a4 = a.limb[4];
   const std::uint64_t d0 = 2 * a0, d1 = 2 * a1, a3_19 = 19 * a3, a3_38 = 38 * a3, a4_19 = 19 * a4, a4_38 = 38 * a4;
   const u128 r0 = (u128)a0 * a0 + (u128)a1 * a4_38 + (u128)a2 * a3_38;

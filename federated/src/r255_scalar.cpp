@@ -10,7 +10,7 @@
 namespace troupe::federated::r255 {
 namespace {
 
-using u128 = unsigned __int128;
+__extension__ typedef unsigned __int128 u128;  // __extension__: no -Wpedantic warning
 constexpr std::uint64_t mask52 = (std::uint64_t{1} << 52) - 1;
 constexpr scalar order{{0x2631a5cf5d3ed, 0xdea2f79cd6581, 0x000000014def9, 0x0000000000000, 0x0100000000000}};
 constexpr scalar r_mod_l{{0xf48bd6721e6ed, 0x3bab5ac67e45a, 0xfffffeb35e51b, 0xfffffffffffff, 0x00fffffffffff}};
