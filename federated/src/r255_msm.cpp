@@ -17,12 +17,12 @@ namespace {
 /// ceil(253 / c) + 1 windows adds every point into one of 2^(c-1) buckets, then sums the buckets
 /// (two additions each).
 int window_for(std::size_t n) {
-  int best = 1;
+  int best = 2;
   double best_cost = 0;
-  for (int c = 1; c <= 16; ++c) {
+  for (int c = 2; c <= 16; ++c) {
     const double windows = (253 + c - 1) / c + 1;
     const double cost = windows * (static_cast<double>(n) + 2.0 * static_cast<double>(std::size_t{1} << (c - 1)));
-    if (c == 1 || cost < best_cost) {
+    if (c == 2 || cost < best_cost) {
       best = c;
       best_cost = cost;
     }
@@ -30,8 +30,9 @@ int window_for(std::size_t n) {
   return best;
 }
 
-/// The signed radix-2^c digits of s, each in [-2^(c-1), 2^(c-1)], `windows` of them.
-void signed_digits(const scalar& s, int c, int windows, std::int32_t* out) {
+/// The signed radix-2^c digits of s, each in [-2^(c-1), 2^(c-1)), `windows` of them (2 <= c <= 16:
+/// they fit 16 bits, 34 MB for a million scalars).
+void signed_digits(const scalar& s, int c, int windows, std::int16_t* out) {
   const bytes32 b = to_bytes(s);
   std::uint64_t k[5] = {0, 0, 0, 0, 0};
   for (int i = 0; i < 32; ++i) k[i / 8] |= static_cast<std::uint64_t>(b[i]) << (8 * (i % 8));
@@ -49,7 +50,7 @@ void signed_digits(const scalar& s, int c, int windows, std::int32_t* out) {
     std::int64_t d = static_cast<std::int64_t>(v) + carry;
     carry = (d + radix / 2) >> c;  // 1 when d >= 2^(c-1)
     d -= carry * radix;
-    out[w] = static_cast<std::int32_t>(d);
+    out[w] = static_cast<std::int16_t>(d);
   }
 }
 
@@ -59,11 +60,16 @@ point msm(std::span<const scalar> s, std::span<const point> p) {
   if (s.size() != p.size())
     throw std::invalid_argument("r255::msm: " + std::to_string(s.size()) + " scalars for " + std::to_string(p.size()) +
                                 " points");
+  return detail::msm_with_window(s, p, window_for(p.size()));
+}
+
+point detail::msm_with_window(std::span<const scalar> s, std::span<const point> p, int c) {
+  // c = 1 would make every digit 1 a -1 with a carry, a chain no last window ends.
+  if (c < 2 || c > 16) throw std::invalid_argument("r255::msm: window width " + std::to_string(c) + " outside [2, 16]");
   const std::size_t n = p.size();
   if (n == 0) return identity();
-  const int c = window_for(n);
   const int windows = (253 + c - 1) / c + 1;  // s < 2^253; the last window holds the final carry
-  std::vector<std::int32_t> digits(n * static_cast<std::size_t>(windows));
+  std::vector<std::int16_t> digits(n * static_cast<std::size_t>(windows));
   std::vector<cached> addend(n);
   for (std::size_t i = 0; i < n; ++i) {
     signed_digits(s[i], c, windows, &digits[i * windows]);
@@ -77,7 +83,7 @@ point msm(std::span<const scalar> s, std::span<const point> p) {
     for (int k = 0; k < c; ++k) result = dbl(result);
     std::fill(used.begin(), used.end(), 0);
     for (std::size_t i = 0; i < n; ++i) {
-      const std::int32_t d = digits[i * windows + w];
+      const int d = digits[i * windows + w];
       if (d == 0) continue;
       const std::size_t b = static_cast<std::size_t>(d > 0 ? d : -d) - 1;
       if (!used[b]) {

@@ -79,6 +79,9 @@ void radix16(const scalar& s, std::int8_t digits[64]);
 /// The width-w non-adjacent form of s: 256 digits, each zero or odd in (-2^(w-1), 2^(w-1)).
 void naf(const scalar& s, int w, std::int8_t digits[256]);
 
+/// msm() with the window width c (2 <= c <= 16) given: the tests try every width.
+point msm_with_window(std::span<const scalar> s, std::span<const point> p, int c);
+
 /// table[d - 1] = d * p for d = 1..8, in the cached form.
 void multiples_table(const point& p, cached table[8]);
 /// The constant-time multiplication over a table made by multiples_table.

@@ -4,6 +4,7 @@
 #include <sodium.h>
 
 #include <stdexcept>
+#include <vector>
 
 #include "troupe/federated/r255.hpp"
 
@@ -165,6 +166,39 @@ scalar invert(const scalar& a) {
   u128 z[9] = {};
   for (int i = 0; i < 5; ++i) z[i] = acc.limb[i];
   return montgomery_reduce(z);
+}
+
+void batch_invert(std::span<scalar> a) {
+  // prefix[i] = a[0] * ... * a[i-1] in the Montgomery domain (x stands for x R), zeros passed over
+  // as ones; without a branch on any value.
+  const scalar one_m = r_mod_l;
+  auto select = [](const scalar& x, const scalar& y, std::uint64_t take_y) {
+    const std::uint64_t m = 0 - take_y;
+    scalar r;
+    for (int k = 0; k < 5; ++k) r.limb[k] = x.limb[k] ^ (m & (x.limb[k] ^ y.limb[k]));
+    return r;
+  };
+  auto is_zero = [](const scalar& x) {
+    std::uint64_t acc = 0;
+    for (auto l : x.limb) acc |= l;
+    return ((acc | (0 - acc)) >> 63) ^ 1;
+  };
+  std::vector<scalar> prefix(a.size());
+  scalar acc = one_m;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    prefix[i] = acc;
+    acc = montgomery_mul(acc, select(montgomery_mul(a[i], rr_mod_l), one_m, is_zero(a[i])));
+  }
+  // acc = P R for the product P: 1/(P R) times R^2, twice through montgomery_mul, is R / P.
+  acc = montgomery_mul(montgomery_mul(invert(acc), rr_mod_l), rr_mod_l);
+  for (std::size_t i = a.size(); i-- > 0;) {
+    const std::uint64_t zero = is_zero(a[i]);
+    const scalar inv = montgomery_mul(acc, prefix[i]);  // R / a[i]
+    acc = montgomery_mul(acc, select(montgomery_mul(a[i], rr_mod_l), one_m, zero));
+    u128 z[9] = {};
+    for (int k = 0; k < 5; ++k) z[k] = inv.limb[k];
+    a[i] = select(montgomery_reduce(z), scalar{}, zero);
+  }
 }
 
 scalar random_scalar() {

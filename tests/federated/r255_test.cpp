@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "r255_field.hpp"
+#include "r255_point.hpp"
 #include "troupe/federated/r255.hpp"
 
 namespace troupe::federated::r255 {
@@ -233,6 +233,16 @@ TEST(R255, ScalarArithmeticAgreesWithLibsodium) {
   (void)scalar_from_canonical(all_ones, ok);
   EXPECT_FALSE(ok);
   EXPECT_TRUE(invert(scalar{}) == scalar{});
+  // The batch inversion equals one inversion each, zeros left zero.
+  std::vector<scalar> many(50);
+  for (auto& x : many) x = random_scalar();
+  many[0] = many[17] = many[49] = scalar{};
+  many[3] = scalar_from_u64(1);
+  auto inverted = many;
+  batch_invert(inverted);
+  for (std::size_t i = 0; i < many.size(); ++i) EXPECT_TRUE(inverted[i] == invert(many[i])) << i;
+  std::vector<scalar> none;
+  batch_invert(none);
   EXPECT_FALSE(random_scalar() == random_scalar());
 }
 
@@ -353,6 +363,16 @@ TEST(R255, MultiScalarMultiplicationEqualsTheSumOfProducts) {
     }
     EXPECT_TRUE(msm(s, p) == msm_reference(s, p)) << "n = " << n;
   }
+  // Every window width gives the same sum (the count picks one; here each is forced).
+  std::vector<scalar> s(50);
+  std::vector<point> p(50);
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    s[i] = i % 9 == 4 ? -scalar_from_u64(1) : random_scalar();
+    p[i] = i % 11 == 6 ? identity() : random_point();
+  }
+  const point want = msm_reference(s, p);
+  for (int c = 2; c <= 16; ++c) EXPECT_TRUE(detail::msm_with_window(s, p, c) == want) << "window " << c;
+  EXPECT_THROW((void)detail::msm_with_window(s, p, 1), std::invalid_argument);
   EXPECT_TRUE(msm({}, {}) == identity());
   const std::vector<scalar> one{scalar_from_u64(1)};
   const std::vector<point> none;

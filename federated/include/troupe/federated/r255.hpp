@@ -58,6 +58,8 @@ scalar operator*(const scalar& a, const scalar& b);
 bool operator==(const scalar& a, const scalar& b);
 /// 1/a mod l; 0 for a = 0.
 scalar invert(const scalar& a);
+/// Replaces every a[i] by 1/a[i] with one inversion in all (Montgomery's trick); zeros stay 0.
+void batch_invert(std::span<scalar> a);
 /// A uniformly random scalar, never zero, from the system's secure generator.
 scalar random_scalar();
 
