@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "actors_bench.hpp"
+#include "group_bench.hpp"
 #include "nn_bench.hpp"
 #include "optim_bench.hpp"
 #include "pipeline_bench.hpp"
@@ -121,6 +122,13 @@ void add_bench_command(CLI::App& app, int& rc) {
   nn->callback([nn_opts, nn_report, &rc] {
     rc = run_reported("nn", *nn_report, nn_opts->json, [&](std::ostream& out) { return troupe::bench::run_nn(*nn_opts, out); });
   });
+
+  auto group_opts = std::make_shared<troupe::bench::options>();
+  auto* group = bench->add_subcommand("group", "ristretto255 (the project's own, beside libsodium): products, hashing, MSM");
+  group->add_flag("--json", group_opts->json, "one JSON object per line");
+  group->add_flag("--quick", group_opts->quick, "fewer runs, MSM up to 8,000 points (for CI)");
+  group->add_option("--only", group_opts->only, "multiply, base, hash or msm");
+  group->callback([group_opts, &rc] { rc = troupe::bench::run_group(*group_opts, std::cout); });
 
   auto pipeline_opts = std::make_shared<troupe::bench::pipeline_options>();
   auto* pipe = bench->add_subcommand(

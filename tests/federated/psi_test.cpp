@@ -6,6 +6,7 @@
 #include <sodium.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <ctime>
 #include <thread>
@@ -90,6 +91,57 @@ TEST(Ristretto, HashesSeparateDomainsAndRefuseBadInput) {
   expect_error<std::invalid_argument>([&] { (void)ristretto::multiply(ristretto::random_scalar(), identity); }, "identity");
   expect_error<std::invalid_argument>([&] { (void)ristretto::hash_to_element(std::string(256, 'x'), id); }, "longer than 255");
   expect_error<std::invalid_argument>([] { (void)ristretto::random_below(0); }, "positive");
+}
+
+TEST(Ristretto, ProductsAndHashesAreLibsodiumsBytes) {
+  // The group arithmetic is the project's own (r255.hpp); the bytes are libsodium's, for any 32
+  // scalar bytes (libsodium reads them as a 255-bit integer: the top bit dropped, not reduced).
+  ASSERT_GE(sodium_init(), 0);
+  for (int i = 0; i < 300; ++i) {
+    std::byte msg[8];
+    randombytes_buf(msg, sizeof msg);
+    const auto p = ristretto::hash_to_element("troupe/psi/v1", msg);
+    unsigned char digest[64];
+    crypto_hash_sha512_state st;
+    crypto_hash_sha512_init(&st);
+    const unsigned char len = 13;
+    crypto_hash_sha512_update(&st, &len, 1);
+    crypto_hash_sha512_update(&st, reinterpret_cast<const unsigned char*>("troupe/psi/v1"), 13);
+    crypto_hash_sha512_update(&st, reinterpret_cast<const unsigned char*>(msg), 8);
+    crypto_hash_sha512_final(&st, digest);
+    ristretto::element want;
+    crypto_core_ristretto255_from_hash(want.data(), digest);
+    ASSERT_EQ(p, want);
+    ristretto::scalar s = ristretto::random_scalar();
+    if (i % 3 == 1) randombytes_buf(s.data(), s.size());  // not reduced, top bit maybe set
+    ASSERT_EQ(crypto_scalarmult_ristretto255(want.data(), s.data(), p.data()), 0);
+    EXPECT_EQ(ristretto::multiply(s, p), want);
+  }
+}
+
+TEST(Ristretto, BatchesGiveTheBytesOfOneByOne) {
+  const auto s = ristretto::random_scalar();
+  std::vector<std::array<std::byte, 8>> ids(37);
+  std::vector<std::span<const std::byte>> messages;
+  std::vector<ristretto::element> hashed;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    for (int b = 0; b < 8; ++b) ids[i][b] = static_cast<std::byte>((i * 977 + 3) >> (8 * b));
+    messages.emplace_back(ids[i]);
+    hashed.push_back(ristretto::hash_to_element("troupe/psi/v1", ids[i]));
+  }
+  const auto blinded = ristretto::hash_and_multiply(s, "troupe/psi/v1", messages);
+  const auto again = ristretto::multiply_each(s, hashed);
+  ASSERT_EQ(blinded.size(), ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(blinded[i], ristretto::multiply(s, hashed[i])) << i;
+    EXPECT_EQ(again[i], blinded[i]) << i;
+  }
+  EXPECT_TRUE(ristretto::multiply_each(s, {}).empty());
+  hashed[5].fill(0xff);
+  expect_error<std::invalid_argument>([&] { (void)ristretto::multiply_each(s, hashed); }, "element 5: the 32 bytes are not the canonical");
+  hashed[5] = ristretto::element{};  // the identity: a product that is the identity is refused
+  expect_error<std::invalid_argument>([&] { (void)ristretto::multiply_each(s, hashed); }, "identity");
+  expect_error<std::invalid_argument>([&] { (void)ristretto::hash_and_multiply(s, std::string(256, 'x'), messages); }, "longer than 255");
 }
 
 TEST(Psi, BothPartiesLearnTheTrueIntersectionAndTheOthersSize) {
