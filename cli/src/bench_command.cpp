@@ -128,7 +128,11 @@ void add_bench_command(CLI::App& app, int& rc) {
   group->add_flag("--json", group_opts->json, "one JSON object per line");
   group->add_flag("--quick", group_opts->quick, "fewer runs, MSM up to 8,000 points (for CI)");
   group->add_option("--only", group_opts->only, "multiply, base, hash or msm");
-  group->callback([group_opts, &rc] { rc = troupe::bench::run_group(*group_opts, std::cout); });
+  auto group_report = std::make_shared<report_options>();
+  add_report_options(group, *group_report);
+  group->callback([group_opts, group_report, &rc] {
+    rc = run_reported("group", *group_report, group_opts->json, [&](std::ostream& out) { return troupe::bench::run_group(*group_opts, out); });
+  });
 
   auto pipeline_opts = std::make_shared<troupe::bench::pipeline_options>();
   auto* pipe = bench->add_subcommand(
