@@ -44,6 +44,7 @@ inline constexpr std::uint64_t stream_generator = 9;               // FedGEN's g
 inline constexpr std::uint64_t stream_holdout = 10;                // --eval-clients' held-out rows
 inline constexpr std::uint64_t stream_contribution = 11;           // + round: the Shapley estimators' orders
 // 12: the drifted clients (drift.cpp)
+inline constexpr std::uint64_t stream_unlearn = 15;                // unlearning: the ascent's order, the rows membership inference reads
 
 /// The clients' speed factors (simulation_options::latency).
 struct latency_model {
