@@ -203,7 +203,8 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--unlearn-at", o.unlearn_at, "with --unlearn: the round after which the clients are removed")
       ->check(CLI::Range(1, 1000000000));
   cmd->add_option("--unlearn-method", o.unlearn_method,
-                  "with --unlearn: retrain (from round 1 without them) or pga[:K] (projected gradient ascent, then K FedAvg rounds)")
+                  "with --unlearn: retrain (from round 1 without them), pga[:K] (projected gradient ascent, then K FedAvg rounds) "
+                  "or calibrate[:DT] (FedEraser over the updates stored every DT rounds)")
       ->capture_default_str();
   cmd->add_option("--trainer", o.trainer, "mlp, or noop to measure the orchestration alone")->capture_default_str();
   auto* vertical = cmd->add_option("--vertical", f->vertical.parties,

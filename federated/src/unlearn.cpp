@@ -7,6 +7,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 
 #include "engine.hpp"
@@ -37,7 +39,19 @@ unlearn_method parse_unlearn_method(const std::string& spec) {
     }
     return m;
   }
-  throw std::invalid_argument("--unlearn-method: " + spec + " not in {retrain, pga[:K]}");
+  if (spec == "calibrate" || spec.rfind("calibrate:", 0) == 0) {
+    m.type = unlearn_method::kind::calibrate;
+    if (spec.size() > 9) {
+      const std::string k = spec.substr(10);
+      int v = -1;
+      const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), v);
+      if (k.empty() || ec != std::errc() || end != k.data() + k.size() || v < 1 || v > 1000000)
+        throw std::invalid_argument("--unlearn-method " + spec + ": DT (rounds between stored rounds) must be a whole number from 1 to 1000000");
+      m.interval = v;
+    }
+    return m;
+  }
+  throw std::invalid_argument("--unlearn-method: " + spec + " not in {retrain, pga[:K], calibrate[:DT]}");
 }
 
 std::vector<std::uint64_t> unlearn_clients(const simulation_options& o) {
@@ -97,6 +111,16 @@ void check_unlearn_options(const simulation_options& o) {
     if (o.device != "cpu") fail(why + ": use --device cpu");
     if (!o.lora.empty()) fail("--unlearn-method " + o.unlearn_method + " with --lora: the ascent moves the whole model");
     if (!o.drift.empty()) fail("--unlearn-method " + o.unlearn_method + " with --drift: the ascent reads the clients' examples as they were");
+  }
+  if (m.type == unlearn_method::kind::calibrate) {
+    const std::string flag = "--unlearn-method " + o.unlearn_method;
+    if (o.strategy != "fedavg")
+      fail(flag + " replays FedAvg's rounds (the weighted mean of rescaled updates): use --strategy fedavg, not " + o.strategy);
+    if (o.secagg || o.dp_clip != 0 || o.dp_noise != 0 || o.dp_adaptive || !o.compress.empty())
+      fail(flag + " stores each client's update as the server receives it: it cannot combine with --secagg, --dp-* or --compress");
+    if (o.client_optimizer != "sgd") fail(flag + ": the calibration training uses plain SGD; use --client-optimizer sgd");
+    if (!o.lora.empty() || !o.drift.empty()) fail(flag + " cannot combine with --lora or --drift");
+    if (o.trainer != "mlp") fail(flag + ": use --trainer mlp");
   }
 }
 
@@ -369,6 +393,84 @@ struct round_runner {
   }
 };
 
+/// FedEraser's store: every update of the rounds 1, 1 + DT, ... up to `last`, as sent.
+class update_store final : public update_transform {
+public:
+  struct stored {
+    std::uint64_t client;
+    double weight;
+    std::vector<float> delta;
+  };
+  update_store(int interval, int last) : interval_(interval), last_(last) {}
+  std::string name() const override { return "fedeRaser-store"; }
+  void apply(client_update& u, std::span<float>, const round_info& round, splitmix64&) const override {
+    if (round.round > last_ || (round.round - 1) % interval_ != 0 || u.delta.empty()) return;
+    std::lock_guard lock(mutex_);
+    rounds_[round.round].push_back({u.client, u.weight, u.delta});
+  }
+  /// The stored rounds in order, each round's updates by client (the order clients finished
+  /// in does not matter).
+  std::map<int, std::vector<stored>>& rounds() {
+    for (auto& [r, updates] : rounds_)
+      std::sort(updates.begin(), updates.end(), [](const stored& a, const stored& b) { return a.client < b.client; });
+    return rounds_;
+  }
+  std::uint64_t bytes() const {
+    std::uint64_t b = 0;
+    for (const auto& [r, updates] : rounds_)
+      for (const auto& u : updates) b += 4 * static_cast<std::uint64_t>(u.delta.size());
+    return b;
+  }
+
+private:
+  int interval_, last_;
+  mutable std::mutex mutex_;
+  mutable std::map<int, std::vector<stored>> rounds_;
+};
+
+/// FedEraser's calibration from the initial model (unlearn.hpp); returns the rounds replayed.
+int calibrate(const simulation_options& o, simulation& sim, update_store& store, std::vector<float>& w,
+              const std::vector<std::uint64_t>& removed) {
+  auto trainer = make_trainer_factory(o)(sim.data());
+  std::vector<float> model(w.size());
+  std::vector<double> sum(w.size());
+  int replayed = 0;
+  for (auto& [round, updates] : store.rounds()) {
+    std::fill(sum.begin(), sum.end(), 0.0);
+    double weights = 0;
+    for (const auto& u : updates) {
+      if (std::binary_search(removed.begin(), removed.end(), u.client) || u.delta.size() != w.size()) continue;
+      local_job job;
+      job.client = u.client;
+      job.global = w;
+      job.shard = sim.client_rows(u.client);
+      job.batch = o.batch;
+      job.lr = o.lr;
+      job.round = round;
+      const double work = static_cast<double>(job.shard.size()) * std::max(1, o.local_epochs) / 2.0;
+      job.steps = o.local_steps > 0 ? std::max(1, o.local_steps / 2)
+                                    : std::max(1, static_cast<int>(std::ceil(work / std::max(1, o.batch))));
+      std::copy(w.begin(), w.end(), model.begin());
+      splitmix64 rng{derive_seed(derive_seed(o.seed, detail::stream_unlearn + 1 + static_cast<std::uint64_t>(round)), u.client)};
+      (void)trainer->train(job, model, rng);
+      double old_norm = 0, cal_norm = 0;
+      for (std::size_t j = 0; j < w.size(); ++j) {
+        const double c = static_cast<double>(model[j]) - w[j];
+        old_norm += static_cast<double>(u.delta[j]) * u.delta[j];
+        cal_norm += c * c;
+      }
+      if (cal_norm == 0) continue;  // no direction to keep (an empty shard)
+      const double scale = std::sqrt(old_norm) / std::sqrt(cal_norm);
+      for (std::size_t j = 0; j < w.size(); ++j) sum[j] += u.weight * scale * (static_cast<double>(model[j]) - w[j]);
+      weights += u.weight;
+    }
+    if (weights > 0)
+      for (std::size_t j = 0; j < w.size(); ++j) w[j] = static_cast<float>(w[j] + sum[j] / weights);
+    ++replayed;
+  }
+  return replayed;
+}
+
 }  // namespace
 
 summary run_unlearning(const simulation_options& o, const std::function<void(const progress&)>& report) {
@@ -379,6 +481,12 @@ summary run_unlearning(const simulation_options& o, const std::function<void(con
   round_runner runner{o, report, s};
   auto sim = std::make_unique<simulation>(o);
   const std::vector<float> initial(sim->global_model().begin(), sim->global_model().end());
+  update_store* store = nullptr;
+  if (method.type == unlearn_method::kind::calibrate) {
+    auto recorder = std::make_unique<update_store>(method.interval, o.unlearn_at);
+    store = recorder.get();
+    sim->add_transform(std::move(recorder));
+  }
   runner.run(*sim, o.unlearn_at);
   const evaluation before = sim->evaluate();
   const membership before_mia =
@@ -396,6 +504,14 @@ summary run_unlearning(const simulation_options& o, const std::function<void(con
     runner.run(*sim, o.unlearn_at);
     figures.emplace_back("unlearn_rounds", o.unlearn_at);
     unlearned_at = o.unlearn_at;
+  } else if (method.type == unlearn_method::kind::calibrate) {
+    std::vector<float> w = initial;
+    const int replayed = calibrate(o, *sim, *store, w, removed);
+    sim->set_global_model(w);
+    sim->exclude_clients(removed);
+    figures.emplace_back("unlearn_rounds", replayed);
+    figures.emplace_back("unlearn_storage_bytes", static_cast<double>(store->bytes()));
+    unlearned_at = sim->rounds_done();
   } else {
     sim->exclude_clients(removed);
     runner.run(*sim, o.unlearn_at + 1);  // the remaining clients' round: the reference model

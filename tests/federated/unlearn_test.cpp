@@ -82,6 +82,10 @@ TEST(Unlearning, ParsesItsSpecsAndRefusesWhatCannotRun) {
   EXPECT_EQ(parse_unlearn_method("pga:3").rounds, 3);
   EXPECT_THROW(parse_unlearn_method("pga:x"), std::invalid_argument);
   EXPECT_THROW(parse_unlearn_method("sisa"), std::invalid_argument);
+  EXPECT_EQ(parse_unlearn_method("calibrate").interval, 5);
+  EXPECT_EQ(parse_unlearn_method("calibrate:2").type, unlearn_method::kind::calibrate);
+  EXPECT_EQ(parse_unlearn_method("calibrate:2").interval, 2);
+  EXPECT_THROW(parse_unlearn_method("calibrate:0"), std::invalid_argument);
   auto o = small_run();
   o.unlearn = "3,0,3";
   o.unlearn_at = 2;
@@ -105,6 +109,13 @@ TEST(Unlearning, ParsesItsSpecsAndRefusesWhatCannotRun) {
   bad = o;
   bad.unlearn_method = "pga";
   bad.trainer = "noop";
+  EXPECT_THROW(check_unlearn_options(bad), std::invalid_argument);
+  bad = o;
+  bad.unlearn_method = "calibrate";
+  bad.strategy = "fedadam";
+  EXPECT_THROW(check_unlearn_options(bad), std::invalid_argument);
+  bad.strategy = "fedavg";
+  bad.secagg = true;
   EXPECT_THROW(check_unlearn_options(bad), std::invalid_argument);
   auto none = small_run();
   none.unlearn_at = 2;
@@ -134,6 +145,26 @@ TEST(Unlearning, ProjectedGradientAscentTakesTheBackdoorOut) {
   EXPECT_GT(figure(s, "unlearned_accuracy"), 0.6);
   EXPECT_GE(figure(s, "mia_advantage_removed"), 0);
   EXPECT_LE(figure(s, "mia_advantage_unseen"), 1);
+}
+
+TEST(Unlearning, FedEraserReplaysTheStoredRoundsAndReportsTheirStorage) {
+  auto o = small_run();
+  o.per_round = 10;
+  o.rounds = 10;
+  o.eval_every = 10;
+  o.attack = "backdoor:0.3:0";
+  o.unlearn = "attackers";
+  o.unlearn_at = 8;
+  o.unlearn_method = "calibrate:3";
+  const summary s = run_simulation(o);
+  // Rounds 1, 4 and 7 stored, every client of each (10 per round), 79,510 floats each.
+  EXPECT_EQ(figure(s, "unlearn_rounds"), 3);
+  EXPECT_EQ(figure(s, "unlearn_storage_bytes"), 3 * 10 * 79510 * 4.0);
+  const double before = figure(s, "backdoor_success_before_unlearning"), after = figure(s, "unlearned_backdoor_success");
+  EXPECT_GT(before, 0.5) << "the backdoor did not take: the test shows nothing";
+  EXPECT_LT(after, 0.5 * before);
+  EXPECT_GT(figure(s, "unlearned_accuracy"), 0.5);
+  EXPECT_EQ(s.rounds, 10);
 }
 
 }  // namespace

@@ -18,6 +18,16 @@
 ///             the distance to random models), stopping early once the model's accuracy on their
 ///             examples falls below 10%. K FedAvg rounds of the remaining clients follow (5 by
 ///             default). Its cost: K + 2 rounds.
+///   calibrate[:DT]  FedEraser (Liu et al., "FedEraser: Enabling Efficient Client-Level Data
+///             Removal from Federated Learning Models", IWQoS 2021). While training, the server
+///             stores every participant's update of rounds 1, 1 + DT, 1 + 2 DT, ... (DT 5 by
+///             default). Unlearning replays those rounds from the initial model without the
+///             removed clients: in each, the stored round's remaining participants train briefly
+///             from the unlearned model (half their local work: ⌈|shard| · epochs / 2 / batch⌉
+///             steps) and the server keeps each new direction with the stored update's length,
+///             U = ‖U_old‖ · U_cal / ‖U_cal‖, and moves the model by their weighted mean (FedAvg's
+///             weights). Its cost: one calibration round per stored round (⌈R / DT⌉);
+///             `unlearn_storage_bytes` reports the stored updates' bytes (4 per float).
 ///
 /// Training then goes on without them up to --rounds. The summary adds `unlearn_rounds`, the
 /// accuracy and backdoor success before unlearning, and the loss-threshold membership inference
@@ -38,11 +48,13 @@
 namespace troupe::federated {
 
 struct unlearn_method {
-  enum class kind { retrain, pga } type = kind::retrain;
-  int rounds = 5;  ///< pga: FedAvg rounds of the remaining clients after the ascent
+  enum class kind { retrain, pga, calibrate } type = kind::retrain;
+  int rounds = 5;    ///< pga: FedAvg rounds of the remaining clients after the ascent
+  int interval = 5;  ///< calibrate: DT, the rounds between two stored rounds
 };
 
-/// "retrain" or "pga[:K]" (K a whole number from 0 to 1000); throws std::invalid_argument otherwise.
+/// "retrain", "pga[:K]" (K a whole number from 0 to 1000) or "calibrate[:DT]" (DT from 1 to
+/// 1000000); throws std::invalid_argument otherwise.
 unlearn_method parse_unlearn_method(const std::string& spec);
 
 /// The clients `o.unlearn` names, ascending and distinct: "attackers" (those --attack makes
