@@ -402,7 +402,7 @@ public:
     std::vector<float> delta;
   };
   update_store(int interval, int last) : interval_(interval), last_(last) {}
-  std::string name() const override { return "fedeRaser-store"; }
+  std::string name() const override { return "federaser-store"; }
   void apply(client_update& u, std::span<float>, const round_info& round, splitmix64&) const override {
     if (round.round > last_ || (round.round - 1) % interval_ != 0 || u.delta.empty()) return;
     std::lock_guard lock(mutex_);
