@@ -185,8 +185,8 @@ struct simulation_options {
 
   /// Unlearning (unlearn.hpp): "attackers" (the clients --attack makes malicious) or
   /// "ID,ID,...". run_simulation trains `unlearn_at` rounds with every client, removes those
-  /// clients' contribution by `unlearn_method` ("retrain", "pga[:ROUNDS]"), and trains on without
-  /// them up to `rounds`. Empty: none.
+  /// clients' contribution by `unlearn_method` ("retrain", "pga[:K]", "calibrate[:DT]"), and
+  /// trains on without them up to `rounds`. Empty: none.
   std::string unlearn;
   int unlearn_at = 0;
   std::string unlearn_method = "retrain";
