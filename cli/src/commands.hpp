@@ -54,6 +54,7 @@ void add_train_command(CLI::App& app, int& rc);
 void add_fedsim_command(CLI::App& app, int& rc);
 void add_node_command(CLI::App& app, int& rc);
 void add_attest_command(CLI::App& app, int& rc);
+void add_inspect_command(CLI::App& app, int& rc);
 }  // namespace troupe::cli
 
 namespace troupe::federated {

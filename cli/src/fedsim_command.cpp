@@ -202,6 +202,14 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--drift-response", o.drift_response,
                   "what an alarm does: reset (the client's detector and optimizer/algorithm state) or cluster (a second "
                   "model, FedAvg among the alarmed clients)");
+  cmd->add_option("--unlearn", o.unlearn,
+                  "remove these clients' contribution after round --unlearn-at: attackers (those --attack makes malicious) or ID,ID,...");
+  cmd->add_option("--unlearn-at", o.unlearn_at, "with --unlearn: the round after which the clients are removed")
+      ->check(CLI::Range(1, 1000000000));
+  cmd->add_option("--unlearn-method", o.unlearn_method,
+                  "with --unlearn: retrain (from round 1 without them), pga[:K] (projected gradient ascent, then K FedAvg rounds) "
+                  "or calibrate[:DT] (FedEraser over the updates stored every DT rounds)")
+      ->capture_default_str();
   cmd->add_option("--trainer", o.trainer, "mlp, or noop to measure the orchestration alone")->capture_default_str();
   auto* vertical = cmd->add_option("--vertical", f->vertical.parties,
                   "2: vertical federated learning: two parties hold each image's left and right columns for their own, "
@@ -277,6 +285,13 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       const char* other = !f->o.client_models.empty() ? "--client-models" : !f->split.empty() ? "--split" : f->vertical.parties > 0 ? "--vertical" : !f->decentralized.empty() ? "--decentralized" : nullptr;
       if (other) {
         fail(std::string("--drift, --drift-detect and --drift-response run in the horizontal simulation; they cannot combine with ") + other);
+        return;
+      }
+    }
+    if (!f->o.unlearn.empty() || cmd->count("--unlearn-at") > 0 || cmd->count("--unlearn-method") > 0) {
+      const char* other = !f->o.client_models.empty() ? "--client-models" : !f->split.empty() ? "--split" : f->vertical.parties > 0 ? "--vertical" : !f->decentralized.empty() ? "--decentralized" : nullptr;
+      if (other) {
+        fail(std::string("--unlearn, --unlearn-at and --unlearn-method run in the horizontal simulation; they cannot combine with ") + other);
         return;
       }
     }

@@ -42,6 +42,11 @@ std::string fingerprint(const simulation_options& o) {
   if (!o.shift.empty()) s << "shift=" << o.shift << "\n";
   if (!o.lora.empty()) s << "lora=" << o.lora << "\nlora-agg=" << o.lora_agg << "\nlora-alpha=" << o.lora_alpha << "\n";
   if (o.local_steps > 0) s << "local-steps=" << o.local_steps << "\n";
+  if (!o.excluded.empty()) {  // clients never sampled: another run
+    s << "excluded=";
+    for (std::size_t i = 0; i < o.excluded.size(); ++i) s << (i ? "," : "") << o.excluded[i];
+    s << "\n";
+  }
   return s.str();
 }
 

@@ -1,6 +1,7 @@
 #include "engine.hpp"
 #include "troupe/federated/fairness.hpp"
 #include "troupe/federated/fedgen.hpp"
+#include "troupe/federated/unlearn.hpp"
 
 #include <cmath>
 
@@ -98,6 +99,7 @@ void check_options(const simulation_options& o) {
   (void)parse_latency(o.latency);
   check_contribution_options(o);
   check_drift_options(o);
+  check_unlearn_options(o);
   if (is_fedgen(o.strategy)) {
     (void)parse_fedgen(o.strategy);
     if (o.trainer != "mlp") fail("--strategy fedgen distills into the model's head: use --trainer mlp");

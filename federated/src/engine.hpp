@@ -45,6 +45,7 @@ inline constexpr std::uint64_t stream_holdout = 10;                // --eval-cli
 inline constexpr std::uint64_t stream_contribution = 11;           // + round: the Shapley estimators' orders
 // 12: the drifted clients (drift.cpp)
 inline constexpr std::uint64_t stream_graph = 13;                  // the graph's nodes' clients; its stream 1: the labelled nodes (fedgcn.cpp)
+inline constexpr std::uint64_t stream_unlearn = 15;                // unlearning: the ascent's order, the rows membership inference reads
 
 /// The clients' speed factors (simulation_options::latency).
 struct latency_model {

@@ -16,6 +16,7 @@
 #include "troupe/federated/fairness.hpp"
 #include "troupe/federated/drift.hpp"
 #include "troupe/federated/fedgen.hpp"
+#include "troupe/federated/unlearn.hpp"
 #include "troupe/core/file.hpp"
 #include "troupe/kernels/data.hpp"
 
@@ -180,6 +181,7 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
   for (std::size_t c = 0; c < o.clients; ++c)
     impl_->clients.push_back(impl_->system->spawn<client>(e.part.offsets[c], e.part.offsets[c + 1] - e.part.offsets[c],
                                                           derive_seed(o.seed, stream_client + c)));
+  if (!o.excluded.empty()) exclude_clients(o.excluded);
   install_mechanisms(*this, o, client_weight_bounds(e, impl_->keep));
   if (!o.contribution.empty()) impl_->contributions = make_contribution_tracker(e, custom, validation_from);
   if (impl_->buffer) check_async_mechanisms(o, impl_->keep, impl_->buffer);
@@ -224,8 +226,15 @@ std::vector<std::uint64_t> simulation::sample(int round) const {
   const std::uint64_t n = impl_->clients.size(), k = impl_->sample_size;
   std::vector<std::uint64_t> out;
   out.reserve(k);
+  // Excluded clients are drawn as before and then left out: the other clients' draws, and so
+  // every other seeded choice of the round, stay those of a run without exclusions.
+  const auto& excluded = impl_->excluded;
+  const auto drop_excluded = [&] {
+    if (!excluded.empty()) std::erase_if(out, [&](std::uint64_t c) { return excluded[c] != 0; });
+  };
   if (k >= n) {
     for (std::uint64_t c = 0; c < n; ++c) out.push_back(c);
+    drop_excluded();
     return out;
   }
   // Floyd's algorithm: k distinct clients with k draws, whatever the population.
@@ -238,8 +247,34 @@ std::vector<std::uint64_t> simulation::sample(int round) const {
   }
   out.assign(chosen.begin(), chosen.end());
   std::sort(out.begin(), out.end());
+  drop_excluded();
   return out;
 }
+
+void simulation::exclude_clients(std::span<const std::uint64_t> clients) {
+  const std::size_t n = impl_->clients.size();
+  for (auto c : clients)
+    if (c >= n)
+      throw std::invalid_argument("client " + std::to_string(c) + " is not in the population of " + std::to_string(n) +
+                                  " (clients 0 to " + std::to_string(n - 1) + ")");
+  if (impl_->excluded.empty()) impl_->excluded.assign(n, 0);
+  for (auto c : clients) impl_->excluded[c] = 1;
+}
+
+void simulation::set_global_model(std::span<const float> model) {
+  if (model.size() != impl_->engine.dim)
+    throw std::invalid_argument("set_global_model: a model of " + std::to_string(model.size()) + " floats; this one has " +
+                                std::to_string(impl_->engine.dim));
+  impl_->global = std::make_shared<const std::vector<float>>(model.begin(), model.end());
+}
+
+std::span<const std::uint32_t> simulation::client_rows(std::uint64_t client) const {
+  return impl_->engine.part.shard(client);
+}
+
+const shared_data& simulation::data() const noexcept { return impl_->engine.data; }
+
+local_trainer& simulation::server_trainer() noexcept { return *impl_->server_trainer; }
 
 double simulation::simulated_latency(std::uint64_t client, int round) const {
   const auto& o = impl_->engine.options;
@@ -484,6 +519,7 @@ double peak_rss_mb() {
 }
 
 summary run_simulation(const simulation_options& options, const std::function<void(const progress&)>& report) {
+  if (!options.unlearn.empty()) return run_unlearning(options, report);
   const auto start = clock_type::now();
   if (options.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 0");
   simulation sim(options);

@@ -26,6 +26,7 @@ struct simulation::impl {
   int rounds = 0;
   double clock = 0;             // simulated seconds so far
   std::unique_ptr<contribution_tracker> contributions;  // --contribution
+  std::vector<char> excluded;   // per client: never sampled (empty: none is)
   // Concept drift: the drifted clients (--drift; empty without), the round they drift at, and
   // the second model of --drift-response cluster.
   std::vector<char> drifted;

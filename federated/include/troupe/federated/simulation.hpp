@@ -182,6 +182,18 @@ struct simulation_options {
   std::string contributions_file;  ///< run_simulation writes each client's cumulative values there (CSV)
   /// "B[:FLOOR_FRACTION]": each round B is paid out from the values (budget_rewards). Empty: none.
   std::string reward_budget;
+
+  /// Unlearning (unlearn.hpp): "attackers" (the clients --attack makes malicious) or
+  /// "ID,ID,...". run_simulation trains `unlearn_at` rounds with every client, removes those
+  /// clients' contribution by `unlearn_method` ("retrain", "pga[:K]", "calibrate[:DT]"), and
+  /// trains on without them up to `rounds`. Empty: none.
+  std::string unlearn;
+  int unlearn_at = 0;
+  std::string unlearn_method = "retrain";
+  /// Clients that stay in the population (their shards, their place in every seeded draw) but are
+  /// never sampled: the sampler draws as it would, and drops them from the draw. A run with these
+  /// excluded from its first round is "a run that never had them". Empty: none.
+  std::vector<std::uint64_t> excluded;
 };
 
 /// A test-set evaluation.
@@ -352,6 +364,21 @@ public:
   double simulated_seconds() const noexcept;
   /// The Shapley values so far (simulation_options::contribution); null without.
   const contribution_tracker* contributions() const noexcept;
+
+  /// From the next round on, these clients are never sampled (simulation_options::excluded,
+  /// which sets them from the first round). Throws std::invalid_argument for a client outside
+  /// the population.
+  void exclude_clients(std::span<const std::uint64_t> clients);
+  /// Replaces the global model the next round starts from (unlearning's). Throws
+  /// std::invalid_argument for a model of another size.
+  void set_global_model(std::span<const float> model);
+  /// The training rows of client `client`'s shard (those it trains on; under --eval-clients
+  /// without its held-out ones).
+  std::span<const std::uint32_t> client_rows(std::uint64_t client) const;
+  /// The data the clients train on (null for a trainer without data).
+  const shared_data& data() const noexcept;
+  /// The trainer the server evaluates with (under a data attack it reports backdoor_success).
+  local_trainer& server_trainer() noexcept;
 
   /// Writes everything the next rounds depend on (round counter, global model, strategy and
   /// transform state, every client's generator and persistent state; under FedBuff the server
