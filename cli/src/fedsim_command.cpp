@@ -289,7 +289,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       }
     }
     if (!f->o.unlearn.empty() || cmd->count("--unlearn-at") > 0 || cmd->count("--unlearn-method") > 0) {
-      const char* other = !f->o.client_models.empty() ? "--client-models" : !f->split.empty() ? "--split" : f->vertical.parties > 0 ? "--vertical" : !f->decentralized.empty() ? "--decentralized" : nullptr;
+      const char* other = !f->o.client_models.empty() ? "--client-models" : !f->split.empty() ? "--split" : f->vertical.parties > 0 ? "--vertical" : !f->decentralized.empty() ? "--decentralized" : !f->graph.graph.empty() ? "--graph" : nullptr;
       if (other) {
         fail(std::string("--unlearn, --unlearn-at and --unlearn-method run in the horizontal simulation; they cannot combine with ") + other);
         return;
