@@ -105,6 +105,16 @@ double ewc_penalty::value(std::span<const float> theta, double lambda) const {
   return 0.5 * lambda * sum;
 }
 
+double ewc_penalty::largest_diagonal() const {
+  double most = 0;
+  for (std::size_t i = 0; !fisher_.empty() && i < fisher_.front().size(); ++i) {
+    double sum = 0;
+    for (const auto& f : fisher_) sum += f[i];
+    most = std::max(most, sum);
+  }
+  return most;
+}
+
 void ewc_penalty::gradient(std::span<const float> theta, float lambda, std::span<float> out) const {
   if (out.size() != theta.size()) throw std::invalid_argument("ewc_penalty::gradient: out and theta differ in size");
   std::fill(out.begin(), out.end(), 0.0f);

@@ -27,6 +27,7 @@ struct continual_state {
   continual_method method;
   int task_rounds = 0;
   std::uint64_t seed = 0;  // of the permutations (stream_continual)
+  double lr = 0;           // the clients' (EWC's stability bound)
   /// Tasks whose test accuracy evaluations report (those trained so far, the current one included).
   std::atomic<int> seen{1};
   ewc_penalty ewc;

@@ -85,6 +85,8 @@ public:
   /// Adds a task's Fisher diagonal and its optimum (equal lengths, the model's size).
   void add_task(std::vector<float> fisher, std::vector<float> optimum);
   std::size_t tasks() const noexcept { return fisher_.size(); }
+  /// The largest sum_t F_t,i over the parameters (the penalty's largest curvature, over lambda).
+  double largest_diagonal() const;
   /// (lambda / 2) sum_t sum_i F_t,i (theta_i - theta*_t,i)^2, in double.
   double value(std::span<const float> theta, double lambda) const;
   /// out = lambda sum_t F_t (theta - theta*_t) (overwrites `out`).
