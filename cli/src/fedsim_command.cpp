@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <troupe/federated/continual.hpp>
 #include <troupe/federated/drift.hpp>
 #include <troupe/federated/simulation.hpp>
 
@@ -87,6 +88,26 @@ std::string drift_json(const troupe::federated::simulation_options& o, const tro
     out += ",\"drift_detection_delay\":" + (first < 0 ? std::string("null") : std::to_string(first - d.round)) +
            ",\"drift_false_alarms\":" + std::to_string(false_alarms) + ",\"drifted_clients_alarmed\":" +
            std::to_string(detected);
+  return out;
+}
+
+/// The summary's continual-learning fields: the tasks and the method, each task's accuracy right
+/// after its training and at the end, ACC, BWT and the consolidations' bytes.
+std::string continual_json(const troupe::federated::simulation_options& o, const troupe::federated::summary& s) {
+  if (o.continual.empty()) return "";
+  auto list = [](const std::vector<double>& v) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + json_number(v[i], "%.4f");
+    return out + "]";
+  };
+  const int task_rounds = o.task_rounds > 0 ? o.task_rounds : o.rounds / troupe::federated::parse_continual(o.continual).tasks;
+  std::string out = ",\"continual\":\"" + o.continual + "\",\"cl\":\"" + (o.cl.empty() ? "none" : o.cl) +
+                    "\",\"task_rounds\":" + std::to_string(task_rounds) +
+                    ",\"task_accuracy_after\":" + list(s.task_accuracy_after) +
+                    ",\"task_accuracy_final\":" + list(s.task_accuracy_final) +
+                    ",\"consolidation_bytes\":" + std::to_string(s.consolidation_bytes);
+  if (!s.task_accuracy_final.empty())
+    out += ",\"acc\":" + json_number(s.acc, "%.4f") + ",\"bwt\":" + json_number(s.bwt, "%.4f");
   return out;
 }
 
@@ -210,6 +231,13 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                   "with --unlearn: retrain (from round 1 without them), pga[:K] (projected gradient ascent, then K FedAvg rounds) "
                   "or calibrate[:DT] (FedEraser over the updates stored every DT rounds)")
       ->capture_default_str();
+  cmd->add_option("--continual", o.continual,
+                  "continual learning: permuted:T (T tasks, each a fixed seeded permutation of the pixels) or split:T "
+                  "(class-incremental: the classes in T groups), one after another; the summary reports ACC and BWT");
+  cmd->add_option("--cl", o.cl,
+                  "with --continual: none, ewc:LAMBDA (EWC's Fisher penalty, FedCurv's federated form) or gpm:THRESHOLD "
+                  "(gradient projection memory with that energy threshold)");
+  cmd->add_option("--task-rounds", o.task_rounds, "with --continual: rounds per task (default: --rounds / T)");
   cmd->add_option("--trainer", o.trainer, "mlp, or noop to measure the orchestration alone")->capture_default_str();
   auto* vertical = cmd->add_option("--vertical", f->vertical.parties,
                   "2: vertical federated learning: two parties hold each image's left and right columns for their own, "
@@ -294,6 +322,14 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         fail(std::string("--unlearn, --unlearn-at and --unlearn-method run in the horizontal simulation; they cannot combine with ") + other);
         return;
       }
+    }
+    if (!f->o.continual.empty() && !f->o.client_models.empty()) {
+      fail("--continual cannot combine with --client-models (the tasks are trained by clients of one model)");
+      return;
+    }
+    if (!f->o.continual.empty() && !f->graph.graph.empty()) {
+      fail("--continual cannot combine with --graph (the graph's nodes are the images of one task)");
+      return;
     }
     if (!f->report.empty()) {
       if (f->vertical.parties > 0 || !f->split.empty() || !f->decentralized.empty()) {
@@ -488,6 +524,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         finals_text += buf;
       }
       settings += drift_json(f->o, s);
+      settings += continual_json(f->o, s);
       if (!f->o.lora.empty())
         settings += ",\"lora\":\"" + f->o.lora + "\",\"lora_agg\":\"" + f->o.lora_agg + "\",\"lora_alpha\":" +
                     json_number(f->o.lora_alpha, "%.6g");
@@ -548,6 +585,18 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                          charts);
       }
       if (!json && !valued.empty()) std::printf("contributions: %s\n", valued.c_str());
+      if (!json && !s.task_accuracy_final.empty()) {
+        std::string per_task;
+        for (std::size_t t = 0; t < s.task_accuracy_final.size(); ++t) {
+          char buf[64];
+          std::snprintf(buf, sizeof buf, "%s%.4f->%.4f", t ? ", " : "", s.task_accuracy_after[t], s.task_accuracy_final[t]);
+          per_task += buf;
+        }
+        std::printf("continual %s, --cl %s: ACC %.4f, BWT %+.4f (each task right after its training -> at the end: %s), "
+                    "consolidation %.2f MB\n",
+                    f->o.continual.c_str(), f->o.cl.empty() ? "none" : f->o.cl.c_str(), s.acc, s.bwt, per_task.c_str(),
+                    static_cast<double>(s.consolidation_bytes) / 1e6);
+      }
       rc = 0;
     } catch (const std::bad_alloc&) {
       if (tty) std::fprintf(stderr, "\r\033[K");

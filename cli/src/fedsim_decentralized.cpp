@@ -59,6 +59,9 @@ std::string decentralized_conflict(const CLI::App& cmd, const std::string& mode)
       {"--drift", "drift is injected into the horizontal simulation's clients"},
       {"--drift-detect", "drift is detected on the horizontal simulation's clients"},
       {"--drift-response", "drift is answered in the horizontal simulation"},
+      {"--continual", "the tasks and their consolidation run in the horizontal simulation"},
+      {"--cl", "it is read with --continual"},
+      {"--task-rounds", "it is read with --continual"},
   };
   for (const auto& c : conflicts) {
     if (cmd.count(c.flag) == 0) continue;

@@ -52,6 +52,9 @@ const conflict horizontal_only[] = {
       {"--coalition-model", "it is read with --contribution"},
       {"--decentralized", "it trains whole models without a server"},
       {"--topology", "it is read with --decentralized"},
+      {"--continual", "the tasks and their consolidation run in the horizontal simulation with a server"},
+      {"--cl", "it is read with --continual"},
+      {"--task-rounds", "it is read with --continual"},
 };
 
 }  // namespace

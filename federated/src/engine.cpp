@@ -100,6 +100,7 @@ void check_options(const simulation_options& o) {
   check_contribution_options(o);
   check_drift_options(o);
   check_unlearn_options(o);
+  check_continual_options(o);
   if (is_fedgen(o.strategy)) {
     (void)parse_fedgen(o.strategy);
     if (o.trainer != "mlp") fail("--strategy fedgen distills into the model's head: use --trainer mlp");

@@ -45,6 +45,7 @@ inline constexpr std::uint64_t stream_holdout = 10;                // --eval-cli
 inline constexpr std::uint64_t stream_contribution = 11;           // + round: the Shapley estimators' orders
 // 12: the drifted clients (drift.cpp)
 inline constexpr std::uint64_t stream_graph = 13;                  // the graph's nodes' clients; its stream 1: the labelled nodes (fedgcn.cpp)
+inline constexpr std::uint64_t stream_continual = 14;  // the tasks' permutations, GPM's examples
 inline constexpr std::uint64_t stream_unlearn = 15;                // unlearning: the ascent's order, the rows membership inference reads
 
 /// The clients' speed factors (simulation_options::latency).
@@ -255,6 +256,27 @@ trainer_factory drift_training(trainer_factory inner, const simulation_options& 
 /// Throws std::invalid_argument, saying what to change, for drift options that cannot run or
 /// cannot combine with the others.
 void check_drift_options(const simulation_options& o);
+
+// ---- continual learning (continual_engine.cpp, continual_trainer.cpp) ------------------------
+
+struct continual_state;
+/// --continual's trainer (continual_trainer.hpp).
+trainer_factory make_continual_trainer_factory(const simulation_options& o);
+/// Throws std::invalid_argument, saying what to change, for continual options that cannot run or
+/// cannot combine with the others (and for --cl or --task-rounds without --continual).
+void check_continual_options(const simulation_options& o);
+/// Rounds per task (--task-rounds, else --rounds / T); 0 without --continual.
+int continual_task_rounds(const simulation_options& o);
+/// The state `t` shares with the other trainers of its factory, or null when `t` is not a
+/// continual trainer.
+std::shared_ptr<continual_state> continual_state_of(local_trainer& t);
+/// Before round `round`: evaluations report every task up to the round's.
+void continual_begin_round(continual_state& s, int round);
+/// After round `round`: at the end of a task before the last, the consolidation (EWC's Fisher,
+/// GPM's bases) from `clients` (the round's participants, each on its own shard in `part`) at
+/// `global`, computed with `trainer`. Returns the bytes the clients sent for it (0 otherwise).
+std::uint64_t continual_end_round(continual_state& s, local_trainer& trainer, const partition& part,
+                                  std::span<const std::uint64_t> clients, std::span<const float> global, int round);
 
 // ---- per-client quantities (engine.cpp) ------------------------------------------------------
 

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "simulation_impl.hpp"
+#include "troupe/federated/continual.hpp"
 #include "troupe/federated/fairness.hpp"
 #include "troupe/federated/drift.hpp"
 #include "troupe/federated/fedgen.hpp"
@@ -85,6 +86,7 @@ simulation::simulation(simulation_options options, shared_data data, trainer_fac
   e.data = std::move(data);
   impl_->server_trainer = e.factory(e.data);
   e.dim = impl_->server_trainer->dim();
+  if (!o.continual.empty() && !custom) impl_->continual = continual_state_of(*impl_->server_trainer);
 
   // Partition: over the data's labels, or, for a trainer without data, over synthetic ones.
   // --contribution's validation examples (the last rows) are in no client's shard.
@@ -329,6 +331,7 @@ round_report simulation::run_round() {
     return r;
   }
   const int round = ++impl_->rounds;
+  if (impl_->continual) continual_begin_round(*impl_->continual, round);
   auto ctx = std::make_shared<round_context>();
   ctx->engine = &e;
   ctx->global = impl_->global;
@@ -431,6 +434,15 @@ round_report simulation::run_round() {
       for (std::size_t i = 0; i < asked; ++i) impl_->clients[who[i]].tell(&client::settle, shared, r.aborted.empty());
   }
 
+  if (impl_->continual) {  // a task's end: its consolidation, from the clients of its last round
+    const std::uint64_t bytes =
+        continual_end_round(*impl_->continual, *impl_->server_trainer, e.part, r.aborted.empty() ? who : std::vector<std::uint64_t>{},
+                            *impl_->global, round);
+    if (bytes > 0) {
+      r.uplink_bytes += bytes;
+      r.metrics.emplace_back("consolidation_bytes", static_cast<double>(bytes));
+    }
+  }
   r.round = round;
   r.participants = r.aborted.empty() ? who.size() : 0;
   if (!r.aborted.empty()) r.metrics.emplace_back("aborted", 1.0);
@@ -554,6 +566,14 @@ summary run_simulation(const simulation_options& options, const std::function<vo
   double round_seconds = 0;
   bool evaluated = false;
   const int first = sim.rounds_done() + 1;
+  const int task_rounds = continual_task_rounds(options);
+  const int tasks = task_rounds > 0 ? parse_continual(options.continual).tasks : 0;
+  auto task_accuracy = [](const evaluation& ev, int task) {  // task: 1-based
+    const std::string name = "task_" + std::to_string(task) + "_accuracy";
+    for (const auto& [n, v] : ev.metrics)
+      if (n == name) return v;
+    throw std::logic_error("run_simulation: the evaluation reports no " + name);
+  };
   for (int r = first; r <= options.rounds; ++r) {
     const round_report rr = sim.run_round();
     round_seconds += rr.seconds;
@@ -573,12 +593,15 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     progress p;
     p.round = &rr;
     p.rounds = options.rounds;
-    if (r % options.eval_every == 0 || r == options.rounds) {
+    // --continual: every task's last round is evaluated too (its accuracy right after training).
+    const bool task_end = task_rounds > 0 && r % task_rounds == 0 && r / task_rounds <= tasks;
+    if (r % options.eval_every == 0 || r == options.rounds || task_end) {
       p.evaluated = evaluated = true;
       p.eval = sim.evaluate();
       s.final_accuracy = p.eval.accuracy;
       s.final_loss = p.eval.loss;
       s.final_metrics = p.eval.metrics;
+      if (task_end) s.task_accuracy_after.push_back(task_accuracy(p.eval, r / task_rounds));
     }
     // Saved before the round is reported: what was reported survives a crash. A save counts as
     // round time: under FedBuff it waits for the clients in flight, training that the next
@@ -592,6 +615,8 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     p.seconds = since(start);
     p.simulated_seconds = sim.simulated_seconds();
     s.uplink_bytes += rr.uplink_bytes;
+    for (const auto& [name, value] : rr.metrics)
+      if (name == "consolidation_bytes") s.consolidation_bytes += static_cast<std::uint64_t>(value);
     if (!rr.drift_alarms.empty()) s.drift_alarms.emplace_back(rr.round, rr.drift_alarms);
     p.uplink_bytes = s.uplink_bytes;
     if (report) report(p);
@@ -615,6 +640,14 @@ summary run_simulation(const simulation_options& options, const std::function<vo
   }
   for (std::size_t c = 0; c < sim.drifted().size(); ++c)
     if (sim.drifted()[c]) s.drifted_clients.push_back(c);
+  if (tasks > 0 && static_cast<int>(s.task_accuracy_after.size()) == tasks) {
+    evaluation last;
+    last.metrics = s.final_metrics;
+    for (int t = 1; t <= tasks; ++t) s.task_accuracy_final.push_back(task_accuracy(last, t));
+    const auto scores = score_tasks(s.task_accuracy_after, s.task_accuracy_final);
+    s.acc = scores.acc;
+    s.bwt = scores.bwt;
+  }
   if (sim.clients_with_state() > 0)
     s.state_bytes_per_client = static_cast<double>(sim.client_state_bytes()) / static_cast<double>(sim.clients_with_state());
   return s;

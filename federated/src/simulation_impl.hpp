@@ -32,6 +32,8 @@ struct simulation::impl {
   std::vector<char> drifted;
   int drift_round = 0;
   detail::drift_cluster cluster;
+  // --continual: the state the trainers share (the tasks, the consolidated Fisher or bases).
+  std::shared_ptr<detail::continual_state> continual;
 
   // FedBuff: the clients in flight, each with the simulated time its update arrives.
   struct in_flight {

@@ -236,6 +236,7 @@ trainer_factory make_trainer_factory(const simulation_options& options) {
     return [](const shared_data&) -> std::unique_ptr<local_trainer> { return std::make_unique<noop_trainer>(); };
   if (options.trainer != "mlp") throw std::invalid_argument("unknown trainer '" + options.trainer + "' (use mlp or noop)");
   if (!options.lora.empty()) return detail::make_lora_trainer_factory(options);
+  if (!options.continual.empty()) return detail::make_continual_trainer_factory(options);
   trainer_factory mlp = [options](const shared_data& data) -> std::unique_ptr<local_trainer> {
     return std::make_unique<mlp_trainer>(data, options);
   };

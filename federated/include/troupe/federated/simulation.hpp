@@ -164,6 +164,14 @@ struct simulation_options {
   /// trained by FedAvg among the alarmed clients from then on, as FedDrift does).
   std::string drift_response;
 
+  /// Continual learning (continual.hpp): "permuted:T" or "split:T" trains T tasks one after
+  /// another, each for task_rounds rounds (0: rounds / T); evaluations report the accuracy on each
+  /// task seen so far. Empty: one task, the data as it is.
+  std::string continual;
+  /// With continual: "none", "ewc:LAMBDA" or "gpm:THRESHOLD".
+  std::string cl;
+  int task_rounds = 0;
+
   /// run_simulation's checkpoints: a directory (empty: none). The whole state is saved there
   /// after every evaluated round, or every `checkpoint_every` rounds when > 0, and a run that
   /// finds a checkpoint there resumes from it (bit-identical to a run never stopped).
@@ -443,6 +451,12 @@ struct summary {
   std::vector<std::pair<int, std::vector<std::uint64_t>>> drift_alarms;
   /// Under --drift: the drifted clients, ascending.
   std::vector<std::uint64_t> drifted_clients;
+  /// With simulation_options::continual: each task's accuracy right after its last round and at
+  /// the end, ACC (the mean of the latter) and BWT (the mean over all tasks but the last of the
+  /// latter minus the former), and the bytes the consolidations' messages took (in uplink_bytes too).
+  std::vector<double> task_accuracy_after, task_accuracy_final;
+  double acc = 0, bwt = 0;
+  std::uint64_t consolidation_bytes = 0;
 };
 
 /// Runs options.rounds rounds with evaluations every options.eval_every rounds (resuming from
