@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "fast_gelu.hpp"  // exp_approx
+
 namespace troupe::kernels {
 
 namespace {
@@ -64,8 +66,11 @@ std::int64_t attention_head_dim(const tensor& qkv, std::int64_t ctx, std::int64_
   return qkv.dim(1) / (3 * heads);
 }
 
-void causal_attention_forward(const tensor& qkv, std::int64_t ctx, std::int64_t heads, tensor& out, tensor& lse,
-                              std::int64_t tile) {
+// AVX2 clones where the CPU has it: no operation is reordered or fused, so the results are the
+// baseline's to the bit.
+[[gnu::target_clones("avx2", "default")]] void causal_attention_forward(const tensor& qkv, std::int64_t ctx,
+                                                                        std::int64_t heads, tensor& out, tensor& lse,
+                                                                        std::int64_t tile) {
   check_tile(tile);
   const std::int64_t d = attention_head_dim(qkv, ctx, heads), n = qkv.dim(0), batch = n / ctx;
   const view w{ctx, heads, d, heads * d};
@@ -100,12 +105,13 @@ void causal_attention_forward(const tensor& qkv, std::int64_t ctx, std::int64_t 
               top = std::max(top, srow[j - j0]);
             }
             // Rescale what was summed under the old maximum, then add this block.
-            const float correction = std::exp(m[i - i0] - top);
+            const float correction = detail::exp_approx(m[i - i0] - top);
             float* acc = o + w.o(b, i, h);
             float total = sum[i - i0] * correction;
             for (std::int64_t k = 0; k < d; ++k) acc[k] *= correction;
+            for (std::int64_t j = 0; j < last - j0; ++j) srow[j] = detail::exp_approx(srow[j] - top);
             for (std::int64_t j = j0; j < last; ++j) {
-              const float p = std::exp(srow[j - j0] - top);
+              const float p = srow[j - j0];
               total += p;
               axpy(p, x + w.v(b, j, h), acc, d);
             }
@@ -122,8 +128,10 @@ void causal_attention_forward(const tensor& qkv, std::int64_t ctx, std::int64_t 
       }
 }
 
-void causal_attention_backward(const tensor& dout, const tensor& qkv, const tensor& out, const tensor& lse,
-                               std::int64_t ctx, std::int64_t heads, tensor& dqkv, std::int64_t tile) {
+[[gnu::target_clones("avx2", "default")]] void causal_attention_backward(const tensor& dout, const tensor& qkv,
+                                                                         const tensor& out, const tensor& lse,
+                                                                         std::int64_t ctx, std::int64_t heads,
+                                                                         tensor& dqkv, std::int64_t tile) {
   check_tile(tile);
   const std::int64_t d = attention_head_dim(qkv, ctx, heads), n = qkv.dim(0), batch = n / ctx;
   const view w{ctx, heads, d, heads * d};
@@ -138,7 +146,7 @@ void causal_attention_backward(const tensor& dout, const tensor& qkv, const tens
   float* g = dqkv.data<float>().data();
   std::fill_n(g, dqkv.numel(), 0.0f);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  std::vector<float> delta(static_cast<std::size_t>(ctx));
+  std::vector<float> delta(static_cast<std::size_t>(ctx)), prow(static_cast<std::size_t>(tile));
   for (std::int64_t b = 0; b < batch; ++b)
     for (std::int64_t h = 0; h < heads; ++h) {
       // D_i = dout_i . out_i: the softmax's backward term per row.
@@ -153,10 +161,13 @@ void causal_attention_backward(const tensor& dout, const tensor& qkv, const tens
             const float* gi = go + w.o(b, i, h);
             float* dq = g + w.q(b, i, h);
             const float li = ls[w.l(b, i, h)], di = delta[static_cast<std::size_t>(i)];
+            float* pr = prow.data();
+            for (std::int64_t j = j0; j < last; ++j) pr[j - j0] = dot(q, x + w.k(b, j, h), d) * scale - li;
+            for (std::int64_t j = 0; j < last - j0; ++j) pr[j] = detail::exp_approx(pr[j]);
             for (std::int64_t j = j0; j < last; ++j) {
               const float* kj = x + w.k(b, j, h);
               const float* vj = x + w.v(b, j, h);
-              const float p = std::exp(dot(q, kj, d) * scale - li);
+              const float p = pr[j - j0];
               axpy(p, gi, g + w.v(b, j, h), d);  // dV_j += p dO_i
               const float ds = p * (dot(gi, vj, d) - di) * scale;
               axpy(ds, kj, dq, d);                // dQ_i += ds K_j

@@ -1,8 +1,9 @@
 #pragma once
-// The GELU of the host layers (layers.cpp), in float and branch-free so that the loops
-// vectorize: erf by Abramowitz and Stegun 7.1.26 (absolute error below 1.5e-7) over an exp by
-// Cephes' polynomial (relative error about 1e-7). The reference is the exact x * Phi(x) in double
-// (gelu_reference); tests/kernels/gpt_layers_test.cpp compares them within 4e-7 * (1 + |x|).
+// The GELU of the host layers (layers.cpp) and the exp of the attention (attention.cpp), in
+// float and branch-free so that the loops vectorize: erf by Abramowitz and Stegun 7.1.26
+// (absolute error below 1.5e-7) over an exp by Cephes' polynomial (relative error about 1e-7).
+// The reference is the exact x * Phi(x) in double (gelu_reference);
+// tests/kernels/gpt_layers_test.cpp compares them within 4e-7 * (1 + |x|).
 
 #include <bit>
 #include <cmath>
@@ -11,7 +12,8 @@
 
 namespace troupe::kernels::detail {
 
-/// e^x for x in [-87, 88] (clamped there), about 1 ulp.
+/// e^x for x in [-87, 88] (clamped there), about 1 ulp. Its ?: become selects (no branch in
+/// the loops) under -fno-trapping-math.
 inline float exp_approx(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
   // n = round(x / ln 2) by the 1.5 * 2^23 trick (no rounding instruction needed).
@@ -34,7 +36,7 @@ inline float normal_cdf(float x, float& e) {
   e = exp_approx(-z * z);
   const float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
   const float erf_abs = 1.0f - poly * e;
-  return 0.5f + 0.5f * (x < 0 ? -erf_abs : erf_abs);
+  return 0.5f + 0.5f * std::copysign(erf_abs, x);
 }
 
 inline float gelu_value(float x) {
@@ -49,13 +51,11 @@ inline float gelu_slope(float x) {
   return cdf + x * e * 0.39894228040143268f;
 }
 
-inline void gelu_rows(const float* x, float* y, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) y[i] = gelu_value(x[i]);
-}
-
-inline void gelu_grad_rows(const float* x, const float* dy, float* dx, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) dx[i] = dy[i] * gelu_slope(x[i]);
-}
+/// y = GELU(x) over n elements (fast_gelu.cpp: vectorized, AVX2 where the CPU has it; the same
+/// results either way, as no operation is reordered or fused).
+void gelu_rows(const float* x, float* y, std::size_t n);
+/// dx = dy * GELU'(x) over n elements.
+void gelu_grad_rows(const float* x, const float* dy, float* dx, std::size_t n);
 
 /// The definition, in double: x Phi(x) and its derivative.
 inline double gelu_reference(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }

@@ -14,10 +14,9 @@
 #include <vector>
 
 #include "troupe/core/tensor.hpp"
+#include "troupe/kernels/layers.hpp"
 
 namespace troupe::kernels {
-
-class sequential;
 
 /// A text as tokens: one per Unicode code point, numbered by the vocabulary (the distinct code
 /// points, in increasing order). The first 90% of the tokens train, the last 10% validate.
