@@ -53,6 +53,16 @@ void add_partition_command(CLI::App& app, int& rc);
 void add_train_command(CLI::App& app, int& rc);
 void add_fedsim_command(CLI::App& app, int& rc);
 void add_node_command(CLI::App& app, int& rc);
+void add_generate_command(CLI::App& app, int& rc);
+}  // namespace troupe::cli
+
+namespace troupe::kernels {
+struct lm_options;
+}
+
+namespace troupe::cli {
+/// `troupe train --model gpt:...` (train_lm_command.cpp); returns the exit code.
+int run_lm_train(const troupe::kernels::lm_options& o, bool json);
 }  // namespace troupe::cli
 
 namespace troupe::federated {
