@@ -23,6 +23,7 @@ packages=(
   clang libclang-rt-14-dev    # the frame decoder's fuzzer (libFuzzer, `make fuzz`)
   dpkg-dev                    # dpkg-shlibdeps: the Depends of `make package`'s troupe package
   dataset-fashion-mnist       # real training data
+  bible-kjv bible-kjv-text    # the King James Bible: the default text of troupe train --model gpt:...
   chromium python3            # tests of the HTML reports: a real browser loads them; their SVG is checked as XML
 )
 if [[ "${1:-}" == "--bench" ]]; then

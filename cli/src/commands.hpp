@@ -55,6 +55,16 @@ void add_fedsim_command(CLI::App& app, int& rc);
 void add_node_command(CLI::App& app, int& rc);
 void add_attest_command(CLI::App& app, int& rc);
 void add_inspect_command(CLI::App& app, int& rc);
+void add_generate_command(CLI::App& app, int& rc);
+}  // namespace troupe::cli
+
+namespace troupe::kernels {
+struct lm_options;
+}
+
+namespace troupe::cli {
+/// `troupe train --model gpt:...` (train_lm_command.cpp); returns the exit code.
+int run_lm_train(const troupe::kernels::lm_options& o, bool json);
 }  // namespace troupe::cli
 
 namespace troupe::federated {

@@ -14,6 +14,7 @@
 #include <troupe/actors/actor_system.hpp>
 #include <troupe/actors/remote.hpp>
 #include <troupe/kernels/layers.hpp>
+#include <troupe/kernels/lm.hpp>
 #include <troupe/kernels/train.hpp>
 #include <troupe/core/report.hpp>
 #include <troupe/pipeline/generators.hpp>
@@ -37,10 +38,27 @@ void add_train_command(CLI::App& app, int& rc) {
     bool recompute = false;
   };
   auto pipe = std::make_shared<pipeline_flags>();
+  auto lm = std::make_shared<troupe::kernels::lm_options>();
   auto* cmd = app.add_subcommand("train", "train a model on a dataset, whole or as a pipeline of stage actors");
-  cmd->add_option("--dataset", o->dataset, "fashion-mnist")->capture_default_str();
-  cmd->add_option("--data-dir", o->data_dir, "where the dataset's files are (default: its Debian location)");
-  cmd->add_option("--model", o->model, "mlp:IN-H1-...-OUT")->capture_default_str();
+  auto* dataset = cmd->add_option("--dataset", o->dataset, "fashion-mnist; kjv (the King James Bible) for a gpt model")
+                      ->capture_default_str();
+  auto* data_dir = cmd->add_option("--data-dir", o->data_dir, "where the dataset's files are (default: its Debian location)");
+  cmd->add_option("--model", o->model,
+                  "mlp:IN-H1-...-OUT, or gpt:layers=4,heads=4,embd=128,ctx=64[,dropout=0.1] (a character-level "
+                  "language model)")
+      ->capture_default_str();
+  // A gpt model's options (a language model trains for a number of steps on a text).
+  auto* text = cmd->add_option("--text", lm->text, "gpt: train on this UTF-8 text file instead of --dataset kjv");
+  auto* steps = cmd->add_option("--steps", lm->steps, "gpt: optimizer steps")->capture_default_str();
+  auto* warmup = cmd->add_option("--warmup", lm->warmup, "gpt: steps of linear lr warmup (then a cosine to lr/10)")
+                     ->capture_default_str();
+  auto* clip = cmd->add_option("--clip", lm->clip, "gpt: clip gradients to this global norm (0: none)")
+                   ->capture_default_str();
+  auto* eval_every = cmd->add_option("--eval-every", lm->eval_every, "gpt: steps between validation losses")
+                         ->capture_default_str();
+  auto* eval_batches = cmd->add_option("--eval-batches", lm->eval_batches, "gpt: fixed validation batches")
+                           ->capture_default_str();
+  const std::vector<CLI::Option*> lm_only = {text, steps, warmup, clip, eval_every, eval_batches};
   cmd->add_option("--optimizer", o->optimizer, "sgd, adam or adamw")->capture_default_str();
   cmd->add_option("--state", o->state, "optimizer state storage: fp32, bf16, int8 or auto")->capture_default_str();
   cmd->add_option("--fp32-params", o->fp32_params,
@@ -48,16 +66,22 @@ void add_train_command(CLI::App& app, int& rc) {
                   "PyTorch names them, by the layer's place: 0.weight, 0.bias, 2.weight, ... (linear layers at "
                   "even places, ReLU between)")
       ->delimiter(',');
-  cmd->add_option("--epochs", o->epochs, "passes over the training set")->capture_default_str();
-  cmd->add_option("--batch", o->batch, "samples per step")->capture_default_str();
+  auto* epochs = cmd->add_option("--epochs", o->epochs, "passes over the training set")->capture_default_str();
+  auto* batch = cmd->add_option("--batch", o->batch, "samples per step (gpt: windows of ctx characters, default 12)")
+                    ->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of initialization and shuffling")->capture_default_str();
   cmd->add_option("--lr", o->lr, "learning rate")->capture_default_str();
-  cmd->add_option("--weight-decay", o->weight_decay, "weight decay (default: 0.01 for adam and adamw, 0 for sgd)");
-  cmd->add_option("--save", o->save, "write the trained weights to this file");
-  cmd->add_option("--load", o->load, "start from the weights in this file");
-  cmd->add_flag("--json", *json, "print a final summary line as JSON");
-  cmd->add_option("--report", *report, "also write a self-contained HTML report (loss and throughput per step) to this file");
+  cmd->add_option("--weight-decay", o->weight_decay,
+                  "weight decay (default: 0.01 for adam and adamw, 0 for sgd; 0.1 for a gpt model's matrices)");
+  cmd->add_option("--save", o->save, "write the trained weights to this file (gpt: the model to this directory)");
+  auto* load = cmd->add_option("--load", o->load, "start from the weights in this file");
+  cmd->add_flag("--json", *json, "print a final summary line as JSON (gpt: also a line per evaluation)");
+  auto* report_option =
+      cmd->add_option("--report", *report, "also write a self-contained HTML report (loss and throughput per step) to this file");
+  auto* optimizer_option = cmd->get_option("--optimizer");
+  auto* fp32_option = cmd->get_option("--fp32-params");
   add_dashboard_options(cmd, *dash, false);
+  auto* dashboard_option = cmd->get_option("--dashboard");
   auto* schedule = cmd->add_option("--pipeline", pipe->schedule,
                                    "train with the pipeline runtime: one stage actor per rank, this schedule (gpipe, "
                                    "1f1b, interleaved-1f1b, zb-h1, zb-v, ...); the model's linear layers are cut "
@@ -80,9 +104,32 @@ void add_train_command(CLI::App& app, int& rc) {
                   "run the ranks on the other nodes of the cluster whose head is at HOST:PORT (`troupe node "
                   "start`); this process joins it, with the token in TROUPE_CLUSTER_TOKEN")
       ->needs(schedule);
-  cmd->callback([o, json, pipe, report, dash, &rc] {
+  cmd->callback([=, &rc] {
     const bool tty = isatty(STDERR_FILENO);
     try {
+      if (o->model.rfind("gpt:", 0) == 0) {
+        // A language model: the flags that only an MLP on images reads are refused.
+        for (auto* opt : {epochs, data_dir, load, report_option, fp32_option, schedule, dashboard_option})
+          if (opt->count() > 0)
+            throw std::invalid_argument(opt->get_name() + " cannot combine with a gpt model" +
+                                        (opt == epochs ? " (it trains for --steps)"
+                                                       : opt == load ? " (sample a saved model with troupe generate --load)"
+                                                       : opt == schedule ? " (pipelines train MLPs for now)" : ""));
+        if (optimizer_option->count() > 0 && o->optimizer != "adamw")
+          throw std::invalid_argument("--optimizer " + o->optimizer + ": a gpt model trains with adamw");
+        lm->model = o->model;
+        lm->dataset = text->count() > 0 && dataset->count() == 0 ? "" : dataset->count() > 0 ? o->dataset : "kjv";
+        if (batch->count() > 0) lm->batch = o->batch;
+        lm->lr = o->lr;
+        if (o->weight_decay) lm->weight_decay = *o->weight_decay;
+        lm->state = o->state;
+        lm->seed = o->seed;
+        lm->save = o->save;
+        rc = run_lm_train(*lm, *json);
+        return;
+      }
+      for (auto* opt : lm_only)
+        if (opt->count() > 0) throw std::invalid_argument(opt->get_name() + " requires a gpt model (--model gpt:...)");
       if (!report->empty()) troupe::check_report_path(*report);
       auto board = open_dashboard(*dash, run_dashboard_token(*dash), "troupe train");
       if (board) {

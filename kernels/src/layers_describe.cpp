@@ -124,9 +124,35 @@ private:
       const auto in = size();
       expect("->");
       const auto out = size();
+      const bool bias = !eat(", bias=false");
       expect(")");
-      count_params(in * out + out);
-      return dry_ ? nullptr : make_linear(in, out);
+      count_params(in * out + (bias ? out : 0));
+      return dry_ ? nullptr : make_linear(in, out, bias);
+    }
+    if (name == "embedding") {
+      expect("(vocab=");
+      const auto vocab = size();
+      expect(", ctx=");
+      const auto ctx = size();
+      expect(", embd=");
+      const auto embd = size();
+      expect(")");
+      count_params(vocab * embd);
+      count_params(ctx * embd);
+      return dry_ ? nullptr : make_embedding(vocab, ctx, embd);
+    }
+    if (name == "attention") {
+      expect("(");
+      const auto embd = size();
+      expect(", heads=");
+      const auto heads = size();
+      expect(", ctx=");
+      const auto ctx = size();
+      expect(")");
+      if (embd % heads != 0) fail("embd must be a multiple of heads");
+      count_params(3 * embd * embd + 3 * embd);
+      count_params(embd * embd + embd);
+      return dry_ ? nullptr : make_attention(embd, heads, ctx);
     }
     if (name == "layer_norm") {
       expect("(");

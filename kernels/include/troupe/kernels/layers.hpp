@@ -75,8 +75,9 @@ public:
   bool needs_output_grad() { return !parameters().empty(); }
 };
 
-/// y = x W^T + b, W [out, in]. Initialized uniform in ±1/sqrt(in), as PyTorch does.
-std::unique_ptr<layer> make_linear(std::int64_t in, std::int64_t out);
+/// y = x W^T + b, W [out, in]. Initialized uniform in ±1/sqrt(in), as PyTorch does. Without
+/// `bias` (a language model's head) y = x W^T, and the layer has the one parameter "weight".
+std::unique_ptr<layer> make_linear(std::int64_t in, std::int64_t out, bool bias = true);
 std::unique_ptr<layer> make_relu();
 /// The exact GELU, x * Phi(x).
 std::unique_ptr<layer> make_gelu();
@@ -115,8 +116,44 @@ private:
 /// y = x + f(x).
 std::unique_ptr<layer> make_residual(std::unique_ptr<layer> inner);
 
+/// Token and learned position embedding, a GPT's first layer: the input is f32 [n, 1] of token
+/// ids (whole numbers 0..vocab-1, exact in f32 up to 2^24; f32 so that ids travel through a
+/// sequential and between pipeline stages as every other activation does), n a multiple of
+/// ctx, row r at position r % ctx; the output is [n, embd], wte[id] + wpe[r % ctx]. Parameters
+/// "wte" [vocab, embd] and "wpe" [ctx, embd], initialized normal(0, 0.02) as GPT-2's. The ids
+/// have no gradient: backward_input returns zeros [n, 1]; backward_weight adds each row's dy
+/// into its token's and its position's rows, in row order. Refuses an id that is not a whole
+/// number in range (std::invalid_argument).
+std::unique_ptr<layer> make_embedding(std::int64_t vocab, std::int64_t ctx, std::int64_t embd);
+
+/// Causal multi-head self-attention over rows grouped in sequences of ctx (attention.hpp):
+/// qkv = x W_qkv^T + b ("qkv.weight" [3 embd, embd]), the tiled attention per head, then
+/// y = a W_proj^T + b ("proj.weight" [embd, embd]). backward_input computes d qkv and dx and
+/// keeps d qkv; backward_weight adds the two projections' gradients. embd % heads must be 0.
+std::unique_ptr<layer> make_attention(std::int64_t embd, std::int64_t heads, std::int64_t ctx);
+
+/// A GPT model spec, "gpt:layers=4,heads=4,embd=128,ctx=64[,tie=1][,dropout=0.1]".
+struct gpt_spec {
+  std::int64_t layers = 4, heads = 4, embd = 128, ctx = 64;
+  bool tie = false;
+  float dropout = 0;
+};
+/// Reads a spec; throws std::invalid_argument saying what to change for an unknown or repeated
+/// key, a value that is not a positive whole number (dropout: in [0, 1)), embd not a multiple
+/// of heads, layers above 256, embd above 16384, ctx above 65536, heads above embd, or tie=1
+/// (not supported yet: the head keeps its own weight).
+gpt_spec parse_gpt_spec(const std::string& spec);
+/// The GPT of `spec` over a vocabulary of `vocab` tokens: embedding, dropout (when > 0), `layers`
+/// blocks residual(layer_norm, attention[, dropout]) + residual(layer_norm, linear(embd->4 embd),
+/// gelu, linear(4 embd->embd)[, dropout]), a final layer_norm and the head linear(embd->vocab,
+/// no bias) whose rows are logits of the next token. Throws as parse_gpt_spec does, and for a
+/// vocab outside 1..2^20.
+std::unique_ptr<sequential> make_gpt(const std::string& spec, std::int64_t vocab);
+
 /// The layer that `description` describes, as describe() writes it: "relu", "gelu",
-/// "linear(784->256)", "layer_norm(16)" (", eps=1e-06" when not the default), "dropout(0.1)",
+/// "linear(784->256)" ("linear(128->65, bias=false)" without a bias), "layer_norm(16)" (", eps=1e-06"
+/// when not the default), "dropout(0.1)", "embedding(vocab=65, ctx=64, embd=128)",
+/// "attention(128, heads=4, ctx=64)",
 /// "residual(...)", "sequential(a, b, ...)". Its parameters are freshly initialized (seed 0) and
 /// its generators seeded with 0: values and random state go separately. Throws
 /// std::invalid_argument, saying where, for anything else (sizes above 2^20, more than 2^28

@@ -1,0 +1,205 @@
+// Training a GPT on a character corpus and sampling from it (lm.hpp).
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#include "troupe/kernels/layers.hpp"
+#include "troupe/kernels/lm.hpp"
+#include "troupe/kernels/optim.hpp"
+
+namespace troupe::kernels {
+
+double clip_grad_norm(sequential& model, double max_norm) {
+  double sum = 0;
+  for (auto* p : model.parameters())
+    for (float g : p->grad.data<float>()) sum += static_cast<double>(g) * g;
+  const double norm = std::sqrt(sum);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1 && std::isfinite(norm)) {
+    const auto c = static_cast<float>(coef);
+    for (auto* p : model.parameters())
+      for (float& g : p->grad.data<float>()) g *= c;
+  }
+  return norm;
+}
+
+double warmup_cosine_lr(std::int64_t step, double lr, double min_lr, std::int64_t warmup, std::int64_t decay_steps) {
+  const std::int64_t it = step - 1;  // nanoGPT counts iterations from 0
+  if (it < warmup) return lr * static_cast<double>(it + 1) / static_cast<double>(warmup + 1);
+  if (it > decay_steps) return min_lr;
+  const double ratio =
+      decay_steps > warmup ? static_cast<double>(it - warmup) / static_cast<double>(decay_steps - warmup) : 1.0;
+  return min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (lr - min_lr);
+}
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // kilobytes on Linux
+}
+
+void check_options(const lm_options& o) {
+  const auto positive = [](double v) { return v > 0 && std::isfinite(v); };
+  if (o.steps < 1) throw std::invalid_argument("--steps must be at least 1");
+  if (o.batch < 1) throw std::invalid_argument("--batch must be at least 1");
+  if (!positive(o.lr)) throw std::invalid_argument("--lr must be a positive number");
+  if (o.warmup < 0) throw std::invalid_argument("--warmup must not be negative");
+  if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
+    throw std::invalid_argument("--weight-decay must be a number >= 0");
+  if (!(o.clip >= 0) || !std::isfinite(o.clip)) throw std::invalid_argument("--clip must be a number >= 0 (0: none)");
+  if (o.eval_every < 1) throw std::invalid_argument("--eval-every must be at least 1");
+  if (o.eval_batches < 1) throw std::invalid_argument("--eval-batches must be at least 1");
+  if (!o.text.empty() && !o.dataset.empty())
+    throw std::invalid_argument("--text FILE and --dataset " + o.dataset + " cannot combine: choose one corpus");
+  if (o.text.empty() && o.dataset != "kjv")
+    throw std::invalid_argument("dataset '" + o.dataset + "' is not a text corpus (a gpt model trains on kjv or --text FILE)");
+}
+
+/// Mean loss of `model` over fixed batches (no training).
+double mean_loss(sequential& model, const std::vector<std::pair<tensor, tensor>>& batches) {
+  double sum = 0;
+  tensor dlogits;
+  for (const auto& [x, y] : batches) {
+    saved_activations keep;
+    sum += softmax_cross_entropy(model.forward(x, keep, false), y, dlogits);
+  }
+  return sum / static_cast<double>(batches.size());
+}
+
+}  // namespace
+
+lm_result train_lm(const lm_options& o, const std::function<void(const lm_progress&)>& report,
+                   const std::function<void(std::int64_t, double)>& tick) {
+  check_options(o);
+  const auto start = clock_type::now();
+  const gpt_spec g = parse_gpt_spec(o.model);
+  const auto storage = parse_state_storage(o.state);
+  const text_corpus corpus = o.text.empty() ? make_corpus(kjv_text(), "the King James Bible") : load_text_file(o.text);
+  for (const auto* part : {&corpus.train, &corpus.validation})
+    if (static_cast<std::int64_t>(part->size()) < g.ctx + 1)
+      throw std::invalid_argument(corpus.source + ": its " + (part == &corpus.train ? "training part (first 90%)" : "validation part (last 10%)") +
+                                  " has " + std::to_string(part->size()) + " characters; a window of ctx + 1 = " +
+                                  std::to_string(g.ctx + 1) + " needs more");
+  const auto vocab = static_cast<std::int64_t>(corpus.vocab.size());
+  auto model = make_gpt(o.model, vocab);
+  model->initialize(o.seed);
+
+  // Weight decay on the matrices (weights, embeddings), as nanoGPT decays every parameter of two
+  // or more dimensions; none on biases and the norms' gains and shifts (one row each here).
+  param_group decay, plain;
+  decay.hp.lr = plain.hp.lr = o.lr;
+  decay.hp.beta1 = plain.hp.beta1 = 0.9;
+  decay.hp.beta2 = plain.hp.beta2 = 0.99;
+  decay.hp.weight_decay = o.weight_decay;
+  decay.state.storage = plain.state.storage = storage;
+  lm_result result;
+  result.vocab = vocab;
+  for (auto* p : model->parameters()) {
+    (p->value.dim(0) > 1 ? decay : plain).params.push_back(p);
+    result.parameters += p->value.numel();
+  }
+  optimizer opt(optimizer_kind::adamw, {decay, plain});
+  const double min_lr = o.min_lr < 0 ? o.lr / 10 : o.min_lr;
+  opt.set_lr_schedule([&](std::int64_t step, double base) {
+    return warmup_cosine_lr(step, base, min_lr * base / o.lr, o.warmup, o.steps);
+  });
+
+  std::mt19937_64 rng(o.seed * 0x9E3779B97F4A7C15ull + 1);
+  std::mt19937_64 fixed(o.seed * 0x9E3779B97F4A7C15ull + 2);
+  std::vector<std::pair<tensor, tensor>> val_batches(static_cast<std::size_t>(o.eval_batches));
+  for (auto& [x, y] : val_batches) sample_windows(corpus.validation, o.batch, g.ctx, fixed, x, y);
+
+  tensor x, y, dlogits;
+  double training_seconds = 0, loss_sum = 0;
+  std::int64_t losses = 0;
+  const std::int64_t tokens_per_step = o.batch * g.ctx;
+  for (std::int64_t step = 1; step <= o.steps; ++step) {
+    const auto t0 = clock_type::now();
+    sample_windows(corpus.train, o.batch, g.ctx, rng, x, y);
+    saved_activations keep;
+    opt.zero_grad();
+    const tensor logits = model->forward(x, keep, true);
+    const double loss = softmax_cross_entropy(logits, y, dlogits);
+    if (!std::isfinite(loss))
+      throw std::runtime_error("training diverged at step " + std::to_string(step) + ": the loss is not finite (lower --lr)" +
+                               (o.save.empty() ? "" : "; nothing was saved"));
+    model->backward(dlogits, keep);
+    if (o.clip > 0) clip_grad_norm(*model, o.clip);
+    if (!opt.step()) ++result.skipped_steps;
+    training_seconds += since(t0);
+    loss_sum += loss;
+    ++losses;
+    if (tick) tick(step, loss);
+    if (step % o.eval_every == 0 || step == o.steps) {
+      lm_progress p;
+      p.step = step;
+      p.steps = o.steps;
+      p.train_loss = loss_sum / static_cast<double>(losses);
+      p.val_loss = mean_loss(*model, val_batches);
+      p.tokens_per_s = static_cast<double>(step * tokens_per_step) / training_seconds;
+      loss_sum = 0;
+      losses = 0;
+      result.evaluations.push_back(p);
+      if (report) report(p);
+    }
+  }
+  if (!o.save.empty()) save_lm(*model, o.model, corpus.vocab, o.save);
+  result.val_loss = result.evaluations.back().val_loss;
+  result.tokens_per_s = static_cast<double>(o.steps * tokens_per_step) / training_seconds;
+  result.seconds = since(start);
+  result.peak_rss_mb = peak_rss_mb();
+  return result;
+}
+
+std::string generate_text(saved_lm& lm, const std::string& prompt, std::int64_t tokens, double temperature,
+                          std::uint64_t seed) {
+  if (tokens < 0) throw std::invalid_argument("--tokens must not be negative");
+  if (!(temperature >= 0) || !std::isfinite(temperature)) throw std::invalid_argument("--temperature must be a number >= 0");
+  const gpt_spec g = parse_gpt_spec(lm.spec);
+  std::vector<std::int32_t> ids;
+  for (char32_t c : decode_utf8(prompt, "--prompt")) {
+    const auto it = std::lower_bound(lm.vocab.begin(), lm.vocab.end(), c);
+    if (it == lm.vocab.end() || *it != c)
+      throw std::invalid_argument("--prompt: the character '" + encode_utf8({c}) + "' is not in the model's vocabulary");
+    ids.push_back(static_cast<std::int32_t>(it - lm.vocab.begin()));
+  }
+  if (ids.empty()) ids.push_back(0);  // nothing to go on: start from the first character
+  std::mt19937_64 rng(seed);
+  tensor x = tensor::zeros({g.ctx, 1});
+  const auto vocab = static_cast<std::int64_t>(lm.vocab.size());
+  std::vector<double> prob(static_cast<std::size_t>(vocab));
+  for (std::int64_t n = 0; n < tokens; ++n) {
+    // The last ctx tokens, at positions 0..len-1; the rest of the window is padding that the
+    // causal mask keeps from the rows that matter.
+    const std::size_t len = std::min<std::size_t>(ids.size(), static_cast<std::size_t>(g.ctx));
+    auto xd = x.data<float>();
+    std::fill(xd.begin(), xd.end(), 0.0f);
+    for (std::size_t t = 0; t < len; ++t) xd[t] = static_cast<float>(ids[ids.size() - len + t]);
+    saved_activations keep;
+    const tensor logits = lm.model->forward(x, keep, false);
+    const float* row = logits.data<float>().data() + (len - 1) * static_cast<std::size_t>(vocab);
+    std::int64_t pick = std::max_element(row, row + vocab) - row;
+    if (temperature > 0) {
+      const double top = row[pick];
+      double total = 0;
+      for (std::int64_t v = 0; v < vocab; ++v) total += prob[static_cast<std::size_t>(v)] = std::exp((row[v] - top) / temperature);
+      double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
+      for (pick = 0; pick + 1 < vocab && u >= prob[static_cast<std::size_t>(pick)]; ++pick) u -= prob[static_cast<std::size_t>(pick)];
+    }
+    ids.push_back(static_cast<std::int32_t>(pick));
+  }
+  std::vector<char32_t> out;
+  for (std::size_t i = prompt.empty() ? 1 : 0; i < ids.size(); ++i) out.push_back(lm.vocab[static_cast<std::size_t>(ids[i])]);
+  return encode_utf8(out);
+}
+
+}  // namespace troupe::kernels
