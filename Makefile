@@ -6,8 +6,8 @@
 #   make bench   run the benchmark suites (and the CAF anchor side by side when installed)
 #   make tsan    build and run the actor runtime's and the pipeline runtime's tests under ThreadSanitizer
 #   make asan    build and run the unit tests under AddressSanitizer + UBSan
-#   make fuzz    build the frame decoder's, load_npz's and the PSI decoder's libFuzzer targets with clang and run
-#                each (FUZZ_SECONDS apiece, 60)
+#   make fuzz    build the libFuzzer targets of the frame decoder, load_npz, the PSI decoder and the norm
+#                proofs' decoder with clang and run each (FUZZ_SECONDS apiece, 60)
 #   make package build everything and make the Debian packages libtroupe-dev and troupe in
 #                $(BUILD)/ (CPack; install them with apt install ./build/*.deb)
 #   make install cmake --install into PREFIX (default /usr/local)
@@ -119,6 +119,13 @@ fuzz: deps $(FUZZ_BUILD)/CMakeCache.txt
 	  $(FUZZ_BUILD)/bin/psi_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=2049 -rss_limit_mb=2048 \
 	  -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/psi- \
 	  $(FUZZ_BUILD)/psi-corpus $(FUZZ_BUILD)/psi-seeds
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target zk_fuzz zk_fuzz_seeds
+	rm -rf $(FUZZ_BUILD)/zk-seeds && mkdir -p $(FUZZ_BUILD)/zk-seeds $(FUZZ_BUILD)/zk-corpus
+	$(FUZZ_BUILD)/bin/zk_fuzz_seeds $(FUZZ_BUILD)/zk-seeds
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(FUZZ_BUILD)/bin/zk_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4097 -rss_limit_mb=2048 \
+	  -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/zk- \
+	  $(FUZZ_BUILD)/zk-corpus $(FUZZ_BUILD)/zk-seeds
 
 clean:
 	rm -rf $(BUILD) $(TSAN_BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

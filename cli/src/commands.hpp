@@ -53,6 +53,7 @@ void add_partition_command(CLI::App& app, int& rc);
 void add_train_command(CLI::App& app, int& rc);
 void add_fedsim_command(CLI::App& app, int& rc);
 void add_node_command(CLI::App& app, int& rc);
+void add_zkbench_command(CLI::App& app, int& rc);
 }  // namespace troupe::cli
 
 namespace troupe::federated {

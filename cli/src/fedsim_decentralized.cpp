@@ -59,6 +59,8 @@ std::string decentralized_conflict(const CLI::App& cmd, const std::string& mode)
       {"--drift", "drift is injected into the horizontal simulation's clients"},
       {"--drift-detect", "drift is detected on the horizontal simulation's clients"},
       {"--drift-response", "drift is answered in the horizontal simulation"},
+      {"--verify-norm", "there is no server to verify the norm proofs"},
+      {"--verify-bits", "there is no server to verify the norm proofs"},
   };
   for (const auto& c : conflicts) {
     if (cmd.count(c.flag) == 0) continue;

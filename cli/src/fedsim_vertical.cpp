@@ -52,6 +52,8 @@ const conflict horizontal_only[] = {
       {"--coalition-model", "it is read with --contribution"},
       {"--decentralized", "it trains whole models without a server"},
       {"--topology", "it is read with --decentralized"},
+      {"--verify-norm", "the norm proofs are of horizontal clients' model updates"},
+      {"--verify-bits", "it is read with --verify-norm"},
 };
 
 }  // namespace

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   troupe::cli::add_train_command(app, rc);
   troupe::cli::add_fedsim_command(app, rc);
   troupe::cli::add_node_command(app, rc);
+  troupe::cli::add_zkbench_command(app, rc);
   // CLI11 reads "-1" into an unsigned option as 2^64 - 1: every unsigned option refuses a sign.
   // And a value beyond 2^64 - 1 is clamped to it by the conversion: refuse it instead.
   const CLI::Validator no_sign(

@@ -391,13 +391,14 @@ round_report simulation::run_round() {
     } catch (const round_aborted& e) {
       r.aborted = e.what();
     }
+    r.rejected = impl_->agg->rejected();
     // (Told before anything else is asked of them: the next round's train, a checkpoint's save.)
     if (ctx->provisional)
       for (std::size_t i = 0; i < asked; ++i) impl_->clients[who[i]].tell(&client::settle, shared, r.aborted.empty());
   }
 
   r.round = round;
-  r.participants = r.aborted.empty() ? who.size() : 0;
+  r.participants = r.aborted.empty() ? who.size() - r.rejected.size() : 0;
   if (!r.aborted.empty()) r.metrics.emplace_back("aborted", 1.0);
   r.train_loss = samples ? loss / static_cast<double>(samples) : 0.0;
   for (auto& t : e.transforms) t->end_round(ctx->info, r.metrics);
@@ -557,6 +558,7 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     p.simulated_seconds = sim.simulated_seconds();
     s.uplink_bytes += rr.uplink_bytes;
     if (!rr.drift_alarms.empty()) s.drift_alarms.emplace_back(rr.round, rr.drift_alarms);
+    if (!rr.rejected.empty()) s.rejected_clients.emplace_back(rr.round, rr.rejected);
     p.uplink_bytes = s.uplink_bytes;
     if (report) report(p);
   }

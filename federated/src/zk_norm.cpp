@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -406,6 +407,23 @@ std::vector<std::int64_t> quantize(std::span<const float> update, const norm_par
     x[i] = static_cast<std::int64_t>(std::clamp(v, -most, most));
   }
   return x;
+}
+
+void prepare(const norm_params& p) {
+  check_params(p);
+  (void)generators<sodium_group>::get(bits_of(p) * std::bit_ceil(p.dim));
+}
+
+double product_us(int count) {
+  using G = sodium_group;
+  if (count < 1) throw std::invalid_argument("product_us: count must be at least 1");
+  auto s = G::random();
+  auto point = generators<G>::get(1).H;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < count; ++i) point = G::mul(s, point);
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  if (point == G::identity()) throw std::runtime_error("product_us: the identity (impossible for a non-zero scalar)");
+  return us / count;
 }
 
 std::size_t proof_bytes(const norm_params& p) {

@@ -55,6 +55,14 @@ std::vector<std::uint8_t> prove_norm(std::span<const std::int64_t> x, const norm
 /// simulation's malicious clients send it.
 std::vector<std::uint8_t> forge_norm(std::span<const std::int64_t> x, const norm_params& p);
 
+/// Makes the generators a proof for `p` needs (2 k bit_ceil(d) points hashed to the group),
+/// which the first proof of that size otherwise makes: for measurements.
+void prepare(const norm_params& p);
+
+/// The backend's scalar multiplication of a point, measured now over `count` products: the
+/// anchor that benchmark figures carry (a proof's cost is about 10 k bit_ceil(d) of them).
+double product_us(int count = 200);
+
 /// The size of every proof for `p`: 12 + 32 (7 d + 2 (9 + r1 + r2) + 2) bytes, r1 and r2 the
 /// two range proofs' rounds (log2(k bit_ceil(d)) and log2(2k)).
 std::size_t proof_bytes(const norm_params& p);
