@@ -114,7 +114,7 @@ std::vector<std::uint32_t> proved(const mechanism& m, std::vector<float> delta, 
 TEST(VerifyNorm, AnUpdateChangedAfterItsProofOrCutShortIsDropped) {
   auto m = make_norm_verification({.bound = 1.0, .bits = 16}, make_weighted_mean());
   const std::vector<std::uint64_t> who = {1, 2, 3, 4};
-  round_info info{.round = 1, .dim = 4, .population = 4, .participants = who};
+  round_info info{.round = 1, .dim = 4, .population = 4, .participants = who, .seed = 1, .global = {}};
   const std::vector<float> d1 = {0.1f, -0.2f, 0.3f, 0.05f}, d2 = {0.4f, 0.1f, -0.1f, 0.2f};
   auto w1 = proved(m, d1, info), w2 = proved(m, d2, info), w3 = proved(m, d2, info), w4 = proved(m, d1, info);
   // Client 2 doubles one coordinate after proving: the opening no longer holds.
