@@ -75,7 +75,8 @@ int run_row(const zkbench_flags& f, std::size_t dim) {
                 "\"prove_us_per_coordinate\":%.1f,\"verify_us_per_coordinate\":%.1f,\"generators_ms\":%.1f,"
                 "\"product_us\":%.1f}\n",
                 dim, f.bits, json_number(f.bound, "%.6g").c_str(), f.repeat, pm, vm, bytes,
-                static_cast<double>(bytes) / static_cast<double>(dim), (pm + vm) * per, pm * per, vm * per, generators_ms, product);
+                static_cast<double>(bytes) / static_cast<double>(dim), (pm + vm) * per, pm * per, vm * per, generators_ms,
+                product);
   else
     std::printf("d = %zu, k = %d: prove %.1f ms, verify %.1f ms (%.1f + %.1f us per coordinate), proof %zu bytes "
                 "(%.1f per coordinate); generators made in %.1f ms; one scalar multiplication %.1f us\n",
@@ -99,7 +100,9 @@ void add_zkbench_command(CLI::App& app, int& rc) {
   cmd->add_option("--bits", f->bits, "bits per quantized coordinate: 8, 16 or 32")
       ->capture_default_str()
       ->check(CLI::IsMember({8, 16, 32}));
-  cmd->add_option("--bound", f->bound, "the L2 bound B (the update has norm 0.9 B)")->capture_default_str()->check(positive_number);
+  cmd->add_option("--bound", f->bound, "the L2 bound B (the update has norm 0.9 B)")
+      ->capture_default_str()
+      ->check(positive_number);
   cmd->add_option("--repeat", f->repeat, "proofs per row (the medians are reported)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));

@@ -170,7 +170,8 @@ void check_norm_verification(const simulation_options& o) {
     return;
   }
   auto refuse = [](const std::string& what) { throw std::invalid_argument("--verify-norm cannot combine with " + what); };
-  if (!(o.verify_norm > 0) || !std::isfinite(o.verify_norm)) throw std::invalid_argument("--verify-norm: the bound must be a positive number");
+  if (!(o.verify_norm > 0) || !std::isfinite(o.verify_norm))
+    throw std::invalid_argument("--verify-norm: the bound must be a positive number");
   if (o.secagg)
     refuse("--secagg yet: the server would verify commitments it cannot link to the masked sum (the blinding factors "
            "derived from the masks' seeds are not built)");
