@@ -65,6 +65,7 @@ struct lm_options;
 namespace troupe::cli {
 /// `troupe train --model gpt:...` (train_lm_command.cpp); returns the exit code.
 int run_lm_train(const troupe::kernels::lm_options& o, bool json);
+void add_zkbench_command(CLI::App& app, int& rc);
 }  // namespace troupe::cli
 
 namespace troupe::federated {

@@ -172,6 +172,12 @@ void add_fedsim_command(CLI::App& app, int& rc) {
   cmd->add_option("--latency", o.latency, "clients' simulated speed: lognormal:SIGMA or exponential:MEAN (a factor per client)")
       ->capture_default_str();
   cmd->add_option("--attack", o.attack, "malicious clients (fraction P): sign-flip:P, scale:P:X, label-flip:P or backdoor:P:T");
+  auto* verify_norm = cmd->add_option("--verify-norm", o.verify_norm,
+                  "every client proves in zero knowledge (Bulletproofs on ristretto255, RoFL) that its update's L2 norm "
+                  "is at most B; the server drops the clients whose proof fails and reports them")
+      ->check(positive_number);
+  cmd->add_option("--verify-bits", o.verify_bits, "with --verify-norm: bits per quantized coordinate (8, 16 or 32)")
+      ->capture_default_str()->check(CLI::IsMember({8, 16, 32}))->needs(verify_norm);
   auto* checkpoint = cmd->add_option("--checkpoint", o.checkpoint,
                   "save the simulation in this directory after every evaluated round; resume from it when it holds one");
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "with --checkpoint: save every N rounds instead")
@@ -383,6 +389,10 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         fail("--contribution cannot combine with --client-models (the clients' updates belong to different models)");
         return;
       }
+      if (f->o.verify_norm > 0) {
+        fail("--verify-norm cannot combine with --client-models (the proofs are wired to one model's updates)");
+        return;
+      }
       if (f->vertical.parties > 0 || !f->split.empty()) {
         fail("--client-models cannot combine with --vertical or --split (those split one model between parties)");
         return;
@@ -434,6 +444,8 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       troupe::chart_book charts;
       int empty_rounds = 0;  // rounds in which no update arrived (all late or failed)
       std::size_t alarms_since_eval = 0;  // drift alarms in the rounds since the last evaluated one
+      // --verify-norm: the per-client means of the rounds with proofs, summed (averaged at the end).
+      double proof_rounds = 0, proof_bytes = 0, prove_ms = 0, verify_ms = 0;
       auto s = troupe::federated::run_simulation(f->o, [&](const troupe::federated::progress& p) {
         const int r = p.round->round;
         if (board) show_round(*board, p);
@@ -450,6 +462,19 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                        p.round->drift_alarms.size() > 1 ? "s" : "", who.c_str());
         }
         alarms_since_eval += p.round->drift_alarms.size();
+        if (!p.round->rejected.empty()) {
+          if (tty) std::fprintf(stderr, "\r\033[K");
+          std::string who;
+          for (auto c : p.round->rejected) who += (who.empty() ? "" : ", ") + std::to_string(c);
+          if (!json)
+            std::fprintf(stderr, "troupe fedsim: round %d: dropped client%s %s (norm proof failed)\n", r,
+                         p.round->rejected.size() > 1 ? "s" : "", who.c_str());
+        }
+        for (const auto& [name, value] : p.round->metrics) {
+          if (name == "proof_bytes") proof_rounds += 1, proof_bytes += value;
+          if (name == "prove_ms") prove_ms += value;
+          if (name == "verify_ms") verify_ms += value;
+        }
         if (p.evaluated) {
           if (tty) std::fprintf(stderr, "\r\033[K");
           if (!f->report.empty()) {
@@ -525,6 +550,26 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       }
       settings += drift_json(f->o, s);
       settings += continual_json(f->o, s);
+      if (f->o.verify_norm > 0) {
+        std::string who = ",\"rejected_clients\":[";
+        std::size_t rejected = 0;
+        for (std::size_t i = 0; i < s.rejected_clients.size(); ++i) {
+          const auto& [round, clients] = s.rejected_clients[i];
+          who += (i ? ",{\"round\":" : "{\"round\":") + std::to_string(round) + ",\"clients\":[";
+          for (std::size_t j = 0; j < clients.size(); ++j) who += (j ? "," : "") + std::to_string(clients[j]);
+          who += "]}";
+          rejected += clients.size();
+        }
+        const double n = std::max(1.0, proof_rounds);
+        settings += who + "],\"rejected_count\":" + std::to_string(rejected) + ",\"verify_norm\":" +
+                    json_number(f->o.verify_norm, "%.6g") + ",\"verify_bits\":" + std::to_string(f->o.verify_bits) +
+                    ",\"proof_bytes\":" + json_number(proof_bytes / n, "%.0f") + ",\"prove_ms\":" +
+                    json_number(prove_ms / n, "%.3f") + ",\"verify_ms\":" + json_number(verify_ms / n, "%.3f");
+        char buf[200];
+        std::snprintf(buf, sizeof buf, ", norm proofs: %zu updates rejected, %.0f bytes, prove %.1f ms, verify %.1f ms per client",
+                      rejected, proof_bytes / n, prove_ms / n, verify_ms / n);
+        finals_text += buf;
+      }
       if (!f->o.lora.empty())
         settings += ",\"lora\":\"" + f->o.lora + "\",\"lora_agg\":\"" + f->o.lora_agg + "\",\"lora_alpha\":" +
                     json_number(f->o.lora_alpha, "%.6g");

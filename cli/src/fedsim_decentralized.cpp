@@ -62,6 +62,8 @@ std::string decentralized_conflict(const CLI::App& cmd, const std::string& mode)
       {"--continual", "the tasks and their consolidation run in the horizontal simulation"},
       {"--cl", "it is read with --continual"},
       {"--task-rounds", "it is read with --continual"},
+      {"--verify-norm", "there is no server to verify the norm proofs"},
+      {"--verify-bits", "there is no server to verify the norm proofs"},
   };
   for (const auto& c : conflicts) {
     if (cmd.count(c.flag) == 0) continue;

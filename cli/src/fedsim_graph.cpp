@@ -35,6 +35,8 @@ std::string graph_conflict(const CLI::App& cmd) {
       {"--lora-agg", "SGC's linear layer is trained whole"},
       {"--lora-alpha", "SGC's linear layer is trained whole"},
       {"--async", "graph runs take synchronous rounds"},
+      {"--verify-norm", "the norm proofs are not wired to graph runs"},
+      {"--verify-bits", "the norm proofs are not wired to graph runs"},
       {"--checkpoint", "graph runs keep no checkpoints (the graph is built again from the seed)"},
       {"--contribution", "the Shapley values are not wired to graph runs"},
       {"--contributions", "the Shapley values are not wired to graph runs"},

@@ -55,6 +55,8 @@ const conflict horizontal_only[] = {
       {"--continual", "the tasks and their consolidation run in the horizontal simulation with a server"},
       {"--cl", "it is read with --continual"},
       {"--task-rounds", "it is read with --continual"},
+      {"--verify-norm", "the norm proofs are of horizontal clients' model updates"},
+      {"--verify-bits", "it is read with --verify-norm"},
 };
 
 }  // namespace

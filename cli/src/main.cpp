@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   troupe::cli::add_attest_command(app, rc);
   troupe::cli::add_inspect_command(app, rc);
   troupe::cli::add_generate_command(app, rc);
+  troupe::cli::add_zkbench_command(app, rc);
   // CLI11 reads "-1" into an unsigned option as 2^64 - 1: every unsigned option refuses a sign.
   // And a value beyond 2^64 - 1 is clamped to it by the conversion: refuse it instead.
   const CLI::Validator no_sign(

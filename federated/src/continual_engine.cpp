@@ -59,6 +59,7 @@ void check_continual_options(const simulation_options& o) {
     fail(flag + " with --drift or --drift-detect: both change the clients' data over rounds; run them apart");
   if (!o.attack.empty()) fail(flag + " with --attack is not supported: the attacks are not wired to the tasks");
   if (!o.unlearn.empty()) fail(flag + " with --unlearn is not supported: unlearning replays rounds without the tasks' consolidation");
+  if (o.verify_norm != 0) fail(flag + " with --verify-norm is not supported yet: the proofs are not checked across the tasks' consolidation");
   if (!o.contribution.empty())
     fail(flag + " with --contribution is not supported: the validation examples are not split into tasks");
   if (o.eval_clients) fail(flag + " with --eval-clients is not supported: the clients' held-out examples are not split into tasks");

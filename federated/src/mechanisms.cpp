@@ -718,6 +718,7 @@ mechanism make_secure_aggregation(const secagg_options& options) {
 }
 
 void install_mechanisms(simulation& sim, const simulation_options& o, const weight_bounds& weights) {
+  check_norm_verification(o);
   if (!o.lora.empty()) {  // check_lora_options refused every other mechanism
     detail::install_lora(sim, o);
     return;
@@ -730,8 +731,9 @@ void install_mechanisms(simulation& sim, const simulation_options& o, const weig
   if (!o.compress.empty() && o.secagg)
     bad("--compress saves uplink bytes on plain updates, and secure aggregation masks every coordinate into a dense "
         "32-bit word (a compressed update would travel as large as a dense one): pick one");
+  std::unique_ptr<aggregator> agg;  // set once at the end: --verify-norm wraps it
   if (robust) {
-    sim.set_aggregator(make_robust_aggregator(o.strategy));
+    agg = make_robust_aggregator(o.strategy);
     const std::size_t least = least_updates(o.strategy);
     if (sim.buffer_size() == 0 && sim.cohort_size() < least)
       bad("--strategy " + o.strategy + " needs at least " + std::to_string(least) +
@@ -754,7 +756,7 @@ void install_mechanisms(simulation& sim, const simulation_options& o, const weig
     if (const std::size_t k = sim.buffer_size()) plain.expected_clients = plain.population = plain.sampled_clients = k;
     auto m = make_differential_privacy(plain);
     sim.add_transform(std::move(m.transform));
-    sim.set_aggregator(std::move(m.aggregator));
+    agg = std::move(m.aggregator);
   }
   if (o.secagg) {
     if (sim.cohort_size() < 2)
@@ -769,10 +771,16 @@ void install_mechanisms(simulation& sim, const simulation_options& o, const weig
                                       .dropout = o.secagg_dropout,
                                       .dp = dp ? privacy : dp_options{}});
     sim.add_transform(std::move(m.transform));
-    sim.set_aggregator(std::move(m.aggregator));
+    agg = std::move(m.aggregator);
   } else if (o.secagg_dropout != 0) {
     bad("a dropout fraction after masking needs secure aggregation");
   }
+  if (o.verify_norm != 0) {  // last: it proves the update as the other transforms leave it
+    auto m = make_norm_verification({.bound = o.verify_norm, .bits = o.verify_bits}, agg ? std::move(agg) : make_weighted_mean());
+    sim.add_transform(std::move(m.transform));
+    agg = std::move(m.aggregator);
+  }
+  if (agg) sim.set_aggregator(std::move(agg));
 }
 
 }  // namespace troupe::federated

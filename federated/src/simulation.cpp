@@ -429,6 +429,7 @@ round_report simulation::run_round() {
     } catch (const round_aborted& e) {
       r.aborted = e.what();
     }
+    r.rejected = impl_->agg->rejected();
     // (Told before anything else is asked of them: the next round's train, a checkpoint's save.)
     if (ctx->provisional)
       for (std::size_t i = 0; i < asked; ++i) impl_->clients[who[i]].tell(&client::settle, shared, r.aborted.empty());
@@ -444,7 +445,7 @@ round_report simulation::run_round() {
     }
   }
   r.round = round;
-  r.participants = r.aborted.empty() ? who.size() : 0;
+  r.participants = r.aborted.empty() ? who.size() - r.rejected.size() : 0;
   if (!r.aborted.empty()) r.metrics.emplace_back("aborted", 1.0);
   r.train_loss = samples ? loss / static_cast<double>(samples) : 0.0;
   for (auto& t : e.transforms) t->end_round(ctx->info, r.metrics);
@@ -618,6 +619,7 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     for (const auto& [name, value] : rr.metrics)
       if (name == "consolidation_bytes") s.consolidation_bytes += static_cast<std::uint64_t>(value);
     if (!rr.drift_alarms.empty()) s.drift_alarms.emplace_back(rr.round, rr.drift_alarms);
+    if (!rr.rejected.empty()) s.rejected_clients.emplace_back(rr.round, rr.rejected);
     p.uplink_bytes = s.uplink_bytes;
     if (report) report(p);
   }

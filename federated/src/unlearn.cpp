@@ -104,6 +104,8 @@ void check_unlearn_options(const simulation_options& o) {
   if (detail::parse_async(o.async) > 0)
     fail("--unlearn cannot combine with --async: removing clients from FedBuff's stream of dispatches is not defined here");
   if (!o.contribution.empty()) fail("--unlearn cannot combine with --contribution");
+  if (o.verify_norm != 0)
+    fail("--unlearn cannot combine with --verify-norm yet: the replayed and ascended updates carry no norm proofs");
   if (!o.excluded.empty()) fail("--unlearn with clients already excluded: name every client to remove in --unlearn");
   if (m.type == unlearn_method::kind::pga) {
     const std::string why = "--unlearn-method " + o.unlearn_method + " ascends the removed clients' loss on the host";

@@ -131,6 +131,29 @@ struct secagg_options {
 /// round of max_clients able to unmask (see docs/FEDERATED.md).
 mechanism make_secure_aggregation(const secagg_options& options);
 
+// ---- zero-knowledge norm proofs ---------------------------------------------------------------------
+
+struct norm_verification_options {
+  double bound = 0;  ///< B: the L2 bound every update is proved to keep
+  int bits = 16;     ///< k: bits per quantized coordinate (8, 16 or 32)
+};
+/// RoFL's norm check (zkproof.hpp) as hooks. The transform (last in the chain) quantizes the
+/// client's update, proves ‖x‖ <= B_q (a client whose update breaks the bound cannot, and sends
+/// what the prover makes with its checks skipped, which never verifies) and sends the update with
+/// its proof as words: d floats, the proof's length, its bytes. The aggregator verifies each
+/// proof against the quantization of the floats it received (the opening binds the two), hands
+/// the updates that pass to `inner` unchanged and leaves the others out, reporting them
+/// (aggregator::rejected); a round whose every update fails is given up (round_aborted). The
+/// transform reports per round "rejected", "proof_bytes", "prove_ms" and "verify_ms" (means per
+/// client). Throws std::invalid_argument for a bound that is not positive and finite or other
+/// bits.
+mechanism make_norm_verification(const norm_verification_options& options, std::unique_ptr<aggregator> inner);
+/// Throws std::invalid_argument, naming the option, for what --verify-norm cannot combine with:
+/// secure aggregation (its commitments' link to the masked sum is not built yet), compression,
+/// FedBuff, LoRA, strategies and options that observe each plain update (qfedavg, fedgen,
+/// --contribution, --drift-response cluster).
+void check_norm_verification(const simulation_options& options);
+
 // ---- installation ----------------------------------------------------------------------------------
 
 /// What secure aggregation's fixed-point range needs to know of the clients' weights (their

@@ -132,6 +132,11 @@ struct simulation_options {
   bool dp_adaptive = false;       ///< adaptive clipping (dp_clip is the initial bound)
   std::string compress;           ///< "", "topk:F" or "qsgd:L"
   std::string attack;             ///< "", "sign-flip:P", "scale:P:X", "label-flip:P" or "backdoor:P:T"
+  /// > 0: every client proves in zero knowledge that its update's L2 norm is at most this bound
+  /// (zkproof.hpp, on verify_bits-bit coordinates) and the server aggregates only the updates
+  /// whose proof verifies (make_norm_verification, mechanisms.hpp).
+  double verify_norm = 0;
+  int verify_bits = 16;           ///< k of the norm proofs: 8, 16 or 32
 
   /// Fine-tuning: the initial global model is the one saved in this path instead of a fresh
   /// one: a `--checkpoint` directory of an earlier run (its fedsim.ckpt, saved with the same
@@ -311,6 +316,9 @@ struct round_report {
   /// Clients whose drift detector alarmed in this round (simulation_options::drift_detect), in
   /// aggregation order.
   std::vector<std::uint64_t> drift_alarms;
+  /// Clients whose update the aggregator refused (aggregator::rejected: a norm proof that
+  /// failed), in aggregation order.
+  std::vector<std::uint64_t> rejected;
   /// Non-empty when the aggregator gave the round up (round_aborted): why. The model is as it
   /// was before the round, and the metrics hold "aborted" 1.
   std::string aborted;
@@ -457,6 +465,8 @@ struct summary {
   std::vector<double> task_accuracy_after, task_accuracy_final;
   double acc = 0, bwt = 0;
   std::uint64_t consolidation_bytes = 0;
+  /// The clients the aggregator refused: (round, clients) for each round with any.
+  std::vector<std::pair<int, std::vector<std::uint64_t>>> rejected_clients;
 };
 
 /// Runs options.rounds rounds with evaluations every options.eval_every rounds (resuming from

@@ -121,6 +121,9 @@ public:
   /// The aggregate, dim floats. Throws std::logic_error when nothing was added, round_aborted
   /// when the round cannot be completed.
   virtual std::vector<float> finish() = 0;
+  /// The clients of the round (since begin) whose update this aggregator refused and left out
+  /// of the aggregate (a zero-knowledge proof that failed); the default refuses none.
+  virtual std::vector<std::uint64_t> rejected() const { return {}; }
 };
 
 /// sum(weight * delta) / sum(weight), accumulated in double in the order of add(): FedAvg's
