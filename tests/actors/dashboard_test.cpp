@@ -182,6 +182,20 @@ TEST(Dashboard, JsonCarriesNoMarkupOfAHostileName) {
       << d.actors_json();
 }
 
+TEST(Dashboard, MailboxDepthsFromOtherNodesSumWithoutOverflow) {
+  // Depths come in other nodes' reports: a huge one saturates the sums, a negative one counts as 0.
+  auto nodes = a_cluster();
+  nodes[0].actors[0].mailbox_depth = std::numeric_limits<std::int64_t>::max();
+  nodes[1].actors[0].mailbox_depth = std::numeric_limits<std::int64_t>::max();
+  nodes[0].actors[1].mailbox_depth = -5;
+  troupe::dashboard d({});
+  d.set_cluster(nodes);
+  const std::string big = std::to_string(std::numeric_limits<std::int64_t>::max());
+  EXPECT_NE(d.actors_json().find("{\"type\":\"kv_store\",\"count\":2,\"mailbox_depth\":" + big + ","), std::string::npos)
+      << d.actors_json();
+  EXPECT_NE(d.nodes_json().find("\"mailbox_depth\":" + big), std::string::npos) << d.nodes_json();
+}
+
 TEST(Dashboard, ChangesOfTheClusterBecomeEvents) {
   troupe::dashboard d({});
   d.set_cluster(a_cluster());

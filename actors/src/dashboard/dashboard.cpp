@@ -116,7 +116,14 @@ dashboard::dashboard(dashboard_config cfg) : impl_(std::make_unique<impl>(std::m
 
 dashboard::~dashboard() {
   impl_->stop();
-  impl_->server.reset();
+  // Routes read impl_->server under mu on the server's thread: take it out under mu, then stop it
+  // (its destructor joins that thread, so it must not run while holding mu).
+  std::unique_ptr<http::server> server;
+  {
+    std::lock_guard lock(impl_->mu);
+    server = std::move(impl_->server);
+  }
+  server.reset();
 }
 
 std::uint16_t dashboard::port() const noexcept { return impl_->server->port(); }
@@ -207,6 +214,10 @@ void dashboard::set_cluster(std::vector<node_status> nodes) {
 
 void dashboard::watch_cluster(std::string head, std::string token, std::chrono::milliseconds every) {
   auto& m = *impl_;
+  // Under stop_mu: stop() sets `stopping` under it before it joins the watcher, so no watcher
+  // starts (nor is assigned) once stop() has begun.
+  std::lock_guard stop_lock(m.stop_mu);
+  if (m.stopping) throw std::logic_error("dashboard::watch_cluster: the dashboard is stopping");
   if (m.watcher.joinable()) throw std::logic_error("dashboard::watch_cluster: it watches a cluster already");
   m.watcher = std::thread([this, &m, head = std::move(head), token = std::move(token), every] {
     std::string last_error;

@@ -1,7 +1,10 @@
 // The dashboard's views (state.hpp): JSON for the page and for scripts, Prometheus text for
 // scrapers. Every string goes through http::json_string or http::prometheus_label.
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <cstdio>
 #include <map>
 
@@ -11,6 +14,14 @@
 namespace troupe::detail {
 
 namespace {
+
+/// a + b for mailbox depths that came in other nodes' status reports: a negative depth counts as
+/// 0 and the sum stops at the largest int64 instead of overflowing.
+std::int64_t saturating_add(std::int64_t a, std::int64_t b) {
+  std::int64_t sum = 0;
+  if (__builtin_add_overflow(a, std::max<std::int64_t>(b, 0), &sum)) return std::numeric_limits<std::int64_t>::max();
+  return sum;
+}
 
 using http::json_string;
 
@@ -45,7 +56,7 @@ std::map<std::string, type_totals> by_type(const dashboard_state& s) {
     for (auto& a : n.actors) {
       auto& t = types[a.type];
       ++t.count;
-      t.depth += a.mailbox_depth;
+      t.depth = saturating_add(t.depth, a.mailbox_depth);
       t.max_depth = std::max(t.max_depth, a.mailbox_depth);
       t.messages += a.messages;
       t.rate += a.messages_per_s;
@@ -83,7 +94,7 @@ std::string nodes_json(const dashboard_state& s) {
     auto& n = s.nodes[i];
     std::int64_t depth = 0;
     double rate = 0;
-    for (auto& a : n.actors) depth += a.mailbox_depth, rate += a.messages_per_s;
+    for (auto& a : n.actors) depth = saturating_add(depth, a.mailbox_depth), rate += a.messages_per_s;
     std::string labels;
     for (auto& l : n.info.labels) labels += (labels.empty() ? "" : ",") + json_string(l);
     out += std::string(i ? "," : "") + "{\"node\":" + std::to_string(n.info.id) + ",\"address\":" + json_string(address(n.info)) +
