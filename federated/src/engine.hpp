@@ -214,6 +214,11 @@ std::unique_ptr<kernels::sequential> make_model(const std::string& spec);
 
 // ---- fine-tuning (finetune.cpp) and LoRA (lora.cpp) ----------------------------------------
 
+/// The model saved at `path`: the global model of a `troupe fedsim --checkpoint` directory (whose
+/// --model must be `spec` unless `spec` is empty) or a `troupe train --save` weights file of
+/// `spec`. `flag` names the option in the messages. Throws std::invalid_argument naming the path
+/// and what does not fit.
+std::unique_ptr<kernels::sequential> load_model_from(const std::string& path, const std::string& spec, const std::string& flag);
 /// Writes into `model` the parameters of `spec` saved at `path` (simulation_options::
 /// finetune_from). Throws std::invalid_argument naming the path and what does not fit.
 void load_base_model(const std::string& path, const std::string& spec, std::span<float> model);

@@ -27,16 +27,15 @@ std::string option_of(const std::string& options, const std::string& name) {
 
 }  // namespace
 
-void load_base_model(const std::string& path, const std::string& spec, std::span<float> model) {
+std::unique_ptr<kernels::sequential> load_model_from(const std::string& path, const std::string& spec, const std::string& flag) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto status = fs::status(path, ec);
-  if (ec || !fs::exists(status))
-    throw std::invalid_argument("--finetune-from " + path + ": no such file or directory");
+  if (ec || !fs::exists(status)) throw std::invalid_argument(flag + " " + path + ": no such file or directory");
   if (fs::is_directory(status)) {
     const std::string file = (fs::path(path) / "fedsim.ckpt").string();
     if (!fs::exists(file, ec))
-      throw std::invalid_argument("--finetune-from " + path +
+      throw std::invalid_argument(flag + " " + path +
                                   ": the directory holds no fedsim.ckpt (give a `troupe fedsim --checkpoint` directory or a "
                                   "`troupe train --save` weights file)");
     std::string options;
@@ -44,31 +43,46 @@ void load_base_model(const std::string& path, const std::string& spec, std::span
     try {
       saved = read_checkpoint_model(file, options);
     } catch (const std::runtime_error& e) {
-      throw std::invalid_argument("--finetune-from " + path + ": " + e.what());
+      throw std::invalid_argument(flag + " " + path + ": " + e.what());
     }
     if (!option_of(options, "lora").empty())
-      throw std::invalid_argument("--finetune-from " + path +
+      throw std::invalid_argument(flag + " " + path +
                                   ": that checkpoint is of a LoRA run (its model holds adapters beside the weights); "
-                                  "fine-tune from the checkpoint of a run that trained the whole model");
+                                  "use the checkpoint of a run that trained the whole model");
     const std::string saved_model = option_of(options, "model");
-    if (saved_model != spec)
-      throw std::invalid_argument("--finetune-from " + path + ": the checkpoint holds a model saved with --model " +
-                                  saved_model + "; this run has --model " + spec);
-    if (saved.size() != model.size())
-      throw std::invalid_argument("--finetune-from " + path + ": the checkpoint holds " + std::to_string(saved.size()) +
-                                  " floats; --model " + spec + " has " + std::to_string(model.size()));
+    if (!spec.empty() && saved_model != spec)
+      throw std::invalid_argument(flag + " " + path + ": the checkpoint holds a model saved with --model " + saved_model +
+                                  "; this run has --model " + spec);
     if (!std::all_of(saved.begin(), saved.end(), [](float v) { return std::isfinite(v); }))
-      throw std::invalid_argument("--finetune-from " + path + ": the saved model holds a value that is not finite");
-    std::copy(saved.begin(), saved.end(), model.begin());
-    return;
+      throw std::invalid_argument(flag + " " + path + ": the saved model holds a value that is not finite");
+    auto net = make_model(saved_model);
+    std::size_t at = 0;
+    for (auto* p : net->parameters()) {
+      auto v = p->value.data<float>();
+      if (at + v.size() > saved.size())
+        throw std::invalid_argument(flag + " " + path + ": the checkpoint holds " + std::to_string(saved.size()) +
+                                    " floats; --model " + saved_model + " has more");
+      std::copy_n(saved.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
+      at += v.size();
+    }
+    if (at != saved.size())
+      throw std::invalid_argument(flag + " " + path + ": the checkpoint holds " + std::to_string(saved.size()) +
+                                  " floats; --model " + saved_model + " has " + std::to_string(at));
+    return net;
   }
   // A weights file (troupe train --save): its names and shapes must be those of --model.
+  if (spec.empty()) throw std::invalid_argument(flag + " " + path + ": a weights file does not say its model: give --model");
   auto net = make_model(spec);
   try {
     kernels::load_weights(*net, path);
   } catch (const std::runtime_error& e) {
-    throw std::invalid_argument("--finetune-from " + path + " (for --model " + spec + "): " + e.what());
+    throw std::invalid_argument(flag + " " + path + " (for --model " + spec + "): " + e.what());
   }
+  return net;
+}
+
+void load_base_model(const std::string& path, const std::string& spec, std::span<float> model) {
+  const auto net = load_model_from(path, spec, "--finetune-from");
   std::size_t at = 0;
   for (auto* p : net->parameters())
     for (float v : std::as_const(p->value).data<float>()) {

@@ -5,15 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <limits>
-#include <sstream>
 #include <stdexcept>
 
 #include "engine.hpp"
 #include "troupe/federated/rng.hpp"
 #include "troupe/kernels/optim.hpp"
-#include "troupe/kernels/weights.hpp"
 
 namespace troupe::federated {
 
@@ -46,15 +43,6 @@ void check_options(const neural_cleanse_options& o) {
     throw std::invalid_argument("neural cleanse: the cost multiplier must be above 1");
   if (!(o.anomaly_threshold > 0) || !std::isfinite(o.anomaly_threshold))
     throw std::invalid_argument("neural cleanse: the anomaly threshold must be positive");
-}
-
-/// The value of `name=` in a checkpoint's options, or empty.
-std::string option_of(const std::string& options, const std::string& name) {
-  std::istringstream in(options);
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(name + "=", 0) == 0) return line.substr(name.size() + 1);
-  return {};
 }
 
 }  // namespace
@@ -297,49 +285,7 @@ neural_cleanse_result neural_cleanse(kernels::sequential& model, const labelled_
 }
 
 std::unique_ptr<kernels::sequential> load_saved_model(const std::string& path, const std::string& spec) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const auto status = fs::status(path, ec);
-  if (ec || !fs::exists(status)) throw std::invalid_argument("--load " + path + ": no such file or directory");
-  if (fs::is_directory(status)) {
-    const std::string file = (fs::path(path) / "fedsim.ckpt").string();
-    if (!fs::exists(file, ec))
-      throw std::invalid_argument("--load " + path +
-                                  ": the directory holds no fedsim.ckpt (give a `troupe fedsim --checkpoint` directory or a "
-                                  "`troupe train --save` weights file)");
-    std::string options;
-    std::vector<float> saved;
-    try {
-      saved = detail::read_checkpoint_model(file, options);
-    } catch (const std::runtime_error& e) {
-      throw std::invalid_argument("--load " + path + ": " + e.what());
-    }
-    if (!option_of(options, "lora").empty())
-      throw std::invalid_argument("--load " + path + ": that checkpoint is of a LoRA run (its model holds adapters beside the weights)");
-    const std::string saved_model = option_of(options, "model");
-    if (!spec.empty() && saved_model != spec)
-      throw std::invalid_argument("--load " + path + ": the checkpoint holds a model saved with --model " + saved_model +
-                                  ", not " + spec);
-    auto net = detail::make_model(saved_model);
-    std::size_t at = 0;
-    for (auto* p : net->parameters()) {
-      auto v = p->value.data<float>();
-      if (at + v.size() > saved.size()) throw std::invalid_argument("--load " + path + ": fewer parameters than its model");
-      std::copy_n(saved.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
-      at += v.size();
-    }
-    if (at != saved.size()) throw std::invalid_argument("--load " + path + ": more parameters than its model");
-    return net;
-  }
-  if (spec.empty())
-    throw std::invalid_argument("--load " + path + ": a weights file does not say its model: give --model");
-  auto net = detail::make_model(spec);
-  try {
-    kernels::load_weights(*net, path);
-  } catch (const std::runtime_error& e) {
-    throw std::invalid_argument("--load " + path + " (for --model " + spec + "): " + e.what());
-  }
-  return net;
+  return detail::load_model_from(path, spec, "--load");
 }
 
 }  // namespace troupe::federated
