@@ -26,39 +26,40 @@ void finish(topology& g) {
   }
 }
 
-// A D-regular graph: stubs paired at random among the pairs that keep the graph simple; when
-// none is left the draw starts again (as in Steger and Wormald's algorithm).
+// A D-regular graph (the configuration model): each node's D half-edges paired at random among
+// the pairs that keep the graph simple; when none is left the draw starts again (as in Steger
+// and Wormald's algorithm).
 bool try_random_regular(topology& g, std::size_t n, std::size_t d, splitmix64& rng) {
   g.neighbours.assign(n, {});
-  std::vector<std::uint32_t> stubs;
+  std::vector<std::uint32_t> half_edges;
   for (std::uint32_t i = 0; i < n; ++i)
-    for (std::size_t k = 0; k < d; ++k) stubs.push_back(i);
+    for (std::size_t k = 0; k < d; ++k) half_edges.push_back(i);
   auto linked = [&](std::uint32_t a, std::uint32_t b) {
     const auto& na = g.neighbours[a];
     return std::find(na.begin(), na.end(), b) != na.end();
   };
-  while (!stubs.empty()) {
+  while (!half_edges.empty()) {
     bool paired = false;
     for (int tries = 0; tries < 64 && !paired; ++tries) {
-      const auto i = rng.below(stubs.size()), j = rng.below(stubs.size());
-      const auto a = stubs[i], b = stubs[j];
+      const auto i = rng.below(half_edges.size()), j = rng.below(half_edges.size());
+      const auto a = half_edges[i], b = half_edges[j];
       if (i == j || a == b || linked(a, b)) continue;
       add_edge(g, a, b);
-      stubs.erase(stubs.begin() + static_cast<std::ptrdiff_t>(std::max(i, j)));
-      stubs.erase(stubs.begin() + static_cast<std::ptrdiff_t>(std::min(i, j)));
+      half_edges.erase(half_edges.begin() + static_cast<std::ptrdiff_t>(std::max(i, j)));
+      half_edges.erase(half_edges.begin() + static_cast<std::ptrdiff_t>(std::min(i, j)));
       paired = true;
     }
     if (paired) continue;
-    // Few stubs left, or unlucky: look for any suitable pair before giving this draw up.
+    // Few half-edges left, or unlucky: look for any suitable pair before giving this draw up.
     std::vector<std::pair<std::size_t, std::size_t>> ok;
-    for (std::size_t i = 0; i < stubs.size(); ++i)
-      for (std::size_t j = i + 1; j < stubs.size(); ++j)
-        if (stubs[i] != stubs[j] && !linked(stubs[i], stubs[j])) ok.emplace_back(i, j);
+    for (std::size_t i = 0; i < half_edges.size(); ++i)
+      for (std::size_t j = i + 1; j < half_edges.size(); ++j)
+        if (half_edges[i] != half_edges[j] && !linked(half_edges[i], half_edges[j])) ok.emplace_back(i, j);
     if (ok.empty()) return false;
     const auto [i, j] = ok[rng.below(ok.size())];
-    add_edge(g, stubs[i], stubs[j]);
-    stubs.erase(stubs.begin() + static_cast<std::ptrdiff_t>(j));
-    stubs.erase(stubs.begin() + static_cast<std::ptrdiff_t>(i));
+    add_edge(g, half_edges[i], half_edges[j]);
+    half_edges.erase(half_edges.begin() + static_cast<std::ptrdiff_t>(j));
+    half_edges.erase(half_edges.begin() + static_cast<std::ptrdiff_t>(i));
   }
   finish(g);
   return true;
