@@ -181,7 +181,7 @@ TEST(ClientsOnCuda, RefuseADeviceThisProcessCannotUse) {
 TEST(ClientsOnCuda, TrainAsTheCpuDoesWithinTolerance) {
   if (troupe::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   // The GPU's GEMMs sum in other orders than the CPU's fused rows: abs 1e-4 + rel 1e-3 after two
-  // rounds of 6 clients (docs/FEDERATED.md).
+  // rounds of 6 clients (docs/federated/clients.md).
   for (const auto& [opt, state] : {std::pair<std::string, std::string>{"sgd", "fp32"}, {"adamw", "fp32"}, {"adamw", "int8"}}) {
     auto o = stateful(opt, state);
     o.rounds = 2;

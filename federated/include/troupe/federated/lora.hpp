@@ -19,7 +19,7 @@
 ///             truncated SVD of dW at its own rank, the singular values split evenly:
 ///             B = U_r S_r^1/2, A = S_r^1/2 V_r^T (the split leaves B A, the aggregate and
 ///             the truncation error as they are; it sets the clients' next steps: with all
-///             of S_r on B, rank 2 diverged in docs/FEDERATED.md's run)
+///             of S_r on B, rank 2 diverged in docs/federated/models.md's run)
 ///   hetlora   HetLoRA (Cho et al., 2024): each client's adapter zero-padded to the largest
 ///             rank, weighted by its norm ||B_k A_k||_F / sum_j ||B_j A_j||_F (the paper's
 ///             sparsity-weighted aggregation), each client getting the first r_k ranks back

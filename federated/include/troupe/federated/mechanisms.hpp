@@ -128,7 +128,7 @@ struct secagg_options {
 /// weighted mean falls back to would need a second sum.
 ///
 /// Throws std::invalid_argument for bad options, and for a dropout fraction that leaves no full
-/// round of max_clients able to unmask (see docs/FEDERATED.md).
+/// round of max_clients able to unmask (see docs/federated/privacy.md).
 mechanism make_secure_aggregation(const secagg_options& options);
 
 // ---- zero-knowledge norm proofs ---------------------------------------------------------------------
