@@ -66,11 +66,13 @@ std::int64_t attention_head_dim(const tensor& qkv, std::int64_t ctx, std::int64_
   return qkv.dim(1) / (3 * heads);
 }
 
-// AVX2 clones where the CPU has it: no operation is reordered or fused, so the results are the
-// baseline's to the bit.
-[[gnu::target_clones("avx2", "default")]] void causal_attention_forward(const tensor& qkv, std::int64_t ctx,
-                                                                        std::int64_t heads, tensor& out, tensor& lse,
-                                                                        std::int64_t tile) {
+namespace {
+
+// The bodies are compiled twice, for AVX2 and the baseline, and picked by an explicit test of the
+// CPU (not an ifunc from target_clones: its resolver runs before the sanitizer runtimes start).
+// No operation is reordered or fused, so the AVX2 results are the baseline's to the bit.
+[[gnu::always_inline]] inline void forward_body(const tensor& qkv, std::int64_t ctx, std::int64_t heads, tensor& out,
+                                                tensor& lse, std::int64_t tile) {
   check_tile(tile);
   const std::int64_t d = attention_head_dim(qkv, ctx, heads), n = qkv.dim(0), batch = n / ctx;
   const view w{ctx, heads, d, heads * d};
@@ -128,10 +130,9 @@ std::int64_t attention_head_dim(const tensor& qkv, std::int64_t ctx, std::int64_
       }
 }
 
-[[gnu::target_clones("avx2", "default")]] void causal_attention_backward(const tensor& dout, const tensor& qkv,
-                                                                         const tensor& out, const tensor& lse,
-                                                                         std::int64_t ctx, std::int64_t heads,
-                                                                         tensor& dqkv, std::int64_t tile) {
+[[gnu::always_inline]] inline void backward_body(const tensor& dout, const tensor& qkv, const tensor& out,
+                                                 const tensor& lse, std::int64_t ctx, std::int64_t heads, tensor& dqkv,
+                                                 std::int64_t tile) {
   check_tile(tile);
   const std::int64_t d = attention_head_dim(qkv, ctx, heads), n = qkv.dim(0), batch = n / ctx;
   const view w{ctx, heads, d, heads * d};
@@ -177,6 +178,40 @@ std::int64_t attention_head_dim(const tensor& qkv, std::int64_t ctx, std::int64_
         }
       }
     }
+}
+
+[[gnu::target("avx2")]] void forward_avx2(const tensor& qkv, std::int64_t ctx, std::int64_t heads, tensor& out,
+                                          tensor& lse, std::int64_t tile) {
+  forward_body(qkv, ctx, heads, out, lse, tile);
+}
+void forward_baseline(const tensor& qkv, std::int64_t ctx, std::int64_t heads, tensor& out, tensor& lse,
+                      std::int64_t tile) {
+  forward_body(qkv, ctx, heads, out, lse, tile);
+}
+[[gnu::target("avx2")]] void backward_avx2(const tensor& dout, const tensor& qkv, const tensor& out, const tensor& lse,
+                                           std::int64_t ctx, std::int64_t heads, tensor& dqkv, std::int64_t tile) {
+  backward_body(dout, qkv, out, lse, ctx, heads, dqkv, tile);
+}
+void backward_baseline(const tensor& dout, const tensor& qkv, const tensor& out, const tensor& lse, std::int64_t ctx,
+                       std::int64_t heads, tensor& dqkv, std::int64_t tile) {
+  backward_body(dout, qkv, out, lse, ctx, heads, dqkv, tile);
+}
+
+bool has_avx2() noexcept {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+}  // namespace
+
+void causal_attention_forward(const tensor& qkv, std::int64_t ctx, std::int64_t heads, tensor& out, tensor& lse,
+                              std::int64_t tile) {
+  (has_avx2() ? forward_avx2 : forward_baseline)(qkv, ctx, heads, out, lse, tile);
+}
+
+void causal_attention_backward(const tensor& dout, const tensor& qkv, const tensor& out, const tensor& lse,
+                               std::int64_t ctx, std::int64_t heads, tensor& dqkv, std::int64_t tile) {
+  (has_avx2() ? backward_avx2 : backward_baseline)(dout, qkv, out, lse, ctx, heads, dqkv, tile);
 }
 
 void causal_attention_forward_reference(const tensor& qkv, std::int64_t ctx, std::int64_t heads, tensor& out,
