@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "batches.hpp"
+#include "classifier_stack.hpp"
 #include "troupe/federated/continual.hpp"
 #include "troupe/federated/simulation.hpp"
 #include "troupe/kernels/classifier.hpp"
@@ -47,8 +48,8 @@ struct continual_state {
 class continual_trainer final : public local_trainer {
 public:
   continual_trainer(shared_data data, const simulation_options& o, std::shared_ptr<continual_state> state);
-  std::size_t dim() const override { return net_->parameter_count(); }
-  std::span<float> working_model() override { return net_->flat_parameters(); }
+  std::size_t dim() const override { return m_.net->parameter_count(); }
+  std::span<float> working_model() override { return m_.net->flat_parameters(); }
   void initialize(std::span<float> model, std::uint64_t seed) override;
   local_result train(const local_job& job, std::span<float> model, splitmix64& rng) override;
   /// "accuracy": the mean over the tasks seen so far; "task_J_accuracy" for each (J from 1).
@@ -81,11 +82,8 @@ private:
 
   shared_data data_;
   image_batches batches_;
-  std::string spec_, finetune_from_;
+  classifier_stack m_;
   std::shared_ptr<continual_state> state_;
-  std::unique_ptr<kernels::sequential> model_;
-  std::unique_ptr<kernels::optimizer> opt_;
-  std::unique_ptr<kernels::classifier> net_;
   std::size_t test_limit_;
   int pixels_ = 0;
   std::vector<std::vector<std::uint32_t>> perms_;  // per task (permuted)

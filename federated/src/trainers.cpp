@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "batches.hpp"
+#include "classifier_stack.hpp"
 #include "engine.hpp"
 #include "troupe/federated/fedgen.hpp"
 #include "troupe/federated/mechanisms.hpp"
@@ -24,45 +25,19 @@ namespace {
 class mlp_trainer final : public local_trainer {
 public:
   mlp_trainer(shared_data data, const simulation_options& o)
-      : data_(std::move(data)), batches_(data_), spec_(o.model), finetune_from_(o.finetune_from),
-        model_(detail::make_model(o.model)), test_limit_(o.test_limit) {
+      : data_(std::move(data)), batches_(data_),
+        m_(o, batches_.pixels(), data_->classes, /*on_device=*/true), test_limit_(o.test_limit) {
     pixels_ = batches_.pixels();
-    if (const device where = detail::parse_device(o.device); !where.is_cpu()) kernels::move_to(*model_, where);
-    kernels::hyperparameters hp;
-    hp.lr = o.lr;
-    kernels::state_options state;
-    state.storage = kernels::parse_state_storage(o.client_state);
-    opt_ = std::make_unique<kernels::optimizer>(kernels::parse_optimizer_kind(o.client_optimizer),
-                                                std::vector<kernels::param_group>{{model_->parameters(), hp, state}});
-    try {
-      net_ = std::make_unique<kernels::classifier>(*model_, *opt_, pixels_);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument("model '" + spec_ + "': " + e.what() + " (the images have " + std::to_string(pixels_) +
-                                  " pixels)");
-    }
-    if (net_->classes() != data_->classes)
-      throw std::invalid_argument("model '" + spec_ + "' has " + std::to_string(net_->classes()) +
-                                  " outputs; the data has " + std::to_string(data_->classes) + " classes");
     if (is_fedgen(o.strategy)) {
-      const auto params = model_->parameters();
+      const auto params = m_.model->parameters();
       const int latent = static_cast<int>(params[params.size() - 2]->value.dim(1));
       generator_ = std::make_unique<feature_generator>(data_->classes, latent, parse_fedgen(o.strategy), 0);
-      head_offset_ = net_->parameter_count() - static_cast<std::size_t>(data_->classes) * (static_cast<std::size_t>(latent) + 1);
+      head_offset_ = m_.net->parameter_count() - static_cast<std::size_t>(data_->classes) * (static_cast<std::size_t>(latent) + 1);
     }
   }
-  std::size_t dim() const override { return net_->parameter_count(); }
-  std::span<float> working_model() override { return net_->flat_parameters(); }
-  void initialize(std::span<float> model, std::uint64_t seed) override {
-    if (!finetune_from_.empty()) {
-      detail::load_base_model(finetune_from_, spec_, model);
-      return;
-    }
-    auto fresh = detail::make_model(spec_);  // on the host, wherever the trainer's model lives
-    fresh->initialize(seed);
-    std::size_t at = 0;
-    for (auto* p : fresh->parameters())
-      for (float v : std::as_const(p->value).data<float>()) model[at++] = v;
-  }
+  std::size_t dim() const override { return m_.net->parameter_count(); }
+  std::span<float> working_model() override { return m_.net->flat_parameters(); }
+  void initialize(std::span<float> model, std::uint64_t seed) override { m_.initial_weights(model, seed); }
   local_result train(const local_job& job, std::span<float> model, splitmix64& rng) override {
     local_result r;
     order_.assign(job.shard.begin(), job.shard.end());
@@ -76,10 +51,10 @@ public:
       terms.center = job.global.data();
     }
     if (!job.correction.empty()) terms.correction = job.correction.data();
-    opt_->groups().front().hp.lr = job.lr;
-    net_->load_flat(model.data());
+    m_.opt->groups().front().hp.lr = job.lr;
+    m_.net->load_flat(model.data());
     if (job.start_loss) {  // q-FedAvg's F_k: the loss on the whole shard before any step
-      r.start_loss = n > 0 ? detail::evaluate_rows(*net_, batches_, data_->train, job.shard).loss : 0.0;
+      r.start_loss = n > 0 ? detail::evaluate_rows(*m_.net, batches_, data_->train, job.shard).loss : 0.0;
       batches_.reserve(rows_at_most);
     }
     const bool distil = generator_ && job.generator_weight > 0 && !job.generator.empty();
@@ -89,9 +64,9 @@ public:
     }
     if (job.optimizer_state) {  // the client's own moments, or fresh ones the first time
       if (job.optimizer_state->empty())
-        opt_->reset_state();
+        m_.opt->reset_state();
       else
-        opt_->load_state(*job.optimizer_state);
+        m_.opt->load_state(*job.optimizer_state);
     }
     double loss = 0;
     const std::int64_t step_limit = n > 0 ? job.steps : 0;  // 0: job.epochs passes
@@ -105,14 +80,14 @@ public:
         // The rows are scattered over 47 MB: ask for the next batch's while this one trains.
         if (s + batch < n) batches_.prefetch(train, order_.data() + s + batch, std::min(batch, n - s - batch));
         if (distil) generator_term(job.generator_weight * generator_->options().batch / job.batch, rng);
-        const kernels::batch_outcome b = net_->step(batches_.x(), batches_.y(), static_cast<int>(rows), terms);
+        const kernels::batch_outcome b = m_.net->step(batches_.x(), batches_.y(), static_cast<int>(rows), terms);
         loss += b.loss_sum;
         ++(b.applied ? r.steps : r.skipped);
         r.samples += static_cast<std::int64_t>(rows);
       }
     }
-    net_->store_flat(model.data());
-    if (job.optimizer_state) *job.optimizer_state = opt_->save_state();
+    m_.net->store_flat(model.data());
+    if (job.optimizer_state) *job.optimizer_state = m_.opt->save_state();
     r.loss = r.samples ? loss / static_cast<double>(r.samples) : 0.0;
     return r;
   }
@@ -123,12 +98,12 @@ public:
       test_rows_.resize(n);
       for (std::size_t i = 0; i < n; ++i) test_rows_[i] = static_cast<std::uint32_t>(i);
     }
-    net_->load_flat(model.data());
-    return detail::evaluate_rows(*net_, batches_, data_->test, test_rows_);
+    m_.net->load_flat(model.data());
+    return detail::evaluate_rows(*m_.net, batches_, data_->test, test_rows_);
   }
   evaluation evaluate_rows(std::span<const float> model, std::span<const std::uint32_t> rows) override {
-    net_->load_flat(model.data());
-    return detail::evaluate_rows(*net_, batches_, data_->train, rows);
+    m_.net->load_flat(model.data());
+    return detail::evaluate_rows(*m_.net, batches_, data_->train, rows);
   }
 
   /// A forward pass of the shard in chunks.
@@ -136,20 +111,20 @@ public:
     const std::size_t n = job.shard.size(), chunk = 240;
     out.resize(n);
     batches_.reserve(chunk);
-    net_->load_flat(model.data());
+    m_.net->load_flat(model.data());
     double loss = 0;
     std::int64_t correct = 0;
     for (std::size_t s = 0; s < n; s += chunk) {
       const std::size_t m = std::min(chunk, n - s);
       batches_.gather(data_->train, job.shard.data() + s, m);
-      net_->evaluate(batches_.x(), batches_.y(), static_cast<int>(m), loss, correct, out.data() + s);
+      m_.net->evaluate(batches_.x(), batches_.y(), static_cast<int>(m), loss, correct, out.data() + s);
     }
   }
 
   void check_optimizer_state(std::span<const std::byte> state) override {
     if (state.empty()) return;
     try {
-      opt_->load_state(state);  // this trainer's optimizer is loaded again before any use
+      m_.opt->load_state(state);  // this trainer's optimizer is loaded again before any use
     } catch (const std::runtime_error& e) {
       throw std::invalid_argument(e.what());
     }
@@ -161,7 +136,7 @@ private:
   /// correction vector that is zero but for the head.
   void start_distillation(const local_job& job) {
     generator_->load(job.generator);
-    correction_.assign(net_->parameter_count(), 0.0f);
+    correction_.assign(m_.net->parameter_count(), 0.0f);
     bool seen[256] = {};
     const std::uint8_t* labels = data_->train.labels.data<std::uint8_t>().data();
     for (std::uint32_t i : job.shard) seen[labels[i]] = true;
@@ -178,7 +153,7 @@ private:
     const int rows = generator_->options().batch, c = generator_->classes(), latent = generator_->latent();
     for (auto& y : generated_labels_) y = held_labels_[rng.below(held_labels_.size())];
     generator_->generate(generated_labels_.data(), rows, rng, generated_.data());
-    const float* head = net_->flat_parameters().data() + head_offset_;
+    const float* head = m_.net->flat_parameters().data() + head_offset_;
     float* gw = correction_.data() + head_offset_;
     float* gb = gw + static_cast<std::size_t>(c) * latent;
     std::fill(gw, gb + c, 0.0f);
@@ -188,10 +163,7 @@ private:
 
   shared_data data_;
   detail::image_batches batches_;
-  std::string spec_, finetune_from_;
-  std::unique_ptr<kernels::sequential> model_;
-  std::unique_ptr<kernels::optimizer> opt_;
-  std::unique_ptr<kernels::classifier> net_;
+  detail::classifier_stack m_;
   std::size_t test_limit_;
   int pixels_ = 0;
   std::vector<std::uint32_t> order_, test_rows_;
