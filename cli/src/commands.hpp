@@ -58,13 +58,12 @@ void add_inspect_command(CLI::App& app, int& rc);
 void add_generate_command(CLI::App& app, int& rc);
 }  // namespace troupe::cli
 
-namespace troupe::kernels {
-struct lm_options;
-}
+#include "troupe/kernels/lm.hpp"
 
 namespace troupe::cli {
-/// `troupe train --model gpt:...` (train_lm_command.cpp); returns the exit code.
-int run_lm_train(const troupe::kernels::lm_options& o, bool json);
+/// `troupe train --model gpt:...` (train_lm_command.cpp): in this thread, or with `engine` (a
+/// pipeline's) when set; returns the exit code.
+int run_lm_train(const troupe::kernels::lm_options& o, bool json, const troupe::kernels::lm_engine_factory& engine = {});
 void add_zkbench_command(CLI::App& app, int& rc);
 }  // namespace troupe::cli
 

@@ -84,15 +84,17 @@ void add_train_command(CLI::App& app, int& rc) {
   auto* dashboard_option = cmd->get_option("--dashboard");
   auto* schedule = cmd->add_option("--pipeline", pipe->schedule,
                                    "train with the pipeline runtime: one stage actor per rank, this schedule (gpipe, "
-                                   "1f1b, interleaved-1f1b, zb-h1, zb-v, ...); the model's linear layers are cut "
+                                   "1f1b, interleaved-1f1b, zb-h1, zb-v, ...); the model's layers with parameters "
+                                   "(an MLP's linear layers; a GPT's embedding, blocks, final norm and head) are cut "
                                    "into the stages by parameter count");
   cmd->add_option("--ranks", pipe->ranks, "pipeline ranks (stage actors, one or more stages each)")
       ->capture_default_str()
       ->needs(schedule);
-  cmd->add_option("--microbatches", pipe->microbatches,
-                  "microbatches per step (--batch must be a multiple; the last batch of an epoch is cut to one)")
-      ->capture_default_str()
-      ->needs(schedule);
+  auto* microbatches =
+      cmd->add_option("--microbatches", pipe->microbatches,
+                      "microbatches per step (--batch must be a multiple; the last batch of an epoch is cut to one); "
+                      "a gpt model takes it without --pipeline too (their gradients summed in this thread)")
+          ->capture_default_str();
   cmd->add_option("--virtual-stages", pipe->virtual_stages, "stages per rank (0: the schedule's default)")
       ->capture_default_str()
       ->needs(schedule);
@@ -106,15 +108,55 @@ void add_train_command(CLI::App& app, int& rc) {
       ->needs(schedule);
   cmd->callback([=, &rc] {
     const bool tty = isatty(STDERR_FILENO);
+    // The pipeline's schedule (with RECOMPUTE when asked, each stage of about `layers` / stages
+    // top-level layers recomputed whole), its actor system, and the nodes of its ranks (with --head).
+    struct pipeline_setup {
+      troupe::pipeline::schedule plan;
+      std::unique_ptr<troupe::actor_system> sys;
+      std::vector<std::uint32_t> nodes;
+    };
+    auto make_pipeline = [pipe](int layers) {
+      pipeline_setup out;
+      out.plan = troupe::pipeline::generate(pipe->schedule, pipe->ranks, pipe->microbatches, pipe->virtual_stages);
+      if (pipe->recompute) {
+        const int per_stage = std::max(2, (layers + out.plan.stages() - 1) / out.plan.stages());
+        out.plan = troupe::pipeline::with_checkpointing(
+            out.plan, troupe::pipeline::checkpoint_policy::parse("every:" + std::to_string(per_stage)), per_stage);
+      }
+      if (pipe->head.empty()) {
+        out.sys = std::make_unique<troupe::actor_system>(troupe::system_config{});
+        return out;
+      }
+      troupe::system_config cfg;
+      cfg.node.listen = "0.0.0.0:0";
+      cfg.node.head = pipe->head;
+      out.sys = std::make_unique<troupe::actor_system>(cfg);
+      // The ranks go round the cluster's other live nodes, in node order.
+      const char* token = std::getenv("TROUPE_CLUSTER_TOKEN");
+      std::vector<std::uint32_t> others;
+      for (const auto& n : troupe::cluster_status(pipe->head, token ? token : ""))
+        if (n.info.alive && n.info.id != out.sys->node()) others.push_back(n.info.id);
+      if (others.empty())
+        throw std::runtime_error("the cluster at " + pipe->head +
+                                 " has no other node to run the ranks on (start some with troupe node start)");
+      std::string where;
+      for (int r = 0; r < out.plan.place.ranks; ++r) {
+        out.nodes.push_back(others[static_cast<std::size_t>(r) % others.size()]);
+        where += (r ? ", " : "") + std::to_string(out.nodes.back());
+      }
+      std::fprintf(stderr, "pipeline %s: %d ranks on nodes %s\n", out.plan.name.c_str(), out.plan.place.ranks,
+                   where.c_str());
+      return out;
+    };
     try {
       if (o->model.rfind("gpt:", 0) == 0) {
         // A language model: the flags that only an MLP on images reads are refused.
-        for (auto* opt : {epochs, data_dir, load, report_option, fp32_option, schedule, dashboard_option})
+        for (auto* opt : {epochs, data_dir, load, report_option, fp32_option, dashboard_option})
           if (opt->count() > 0)
             throw std::invalid_argument(opt->get_name() + " cannot combine with a gpt model" +
                                         (opt == epochs ? " (it trains for --steps)"
                                                        : opt == load ? " (sample a saved model with troupe generate --load)"
-                                                       : opt == schedule ? " (pipelines train MLPs for now)" : ""));
+                                                       : ""));
         if (optimizer_option->count() > 0 && o->optimizer != "adamw")
           throw std::invalid_argument("--optimizer " + o->optimizer + ": a gpt model trains with adamw");
         lm->model = o->model;
@@ -125,9 +167,20 @@ void add_train_command(CLI::App& app, int& rc) {
         lm->state = o->state;
         lm->seed = o->seed;
         lm->save = o->save;
-        rc = run_lm_train(*lm, *json);
+        if (microbatches->count() > 0 || !pipe->schedule.empty()) lm->microbatches = pipe->microbatches;
+        if (pipe->schedule.empty()) {
+          rc = run_lm_train(*lm, *json);
+          return;
+        }
+        // The model's top-level layers: embedding, dropout (when > 0), two blocks a layer, the
+        // final norm and the head (make_gpt).
+        const auto g = troupe::kernels::parse_gpt_spec(o->model);
+        auto p = make_pipeline(static_cast<int>(1 + (g.dropout > 0 ? 1 : 0) + 2 * g.layers + 2));
+        rc = run_lm_train(*lm, *json, troupe::pipeline::lm_pipeline_engine(*p.sys, std::move(p.plan), std::move(p.nodes)));
         return;
       }
+      if (microbatches->count() > 0 && pipe->schedule.empty())
+        throw std::invalid_argument("--microbatches requires --pipeline (or a gpt model)");
       for (auto* opt : lm_only)
         if (opt->count() > 0) throw std::invalid_argument(opt->get_name() + " requires a gpt model (--model gpt:...)");
       if (!report->empty()) troupe::check_report_path(*report);
@@ -147,42 +200,13 @@ void add_train_command(CLI::App& app, int& rc) {
       std::unique_ptr<troupe::actor_system> sys;
       troupe::kernels::engine_factory engine;
       if (!pipe->schedule.empty()) {
-        auto plan = troupe::pipeline::generate(pipe->schedule, pipe->ranks, pipe->microbatches, pipe->virtual_stages);
-        if (pipe->recompute) {
-          // Every stage keeps one layer input of its L (linear and ReLU layers, as cut_mlp cuts
-          // them; L counted as the model's layers over the stages).
-          const auto layers = 2 * static_cast<int>(troupe::kernels::mlp_sizes(o->model).size() - 1) - 1;
-          const int per_stage = std::max(2, (layers + plan.stages() - 1) / plan.stages());
-          plan = troupe::pipeline::with_checkpointing(
-              plan, troupe::pipeline::checkpoint_policy::parse("every:" + std::to_string(per_stage)), per_stage);
-        }
+        // Linear and ReLU layers, as cut_mlp cuts them.
+        auto p = make_pipeline(2 * static_cast<int>(troupe::kernels::mlp_sizes(o->model).size() - 1) - 1);
         if (!report->empty() || board)
-          schedule_svg = troupe::pipeline::render(plan, troupe::pipeline::simulate(plan), troupe::pipeline::render_format::svg);
-        std::vector<std::uint32_t> nodes;
-        if (pipe->head.empty()) {
-          sys = std::make_unique<troupe::actor_system>(troupe::system_config{});
-        } else {
-          troupe::system_config cfg;
-          cfg.node.listen = "0.0.0.0:0";
-          cfg.node.head = pipe->head;
-          sys = std::make_unique<troupe::actor_system>(cfg);
-          // The ranks go round the cluster's other live nodes, in node order.
-          const char* token = std::getenv("TROUPE_CLUSTER_TOKEN");
-          std::vector<std::uint32_t> others;
-          for (const auto& n : troupe::cluster_status(pipe->head, token ? token : ""))
-            if (n.info.alive && n.info.id != sys->node()) others.push_back(n.info.id);
-          if (others.empty())
-            throw std::runtime_error("the cluster at " + pipe->head +
-                                     " has no other node to run the ranks on (start some with troupe node start)");
-          std::string where;
-          for (int r = 0; r < plan.place.ranks; ++r) {
-            nodes.push_back(others[static_cast<std::size_t>(r) % others.size()]);
-            where += (r ? ", " : "") + std::to_string(nodes.back());
-          }
-          std::fprintf(stderr, "pipeline %s: %d ranks on nodes %s\n", plan.name.c_str(), plan.place.ranks, where.c_str());
-        }
+          schedule_svg = troupe::pipeline::render(p.plan, troupe::pipeline::simulate(p.plan), troupe::pipeline::render_format::svg);
         if (board) board->set_schedule_svg(schedule_svg);
-        engine = troupe::pipeline::pipeline_engine(*sys, std::move(plan), std::move(nodes));
+        sys = std::move(p.sys);
+        engine = troupe::pipeline::pipeline_engine(*sys, std::move(p.plan), std::move(p.nodes));
       }
       auto result = troupe::kernels::train(*o, [&](const troupe::kernels::train_progress& p) {
         if (board && p.steps > 0) {

@@ -14,7 +14,7 @@
 
 namespace troupe::cli {
 
-int run_lm_train(const troupe::kernels::lm_options& o, bool json) {
+int run_lm_train(const troupe::kernels::lm_options& o, bool json, const troupe::kernels::lm_engine_factory& engine) {
   const bool tty = isatty(STDERR_FILENO);
   const auto result = troupe::kernels::train_lm(
       o,
@@ -36,7 +36,8 @@ int run_lm_train(const troupe::kernels::lm_options& o, bool json) {
         std::fprintf(stderr, "\r\033[Kstep %lld/%lld [%.*s%*s] loss %.4f", static_cast<long long>(step),
                      static_cast<long long>(o.steps), done, "==============================", width - done, "", loss);
         std::fflush(stderr);
-      });
+      },
+      engine);
   if (json)
     std::printf("{\"val_loss\":%s,\"tokens_per_s\":%.1f,\"seconds\":%.2f,\"peak_rss_mb\":%.1f,\"parameters\":%lld,"
                 "\"vocab\":%lld}\n",

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 
 #include "troupe/kernels/layers.hpp"
@@ -13,17 +14,35 @@
 
 namespace troupe::kernels {
 
-double clip_grad_norm(sequential& model, double max_norm) {
+double grad_square_sum(const tensor& grad) {
   double sum = 0;
-  for (auto* p : model.parameters())
-    for (float g : p->grad.data<float>()) sum += static_cast<double>(g) * g;
-  const double norm = std::sqrt(sum);
+  for (float g : grad.data<float>()) sum += static_cast<double>(g) * g;
+  return sum;
+}
+
+double global_norm(const std::vector<double>& square_sums) {
+  double sum = 0;
+  for (double s : square_sums) sum += s;
+  return std::sqrt(sum);
+}
+
+double clip_coefficient(double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1 && std::isfinite(norm)) {
-    const auto c = static_cast<float>(coef);
-    for (auto* p : model.parameters())
-      for (float& g : p->grad.data<float>()) g *= c;
-  }
+  return coef < 1 && std::isfinite(norm) ? coef : 1.0;
+}
+
+void scale_gradient(tensor& grad, double coefficient) {
+  if (coefficient == 1.0) return;
+  const auto c = static_cast<float>(coefficient);
+  for (float& g : grad.data<float>()) g *= c;
+}
+
+double clip_grad_norm(sequential& model, double max_norm) {
+  std::vector<double> sums;
+  for (auto* p : model.parameters()) sums.push_back(grad_square_sum(p->grad));
+  const double norm = global_norm(sums);
+  const double coef = clip_coefficient(norm, max_norm);
+  for (auto* p : model.parameters()) scale_gradient(p->grad, coef);
   return norm;
 }
 
@@ -34,6 +53,30 @@ double warmup_cosine_lr(std::int64_t step, double lr, double min_lr, std::int64_
   const double ratio =
       decay_steps > warmup ? static_cast<double>(it - warmup) / static_cast<double>(decay_steps - warmup) : 1.0;
   return min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (lr - min_lr);
+}
+
+std::function<double(std::int64_t, double)> warmup_cosine(double lr, double min_lr, std::int64_t warmup,
+                                                          std::int64_t decay_steps) {
+  return [=](std::int64_t step, double base) {
+    return warmup_cosine_lr(step, base, min_lr * base / lr, warmup, decay_steps);
+  };
+}
+
+std::vector<param_group> decay_matrices_only(const std::vector<parameter*>& params, const std::vector<std::uint64_t>& keys,
+                                             const hyperparameters& hp, const state_options& state,
+                                             std::vector<std::uint64_t>& out_keys) {
+  if (keys.size() != params.size()) throw std::invalid_argument("decay_matrices_only: one key per parameter");
+  param_group decay{{}, hp, state}, plain{{}, hp, state};
+  plain.hp.weight_decay = 0;
+  std::vector<std::uint64_t> decay_keys, plain_keys;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const bool matrix = params[i]->value.dim(0) > 1;
+    (matrix ? decay : plain).params.push_back(params[i]);
+    (matrix ? decay_keys : plain_keys).push_back(keys[i]);
+  }
+  out_keys = decay_keys;
+  out_keys.insert(out_keys.end(), plain_keys.begin(), plain_keys.end());
+  return {decay, plain};
 }
 
 namespace {
@@ -51,6 +94,7 @@ void check_options(const lm_options& o) {
   const auto positive = [](double v) { return v > 0 && std::isfinite(v); };
   if (o.steps < 1) throw std::invalid_argument("--steps must be at least 1");
   if (o.batch < 1) throw std::invalid_argument("--batch must be at least 1");
+  if (o.microbatches < 1) throw std::invalid_argument("--microbatches must be at least 1");
   if (!positive(o.lr)) throw std::invalid_argument("--lr must be a positive number");
   if (o.warmup < 0) throw std::invalid_argument("--warmup must not be negative");
   if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
@@ -64,25 +108,74 @@ void check_options(const lm_options& o) {
     throw std::invalid_argument("dataset '" + o.dataset + "' is not a text corpus (a gpt model trains on kjv or --text FILE)");
 }
 
-/// Mean loss of `model` over fixed batches (no training).
-double mean_loss(sequential& model, const std::vector<std::pair<tensor, tensor>>& batches) {
+/// The whole model in this thread: its microbatches in order, each loss counted 1/microbatches,
+/// the gradients summed; clipping; one AdamW step. What a pipeline of the model computes.
+class in_thread final : public lm_engine {
+public:
+  explicit in_thread(const lm_engine_setup& s) : model_(s.model), microbatches_(s.microbatches), clip_(s.clip) {
+    const auto params = model_.parameters();
+    std::vector<std::uint64_t> keys(params.size()), ordered;
+    for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = i;
+    auto groups = decay_matrices_only(params, keys, s.hp, s.state, ordered);
+    opt_.emplace(optimizer_kind::adamw, std::move(groups), optimizer_options{.tensor_keys = std::move(ordered)});
+    opt_->set_lr_schedule(warmup_cosine(s.hp.lr, s.min_lr, s.warmup, s.decay_steps));
+  }
+  step_outcome step(const tensor& x, const tensor& y) override {
+    opt_->zero_grad();
+    const auto xs = x.split(microbatches_), ys = y.split(microbatches_);
+    const float scale = 1.0f / static_cast<float>(microbatches_);
+    double loss_sum = 0;
+    tensor dlogits;
+    for (std::size_t j = 0; j < xs.size(); ++j) {
+      saved_activations keep;
+      const tensor logits = model_.forward(xs[j], keep, true);
+      loss_sum += softmax_cross_entropy(logits, ys[j], dlogits);
+      if (microbatches_ > 1)
+        for (float& g : dlogits.data<float>()) g *= scale;
+      model_.backward(dlogits, keep);
+    }
+    if (clip_ > 0) clip_grad_norm(model_, clip_);
+    const bool applied = opt_->step();
+    return {loss_sum / static_cast<double>(microbatches_), applied};
+  }
+  tensor predict(const tensor& x) override {
+    saved_activations keep;
+    return model_.forward(x, keep, false);
+  }
+  void sync(sequential&) override {}  // the model trained in place
+
+private:
+  sequential& model_;
+  std::int64_t microbatches_;
+  double clip_;
+  std::optional<optimizer> opt_;
+};
+
+/// Mean loss of the engine's model over fixed batches (no training).
+double mean_loss(lm_engine& engine, const std::vector<std::pair<tensor, tensor>>& batches) {
   double sum = 0;
   tensor dlogits;
-  for (const auto& [x, y] : batches) {
-    saved_activations keep;
-    sum += softmax_cross_entropy(model.forward(x, keep, false), y, dlogits);
-  }
+  for (const auto& [x, y] : batches) sum += softmax_cross_entropy(engine.predict(x), y, dlogits);
   return sum / static_cast<double>(batches.size());
 }
 
 }  // namespace
 
+std::unique_ptr<lm_engine> lm_in_thread(const lm_engine_setup& setup) {
+  if (setup.microbatches < 1) throw std::invalid_argument("--microbatches must be at least 1");
+  return std::make_unique<in_thread>(setup);
+}
+
 lm_result train_lm(const lm_options& o, const std::function<void(const lm_progress&)>& report,
-                   const std::function<void(std::int64_t, double)>& tick) {
+                   const std::function<void(std::int64_t, double)>& tick, const lm_engine_factory& make_engine) {
   check_options(o);
   const auto start = clock_type::now();
   const gpt_spec g = parse_gpt_spec(o.model);
   const auto storage = parse_state_storage(o.state);
+  if (o.batch % o.microbatches != 0)
+    throw std::invalid_argument("--batch " + std::to_string(o.batch) + " is not a multiple of --microbatches " +
+                                std::to_string(o.microbatches) + " (each microbatch holds whole windows of ctx=" +
+                                std::to_string(g.ctx) + " tokens)");
   const text_corpus corpus = o.text.empty() ? make_corpus(kjv_text(), "the King James Bible") : load_text_file(o.text);
   for (const auto* part : {&corpus.train, &corpus.validation})
     if (static_cast<std::int64_t>(part->size()) < g.ctx + 1)
@@ -93,58 +186,47 @@ lm_result train_lm(const lm_options& o, const std::function<void(const lm_progre
   auto model = make_gpt(o.model, vocab);
   model->initialize(o.seed);
 
-  // Weight decay on the matrices (weights, embeddings), as nanoGPT decays every parameter of two
-  // or more dimensions; none on biases and the norms' gains and shifts (one row each here).
-  param_group decay, plain;
-  decay.hp.lr = plain.hp.lr = o.lr;
-  decay.hp.beta1 = plain.hp.beta1 = 0.9;
-  decay.hp.beta2 = plain.hp.beta2 = 0.99;
-  decay.hp.weight_decay = o.weight_decay;
-  decay.state.storage = plain.state.storage = storage;
   lm_result result;
   result.vocab = vocab;
-  for (auto* p : model->parameters()) {
-    (p->value.dim(0) > 1 ? decay : plain).params.push_back(p);
-    result.parameters += p->value.numel();
-  }
-  optimizer opt(optimizer_kind::adamw, {decay, plain});
-  const double min_lr = o.min_lr < 0 ? o.lr / 10 : o.min_lr;
-  opt.set_lr_schedule([&](std::int64_t step, double base) {
-    return warmup_cosine_lr(step, base, min_lr * base / o.lr, o.warmup, o.steps);
-  });
+  for (auto* p : model->parameters()) result.parameters += p->value.numel();
+  // AdamW as nanoGPT configures it: betas (0.9, 0.99), weight decay on the matrices (weights,
+  // embeddings) as nanoGPT decays every parameter of two or more dimensions.
+  lm_engine_setup setup{.model = *model, .microbatches = o.microbatches, .hp = {}, .state = {}, .warmup = o.warmup,
+                        .decay_steps = o.steps, .min_lr = o.min_lr < 0 ? o.lr / 10 : o.min_lr, .clip = o.clip};
+  setup.hp.lr = o.lr;
+  setup.hp.beta1 = 0.9;
+  setup.hp.beta2 = 0.99;
+  setup.hp.weight_decay = o.weight_decay;
+  setup.state.storage = storage;
+  auto engine = make_engine ? make_engine(setup) : lm_in_thread(setup);
 
   std::mt19937_64 rng(o.seed * 0x9E3779B97F4A7C15ull + 1);
   std::mt19937_64 fixed(o.seed * 0x9E3779B97F4A7C15ull + 2);
   std::vector<std::pair<tensor, tensor>> val_batches(static_cast<std::size_t>(o.eval_batches));
   for (auto& [x, y] : val_batches) sample_windows(corpus.validation, o.batch, g.ctx, fixed, x, y);
 
-  tensor x, y, dlogits;
+  tensor x, y;
   double training_seconds = 0, loss_sum = 0;
   std::int64_t losses = 0;
   const std::int64_t tokens_per_step = o.batch * g.ctx;
   for (std::int64_t step = 1; step <= o.steps; ++step) {
     const auto t0 = clock_type::now();
     sample_windows(corpus.train, o.batch, g.ctx, rng, x, y);
-    saved_activations keep;
-    opt.zero_grad();
-    const tensor logits = model->forward(x, keep, true);
-    const double loss = softmax_cross_entropy(logits, y, dlogits);
-    if (!std::isfinite(loss))
+    const auto outcome = engine->step(x, y);
+    if (!std::isfinite(outcome.loss))
       throw std::runtime_error("training diverged at step " + std::to_string(step) + ": the loss is not finite (lower --lr)" +
                                (o.save.empty() ? "" : "; nothing was saved"));
-    model->backward(dlogits, keep);
-    if (o.clip > 0) clip_grad_norm(*model, o.clip);
-    if (!opt.step()) ++result.skipped_steps;
+    if (!outcome.applied) ++result.skipped_steps;
     training_seconds += since(t0);
-    loss_sum += loss;
+    loss_sum += outcome.loss;
     ++losses;
-    if (tick) tick(step, loss);
+    if (tick) tick(step, outcome.loss);
     if (step % o.eval_every == 0 || step == o.steps) {
       lm_progress p;
       p.step = step;
       p.steps = o.steps;
       p.train_loss = loss_sum / static_cast<double>(losses);
-      p.val_loss = mean_loss(*model, val_batches);
+      p.val_loss = mean_loss(*engine, val_batches);
       p.tokens_per_s = static_cast<double>(step * tokens_per_step) / training_seconds;
       loss_sum = 0;
       losses = 0;
@@ -152,7 +234,10 @@ lm_result train_lm(const lm_options& o, const std::function<void(const lm_progre
       if (report) report(p);
     }
   }
-  if (!o.save.empty()) save_lm(*model, o.model, corpus.vocab, o.save);
+  if (!o.save.empty()) {
+    engine->sync(*model);
+    save_lm(*model, o.model, corpus.vocab, o.save);
+  }
   result.val_loss = result.evaluations.back().val_loss;
   result.tokens_per_s = static_cast<double>(o.steps * tokens_per_step) / training_seconds;
   result.seconds = since(start);

@@ -60,6 +60,8 @@ struct rank_report {
   std::uint64_t peak_activation_bytes = 0;
   outcome result = outcome::done;
   std::string why;  ///< when not done
+  /// With clipping: each parameter's kernels::grad_square_sum, stage by stage in model order.
+  std::vector<double> square_sums;
 };
 
 /// A stage as it travels to another node: its description (what make_layer reads), its
@@ -154,6 +156,11 @@ inline void check_options(const training_options& o) {
   if (o.cosine_steps != 0 && (!(o.cosine_steps >= 1) || !std::isfinite(o.cosine_steps)))
     throw std::invalid_argument("cosine_steps must be 0 (a constant learning rate) or a number of steps >= 1, not " +
                                 std::to_string(o.cosine_steps));
+  if (o.warmup < -1 || (o.warmup >= 0 && (o.cosine_steps < 1 || o.cosine_steps > 9e15)))
+    throw std::invalid_argument("warmup must be -1 (none) or a number of steps >= 0 with cosine_steps, not " +
+                                std::to_string(o.warmup));
+  if (!(o.min_lr >= 0) || !std::isfinite(o.min_lr)) throw std::invalid_argument("min_lr must be a number >= 0");
+  if (!(o.clip >= 0) || !std::isfinite(o.clip)) throw std::invalid_argument("clip must be a number >= 0 (0: none)");
 }
 
 /// Lives with the trainer, in the driver's process: the ranks watch it, and a rank whose driver
@@ -233,6 +240,10 @@ public:
           !input_grads_.empty())
         throw std::logic_error("rank " + std::to_string(rank_) + " ended its step with tensors left over");
       report.finite = optimizer_->gradients_finite();
+      if (clip_ > 0)
+        for (const auto& [index, stage] : stages_)
+          for (auto* p : stage->parameters())
+            report.square_sums.push_back(kernels::grad_square_sum(p->grad.where().is_cpu() ? p->grad : host_copy(p->grad)));
       done_step_ = plan.step;
     } catch (const aborted& e) {
       report.result = outcome::aborted;
@@ -282,7 +293,8 @@ public:
   /// step this rank finished last (anything else would apply a partial or an old gradient).
   /// `keep` false: drop the step's gradients; a step that is running or is not this rank's last
   /// has none here to drop (a rank asked to run while it still ran the one before).
-  void apply(std::uint64_t step, bool keep) {
+  /// `scale`: what clipping multiplies the gradients by first (1: nothing).
+  void apply(std::uint64_t step, bool keep, double scale) {
     if (!keep) {
       if (!running_ && step == step_) {
         optimizer_->zero_grad();
@@ -297,6 +309,18 @@ public:
     if (done_step_ != step)
       throw std::invalid_argument("rank " + std::to_string(rank_) + " has no gradient of step " + std::to_string(step) +
                                   " to apply (it did not finish the step, or applied it already)");
+    if (!(scale > 0 && scale <= 1)) throw std::invalid_argument("a gradient scale must be in (0, 1], not " + std::to_string(scale));
+    if (scale != 1)
+      for (const auto& [index, stage] : stages_)
+        for (auto* p : stage->parameters()) {
+          if (p->grad.where().is_cpu()) {
+            kernels::scale_gradient(p->grad, scale);
+          } else {
+            tensor g = host_copy(p->grad);
+            kernels::scale_gradient(g, scale);
+            p->grad = g.to(p->grad.where());
+          }
+        }
     optimizer_->step();
     optimizer_->zero_grad();
     done_step_.reset();
@@ -347,10 +371,21 @@ private:
       return std::none_of(params.begin(), params.end(), [&](const auto* p) { return p->name == name; });
     });
     // One optimizer thread: the ranks are the parallelism (results do not depend on threads).
-    optimizer_.emplace(options.optimizer, std::vector<kernels::param_group>{{params, options.hp, state}},
+    std::vector<kernels::param_group> groups{{params, options.hp, state}};
+    if (options.decay_matrices_only) {
+      std::vector<std::uint64_t> ordered;
+      groups = kernels::decay_matrices_only(params, keys, options.hp, state, ordered);
+      keys = std::move(ordered);
+    }
+    optimizer_.emplace(options.optimizer, std::move(groups),
                        kernels::optimizer_options{.threads = 1, .seed = options.seed, .tensor_keys = std::move(keys)});
     where_ = params.empty() ? device::cpu() : optimizer_->where();
-    if (options.cosine_steps != 0) optimizer_->set_lr_schedule(kernels::cosine_lr(options.cosine_steps));
+    if (options.warmup >= 0)
+      optimizer_->set_lr_schedule(kernels::warmup_cosine(options.hp.lr, options.min_lr, options.warmup,
+                                                         static_cast<std::int64_t>(options.cosine_steps)));
+    else if (options.cosine_steps != 0)
+      optimizer_->set_lr_schedule(kernels::cosine_lr(options.cosine_steps));
+    clip_ = options.clip;
   }
 
   static std::shared_ptr<const schedule> read_plan(const std::string& csv, std::string name) {
@@ -562,6 +597,7 @@ private:
   }
 
   int rank_;
+  double clip_ = 0;  // > 0: report the gradients' square sums for the global norm
   device where_;  // where the rank's stages compute (they share one device)
   std::shared_ptr<const schedule> plan_;
   std::map<int, std::unique_ptr<kernels::sequential>> stages_;
@@ -613,7 +649,7 @@ auto fields(T& p) requires std::same_as<std::remove_const_t<T>, step_plan> {
 }
 template <class T>
 auto fields(T& p) requires std::same_as<std::remove_const_t<T>, rank_report> {
-  return std::tie(p.loss_sum, p.finite, p.busy_seconds, p.peak_activation_bytes, p.result, p.why);
+  return std::tie(p.loss_sum, p.finite, p.busy_seconds, p.peak_activation_bytes, p.result, p.why, p.square_sums);
 }
 template <class T>
 auto fields(T& o) requires std::same_as<std::remove_const_t<T>, training_options> {
@@ -621,7 +657,8 @@ auto fields(T& o) requires std::same_as<std::remove_const_t<T>, training_options
   auto& s = o.state;
   return std::tie(o.optimizer, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum, h.dampening, h.nesterov,
                   h.amsgrad, s.storage, s.block_size, s.min_8bit_elements, s.first_moment_fp32, s.stochastic_rounding,
-                  s.percentile_scale, s.percentile_clipping, s.fp32_params, o.cosine_steps, o.step_timeout, o.seed);
+                  s.percentile_scale, s.percentile_clipping, s.fp32_params, o.cosine_steps, o.step_timeout, o.seed,
+                  o.warmup, o.min_lr, o.decay_matrices_only, o.clip);
 }
 
 /// Encodes and decodes T field by field, in the order fields() lists them.

@@ -26,6 +26,27 @@ struct trainer::impl {
   std::vector<actor_ref<rank_actor>> ranks;
   actor_ref<detail::driver_actor> driver;  // the ranks watch it
   std::uint64_t steps = 0;
+  double clip = 0;
+  std::vector<std::size_t> stage_params;  // parameter tensors of each stage
+
+  /// What clipping multiplies every gradient by: from the square sums the ranks reported, put
+  /// in model order and added as one optimizer of the whole model adds them.
+  double clip_scale(const std::vector<std::optional<rank_report>>& reports) const {
+    std::vector<std::size_t> first(stage_params.size() + 1, 0);
+    for (std::size_t i = 0; i < stage_params.size(); ++i) first[i + 1] = first[i] + stage_params[i];
+    std::vector<double> sums(first.back(), 0.0);
+    for (int r = 0; r < plan->place.ranks; ++r) {
+      const auto& got = reports[static_cast<std::size_t>(r)]->square_sums;
+      std::size_t k = 0;
+      for (const int stage : plan->place.stages_of(r))
+        for (std::size_t i = first[static_cast<std::size_t>(stage)]; i < first[static_cast<std::size_t>(stage) + 1]; ++i) {
+          if (k >= got.size()) throw std::runtime_error("rank " + std::to_string(r) + " reported too few gradient norms");
+          sums[i] = got[k++];
+        }
+      if (k != got.size()) throw std::runtime_error("rank " + std::to_string(r) + " reported too many gradient norms");
+    }
+    return kernels::clip_coefficient(kernels::global_norm(sums), clip);
+  }
 
   /// What the monitors of ranks on other nodes share with the driver: a rank whose node is lost
   /// may already have reported its part of the step while a neighbour still waits for its last
@@ -109,6 +130,8 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
   detail::check_options(options);
   // Past a billion seconds (32 years) a limit is no limit (and would overflow the clock).
   impl_->step_timeout = options.step_timeout >= 1e9 ? 0 : options.step_timeout;
+  impl_->clip = options.clip;
+  for (const auto& stage : stages) impl_->stage_params.push_back(stage->parameters().size());
   const int ranks = plan->place.ranks;
   if (!nodes.empty() && static_cast<int>(nodes.size()) != ranks)
     throw std::invalid_argument("the schedule has " + std::to_string(ranks) + " ranks; " +
@@ -272,12 +295,13 @@ step_result trainer::step(const tensor& x, const tensor& labels) {
                                     [](const auto& r) { return r && r->result == outcome::done; });
   const bool finite =
       all_done && std::all_of(c->reports.begin(), c->reports.end(), [](const auto& r) { return r->finite; });
+  const double scale = finite && impl_->clip > 0 ? impl_->clip_scale(c->reports) : 1.0;
   // Every rank that answered steps its optimizer or drops its gradients (a rank that could not
   // answer is gone with its node).
   std::vector<std::pair<int, future<void>>> applied;
   for (int r = 0; r < ranks; ++r)
     if (c->reports[static_cast<std::size_t>(r)])
-      applied.emplace_back(r, impl_->ranks[static_cast<std::size_t>(r)].ask(&rank_actor::apply, id, finite));
+      applied.emplace_back(r, impl_->ranks[static_cast<std::size_t>(r)].ask(&rank_actor::apply, id, finite, scale));
   for (auto& [r, f] : applied) {
     try {
       f.get();
@@ -363,23 +387,65 @@ std::vector<std::unique_ptr<kernels::sequential>> cut_mlp(kernels::sequential& m
   if (stages < 1 || static_cast<std::size_t>(stages) > layers)
     bad("a model of " + std::to_string(layers) + " linear layers cannot fill " + std::to_string(stages) +
         " stages (give it more layers, or use fewer ranks or stages per rank)");
+  // Its pieces are its linear layers, each with the ReLU after it.
+  return cut_sequential(model, stages);
+}
+
+int pieces_of(kernels::sequential& model) {
+  int n = 0;
+  for (std::size_t i = 0; i < model.size(); ++i) n += model.at(i).parameters().empty() ? 0 : 1;
+  return n;
+}
+
+std::vector<std::unique_ptr<kernels::sequential>> cut_sequential(kernels::sequential& model, int stages) {
+  // The pieces: each begins at a layer with parameters (the first at layer 0).
+  std::vector<std::size_t> begins;
   std::vector<std::uint64_t> counts;
-  for (std::size_t i = 0; i < layers; ++i)
-    counts.push_back(static_cast<std::uint64_t>(sizes[i + 1] * sizes[i] + sizes[i + 1]));
+  for (std::size_t i = 0; i < model.size(); ++i) {
+    const auto params = model.at(i).parameters();
+    if (params.empty()) continue;
+    begins.push_back(begins.empty() ? 0 : i);
+    counts.push_back(0);
+    for (const auto* p : params) counts.back() += static_cast<std::uint64_t>(p->value.numel());
+  }
+  if (stages < 1 || static_cast<std::size_t>(stages) > begins.size())
+    throw std::invalid_argument("the model's " + std::to_string(begins.size()) +
+                                " layers with parameters (a GPT has layers * 2 blocks + 3) cannot fill " +
+                                std::to_string(stages) +
+                                " stages (give it more layers, or use fewer ranks or stages per rank)");
+  begins.push_back(model.size());
   const auto cuts = partition_by_parameters(counts, static_cast<std::size_t>(stages));
   std::vector<std::unique_ptr<kernels::sequential>> out;
   for (std::size_t s = 0; s < cuts.stages(); ++s) {
     auto stage = std::make_unique<kernels::sequential>();
-    for (std::size_t i = cuts.boundaries[s]; i < cuts.boundaries[s + 1]; ++i) {
-      stage->add(kernels::make_linear(sizes[i], sizes[i + 1]));
-      if (i + 1 < layers) stage->add(kernels::make_relu());
+    std::vector<std::string> names;
+    for (std::size_t i = begins[cuts.boundaries[s]]; i < begins[cuts.boundaries[s + 1]]; ++i) {
+      auto& from = model.at(i);
+      std::unique_ptr<kernels::layer> copy;
+      try {
+        copy = kernels::make_layer(from.describe());
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument("layer " + std::to_string(i) + " of the model cannot be cut into a stage: " + e.what());
+      }
+      const auto src = from.parameters();
+      if (!src.empty() && !src.front()->value.where().is_cpu()) kernels::move_to(*copy, src.front()->value.where());
+      const auto dst = copy->parameters();
+      if (dst.size() != src.size()) throw std::logic_error("cut_sequential: '" + from.describe() + "' rebuilt differently");
+      for (std::size_t k = 0; k < src.size(); ++k) {
+        if (dst[k]->value.shape() != src[k]->value.shape())
+          throw std::logic_error("cut_sequential: '" + from.describe() + "' rebuilt with other shapes");
+        dst[k]->value = src[k]->value.clone();
+        names.push_back(src[k]->name);
+      }
+      std::vector<std::string> random;
+      from.save_random_state(random);
+      std::size_t next = 0;
+      copy->load_random_state(random, next);
+      stage->add(std::move(copy));
     }
-    // The stage's parameters are the model's, by value and by name ("2.weight", not the stage's "0.weight").
+    // The stage's parameters keep the model's names ("2.weight", not the stage's "0.weight").
     const auto mine = stage->parameters();
-    for (std::size_t k = 0; k < mine.size(); ++k) {
-      mine[k]->value = params[2 * cuts.boundaries[s] + k]->value.clone();
-      mine[k]->name = params[2 * cuts.boundaries[s] + k]->name;
-    }
+    for (std::size_t k = 0; k < mine.size(); ++k) mine[k]->name = names[k];
     out.push_back(std::move(stage));
   }
   return out;
@@ -411,6 +477,56 @@ private:
   trainer trainer_;
 };
 }  // namespace
+
+namespace {
+/// A GPT trained by a trainer: the rank optimizers configured as lm_in_thread configures its one.
+class lm_stages final : public kernels::lm_engine {
+public:
+  lm_stages(actor_system& sys, const schedule& s, const std::vector<std::uint32_t>& nodes,
+            const kernels::lm_engine_setup& setup)
+      : trainer_(sys, checked(s, setup), cut_sequential(setup.model, s.stages()), options_of(setup), nodes) {}
+  kernels::step_outcome step(const tensor& x, const tensor& y) override {
+    const auto r = trainer_.step(x, y);
+    return {r.loss, r.applied};
+  }
+  tensor predict(const tensor& x) override { return trainer_.predict(x); }
+  void sync(kernels::sequential& model) override {
+    const auto values = trainer_.parameters();
+    const auto params = model.parameters();
+    if (values.size() != params.size()) throw std::logic_error("pipeline engine: the model changed");
+    for (std::size_t i = 0; i < params.size(); ++i) params[i]->value = values[i];
+  }
+
+private:
+  static const schedule& checked(const schedule& s, const kernels::lm_engine_setup& setup) {
+    if (s.microbatches != setup.microbatches)
+      throw std::invalid_argument("the schedule '" + s.name + "' has " + std::to_string(s.microbatches) +
+                                  " microbatches; the training splits its batches into " +
+                                  std::to_string(setup.microbatches));
+    return s;
+  }
+  static training_options options_of(const kernels::lm_engine_setup& setup) {
+    training_options o;
+    o.optimizer = kernels::optimizer_kind::adamw;
+    o.hp = setup.hp;
+    o.state = setup.state;
+    o.cosine_steps = static_cast<double>(setup.decay_steps);
+    o.warmup = setup.warmup;
+    o.min_lr = setup.min_lr;
+    o.decay_matrices_only = true;
+    o.clip = setup.clip;
+    return o;
+  }
+  trainer trainer_;
+};
+}  // namespace
+
+kernels::lm_engine_factory lm_pipeline_engine(actor_system& sys, schedule s, std::vector<std::uint32_t> nodes) {
+  return [&sys, s = std::move(s), nodes = std::move(nodes)](
+             const kernels::lm_engine_setup& setup) -> std::unique_ptr<kernels::lm_engine> {
+    return std::make_unique<lm_stages>(sys, s, nodes, setup);
+  };
+}
 
 kernels::engine_factory pipeline_engine(actor_system& sys, schedule s, std::vector<std::uint32_t> nodes) {
   return [&sys, s = std::move(s), nodes = std::move(nodes)](

@@ -148,6 +148,78 @@ TEST(LmTraining, ClippingScalesEveryGradientByTheGlobalNorm) {
   EXPECT_EQ(params[0]->grad.data<float>()[0], before);
 }
 
+// The norm that clipping uses is the sum of per-tensor sums, added in model order: what pipeline
+// ranks report of their parts adds up to it exactly.
+TEST(LmTraining, TheGlobalNormIsThePerTensorSumsAddedInOrder) {
+  auto m = make_gpt("gpt:layers=1,heads=2,embd=4,ctx=2", 5);
+  std::mt19937_64 g(3);
+  std::vector<double> sums;
+  for (auto* p : m->parameters()) {
+    for (float& v : p->grad.data<float>()) v = static_cast<float>(static_cast<double>(g() % 2001) / 1000.0 - 1.0);
+    double s = 0;
+    for (float v : p->grad.data<float>()) s += static_cast<double>(v) * v;
+    EXPECT_EQ(grad_square_sum(p->grad), s) << p->name;
+    sums.push_back(s);
+  }
+  double total = 0;
+  for (double s : sums) total += s;
+  EXPECT_EQ(global_norm(sums), std::sqrt(total));
+  EXPECT_EQ(clip_grad_norm(*m, 0.5), std::sqrt(total));
+  EXPECT_EQ(clip_coefficient(std::sqrt(total), 1e9), 1.0) << "under the limit: no change";
+  EXPECT_EQ(clip_coefficient(std::nan(""), 1.0), 1.0) << "not finite: no change (the step is skipped)";
+}
+
+// nanoGPT's groups: weight decay on matrices and embeddings, none on biases and norms.
+TEST(LmTraining, OnlyMatricesAreDecayed) {
+  auto m = make_gpt("gpt:layers=1,heads=2,embd=4,ctx=2", 5);
+  const auto params = m->parameters();
+  std::vector<std::uint64_t> keys, ordered;
+  for (std::size_t i = 0; i < params.size(); ++i) keys.push_back(100 + i);
+  hyperparameters hp;
+  hp.weight_decay = 0.1;
+  const auto groups = decay_matrices_only(params, keys, hp, {}, ordered);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].hp.weight_decay, 0.1);
+  EXPECT_EQ(groups[1].hp.weight_decay, 0.0);
+  for (const auto* p : groups[0].params) EXPECT_GT(p->value.dim(0), 1) << p->name;
+  for (const auto* p : groups[1].params) EXPECT_EQ(p->value.dim(0), 1) << p->name;
+  EXPECT_EQ(groups[0].params.size() + groups[1].params.size(), params.size());
+  ASSERT_EQ(ordered.size(), params.size());
+  EXPECT_EQ(ordered[0], 100u) << "wte, the first matrix, keeps its key";
+  const auto lr = warmup_cosine(1e-3, 1e-4, 10, 100);
+  for (std::int64_t step : {1, 10, 11, 50, 100, 200})
+    EXPECT_EQ(lr(step, 1e-3), warmup_cosine_lr(step, 1e-3, 1e-4, 10, 100)) << step;
+}
+
+// Microbatches in one thread: each loss counted 1/M, the gradients summed before the step; with
+// one microbatch the step is the whole batch's.
+TEST(LmTraining, MicrobatchesInOneThreadSumTheirGradients) {
+  auto one = make_gpt("gpt:layers=1,heads=2,embd=8,ctx=4", 7), two = make_gpt("gpt:layers=1,heads=2,embd=8,ctx=4", 7);
+  one->initialize(1);
+  two->initialize(1);
+  std::vector<std::int32_t> tokens(64);
+  std::mt19937_64 g(2);
+  for (auto& t : tokens) t = static_cast<std::int32_t>(g() % 7);
+  tensor x, y;
+  sample_windows(tokens, 4, 4, g, x, y);
+  // eps 1: the step is about lr * gradient, so a gradient of the wrong scale shows.
+  hyperparameters hp;
+  hp.lr = 0.1;
+  hp.eps = 1.0;
+  lm_engine_setup s1{.model = *one, .microbatches = 1, .hp = hp, .state = {}, .warmup = 0, .decay_steps = 10,
+                     .min_lr = 0, .clip = 0};
+  lm_engine_setup s2{.model = *two, .microbatches = 2, .hp = hp, .state = {}, .warmup = 0, .decay_steps = 10,
+                     .min_lr = 0, .clip = 0};
+  auto e1 = lm_in_thread(s1), e2 = lm_in_thread(s2);
+  const auto r1 = e1->step(x, y), r2 = e2->step(x, y);
+  EXPECT_NEAR(r2.loss, r1.loss, 1e-6);
+  const auto a = one->parameters(), b = two->parameters();
+  for (std::size_t i = 0; i < a.size(); ++i)
+    for (std::size_t k = 0; k < a[i]->value.numel(); ++k)
+      EXPECT_NEAR(a[i]->value.data<float>()[k], b[i]->value.data<float>()[k], 1e-5) << a[i]->name;
+  EXPECT_THROW(lm_in_thread(lm_engine_setup{.model = *one, .microbatches = 0}), std::invalid_argument);
+}
+
 TEST(LmTraining, AGptLearnsATinyCorpusAndItsSavedModelSamples) {
   const std::string text = temp_path("corpus.txt"), dir = temp_path("model");
   write(text, tiny_corpus());

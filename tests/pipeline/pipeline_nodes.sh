@@ -2,6 +2,7 @@
 # The pipeline runtime across processes: `troupe train --pipeline ... --head` puts its ranks on
 # `troupe node start` processes, which exchange activations and gradients over loopback TCP.
 #   - one microbatch per step: the weights equal those of training in one process, to the bit;
+#   - a GPT with 4 microbatches a step: the weights of the one-rank run with those microbatches;
 #   - a zero-bubble V schedule (two stages per rank) trains to a sensible accuracy;
 #   - a driver killed mid-run leaves no ranks behind on the nodes;
 #   - a node killed mid-run fails the run with a clear error, promptly, instead of hanging.
@@ -28,6 +29,17 @@ done
   --save "$dir/nodes.trpw" >"$dir/gpipe.out" 2>"$dir/gpipe.err" || fail "training on nodes failed: $(cat "$dir/gpipe.err")"
 grep -q "2 ranks on nodes" "$dir/gpipe.err" || fail "no placement reported: $(cat "$dir/gpipe.err")"
 cmp -s "$dir/local.trpw" "$dir/nodes.trpw" || fail "the weights trained on nodes differ from those trained here"
+
+# A GPT (dropout on), 4 microbatches a step: its embedding, blocks, norm and head as stages on the
+# nodes write the weights of the one-rank run with the same microbatches, to the bit.
+gpt=(--model gpt:layers=1,heads=2,embd=16,ctx=16,dropout=0.1 --steps 3 --batch 4 --microbatches 4
+     --eval-every 3 --eval-batches 1 --seed 2)
+"$troupe" train "${gpt[@]}" --save "$dir/gpt-local" >/dev/null 2>&1 || fail "a gpt in one process failed"
+"$troupe" train "${gpt[@]}" --pipeline 1f1b --ranks 2 --head "$head" --save "$dir/gpt-nodes" \
+  >"$dir/gpt.out" 2>"$dir/gpt.err" || fail "a gpt on nodes failed: $(cat "$dir/gpt.err")"
+grep -q "2 ranks on nodes" "$dir/gpt.err" || fail "no placement reported for the gpt: $(cat "$dir/gpt.err")"
+cmp -s "$dir/gpt-local/weights.trpw" "$dir/gpt-nodes/weights.trpw" ||
+  fail "the gpt's weights trained on nodes differ from those trained here"
 
 # Zero bubble with a V placement: each rank holds two stages and hands one to the other itself;
 # the stages recompute their activations (RECOMPUTE travels in the schedule).

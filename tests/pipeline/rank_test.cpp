@@ -143,7 +143,7 @@ TEST(RuntimeRank, AStepsInputsAndLabelsMustFitTheSchedule) {
     const auto report = run(std::move(plan));
     EXPECT_EQ(report.result, outcome::bad_input) << report.why;
     EXPECT_NE(report.why.find(why), std::string::npos) << report.why;
-    p.rank.ask(&rank_actor::apply, step, false).get();
+    p.rank.ask(&rank_actor::apply, step, false, 1.0).get();
   };
   expect_bad(plan_for(1, 3), "rank 0 got 3 microbatches of inputs for a schedule of 2");
   expect_bad(plan_for(2, 1), "rank 0 got 1 microbatches of inputs for a schedule of 2");
@@ -159,7 +159,7 @@ TEST(RuntimeRank, AStepsInputsAndLabelsMustFitTheSchedule) {
   p.rank.tell(&rank_actor::deliver, pipeline::detail::transfer{5, false, 7, 0, rows(2, 4)});
   p.rank.tell(&rank_actor::deliver, pipeline::detail::transfer{5, true, 0, 9, rows(2, 3)});
   EXPECT_EQ(run(plan_for(5, 2)).result, outcome::done);
-  p.rank.ask(&rank_actor::apply, std::uint64_t{5}, true).get();
+  p.rank.ask(&rank_actor::apply, std::uint64_t{5}, true, 1.0).get();
   EXPECT_FALSE(same(p.weights(), before));
 }
 
@@ -168,7 +168,7 @@ TEST(RuntimeRank, AStepIsAppliedOnceAndOnlyWhenItFinished) {
   const auto start = p.weights();
   auto apply = [&](std::uint64_t step, bool keep) {
     try {
-      p.rank.ask(&rank_actor::apply, step, keep).get();
+      p.rank.ask(&rank_actor::apply, step, keep, 1.0).get();
       return std::string();
     } catch (const std::exception& e) {
       return std::string(e.what());
@@ -214,12 +214,12 @@ TEST(RuntimeRank, NothingIsAppliedOrDroppedWhileAStepRuns) {
   step_plan plan{.step = 1, .inputs = {}, .labels = {labels(2), labels(2)}};
   auto running = second.ask(&rank_actor::run, std::move(plan));
   try {
-    second.ask(&rank_actor::apply, std::uint64_t{1}, true).get();
+    second.ask(&rank_actor::apply, std::uint64_t{1}, true, 1.0).get();
     ADD_FAILURE() << "a running step was applied";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("cannot apply step 1: step 1 is running"), std::string::npos) << e.what();
   }
-  second.ask(&rank_actor::apply, std::uint64_t{1}, false).get();  // nothing to drop yet
+  second.ask(&rank_actor::apply, std::uint64_t{1}, false, 1.0).get();  // nothing to drop yet
   second.tell(&rank_actor::abort, std::uint64_t{1}, std::string("the test stops it"));
   const auto report = std::move(running).get();
   EXPECT_EQ(report.result, outcome::aborted);

@@ -15,6 +15,8 @@
 
 #include "troupe/core/tensor.hpp"
 #include "troupe/kernels/layers.hpp"
+#include "troupe/kernels/optim.hpp"
+#include "troupe/kernels/train.hpp"
 
 namespace troupe::kernels {
 
@@ -51,13 +53,40 @@ void sample_windows(const std::vector<std::int32_t>& tokens, std::int64_t batch,
                     tensor& x, tensor& y);
 
 /// Clips gradients by their global norm as torch.nn.utils.clip_grad_norm_ does: when the L2 norm
-/// over every gradient exceeds `max_norm`, scales them all by max_norm / (norm + 1e-6). Returns
-/// the norm before clipping.
+/// over every gradient exceeds `max_norm`, scales them all by clip_coefficient(norm, max_norm).
+/// Returns the norm before clipping. The norm is global_norm of each parameter's
+/// grad_square_sum in model order, so that stages holding parts of a model (pipeline ranks)
+/// find the same norm, to the bit, from their parts' sums.
 double clip_grad_norm(sequential& model, double max_norm);
+
+/// The sum of the squares of a host f32 gradient, in double, element by element in order.
+double grad_square_sum(const tensor& grad);
+/// sqrt of the sum of `square_sums`, added in order.
+double global_norm(const std::vector<double>& square_sums);
+/// What clipping to `max_norm` multiplies every gradient by: max_norm / (norm + 1e-6) when that
+/// is below 1 and the norm is finite; 1 otherwise (no change).
+double clip_coefficient(double norm, double max_norm);
+/// Multiplies a host f32 gradient by `coefficient` (as f32), unless it is 1.
+void scale_gradient(tensor& grad, double coefficient);
 
 /// nanoGPT's learning rate at step `step` (1-based): linear warmup over `warmup` steps, then a
 /// half cosine from `lr` down to `min_lr` at step `decay_steps`, `min_lr` after.
 double warmup_cosine_lr(std::int64_t step, double lr, double min_lr, std::int64_t warmup, std::int64_t decay_steps);
+
+/// warmup_cosine_lr as a schedule for optimizer::set_lr_schedule, for groups whose base lr is
+/// `lr` (a group with another base ends at min_lr scaled alike). Every optimizer of a GPT (the
+/// whole model's, each pipeline rank's) uses this one, so their rates agree to the bit.
+std::function<double(std::int64_t step, double base_lr)> warmup_cosine(double lr, double min_lr, std::int64_t warmup,
+                                                                       std::int64_t decay_steps);
+
+/// A GPT's parameter groups, as nanoGPT makes them: `hp` (its weight decay) for the parameters of
+/// more than one row (weights, embeddings), the same without weight decay for the rest (biases,
+/// the norms' gains and shifts). `keys[i]` is `params[i]`'s place in the whole model; `out_keys`
+/// gets them in the groups' order (optimizer_options::tensor_keys), so that stochastic rounding
+/// draws alike in every optimizer of the model's parts.
+std::vector<param_group> decay_matrices_only(const std::vector<parameter*>& params, const std::vector<std::uint64_t>& keys,
+                                             const hyperparameters& hp, const state_options& state,
+                                             std::vector<std::uint64_t>& out_keys);
 
 struct lm_options {
   std::string model = "gpt:layers=4,heads=4,embd=128,ctx=64";
@@ -75,6 +104,9 @@ struct lm_options {
   std::int64_t eval_batches = 20;  ///< fixed validation batches of `batch` windows
   std::uint64_t seed = 0;
   std::string save;             ///< a directory to write the model to (created); empty: do not
+  /// Microbatches per step: the batch (a multiple of them) runs in this many equal parts, each
+  /// loss counted 1/microbatches, their gradients summed before the step (as a pipeline runs it).
+  std::int64_t microbatches = 1;
 };
 
 /// Reported at each evaluation.
@@ -96,11 +128,43 @@ struct lm_result {
   std::vector<lm_progress> evaluations;
 };
 
+/// What a GPT's training engine starts from: the model (initialized) and how each step trains it.
+struct lm_engine_setup {
+  sequential& model;
+  std::int64_t microbatches = 1;
+  hyperparameters hp;         ///< AdamW's; weight decay on matrices only (decay_matrices_only)
+  state_options state;
+  std::int64_t warmup = 0;    ///< the lr follows warmup_cosine(hp.lr, min_lr, warmup, decay_steps)
+  std::int64_t decay_steps = 1;
+  double min_lr = 0;
+  double clip = 0;            ///< global gradient norm over the whole model; 0: none
+};
+
+/// Runs a GPT's steps: the whole model in this thread (lm_in_thread), or cut into pipeline stage
+/// actors (pipeline::lm_pipeline_engine). Every engine gives the same weights, to the bit.
+class lm_engine {
+public:
+  virtual ~lm_engine() = default;
+  /// One optimizer step on windows x f32 [batch * ctx, 1], next tokens y i32 [batch * ctx]: the
+  /// microbatches' forwards and backwards, clipping, the step. loss: the mean of the
+  /// microbatches' mean losses.
+  virtual step_outcome step(const tensor& x, const tensor& y) = 0;
+  /// The logits of `x` (no training).
+  virtual tensor predict(const tensor& x) = 0;
+  /// Copies the trained values into the setup's model (before it is saved).
+  virtual void sync(sequential& model) = 0;
+};
+using lm_engine_factory = std::function<std::unique_ptr<lm_engine>(const lm_engine_setup&)>;
+
+/// The plain engine: the whole model in this thread, one AdamW optimizer.
+std::unique_ptr<lm_engine> lm_in_thread(const lm_engine_setup& setup);
+
 /// Trains a GPT; throws std::invalid_argument for bad options or data, std::runtime_error when
 /// training diverges or the corpus cannot be had. `tick`, when set, is called after every step
-/// with the step number (a progress bar).
+/// with the step number (a progress bar). `make_engine` empty: lm_in_thread.
 lm_result train_lm(const lm_options& options, const std::function<void(const lm_progress&)>& report = {},
-                   const std::function<void(std::int64_t step, double loss)>& tick = {});
+                   const std::function<void(std::int64_t step, double loss)>& tick = {},
+                   const lm_engine_factory& make_engine = {});
 
 /// Writes a language model to directory `dir` (created if missing): "model" (its spec),
 /// "vocab" (the vocabulary's code points in UTF-8) and "weights.trpw" (weights.hpp).

@@ -14,7 +14,9 @@
 /// backward_input/backward_weight), SEND_F/SEND_B move the activation or gradient tensor into
 /// the neighbour rank's mailbox, and RECV_F/RECV_B wait for it there. The last stage computes the
 /// softmax cross-entropy of its output. The loss is the batch mean: each microbatch's gradient
-/// is scaled by 1/microbatches, so a step equals one step on the whole batch.
+/// is scaled by 1/microbatches, so a step equals one step on the whole batch. With clipping
+/// (training_options::clip) each rank reports its gradients' squared sums, and the driver sends
+/// every rank the one coefficient of the global norm with the order to step.
 ///
 /// A step is all or nothing: the optimizers run only once every rank has finished its actions
 /// and every gradient is finite. A rank that fails (a shape that does not fit, a bad label)
@@ -44,6 +46,7 @@
 
 #include "troupe/core/tensor.hpp"
 #include "troupe/kernels/layers.hpp"
+#include "troupe/kernels/lm.hpp"
 #include "troupe/kernels/optim.hpp"
 #include "troupe/kernels/train.hpp"
 #include "troupe/pipeline/schedule.hpp"
@@ -69,6 +72,16 @@ struct training_options {
   /// Stochastic rounding's seed (kernels::optimizer_options::seed): each rank's optimizer rounds
   /// each tensor as an optimizer of the whole model with this seed would.
   std::uint64_t seed = 0;
+  /// >= 0 (with cosine_steps): the lr follows kernels::warmup_cosine(hp.lr, min_lr, warmup,
+  /// cosine_steps) instead, a GPT's schedule; -1: as cosine_steps says.
+  std::int64_t warmup = -1;
+  double min_lr = 0;
+  /// Weight decay only on parameters of more than one row (kernels::decay_matrices_only), as a
+  /// GPT trains; false: on every parameter.
+  bool decay_matrices_only = false;
+  /// > 0: clip the gradients to this global norm, the norm over every rank's gradients (summed
+  /// in model order, as kernels::clip_grad_norm sums them); 0: none.
+  double clip = 0;
 };
 
 /// What one step did.
@@ -140,9 +153,28 @@ double whole_model_step(kernels::sequential& model, kernels::optimizer& opt, con
 std::vector<std::unique_ptr<kernels::sequential>> cut_mlp(kernels::sequential& model,
                                                           const std::vector<std::int64_t>& sizes, int stages);
 
+/// Cuts any sequential into `stages` contiguous stages of its top-level layers, balanced by
+/// parameter count (partition_by_parameters). A layer with parameters begins a piece, and the
+/// layers without parameters after it go with it (an MLP's ReLU with its linear layer, a GPT's
+/// dropout with its embedding); layers without parameters before the first one go with that.
+/// So a GPT's embedding, blocks, final norm and head, or an MLP's linear layers, are what stages
+/// are made of. The stages hold copies of `model`'s layers (rebuilt by kernels::make_layer),
+/// values, names ("3.1.weight" stays so) and random state. Throws std::invalid_argument when
+/// the model has fewer pieces than stages, or a layer make_layer cannot rebuild.
+std::vector<std::unique_ptr<kernels::sequential>> cut_sequential(kernels::sequential& model, int stages);
+
+/// The top-level layers of `model` that begin a piece of cut_sequential (those with parameters).
+int pieces_of(kernels::sequential& model);
+
 /// An engine for kernels::train: the model cut into the schedule's stages (cut_mlp) and trained
 /// by a trainer whose rank actors live in `sys` (on `nodes`, as the trainer's constructor
 /// takes them); batches split into the schedule's microbatches.
 kernels::engine_factory pipeline_engine(actor_system& sys, schedule s, std::vector<std::uint32_t> nodes = {});
+
+/// An engine for kernels::train_lm: the GPT cut into the schedule's stages (cut_sequential), each
+/// rank with its AdamW over its stages (the setup's state storage, weight decay on matrices,
+/// warmup + cosine), the gradients clipped by the norm over every rank; the schedule's
+/// microbatches must be the setup's. The weights equal kernels::lm_in_thread's, to the bit.
+kernels::lm_engine_factory lm_pipeline_engine(actor_system& sys, schedule s, std::vector<std::uint32_t> nodes = {});
 
 }  // namespace troupe::pipeline
