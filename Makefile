@@ -7,7 +7,7 @@
 #   make tsan    build and run the actor runtime's and the pipeline runtime's tests under ThreadSanitizer
 #   make asan    build and run the unit tests under AddressSanitizer + UBSan
 #   make fuzz    build the libFuzzer targets with clang (the frame decoder, load_npz, the PSI decoder, the
-#                HTTP router, the DCAP quote parser, the norm proofs' decoder) and run each (FUZZ_SECONDS
+#                HTTP router, the cluster status report, the DCAP quote parser, the norm proofs' decoder) and run each (FUZZ_SECONDS
 #                apiece, 60)
 #   make package build everything and make the Debian packages libtroupe-dev and troupe in
 #                $(BUILD)/ (CPack; install them with apt install ./build/*.deb)
@@ -129,6 +129,12 @@ fuzz: deps $(FUZZ_BUILD)/CMakeCache.txt
 	  $(FUZZ_BUILD)/bin/http_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=2048 \
 	  -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/http- \
 	  $(FUZZ_BUILD)/http-corpus $(FUZZ_BUILD)/http-seeds
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target status_fuzz
+	mkdir -p $(FUZZ_BUILD)/status-corpus
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(FUZZ_BUILD)/bin/status_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=2048 \
+	  -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/status- \
+	  $(FUZZ_BUILD)/status-corpus
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target dcap_fuzz dcap_fuzz_seeds
 	rm -rf $(FUZZ_BUILD)/dcap-seeds && mkdir -p $(FUZZ_BUILD)/dcap-seeds $(FUZZ_BUILD)/dcap-corpus
 	$(FUZZ_BUILD)/bin/dcap_fuzz_seeds $(FUZZ_BUILD)/dcap-seeds

@@ -25,6 +25,7 @@ packages=(
   dataset-fashion-mnist       # real training data
   bible-kjv bible-kjv-text    # the King James Bible: the default text of troupe train --model gpt:...
   chromium python3            # tests of the HTML reports: a real browser loads them; their SVG is checked as XML
+  firefox-esr                 # the dashboard in a second browser: 80 MB to fetch, 300 MB installed (as chromium); beside chromium it adds only libvpx7
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(libcaf-dev)

@@ -115,9 +115,8 @@ set(CPACK_COMPONENT_CLI_DESCRIPTION
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
   "libspdlog-dev, libfmt-dev, libcapnp-dev, libssl-dev, zlib1g-dev, libzip-dev, libsodium-dev, pkgconf | pkg-config, libopenblas0 | libopenblas-dev")
 # The command's shared libraries come from dpkg-shlibdeps where it is installed (dpkg-dev);
-# OpenBLAS and libsodium are named as well: the first is loaded with dlopen, which
-# dpkg-shlibdeps cannot see.
-set(CPACK_DEBIAN_CLI_PACKAGE_DEPENDS "libopenblas0 | libopenblas-dev, libsodium23")
+# OpenBLAS is named as well: it is loaded with dlopen, which dpkg-shlibdeps cannot see.
+set(CPACK_DEBIAN_CLI_PACKAGE_DEPENDS "libopenblas0 | libopenblas-dev")
 set(CPACK_DEBIAN_CLI_PACKAGE_RECOMMENDS "dataset-fashion-mnist")
 find_program(TROUPE_DPKG_SHLIBDEPS dpkg-shlibdeps)
 set(_troupe_shlibdeps OFF)
@@ -139,6 +138,6 @@ set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ${_troupe_shlibdeps})
 if(NOT _troupe_shlibdeps)
   # Debian 12's packages of the libraries the command links.
   string(APPEND CPACK_DEBIAN_CLI_PACKAGE_DEPENDS
-    ", libcapnp-0.9.2, libspdlog1.10-fmt9, libfmt9, libssl3, libzip4, zlib1g, libstdc++6, libc6")
+    ", libcapnp-0.9.2, libspdlog1.10-fmt9, libfmt9, libssl3, libzip4, zlib1g, libsodium23, libstdc++6, libc6")
 endif()
 include(CPack)

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cell_bounded.hpp"
+#include "failure_log.hpp"
 #include "sync.hpp"
 #include "system.hpp"
 #include "troupe/core/log.hpp"
@@ -178,10 +179,12 @@ void cell_base::fail(std::exception_ptr e) noexcept {
       ex && ex->factory && (ex->restart.max_restarts < 0 || ex->restarts < ex->restart.max_restarts);
   if (!may_restart) {
     log().error("actor {} ({}) failed: {}", id_, type_name(), what);
+    system_->failures->record(id_, type_name(), false, ex ? static_cast<std::uint32_t>(ex->restarts.load()) : 0, what);
     handle_stop(exit_reason::failed, what);
     return;
   }
-  ++ex->restarts;
+  const int restarts = ++ex->restarts;
+  system_->failures->record(id_, type_name(), true, static_cast<std::uint32_t>(restarts), what);
   ex->failure = what;
   auto delay = ex->next_backoff;
   ex->next_backoff = std::min<std::chrono::nanoseconds>(
@@ -189,8 +192,8 @@ void cell_base::fail(std::exception_ptr e) noexcept {
                                                          ex->restart.backoff_multiplier)),
       ex->restart.max_backoff);
   // A restart loop must not flood the log: the first few restarts, then every 1,000th.
-  if (ex->restarts <= 10 || ex->restarts % 1000 == 0)
-    log().warn("actor {} ({}) failed: {}; restart {} in {} ms", id_, type_name(), what, ex->restarts,
+  if (restarts <= 10 || restarts % 1000 == 0)
+    log().warn("actor {} ({}) failed: {}; restart {} in {} ms", id_, type_name(), what, restarts,
                std::chrono::duration_cast<std::chrono::milliseconds>(delay).count());
   // Continuations that still point into this incarnation (a coroutine about to be destroyed, a
   // callback on the old object) are dropped when they arrive.

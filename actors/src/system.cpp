@@ -1,4 +1,5 @@
 #include "system.hpp"
+#include "failure_log.hpp"
 #include "net/node.hpp"
 
 #include <cxxabi.h>
@@ -15,7 +16,7 @@ namespace troupe::detail {
 // ---- system_impl ------------------------------------------------------------------
 
 system_impl::system_impl(actor_system* f, const system_config& cfg, bool is_manual)
-    : facade(f), throughput(cfg.throughput == 0 ? 1 : cfg.throughput) {
+    : facade(f), throughput(cfg.throughput == 0 ? 1 : cfg.throughput), failures(std::make_unique<failure_log>()) {
   if (is_manual) {
     auto m = std::make_unique<manual_runtime>();
     m->throughput = throughput;
@@ -287,8 +288,10 @@ timer add_timer(system_impl& s, std::chrono::nanoseconds delay, std::chrono::nan
 }
 
 actor_stats stats_of(cell_base& c) {
+  const cell_extras* ex = system_access::extras_if_any(c);
   return actor_stats{c.id(), c.type_name(), c.messages_handled(), c.mailbox_depth(),
-                     std::chrono::nanoseconds(c.busy_ns())};
+                     std::chrono::nanoseconds(c.busy_ns()),
+                     ex ? static_cast<std::uint32_t>(ex->restarts.load(std::memory_order_relaxed)) : 0u};
 }
 
 std::vector<actor_stats> all_stats(system_impl& s) {

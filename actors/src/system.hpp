@@ -44,6 +44,7 @@ public:
 
 class manual_runtime;
 class node_runtime;
+class failure_log;
 
 std::unique_ptr<scheduler> make_thread_pool(system_impl& sys, unsigned threads,
                                             unsigned throughput);
@@ -68,7 +69,7 @@ struct cell_extras {
   std::vector<down_notice> deferred;    // down notices held while suspended
   std::unique_ptr<restart_factory> factory;
   restart_policy restart;
-  int restarts = 0;
+  std::atomic<int> restarts{0};  // written by the actor's worker, read by status reports
   std::chrono::nanoseconds next_backoff{0};
   std::string failure;  // what the last failure said
   bool down_sent = false;
@@ -133,6 +134,8 @@ public:
   std::atomic<bool> draining{false};
   std::atomic<bool> shutting_down{false};
   std::atomic<std::uint64_t> dead_letters{0};
+  /// The actors' failures and restarts, for the node's status report (failure_log.hpp).
+  std::unique_ptr<failure_log> failures;
   /// The node part when the system is a node of a cluster (net/node_runtime.hpp).
   std::shared_ptr<node_runtime> node;
 

@@ -2,6 +2,7 @@
 
 #include "dashboard_option.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -60,6 +61,16 @@ void show_round(troupe::dashboard& d, const troupe::federated::progress& p) {
   if (r.dropped + r.late > 0 || r.round == 1) {
     d.add_point("clients per round", "failed", x, static_cast<double>(r.dropped), "round", "clients");
     d.add_point("clients per round", "late", x, static_cast<double>(r.late), "round", "clients");
+  }
+  if (!r.sampled_clients.empty()) {
+    // The ids, the first 100 of them: a page that shows the last 20 rounds stays small at any
+    // population.
+    constexpr std::size_t shown_ids = 100;
+    std::string ids;
+    const std::size_t n = std::min(r.sampled_clients.size(), shown_ids);
+    for (std::size_t i = 0; i < n; ++i) ids += (i ? " " : "") + std::to_string(r.sampled_clients[i]);
+    if (r.sampled_clients.size() > n) ids += " ... and " + std::to_string(r.sampled_clients.size() - n) + " more";
+    d.add_row("sampled clients", {"round", "clients", "ids"}, {std::to_string(r.round), std::to_string(r.sampled_clients.size()), ids});
   }
   if (r.participants > 0) d.add_point("loss per round", "train loss", x, r.train_loss, "round", "loss");
   if (p.evaluated) {

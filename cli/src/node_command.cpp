@@ -137,9 +137,22 @@ int show_status(const std::string& address, const std::string& token, bool json)
       out += "\"actors\":[";
       for (std::size_t j = 0; j < n.actors.size(); ++j) {
         auto& x = n.actors[j];
-        out += fmt::format("{}{{\"id\":{},\"type\":{},\"name\":{},\"mailbox_depth\":{},\"messages\":{},\"messages_per_s\":{:.1f},\"wire_id\":{}}}",
+        out += fmt::format("{}{{\"id\":{},\"type\":{},\"name\":{},\"mailbox_depth\":{},\"messages\":{},\"messages_per_s\":{:.1f},\"wire_id\":{},\"restarts\":{}}}",
                            j ? "," : "", x.id, json_string(x.type), json_string(x.name), x.mailbox_depth, x.messages,
-                           x.messages_per_s, x.wire);
+                           x.messages_per_s, x.wire, x.restarts);
+      }
+      out += "],\"failures_by_type\":[";
+      for (std::size_t j = 0; j < n.failures_by_type.size(); ++j) {
+        auto& t = n.failures_by_type[j];
+        out += fmt::format("{}{{\"type\":{},\"restarts\":{},\"failed\":{}}}", j ? "," : "", json_string(t.type), t.restarts,
+                           t.failed);
+      }
+      out += "],\"recent_failures\":[";
+      for (std::size_t j = 0; j < n.recent_failures.size(); ++j) {
+        auto& f = n.recent_failures[j];
+        out += fmt::format("{}{{\"seq\":{},\"unix_ms\":{},\"actor\":{},\"type\":{},\"restarted\":{},\"restarts\":{},\"what\":{}}}",
+                           j ? "," : "", f.seq, f.unix_ms, f.actor, json_string(f.type), f.restarted ? "true" : "false",
+                           f.restarts, json_string(f.what));
       }
       out += "]}";
     }
@@ -153,11 +166,13 @@ int show_status(const std::string& address, const std::string& token, bool json)
                              n.info.alive ? "alive" : "LOST", n.info.actors, n.dead_letters, labels,
                              n.problem.empty() ? "" : "  (" + n.problem + ")");
     if (!n.actors.empty())
-      std::cout << fmt::format("  {:>8}  {:<32} {:<16} {:>8} {:>12} {:>10}\n", "id", "type", "name", "mailbox",
-                               "messages", "msg/s");
+      std::cout << fmt::format("  {:>8}  {:<32} {:<16} {:>8} {:>12} {:>10} {:>8}\n", "id", "type", "name", "mailbox",
+                               "messages", "msg/s", "restarts");
     for (auto& x : n.actors)
-      std::cout << fmt::format("  {:>8}  {:<32} {:<16} {:>8} {:>12} {:>10.1f}\n", x.id, x.type, x.name,
-                               x.mailbox_depth, x.messages, x.messages_per_s);
+      std::cout << fmt::format("  {:>8}  {:<32} {:<16} {:>8} {:>12} {:>10.1f} {:>8}\n", x.id, x.type, x.name,
+                               x.mailbox_depth, x.messages, x.messages_per_s, x.restarts);
+    for (auto& t : n.failures_by_type)
+      std::cout << fmt::format("  failures of {}: {} restarted, {} stopped\n", t.type, t.restarts, t.failed);
   }
   return 0;
 }

@@ -62,6 +62,7 @@ round_report simulation::impl::async_round(int round) {
     if (f.failed) {  // its slot goes to another client; the buffer still waits for K updates
       busy[f.client] = 0;
       ++r.dropped;
+      r.sampled_clients.push_back(f.client);
       dispatch();
       continue;
     }
@@ -73,6 +74,7 @@ round_report simulation::impl::async_round(int round) {
     const std::int64_t s = version - f.version;
     const double w = staleness_weight(s);
     who.push_back(u.client);
+    r.sampled_clients.push_back(u.client);
     staleness += static_cast<double>(s);
     loss += u.loss * static_cast<double>(u.samples);
     samples += u.samples;

@@ -291,6 +291,7 @@ std::vector<std::uint64_t> simulation::participants(int round, round_report* rep
   round_report local;
   round_report& r = report ? *report : local;
   r.sampled = sampled.size();
+  if (report) report->sampled_clients = sampled;
   r.dropped = r.late = 0;
   const bool timed = o.dropout > 0 || o.deadline > 0 || o.over_select > 0;
   if (!timed) {  // every sampled client is kept: the round lasts as long as the slowest

@@ -12,12 +12,14 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "troupe/actors/actor_system.hpp"
 #include "troupe/actors/dashboard.hpp"
 
 using namespace std::chrono_literals;
@@ -118,10 +120,10 @@ std::vector<sample> parse_prometheus(const std::string& text) {
 std::vector<troupe::node_status> a_cluster(bool second_alive = true) {
   troupe::node_status head;
   head.info = {1, "127.0.0.1", 7100, true, 2, {"head"}};
-  head.actors = {{11, "kv_store", hostile, 3, 100, 12.5, 0}, {12, tricky, "", 0, 7, 0, 0}};
+  head.actors = {{11, "kv_store", hostile, 3, 100, 12.5, 0, 0}, {12, tricky, "", 0, 7, 0, 0, 0}};
   troupe::node_status worker;
   worker.info = {2, "127.0.0.1", 7101, second_alive, 1, {}};
-  worker.actors = {{21, "kv_store", "", 5, 40, 2.5, 0}};
+  worker.actors = {{21, "kv_store", "", 5, 40, 2.5, 0, 0}};
   if (!second_alive) worker.problem = "no answer within 800 ms";
   return {head, worker};
 }
@@ -260,4 +262,121 @@ TEST(Dashboard, OpenPagesGetTheStateWhenItChanges) {
   d.add_point("loss", "train", 3, 0.125, "step", "loss");
   EXPECT_TRUE(read_until("[[3,0.125]]")) << got;
   ::close(fd);
+}
+
+TEST(Dashboard, ActorFailuresBecomeEventsOnceAndCountPerType) {
+  troupe::dashboard d({});
+  auto c = a_cluster();
+  c[1].actors[0].restarts = 2;
+  c[1].failures_by_type = {{"kv_store", 2, 1}};
+  c[1].recent_failures = {{1, 0, 21, "kv_store", true, 1, "disk full"},
+                          {2, 1000, 21, "kv_store", true, 2, "disk full"},
+                          {3, 2000, 22, "kv_store", false, 0, hostile}};
+  d.set_cluster(c);
+  d.set_cluster(c);  // the same failures again: no new events
+  auto s = d.state_json();
+  auto count = [&](const std::string& part) {
+    std::size_t n = 0;
+    for (auto at = s.find(part); at != std::string::npos; at = s.find(part, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("actor 21 (kv_store) on node 2 failed: disk full; restart 1"), 1u) << s;
+  EXPECT_EQ(count("actor 21 (kv_store) on node 2 failed: disk full; restart 2"), 1u) << s;
+  EXPECT_EQ(count("actor 22 (kv_store) on node 2 failed: <img"), 0u);  // escaped in JSON
+  EXPECT_EQ(count("actor 22 (kv_store) on node 2 failed: \\u003cimg src=x onerror=alert(1)\\u003e; no restart left, it stopped"), 1u) << s;
+  EXPECT_NE(s.find("{\"type\":\"kv_store\",\"count\":2,"), std::string::npos) << s;
+  EXPECT_NE(s.find("\"restarts\":2,\"failed\":1}"), std::string::npos) << s;
+  // The node starts again: its failures count from 1 and are new.
+  c[1].recent_failures = {{1, 5000, 23, "kv_store", true, 1, "after the restart"}};
+  d.set_cluster(c);
+  s = d.state_json();
+  EXPECT_EQ(count("actor 23 (kv_store) on node 2 failed: after the restart; restart 1"), 1u) << s;
+  bool found = false;
+  for (auto& m : parse_prometheus(d.metrics()))
+    if (m.name == "troupe_actor_restarts_total" && m.labels["type"] == "kv_store") {
+      found = true;
+      EXPECT_EQ(m.value, 2);
+    }
+  EXPECT_TRUE(found);
+}
+
+namespace dashboard_test {
+
+/// An actor that fails when told to.
+struct crashing {
+  int calls = 0;
+  void crash() { throw std::runtime_error("told to crash"); }
+  int ping() { return ++calls; }
+};
+
+}  // namespace dashboard_test
+
+// A real head: an actor fails under a restart policy (twice) and another without one; the head's
+// status report carries them to a dashboard that watches it, which shows them on /api/actors,
+// /metrics and in its events.
+TEST(Dashboard, RestartsOfAnActorOnAWatchedHeadReachApiActorsAndMetrics) {
+  using dashboard_test::crashing;
+  const std::string token = "dashboard-test-secret";
+  troupe::system_config sc{.threads = 2};
+  sc.node.listen = "127.0.0.1:0";
+  sc.node.token = token;
+  troupe::actor_system head(sc);
+  auto supervised = head.spawn<crashing>(troupe::spawn_options{.restart = {.max_restarts = 5}});
+  auto unsupervised = head.spawn<crashing>();
+  supervised.tell(&crashing::crash);
+  supervised.tell(&crashing::crash);
+  EXPECT_EQ(supervised.ask(&crashing::ping).get(), 1);  // a new object after each failure
+  auto down = head.monitor(unsupervised);
+  unsupervised.tell(&crashing::crash);
+  EXPECT_EQ(down.get().reason, troupe::exit_reason::failed);
+  EXPECT_EQ(head.stats(supervised).restarts, 2u);
+
+  troupe::dashboard d({});
+  d.watch_cluster("127.0.0.1:" + std::to_string(head.node_port()), token, 50ms);
+  std::string actors;
+  for (int i = 0; i < 200 && actors.find("\"restarts\":2") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(25ms);
+    actors = get(d.port(), "/api/actors");
+  }
+  const auto body = actors.substr(actors.find("\r\n\r\n") + 4);
+  const std::string id = std::to_string(supervised.id());
+  EXPECT_NE(body.find("{\"node\":1,\"id\":" + id + ",\"type\":\"dashboard_test::crashing\",\"name\":\"\",\"mailbox_depth\":0,"),
+            std::string::npos) << body;
+  EXPECT_NE(body.find("\"restarts\":2}"), std::string::npos) << body;
+  EXPECT_NE(body.find("{\"type\":\"dashboard_test::crashing\",\"count\":1,"), std::string::npos) << body;
+  EXPECT_NE(body.find(",\"restarts\":2,\"failed\":1}"), std::string::npos) << body;
+  EXPECT_NE(body.find("\"failures\":[{\"node\":1,"), std::string::npos) << body;
+  EXPECT_NE(body.find("\"restarted\":true,\"restarts\":2,\"what\":\"told to crash\"}"), std::string::npos) << body;
+  EXPECT_NE(body.find("\"restarted\":false,\"restarts\":0,\"what\":\"told to crash\"}"), std::string::npos) << body;
+
+  const auto metrics = get(d.port(), "/metrics");
+  std::map<std::string, double> seen;
+  for (auto& m : parse_prometheus(metrics.substr(metrics.find("\r\n\r\n") + 4))) {
+    if (m.name == "troupe_actor_restarts_total" || m.name == "troupe_actor_failures_total")
+      seen[m.name + "{" + m.labels["type"] + "}"] = m.value;
+    if (m.name == "troupe_actor_restarts" && m.labels["id"] == id) seen["actor " + id] = m.value;
+  }
+  EXPECT_EQ(seen["troupe_actor_restarts_total{dashboard_test::crashing}"], 2) << metrics;
+  EXPECT_EQ(seen["troupe_actor_failures_total{dashboard_test::crashing}"], 1) << metrics;
+  EXPECT_EQ(seen["actor " + id], 2) << metrics;
+  const auto state = d.state_json();
+  EXPECT_NE(state.find("actor " + id + " (dashboard_test::crashing) on node 1 failed: told to crash; restart 2"), std::string::npos)
+      << state;
+  EXPECT_NE(state.find("failed: told to crash; no restart left, it stopped"), std::string::npos) << state;
+}
+
+TEST(Dashboard, TablesKeepTheirLatestRowsFirstAndRefuseAnotherWidth) {
+  troupe::dashboard d({});
+  const std::vector<std::string> columns{"round", "clients", "ids"};
+  for (int r = 1; r <= 5; ++r) d.add_row("sampled clients", columns, {std::to_string(r), "2", std::to_string(r) + " " + hostile}, 3);
+  const auto run = d.run_json();
+  EXPECT_NE(run.find("\"tables\":[{\"title\":\"sampled clients\",\"columns\":[\"round\",\"clients\",\"ids\"],\"rows\":[[\"5\",\"2\","
+                     "\"5 \\u003cimg src=x onerror=alert(1)\\u003e\"],[\"4\","),
+            std::string::npos)
+      << run;
+  EXPECT_EQ(run.find("[\"2\",\"2\""), std::string::npos) << "only the last 3 rows are kept: " << run;
+  EXPECT_NE(run.find("[\"3\",\"2\""), std::string::npos) << run;
+  EXPECT_THROW(d.add_row("sampled clients", columns, {"6", "2"}), std::invalid_argument);
+  EXPECT_THROW(d.add_row("sampled clients", {"round", "clients"}, {"6", "2"}), std::invalid_argument);
+  EXPECT_THROW(d.add_row("other", columns, {"1", "2", "3"}, 0), std::invalid_argument);
 }

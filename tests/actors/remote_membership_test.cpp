@@ -311,9 +311,12 @@ TEST(Remote, AStatusShowsEveryNodeWhenOneDoesNotAnswerOrLies) {
           }, 50ms)) {
         // A node_status (net/status.cpp's codec) that says it is node 1, elsewhere.
         using info = std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t, std::vector<std::string>>;
-        using actor = std::tuple<std::uint64_t, std::string, std::string, std::int64_t, std::uint64_t, double, std::uint64_t>;
-        const std::tuple<info, std::uint64_t, std::vector<actor>, std::string> s{
-            {1, "elsewhere", 4242, true, 999, {"claimed"}}, 0, {}, {}};
+        using actor = std::tuple<std::uint64_t, std::string, std::string, std::int64_t, std::uint64_t, double, std::uint64_t,
+                                 std::uint32_t>;
+        using type_failures = std::tuple<std::string, std::uint64_t, std::uint64_t>;
+        using failure = std::tuple<std::uint64_t, std::int64_t, std::uint64_t, std::string, bool, std::uint32_t, std::string>;
+        const std::tuple<info, std::uint64_t, std::vector<actor>, std::string, std::vector<type_failures>, std::vector<failure>> s{
+            {1, "elsewhere", 4242, true, 999, {"claimed"}}, 0, {}, {}, {{"kv", 3, 1}}, {{1, 5, 7, "kv", true, 3, "boom"}}};
         liar.send(troupe::net::envelope_kind::reply, 0, troupe::encode(s), ask->request_id);
       }
     }
@@ -333,6 +336,10 @@ TEST(Remote, AStatusShowsEveryNodeWhenOneDoesNotAnswerOrLies) {
   EXPECT_EQ(nodes[3].info.port, 4002);
   EXPECT_EQ(nodes[3].info.actors, 999u);  // what it says of its own actors stands
   EXPECT_TRUE(nodes[3].info.labels.empty());  // its labels are what it joined with
+  ASSERT_EQ(nodes[3].failures_by_type.size(), 1u);  // and its failures what it says
+  EXPECT_EQ(nodes[3].failures_by_type[0].restarts, 3u);
+  ASSERT_EQ(nodes[3].recent_failures.size(), 1u);
+  EXPECT_EQ(nodes[3].recent_failures[0].what, "boom");
   EXPECT_LT(took, 4500ms);  // (the client waits 5 s)
 }
 

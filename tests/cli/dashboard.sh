@@ -2,10 +2,11 @@
 # The live dashboard of `troupe node start --head --dashboard` and `troupe fedsim --dashboard`:
 # a head serves it on loopback with the cluster's token required; a worker joins with a kv store
 # named `<img src=x onerror=alert(1)>`; the API and /metrics list both nodes and the name,
-# escaped; bad --dashboard flags are refused. When Chromium is installed, it signs in through the
-# login page, waits for the node list and a live update, checks that the name shows as text and
-# that nothing ran, and takes a screenshot (into $TROUPE_DASHBOARD_SHOT when set); otherwise that
-# part says it is skipped.
+# escaped; bad --dashboard flags are refused; a fedsim run shows its curves and its sampled
+# clients by id. In headless Chromium and in headless Firefox, each where installed, it signs in
+# through the login page, waits for the node list and a live update, checks that the name shows as
+# text and that nothing ran, and takes a screenshot (Chromium's into $TROUPE_DASHBOARD_SHOT when
+# set); a browser that is absent is said to be skipped.
 #
 #   tests/cli/dashboard.sh PATH/TO/troupe PATH/TO/remote_test_node
 set -euo pipefail
@@ -94,16 +95,33 @@ assert "test accuracy per round" in titles and "clients per round" in titles, ti
 sampled = next(s for c in r["charts"] if c["title"] == "clients per round" for s in c["series"] if s["name"] == "sampled")
 assert all(p[1] == 4 for p in sampled["points"]), sampled
 assert any(f["name"] == "rounds per second" for f in r["figures"])
+# The sampled clients by id, the latest round first: 4 distinct clients of the 20 per round.
+table = next(t for t in r["tables"] if t["title"] == "sampled clients")
+assert table["columns"] == ["round", "clients", "ids"], table["columns"]
+rounds = [int(row[0]) for row in table["rows"]]
+assert rounds and rounds == sorted(rounds, reverse=True) and len(rounds) <= 20, rounds
+for row in table["rows"]:
+    ids = [int(i) for i in row[2].split()]
+    assert row[1] == "4" and len(ids) == 4 and ids == sorted(set(ids)) and all(0 <= i < 20 for i in ids), row
+assert len({row[2] for row in table["rows"]}) > 1, "every round sampled the same clients"
 PY
 curl -s "$run_url/metrics" | grep -q '^troupe_run_value{chart="test accuracy per round",series="test accuracy"} ' ||
   fail "the run's /metrics lacks its accuracy"
 kill "$fedsim"
 
-browser=$(command -v chromium || command -v chromium-browser || true)
-if [[ -z $browser ]]; then
-  echo "dashboard.sh: Chromium is not installed: the dashboard was not loaded in a browser (skipped)"
+# The page in both browsers the dashboard is made for, each where it is installed.
+chromium=$(command -v chromium || command -v chromium-browser || true)
+if [[ -z $chromium ]]; then
+  echo "dashboard.sh: Chromium is not installed: the dashboard was not loaded in Chromium (skipped)"
 else
-  python3 "$here/dashboard_browser.py" "$browser" "$url" "$TROUPE_CLUSTER_TOKEN" "$hostile" "${TROUPE_DASHBOARD_SHOT:-}" ||
-    fail "the browser check failed"
+  python3 "$here/dashboard_browser.py" "$chromium" "$url" "$TROUPE_CLUSTER_TOKEN" "$hostile" "${TROUPE_DASHBOARD_SHOT:-}" ||
+    fail "the Chromium check failed"
+fi
+firefox=$(command -v firefox-esr || command -v firefox || true)
+if [[ -z $firefox ]]; then
+  echo "dashboard.sh: Firefox is not installed: the dashboard was not loaded in Firefox (skipped)"
+else
+  python3 "$here/dashboard_browser.py" "$firefox" "$url" "$TROUPE_CLUSTER_TOKEN" "$hostile" ||
+    fail "the Firefox check failed"
 fi
 echo "dashboard.sh: ok"

@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Loads a troupe dashboard in headless Chromium over the DevTools protocol (standard library only).
+"""Loads a troupe dashboard in a headless browser (standard library only): Chromium over the
+DevTools protocol, Firefox over WebDriver BiDi (built into Firefox: no driver program).
 
-    dashboard_browser.py CHROMIUM URL TOKEN EXPECTED_TEXT [SCREENSHOT.png]
+    dashboard_browser.py BROWSER URL TOKEN EXPECTED_TEXT [SCREENSHOT.png]
 
-Signs in through the dashboard's login page with TOKEN (the form and its cookie, as a person
-would), waits for the node list and for a live update (a state version newer than the first one
-the page showed), checks that EXPECTED_TEXT is on the page as text, that no element came out of
-it (no <img src=x>) and that no dialog opened (a hostile name that ran script would alert), and
-takes a screenshot. Prints "dashboard_browser: ok" or exits 1 saying why.
+BROWSER is the path of chromium or of firefox / firefox-esr (told apart by its name). Signs in
+through the dashboard's login page with TOKEN (the form and its cookie, as a person would), waits
+for the node list and for a live update (a state version newer than the first one the page
+showed), checks that EXPECTED_TEXT is on the page as text, that no element came out of it (no
+<img src=x>), that the session cookie is not readable by script and that no dialog opened (a
+hostile name that ran script would alert), and takes a screenshot (checked to be a PNG; written
+to SCREENSHOT.png when given). Prints "dashboard_browser: ok (BROWSER VERSION)" or exits 1
+saying why.
 """
 import base64
 import json
@@ -92,90 +96,161 @@ class DevTools:
             if b0 & 0x80:
                 return json.loads(payload)
 
-    def call(self, method, **params):
+    # Both protocols frame a command as {"id", "method", "params"} and answer with its id.
+    def call(self, method, tolerate=False, **params):
+        """The command's result; an error fails the test, or gives None when `tolerate`."""
         self.next_id += 1
         self._send(json.dumps({"id": self.next_id, "method": method, "params": params}))
         while True:
             m = self._message()
             if m.get("id") == self.next_id:
                 if "error" in m:
-                    fail(f"{method}: {m['error']}")
+                    if tolerate:
+                        return None
+                    fail(f"{method}: {m['error']} {m.get('message', '')}")
                 return m.get("result", {})
             self.events.append(m)
-            if m.get("method") == "Page.javascriptDialogOpening":
+            if m.get("method") in DIALOG_EVENTS:
                 fail("a dialog opened: " + json.dumps(m.get("params")))
 
+
+# A page that opened an alert, confirm or prompt: Chromium's and WebDriver BiDi's events.
+DIALOG_EVENTS = ("Page.javascriptDialogOpening", "browsingContext.userPromptOpened")
+
+
+class Chromium:
+    """Headless Chromium driven over the DevTools protocol."""
+
+    def __init__(self, binary, profile):
+        self.process = subprocess.Popen([binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                                         "--remote-debugging-port=0", "--user-data-dir=" + profile,
+                                         "--window-size=1100,640", "about:blank"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = os.path.join(profile, "DevToolsActivePort")
+        wait_for_file(port_file, "Chromium did not open its DevTools port")
+        port = open(port_file).read().split()[0]
+        version = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/version"))
+        self.name = version.get("Browser", "Chromium")
+        pages = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
+        page = next(p for p in pages if p["type"] == "page")
+        self.dt = DevTools(page["webSocketDebuggerUrl"])
+        self.dt.call("Page.enable")
+        self.dt.call("Runtime.enable")
+
+    def navigate(self, url):
+        self.dt.call("Page.navigate", url=url)
+
     def evaluate(self, expression):
-        r = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
-        return r.get("result", {}).get("value")
+        r = self.dt.call("Runtime.evaluate", tolerate=True, expression=expression, returnByValue=True)
+        return (r or {}).get("result", {}).get("value")
+
+    def screenshot(self):
+        return base64.b64decode(self.dt.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"])
+
+
+class Firefox:
+    """Headless Firefox driven over WebDriver BiDi, which Firefox serves itself when started with
+    --remote-debugging-port (it writes the port to WebDriverBiDiServer.json in its profile)."""
+
+    def __init__(self, binary, profile):
+        self.process = subprocess.Popen([binary, "--headless", "--no-remote", "--profile", profile,
+                                         "--remote-debugging-port", "0", "--window-size", "1100,640", "about:blank"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = os.path.join(profile, "WebDriverBiDiServer.json")
+        wait_for_file(port_file, "Firefox did not open its WebDriver BiDi port")
+        port = json.load(open(port_file))["ws_port"]
+        self.dt = DevTools(f"ws://127.0.0.1:{port}/session")
+        caps = self.dt.call("session.new", capabilities={})["capabilities"]
+        self.name = f"{caps.get('browserName', 'firefox')} {caps.get('browserVersion', '')}".strip()
+        self.dt.call("session.subscribe", events=["browsingContext.userPromptOpened"])
+        self.context = self.dt.call("browsingContext.getTree")["contexts"][0]["context"]
+
+    def navigate(self, url):
+        self.dt.call("browsingContext.navigate", context=self.context, url=url, wait="none")
+
+    def evaluate(self, expression):
+        r = self.dt.call("script.evaluate", tolerate=True, expression=expression, target={"context": self.context},
+                         awaitPromise=False)
+        if not r or r.get("type") != "success":
+            return None  # it threw, or the page was between documents
+        return r["result"].get("value")
+
+    def screenshot(self):
+        return base64.b64decode(self.dt.call("browsingContext.captureScreenshot", context=self.context,
+                                             origin="document")["data"])
+
+
+def wait_for_file(path, why):
+    for _ in range(300):
+        if os.path.exists(path) and open(path).read().strip():
+            try:
+                if not path.endswith(".json") or json.load(open(path)):
+                    return
+            except ValueError:
+                pass  # still being written
+        time.sleep(0.1)
+    fail(why)
 
 
 def main():
     if len(sys.argv) < 5:
-        fail("usage: dashboard_browser.py CHROMIUM URL TOKEN EXPECTED_TEXT [SCREENSHOT.png]")
-    chromium, url, token, expected = sys.argv[1:5]
+        fail("usage: dashboard_browser.py BROWSER URL TOKEN EXPECTED_TEXT [SCREENSHOT.png]")
+    binary, url, token, expected = sys.argv[1:5]
     shot = sys.argv[5] if len(sys.argv) > 5 else None
     profile = tempfile.mkdtemp()
-    browser = subprocess.Popen([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                                "--remote-debugging-port=0", "--user-data-dir=" + profile, "--window-size=1100,640",
-                                "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kind = Firefox if "firefox" in os.path.basename(binary) else Chromium
+    browser = None
     try:
-        port_file = os.path.join(profile, "DevToolsActivePort")
-        for _ in range(300):
-            if os.path.exists(port_file) and open(port_file).read().strip():
-                break
-            time.sleep(0.1)
-        else:
-            fail("Chromium did not open its DevTools port")
-        port = open(port_file).read().split()[0]
-        pages = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
-        page = next(p for p in pages if p["type"] == "page")
-        dt = DevTools(page["webSocketDebuggerUrl"])
-        dt.call("Page.enable")
-        dt.call("Runtime.enable")
+        browser = kind(binary, profile)
 
-        def wait_for(expression, what, seconds=20):
+        def wait_for(expression, what, seconds=30):
             end = time.time() + seconds
             while time.time() < end:
-                v = dt.evaluate(expression)
+                v = browser.evaluate(expression)
                 if v:
                     return v
                 time.sleep(0.2)
-            fail(f"timed out waiting for {what}; the page says: {dt.evaluate('document.body && document.body.innerText')}")
+            fail(f"{browser.name}: timed out waiting for {what}; the page says: "
+                 f"{browser.evaluate('document.body && document.body.innerText')}")
 
         # Unsigned, the dashboard refuses and points at its login page.
-        dt.call("Page.navigate", url=url)
+        browser.navigate(url)
         wait_for("document.readyState === 'complete' && document.body.innerText.includes('sign in')", "the refusal")
-        dt.call("Page.navigate", url=url.rstrip("/") + "/login")
+        browser.navigate(url.rstrip("/") + "/login")
         wait_for("document.readyState === 'complete' && !!document.querySelector('input[name=token]')", "the login form")
-        dt.evaluate(f"document.querySelector('input[name=token]').value = {json.dumps(token)};"
-                    "document.querySelector('form').submit(); true")
+        browser.evaluate(f"document.querySelector('input[name=token]').value = {json.dumps(token)};"
+                         "document.querySelector('form').submit(); true")
         wait_for("location.pathname === '/' && document.querySelectorAll('#nodes tr').length >= 3",
                  "the node list (two nodes)")
-        first = dt.evaluate("Number(document.body.dataset.firstVersion)")
+        first = browser.evaluate("Number(document.body.dataset.firstVersion)")
         wait_for(f"Number(document.body.dataset.version) > {first}", "a live update")
-        text = dt.evaluate("document.body.innerText")
+        text = browser.evaluate("document.body.innerText")
         if expected not in text:
-            fail(f"{expected!r} is not on the page as text: {text[:2000]}")
-        if dt.evaluate("document.querySelectorAll('img[src=x], img[onerror]').length") != 0:
-            fail("a name became markup: an <img> element is on the page")
-        if dt.evaluate("document.cookie") != "":
-            fail("the session cookie is readable by script (it must be HttpOnly)")
+            fail(f"{browser.name}: {expected!r} is not on the page as text: {text[:2000]}")
+        if browser.evaluate("document.querySelectorAll('img[src=x], img[onerror]').length") != 0:
+            fail(f"{browser.name}: a name became markup: an <img> element is on the page")
+        if browser.evaluate("document.cookie") != "":
+            fail(f"{browser.name}: the session cookie is readable by script (it must be HttpOnly)")
+        if browser.evaluate("document.getElementById('live').textContent") != "live":
+            fail(f"{browser.name}: the page does not follow the event stream")
         # Events that came while waiting: a dialog would have been one.
-        for m in dt.events:
-            if m.get("method") == "Page.javascriptDialogOpening":
-                fail("a dialog opened")
+        for m in browser.dt.events:
+            if m.get("method") in DIALOG_EVENTS:
+                fail(f"{browser.name}: a dialog opened")
+        png = browser.screenshot()
+        if not png.startswith(b"\x89PNG\r\n\x1a\n") or len(png) < 1000:
+            fail(f"{browser.name}: the screenshot is no PNG ({len(png)} bytes)")
         if shot:
-            data = dt.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"]
             with open(shot, "wb") as f:
-                f.write(base64.b64decode(data))
-        print("dashboard_browser: ok")
+                f.write(png)
+        print(f"dashboard_browser: ok ({browser.name})")
     finally:
-        browser.terminate()
-        try:
-            browser.wait(10)
-        except subprocess.TimeoutExpired:
-            browser.kill()
+        if browser:
+            browser.process.terminate()
+            try:
+                browser.process.wait(10)
+            except subprocess.TimeoutExpired:
+                browser.process.kill()
         shutil.rmtree(profile, ignore_errors=True)
 
 

@@ -327,6 +327,22 @@ TEST(Simulation, DropoutsDeadlinesAndOverSelectionAreSeededAndDeterministic) {
   EXPECT_THROW(simulation(bad, fashion()), std::invalid_argument);
 }
 
+TEST(Simulation, EachRoundReportsItsSampledClientsById) {
+  auto o = small("fedavg", 1);
+  o.dropout = 0.3;
+  o.over_select = 0.5;  // 9 sampled, 6 kept at most
+  simulation sim(o, fashion());
+  std::set<std::vector<std::uint64_t>> samples;
+  for (int r = 1; r <= 4; ++r) {
+    const auto rep = sim.run_round();
+    EXPECT_EQ(rep.sampled_clients, sim.sample(r)) << "round " << r;
+    EXPECT_EQ(rep.sampled_clients.size(), rep.sampled);
+    EXPECT_LT(rep.participants, rep.sampled);
+    samples.insert(rep.sampled_clients);
+  }
+  EXPECT_GT(samples.size(), 1u);
+}
+
 }  // namespace
 
 TEST(Simulation, RefusesScaffoldWithATransformThatChangesTheUpdate) {

@@ -108,6 +108,22 @@ TEST(FedBuff, IsBitIdenticalAtOneAndTwoThreads) {
   EXPECT_NE(one.first.front(), one.first.back());
 }
 
+TEST(FedBuff, EachStepReportsTheClientsItTookById) {
+  auto o = small("fedavg", 1);
+  o.async = "fedbuff:3";
+  o.dropout = 0.3;
+  simulation sim(o, fashion());
+  std::size_t failed = 0;
+  for (int r = 1; r <= 6; ++r) {
+    const auto rep = sim.run_round();
+    EXPECT_EQ(rep.sampled_clients.size(), rep.sampled) << "step " << r;
+    EXPECT_EQ(rep.sampled, rep.participants + rep.dropped);
+    for (auto c : rep.sampled_clients) EXPECT_LT(c, sim.population());
+    failed += rep.dropped;
+  }
+  EXPECT_GT(failed, 0u);  // the failed clients are among them too
+}
+
 TEST(FedBuff, LearnsFashionMnistOnIidData) {
   simulation_options o;
   o.clients = 10;

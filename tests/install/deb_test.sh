@@ -44,7 +44,12 @@ depends() {
 }
 depends "$dev" libspdlog-dev libfmt-dev libcapnp-dev libssl-dev zlib1g-dev libzip-dev libsodium-dev libopenblas0
 # The command's shared libraries (from dpkg-shlibdeps) and the dlopen'ed OpenBLAS.
-depends "$cli" libc6 'libstdc++6' 'libcapnp-*' 'libfmt[0-9]*' 'libspdlog1.*' libssl3 'libzip[0-9]*' zlib1g libopenblas0
+depends "$cli" libc6 'libstdc++6' 'libcapnp-*' 'libfmt[0-9]*' 'libspdlog1.*' libssl3 'libzip[0-9]*' zlib1g libsodium23 libopenblas0
+# Each package once: a name listed by hand and again by dpkg-shlibdeps is a duplicate.
+for deb in "$dev" "$cli"; do
+  twice=$(field "$deb" Depends | sed -E 's/ *\([^)]*\)//g; s/ *, */\n/g' | sort | uniq -d)
+  [[ -z $twice ]] || fail "$(field "$deb" Package)'s Depends names $twice more than once: $(field "$deb" Depends)"
+done
 echo "libtroupe-dev Depends: $(field "$dev" Depends)"
 echo "troupe Depends: $(field "$cli" Depends)"
 

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <thread>
 
 #include "troupe/actors/http_server.hpp"
@@ -36,10 +37,10 @@ struct dashboard::impl {
     return !stop_cv.wait_for(lock, d, [&] { return stopping; });
   }
 
-  void add_event(std::string text) {  // under mu
-    std::time_t now = std::time(nullptr);
+  void add_event(std::string text) { add_event(std::time(nullptr), std::move(text)); }  // under mu
+  void add_event(std::time_t when_s, std::string text) {  // under mu
     std::tm tm{};
-    gmtime_r(&now, &tm);
+    gmtime_r(&when_s, &tm);
     char when[16];
     std::strftime(when, sizeof when, "%H:%M:%S", &tm);
     st.events.push_back({std::string(when) + " UTC", std::move(text)});
@@ -152,6 +153,24 @@ void dashboard::add_point(const std::string& chart, const std::string& series, d
   ++impl_->st.version;
 }
 
+void dashboard::add_row(const std::string& table, const std::vector<std::string>& columns, std::vector<std::string> cells,
+                        std::size_t keep) {
+  if (keep < 1 || keep > 1000) throw std::invalid_argument("dashboard::add_row: keep must be 1 to 1000, not " + std::to_string(keep));
+  if (cells.size() != columns.size())
+    throw std::invalid_argument("dashboard::add_row: " + std::to_string(cells.size()) + " cells for " + std::to_string(columns.size()) +
+                                " columns of \"" + table + "\"");
+  std::lock_guard lock(impl_->mu);
+  auto& tables = impl_->st.tables;
+  auto t = std::find_if(tables.begin(), tables.end(), [&](auto& e) { return e.title == table; });
+  if (t == tables.end()) t = tables.insert(tables.end(), detail::dashboard_table{table, columns, {}});
+  if (t->columns.size() != cells.size())
+    throw std::invalid_argument("dashboard::add_row: " + std::to_string(cells.size()) + " cells for the " +
+                                std::to_string(t->columns.size()) + " columns of \"" + table + "\"");
+  t->rows.push_front(std::move(cells));
+  while (t->rows.size() > keep) t->rows.pop_back();
+  ++impl_->st.version;
+}
+
 void dashboard::set_figure(const std::string& name, double value, const std::string& help) {
   std::lock_guard lock(impl_->mu);
   auto& f = impl_->st.figures;
@@ -207,6 +226,24 @@ void dashboard::set_cluster(std::vector<node_status> nodes) {
                          ") on node " + std::to_string(n.info.id) + " stopped");
   }
   if (gone > 5) impl_->add_event(std::to_string(gone - 5) + " more actors stopped");
+  // Actor failures the nodes report that are new since the last report (a node's seq numbers
+  // them; one that starts again counts from 1), with the time they happened.
+  for (auto& n : nodes) {
+    if (n.recent_failures.empty()) continue;
+    auto& seen = st.failures_seen[n.info.id];
+    if (n.recent_failures.back().seq < seen) seen = 0;  // the node started again
+    for (auto& f : n.recent_failures) {
+      if (f.seq <= seen) continue;
+      std::string name;
+      for (auto& a : n.actors)
+        if (a.id == f.actor && !a.name.empty()) name = " \"" + a.name + "\"";
+      impl_->add_event(static_cast<std::time_t>(f.unix_ms / 1000),
+                       "actor " + std::to_string(f.actor) + " (" + f.type + name + ") on node " + std::to_string(n.info.id) +
+                           " failed: " + f.what +
+                           (f.restarted ? "; restart " + std::to_string(f.restarts) : "; no restart left, it stopped"));
+    }
+    seen = n.recent_failures.back().seq;
+  }
   st.nodes = std::move(nodes);
   st.has_cluster = true;
   ++st.version;
@@ -243,7 +280,8 @@ std::string dashboard::nodes_json() const {
 }
 std::string dashboard::actors_json() const {
   std::lock_guard lock(impl_->mu);
-  return "{\"actor_types\":" + detail::actor_types_json(impl_->st) + ",\"actors\":" + detail::actors_json(impl_->st) + "}";
+  return "{\"actor_types\":" + detail::actor_types_json(impl_->st) + ",\"actors\":" + detail::actors_json(impl_->st) +
+         ",\"failures\":" + detail::failures_json(impl_->st) + "}";
 }
 std::string dashboard::run_json() const {
   std::lock_guard lock(impl_->mu);

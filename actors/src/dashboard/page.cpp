@@ -19,9 +19,10 @@ const std::string& dashboard_page() {
 <h2>Nodes</h2><div id="nodes"></div>
 <h2>Actors by type</h2><div id="types"></div>
 <h2>Busiest actors</h2><div id="actors"></div>
+<h2>Actor failures and restarts</h2><div id="failures"></div>
 </section>
 <section id="run" hidden>
-<h2 id="run-kind">Run</h2><div id="figures"></div><div id="charts" class="charts"></div>
+<h2 id="run-kind">Run</h2><div id="figures"></div><div id="charts" class="charts"></div><div id="tables"></div>
 <div id="schedule" hidden><h2>Pipeline schedule</h2><img id="schedule-img" alt="the pipeline's schedule"></div>
 <h2>Options</h2><div id="options"></div>
 </section>
@@ -42,7 +43,7 @@ th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .live{font-size:.85em;padding:.1em .5em;border-radius:.8em;background:#eee}.live.on{background:#d4f4d4}.live.off{background:#f8d0d0}
 .lost{color:#d62728;font-weight:bold}.alive{color:#2ca02c}.charts{display:flex;flex-wrap:wrap;gap:1em}
 ul#events{font-size:.9em;padding-left:1.2em}#updated{color:#777;font-size:.85em}footer{margin:2em 0;color:#777;font-size:.85em}
-form{margin:1em 0}input{padding:.3em}#schedule img{max-width:100%}
+form{margin:1em 0}input{padding:.3em}#schedule img{max-width:100%}td{max-width:48em;overflow-wrap:anywhere}
 )";
   return style;
 }
@@ -152,12 +153,19 @@ const std::string& dashboard_script() {
         s.nodes.map((n) => [n.node, n.address, n.alive ? { text: "alive", cls: "alive" } : { text: "LOST", cls: "lost" },
           n.labels.join(", "), n.actors, n.mailbox_depth, n.messages_per_s, n.dead_letters, n.problem]),
         [true, false, false, false, true, true, true, true, false]);
-      table($("types"), ["type", "actors", "mailbox depth", "deepest mailbox", "messages", "msg/s"],
-        s.actor_types.map((t) => [t.type, t.count, t.mailbox_depth, t.max_mailbox_depth, t.messages, t.messages_per_s]),
-        [false, true, true, true, true, true]);
-      table($("actors"), ["node", "id", "type", "name", "mailbox depth", "messages", "msg/s"],
-        s.actors.map((a) => [a.node, a.id, a.type, a.name, a.mailbox_depth, a.messages, a.messages_per_s]),
-        [true, true, false, false, true, true, true]);
+      table($("types"), ["type", "actors", "mailbox depth", "deepest mailbox", "messages", "msg/s", "restarts", "failed"],
+        s.actor_types.map((t) => [t.type, t.count, t.mailbox_depth, t.max_mailbox_depth, t.messages, t.messages_per_s,
+          t.restarts, t.failed]),
+        [false, true, true, true, true, true, true, true]);
+      table($("actors"), ["node", "id", "type", "name", "mailbox depth", "messages", "msg/s", "restarts"],
+        s.actors.map((a) => [a.node, a.id, a.type, a.name, a.mailbox_depth, a.messages, a.messages_per_s, a.restarts]),
+        [true, true, false, false, true, true, true, true]);
+      if (s.failures.length)
+        table($("failures"), ["when", "node", "actor", "type", "outcome", "failure"],
+          s.failures.map((f) => [f.when, f.node, f.actor, f.type,
+            f.restarted ? "restart " + f.restarts : { text: "stopped", cls: "lost" }, f.what]),
+          [false, true, true, false, false, false]);
+      else $("failures").replaceChildren(el("p", "none"));
     }
     const run = s.run;
     const hasRun = run.kind !== "" || run.charts.length > 0;
@@ -166,6 +174,14 @@ const std::string& dashboard_script() {
       $("run-kind").textContent = run.kind || "Run";
       table($("figures"), ["figure", "value", "meaning"], run.figures.map((f) => [f.name, f.value, f.help]), [false, true, false]);
       $("charts").replaceChildren(...run.charts.map(chart));
+      $("tables").replaceChildren(...run.tables.map((t) => {
+        const box = el("div", null, "table");
+        box.appendChild(el("h2", t.title));
+        const body = el("div");
+        table(body, t.columns, t.rows, t.columns.map((c) => c !== "ids"));
+        box.appendChild(body);
+        return box;
+      }));
       table($("options"), ["option", "value"], run.options);
       $("schedule").hidden = !run.schedule;
       if (run.schedule && !$("schedule-img").getAttribute("src")) $("schedule-img").setAttribute("src", "/schedule.svg");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -22,6 +23,12 @@ struct dashboard_figure {
   std::string help;
 };
 
+struct dashboard_table {
+  std::string title;
+  std::vector<std::string> columns;
+  std::deque<std::vector<std::string>> rows;  // the latest first
+};
+
 struct dashboard_event {
   std::string when;  // "12:34:56 UTC"
   std::string text;
@@ -35,10 +42,13 @@ struct dashboard_state {
   std::vector<std::pair<std::string, std::string>> run_options;
   std::vector<line_chart> charts;
   std::vector<dashboard_figure> figures;
+  std::vector<dashboard_table> tables;
   std::string schedule_svg;
   // a cluster
   bool has_cluster = false;
   std::vector<node_status> nodes;
+  /// Per node, the latest actor_failure::seq already turned into an event.
+  std::map<node_id, std::uint64_t> failures_seen;
   std::deque<dashboard_event> events;
 };
 
@@ -48,6 +58,8 @@ std::string nodes_json(const dashboard_state& s);
 std::string actor_types_json(const dashboard_state& s);
 /// The 200 actors with the deepest mailboxes (then the busiest).
 std::string actors_json(const dashboard_state& s);
+/// The nodes' latest actor failures (restarted or not), the latest first, at most 100.
+std::string failures_json(const dashboard_state& s);
 std::string run_json(const dashboard_state& s);
 std::string prometheus_text(const dashboard_state& s, std::size_t streams);
 

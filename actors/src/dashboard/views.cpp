@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <cstdio>
+#include <ctime>
 #include <map>
 
 #include "dashboard/state.hpp"
@@ -48,11 +49,13 @@ struct type_totals {
   std::int64_t depth = 0, max_depth = 0;
   std::uint64_t messages = 0;
   double rate = 0;
+  std::uint64_t restarts = 0, failed = 0;  // since each node started, stopped actors included
 };
 
+/// Live actors by type, with the types whose actors failed (none of them may be live now).
 std::map<std::string, type_totals> by_type(const dashboard_state& s) {
   std::map<std::string, type_totals> types;
-  for (auto& n : s.nodes)
+  for (auto& n : s.nodes) {
     for (auto& a : n.actors) {
       auto& t = types[a.type];
       ++t.count;
@@ -61,7 +64,23 @@ std::map<std::string, type_totals> by_type(const dashboard_state& s) {
       t.messages += a.messages;
       t.rate += a.messages_per_s;
     }
+    for (auto& f : n.failures_by_type) {
+      auto& t = types[f.type];
+      t.restarts += f.restarts;
+      t.failed += f.failed;
+    }
+  }
   return types;
+}
+
+/// "12:34:56 UTC" of a time in milliseconds since 1970.
+std::string utc_time(std::int64_t unix_ms) {
+  std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%H:%M:%S", &tm);
+  return std::string(buf) + " UTC";
 }
 
 /// One family: its HELP and TYPE lines, then its samples.
@@ -111,7 +130,8 @@ std::string actor_types_json(const dashboard_state& s) {
   for (auto& [type, t] : by_type(s)) {
     out += std::string(first ? "" : ",") + "{\"type\":" + json_string(type) + ",\"count\":" + std::to_string(t.count) +
            ",\"mailbox_depth\":" + std::to_string(t.depth) + ",\"max_mailbox_depth\":" + std::to_string(t.max_depth) +
-           ",\"messages\":" + std::to_string(t.messages) + ",\"messages_per_s\":" + num(t.rate) + "}";
+           ",\"messages\":" + std::to_string(t.messages) + ",\"messages_per_s\":" + num(t.rate) +
+           ",\"restarts\":" + std::to_string(t.restarts) + ",\"failed\":" + std::to_string(t.failed) + "}";
     first = false;
   }
   return out + "]";
@@ -137,7 +157,28 @@ std::string actors_json(const dashboard_state& s) {
     out += std::string(i ? "," : "") + "{\"node\":" + std::to_string(rows[i].node) + ",\"id\":" + std::to_string(a.id) +
            ",\"type\":" + json_string(a.type) + ",\"name\":" + json_string(a.name) + ",\"mailbox_depth\":" +
            std::to_string(a.mailbox_depth) + ",\"messages\":" + std::to_string(a.messages) + ",\"messages_per_s\":" +
-           num(a.messages_per_s) + "}";
+           num(a.messages_per_s) + ",\"restarts\":" + std::to_string(a.restarts) + "}";
+  }
+  return out + "]";
+}
+
+std::string failures_json(const dashboard_state& s) {
+  struct row {
+    node_id node;
+    const actor_failure* f;
+  };
+  std::vector<row> rows;
+  for (auto& n : s.nodes)
+    for (auto& f : n.recent_failures) rows.push_back({n.info.id, &f});
+  std::stable_sort(rows.begin(), rows.end(), [](const row& x, const row& y) { return x.f->unix_ms > y.f->unix_ms; });
+  if (rows.size() > 100) rows.resize(100);
+  std::string out = "[";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    auto& f = *rows[i].f;
+    out += std::string(i ? "," : "") + "{\"node\":" + std::to_string(rows[i].node) + ",\"actor\":" + std::to_string(f.actor) +
+           ",\"type\":" + json_string(f.type) + ",\"when\":" + json_string(utc_time(f.unix_ms)) + ",\"unix_ms\":" +
+           std::to_string(f.unix_ms) + ",\"restarted\":" + (f.restarted ? "true" : "false") + ",\"restarts\":" +
+           std::to_string(f.restarts) + ",\"what\":" + json_string(f.what) + "}";
   }
   return out + "]";
 }
@@ -167,6 +208,18 @@ std::string run_json(const dashboard_state& s) {
   for (std::size_t i = 0; i < s.figures.size(); ++i)
     out += std::string(i ? "," : "") + "{\"name\":" + json_string(s.figures[i].name) + ",\"value\":" + num(s.figures[i].value) +
            ",\"help\":" + json_string(s.figures[i].help) + "}";
+  out += "],\"tables\":[";
+  for (std::size_t i = 0; i < s.tables.size(); ++i) {
+    auto& t = s.tables[i];
+    auto list = [](const std::vector<std::string>& cells) {
+      std::string o = "[";
+      for (std::size_t k = 0; k < cells.size(); ++k) o += std::string(k ? "," : "") + json_string(cells[k]);
+      return o + "]";
+    };
+    out += std::string(i ? "," : "") + "{\"title\":" + json_string(t.title) + ",\"columns\":" + list(t.columns) + ",\"rows\":[";
+    for (std::size_t r = 0; r < t.rows.size(); ++r) out += std::string(r ? "," : "") + list(t.rows[r]);
+    out += "]}";
+  }
   out += std::string("],\"schedule\":") + (s.schedule_svg.empty() ? "false" : "true") + "}";
   return out;
 }
@@ -178,7 +231,8 @@ std::string state_json(const dashboard_state& s) {
   events += "]";
   return "{\"title\":" + json_string(s.title) + ",\"version\":" + std::to_string(s.version) +
          ",\"cluster\":" + (s.has_cluster ? "true" : "false") + ",\"nodes\":" + nodes_json(s) +
-         ",\"actor_types\":" + actor_types_json(s) + ",\"actors\":" + actors_json(s) + ",\"events\":" + events +
+         ",\"actor_types\":" + actor_types_json(s) + ",\"actors\":" + actors_json(s) + ",\"failures\":" + failures_json(s) +
+         ",\"events\":" + events +
          ",\"run\":" + run_json(s) + "}";
 }
 
@@ -211,6 +265,16 @@ std::string prometheus_text(const dashboard_state& s, std::size_t streams) {
       family f(out, "troupe_actor_type_messages_per_second", "gauge", "Messages per second the type's actors handle.");
       for (auto& [type, t] : types) f.add({{"type", type}}, t.rate);
     }
+    {
+      family f(out, "troupe_actor_restarts_total", "counter",
+               "Failures of the type's actors after which their restart policy re-created them (live nodes, since each started).");
+      for (auto& [type, t] : types) f.add({{"type", type}}, static_cast<double>(t.restarts));
+    }
+    {
+      family f(out, "troupe_actor_failures_total", "counter",
+               "Failures that stopped an actor of the type (no restart left; live nodes, since each started).");
+      for (auto& [type, t] : types) f.add({{"type", type}}, static_cast<double>(t.failed));
+    }
     auto labels = [](const node_status& n, const actor_status& a) {
       return std::vector<std::pair<const char*, std::string>>{
           {"node", std::to_string(n.info.id)}, {"id", std::to_string(a.id)}, {"type", a.type}, {"name", a.name}};
@@ -229,6 +293,11 @@ std::string prometheus_text(const dashboard_state& s, std::size_t streams) {
       family f(out, "troupe_actor_messages_per_second", "gauge", "Messages per second the actor handled over the last status interval.");
       for (auto& n : s.nodes)
         for (auto& a : n.actors) f.add(labels(n, a), a.messages_per_s);
+    }
+    {
+      family f(out, "troupe_actor_restarts", "gauge", "Times the live actor's restart policy re-created it.");
+      for (auto& n : s.nodes)
+        for (auto& a : n.actors) f.add(labels(n, a), static_cast<double>(a.restarts));
     }
   }
   if (!s.charts.empty()) {

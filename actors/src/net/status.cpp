@@ -7,51 +7,9 @@
 #include <optional>
 #include <stdexcept>
 
+#include "failure_log.hpp"
 #include "net/node_runtime.hpp"
-
-// ---- codecs of the status report (only the node speaks them) ------------------------------
-
-template <>
-struct troupe::codec<troupe::node_info> {
-  using tuple = std::tuple<std::uint32_t, std::string, std::uint16_t, bool, std::uint64_t, std::vector<std::string>>;
-  static void encode(byte_writer& w, const node_info& n) {
-    troupe::codec<tuple>::encode(w, {n.id, n.host, n.port, n.alive, n.actors, n.labels});
-  }
-  static node_info decode(byte_reader& r) {
-    auto [id, host, port, alive, actors, labels] = troupe::codec<tuple>::decode(r);
-    return {id, std::move(host), port, alive, actors, std::move(labels)};
-  }
-};
-
-template <>
-struct troupe::codec<troupe::actor_status> {
-  using tuple = std::tuple<std::uint64_t, std::string, std::string, std::int64_t, std::uint64_t, double, std::uint64_t>;
-  static void encode(byte_writer& w, const actor_status& a) {
-    troupe::codec<tuple>::encode(w, {a.id, a.type, a.name, a.mailbox_depth, a.messages, a.messages_per_s, a.wire});
-  }
-  static actor_status decode(byte_reader& r) {
-    auto [id, type, name, depth, messages, rate, wire] = troupe::codec<tuple>::decode(r);
-    return {id, std::move(type), std::move(name), depth, messages, rate, wire};
-  }
-};
-
-template <>
-struct troupe::codec<troupe::node_status> {
-  static void encode(byte_writer& w, const node_status& s) {
-    troupe::codec<node_info>::encode(w, s.info);
-    troupe::codec<std::uint64_t>::encode(w, s.dead_letters);
-    troupe::codec<std::vector<actor_status>>::encode(w, s.actors);
-    troupe::codec<std::string>::encode(w, s.problem);
-  }
-  static node_status decode(byte_reader& r) {
-    node_status s;
-    s.info = troupe::codec<node_info>::decode(r);
-    s.dead_letters = troupe::codec<std::uint64_t>::decode(r);
-    s.actors = troupe::codec<std::vector<actor_status>>::decode(r);
-    s.problem = troupe::codec<std::string>::decode(r);
-    return s;
-  }
-};
+#include "net/status_codec.hpp"
 
 namespace troupe::detail {
 
@@ -66,7 +24,7 @@ std::vector<actor_status> actor_rates::sample(system_impl& sys, const std::unord
   std::lock_guard lock(mu_);
   std::unordered_map<actor_id, std::pair<std::uint64_t, clock::time_point>> next;
   for (auto& a : all_stats(sys)) {
-    actor_status x{a.id, a.type, {}, a.mailbox_depth, a.messages, 0, 0};
+    actor_status x{a.id, a.type, {}, a.mailbox_depth, a.messages, 0, 0, a.restarts};
     if (auto n = names.find(a.id); n != names.end()) x.name = n->second;
     if (auto w = wires.find(a.id); w != wires.end()) x.wire = w->second;
     if (auto prev = last_.find(a.id); prev != last_.end()) {
@@ -91,6 +49,8 @@ node_status node_runtime::local_status() {
   }
   s.dead_letters = sys_.dead_letters.load();
   s.actors = rates_.sample(sys_, wires);
+  s.failures_by_type = sys_.failures->by_type();
+  s.recent_failures = sys_.failures->recent();
   return s;
 }
 
@@ -136,7 +96,7 @@ void node_runtime::gather_status(std::shared_ptr<responder> r) {
     void give_up(const std::string& why) {
       std::lock_guard lock(mu);
       if (done) return;
-      for (auto& [id, info] : waiting) nodes.push_back(node_status{info, 0, {}, why});
+      for (auto& [id, info] : waiting) nodes.push_back(node_status{info, 0, {}, why, {}, {}});
       waiting.clear();
       finish();
     }
@@ -155,14 +115,14 @@ void node_runtime::gather_status(std::shared_ptr<responder> r) {
         s.info.alive = true;
         g->add(info.id, std::move(s));
       } catch (const std::exception& e) {
-        g->add(info.id, node_status{info, 0, {}, std::string("its report does not decode: ") + e.what()});
+        g->add(info.id, node_status{info, 0, {}, std::string("its report does not decode: ") + e.what(), {}, {}});
       }
     }
     void fail(std::exception_ptr e) noexcept override {
       auto [code, what] = describe(e);
       node_info shown = info;
       shown.alive = code != errc::node_lost;  // (a redialled connection: alive, its answer lost)
-      g->add(info.id, node_status{shown, 0, {}, what});
+      g->add(info.id, node_status{shown, 0, {}, what, {}, {}});
     }
   };
   auto g = std::make_shared<gather>();
@@ -174,7 +134,7 @@ void node_runtime::gather_status(std::shared_ptr<responder> r) {
     for (auto& [id, m] : members_) {
       if (id == self_) continue;
       if (m.alive) others.push_back({id, m.host, m.port, true, m.actors, m.labels});
-      else g->nodes.push_back(node_status{{id, m.host, m.port, false, 0, m.labels}, 0, {}, {}});
+      else g->nodes.push_back(node_status{{id, m.host, m.port, false, 0, m.labels}, 0, {}, {}, {}, {}});
     }
   }
   for (auto& info : others) g->waiting.emplace(info.id, info);

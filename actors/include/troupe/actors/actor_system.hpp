@@ -85,6 +85,7 @@ struct actor_stats {
   std::uint64_t messages = 0;      ///< messages handled
   std::int64_t mailbox_depth = 0;  ///< normal messages waiting
   std::chrono::nanoseconds busy{0};
+  std::uint32_t restarts = 0;      ///< times its restart policy re-created it after a failure
 };
 
 /// A timer made by tell_after/tell_every. Copyable; cancel() may be called from any thread,

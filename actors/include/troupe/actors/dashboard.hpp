@@ -5,7 +5,7 @@
 ///
 ///   /              the page (its script and style are /dashboard.js and /dashboard.css: no CDN)
 ///   /events        server-sent events: the state as JSON, at most once per update period
-///   /api/state     the state: {"title","nodes","actor_types","actors","events","run"}
+///   /api/state     the state: {"title","nodes","actor_types","actors","failures","events","run"}
 ///   /api/nodes, /api/actors, /api/run   its parts
 ///   /metrics       the same figures in the Prometheus text format
 ///   /schedule.svg  a run's pipeline schedule drawing, when it has one
@@ -20,6 +20,7 @@
 /// the document as text only, so a hostile actor name shows as text and runs nothing.
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -61,6 +62,11 @@ public:
   /// points at most (older ones thinned to every other).
   void add_point(const std::string& chart, const std::string& series, double x, double y, const std::string& x_label,
                  const std::string& y_label);
+  /// A row of a table shown under the charts ("sampled clients": round, count, ids), the latest
+  /// first. A table keeps its last `keep` rows (1 to 1,000); `columns` names its columns (set by
+  /// the first row; a row of another width throws std::invalid_argument).
+  void add_row(const std::string& table, const std::vector<std::string>& columns, std::vector<std::string> cells,
+               std::size_t keep = 20);
   /// A figure's current value ("samples per second", "epsilon spent"), with what it means.
   void set_figure(const std::string& name, double value, const std::string& help);
   /// An SVG drawing this program made (a pipeline schedule), served as /schedule.svg.

@@ -359,6 +359,26 @@ struct actor_status {
   std::uint64_t messages = 0;
   double messages_per_s = 0;  ///< over the last status interval
   std::uint64_t wire = 0;     ///< the id other nodes (and their error messages) call it by; 0 if none has
+  std::uint32_t restarts = 0; ///< times its restart policy re-created it after a failure
+};
+
+/// A failure of an actor on a node: its restart policy re-created it (`restarted`), or it had
+/// no restart left and stopped.
+struct actor_failure {
+  std::uint64_t seq = 0;      ///< 1, 2, ... per node: which failures a reader has seen
+  std::int64_t unix_ms = 0;   ///< when, in milliseconds since 1970 (UTC)
+  std::uint64_t actor = 0;    ///< its id on the node
+  std::string type;
+  bool restarted = false;
+  std::uint32_t restarts = 0; ///< its restarts so far, this one included
+  std::string what;           ///< what the failure said
+};
+
+/// Failures of a node's actors of one type since the node started.
+struct actor_type_failures {
+  std::string type;
+  std::uint64_t restarts = 0;  ///< re-created by their restart policy
+  std::uint64_t failed = 0;    ///< stopped by a failure, no restart left
 };
 
 /// One node in a cluster status report.
@@ -369,6 +389,11 @@ struct node_status {
   /// Empty when the node answered; otherwise why only the head's record of it is shown ("no
   /// answer within 800 ms": the head waits node_timeout, 2 s at most; or why the call failed).
   std::string problem;
+  /// Per actor type, the failures and restarts since the node started (a counter: actors that
+  /// have stopped since still count).
+  std::vector<actor_type_failures> failures_by_type;
+  /// The node's latest actor failures (the last 32), the oldest first.
+  std::vector<actor_failure> recent_failures;
 };
 
 /// Asks the head at "HOST:PORT" for the cluster's nodes and actors (as `troupe status` does).

@@ -303,6 +303,9 @@ trainer_factory make_trainer_factory(const simulation_options& options);
 struct round_report {
   int round = 0;
   std::size_t sampled = 0;       ///< clients sampled (over-selection included)
+  /// Their ids: in ascending order; under FedBuff (simulation_options::async) the clients whose
+  /// update or failure the server step took, in arrival order.
+  std::vector<std::uint64_t> sampled_clients;
   std::size_t dropped = 0;       ///< sampled clients that failed
   std::size_t late = 0;          ///< sampled clients past the deadline
   std::size_t participants = 0;  ///< updates aggregated

@@ -413,6 +413,7 @@ private:
 /// The runtime's access to a cell's private parts.
 struct system_access {
   static cell_extras& extras(cell_base& c) { return c.extras(); }
+  static cell_extras* extras_if_any(cell_base& c) noexcept { return c.extras_if_any(); }
   static std::atomic_flag& lock(cell_base& c) noexcept { return c.lock_; }
 };
 
