@@ -15,7 +15,7 @@
 namespace troupe::federated::detail {
 
 continual_trainer::continual_trainer(shared_data data, const simulation_options& o, std::shared_ptr<continual_state> state)
-    : data_(std::move(data)), batches_(data_), m_(o, batches_.pixels(), data_->classes, /*on_device=*/false),
+    : data_(std::move(data)), batches_(data_), stack_(o, batches_.pixels(), data_->classes, /*on_device=*/false),
       state_(std::move(state)), test_limit_(o.test_limit) {
   pixels_ = batches_.pixels();
   const auto& tasks = state_->tasks;
@@ -26,9 +26,9 @@ continual_trainer::continual_trainer(shared_data data, const simulation_options&
     for (int t = 0; t < tasks.tasks; ++t)
       perms_.push_back(task_permutation(state_->seed, t, static_cast<std::size_t>(pixels_)));
   std::size_t at = 0;
-  for (std::size_t i = 0; i < m_.model->size(); ++i) {
-    auto params = m_.model->at(i).parameters();
-    if (m_.model->at(i).describe().rfind("linear(", 0) == 0) {
+  for (std::size_t i = 0; i < stack_.model->size(); ++i) {
+    auto params = stack_.model->at(i).parameters();
+    if (stack_.model->at(i).describe().rfind("linear(", 0) == 0) {
       const auto& w = params.at(0)->value;
       sizes_.emplace_back(static_cast<std::size_t>(w.dim(1)), static_cast<std::size_t>(w.dim(0)));
       offsets_.push_back(at);
@@ -37,7 +37,7 @@ continual_trainer::continual_trainer(shared_data data, const simulation_options&
   }
 }
 
-void continual_trainer::initialize(std::span<float> model, std::uint64_t seed) { m_.initial_weights(model, seed); }
+void continual_trainer::initialize(std::span<float> model, std::uint64_t seed) { stack_.initial_weights(model, seed); }
 
 std::span<const std::uint32_t> continual_trainer::task_rows(std::span<const std::uint32_t> shard, int task) {
   if (state_->tasks.type == continual_tasks::kind::permuted) return shard;
@@ -84,8 +84,8 @@ local_result continual_trainer::train(const local_job& job, std::span<float> mod
     correction_.resize(dim());
     terms.correction = correction_.data();
   }
-  m_.opt->groups().front().hp.lr = job.lr;
-  m_.net->load_flat(model.data());
+  stack_.opt->groups().front().hp.lr = job.lr;
+  stack_.net->load_flat(model.data());
   if (job.start_loss) {  // q-FedAvg's F_k on the task's examples
     double loss = 0;
     std::int64_t correct = 0;
@@ -94,16 +94,16 @@ local_result continual_trainer::train(const local_job& job, std::span<float> mod
       batches_.reserve(m);
       batches_.gather(train, order_.data() + at, m);
       permute(task, m);
-      m_.net->evaluate(batches_.x(), batches_.y(), static_cast<int>(m), loss, correct);
+      stack_.net->evaluate(batches_.x(), batches_.y(), static_cast<int>(m), loss, correct);
     }
     r.start_loss = n > 0 ? loss / static_cast<double>(n) : 0.0;
     batches_.reserve(std::min(batch, n));
   }
   if (job.optimizer_state) {
     if (job.optimizer_state->empty())
-      m_.opt->reset_state();
+      stack_.opt->reset_state();
     else
-      m_.opt->load_state(*job.optimizer_state);
+      stack_.opt->load_state(*job.optimizer_state);
   }
   double loss = 0;
   const std::int64_t step_limit = n > 0 ? job.steps : 0;
@@ -114,29 +114,29 @@ local_result continual_trainer::train(const local_job& job, std::span<float> mod
       const std::size_t rows = std::min(batch, n - at);
       batches_.gather(train, order_.data() + at, rows);
       permute(task, rows);
-      const auto theta = m_.net->flat_parameters();
+      const auto theta = stack_.net->flat_parameters();
       if (ewc) {  // lambda sum_t F_t (theta - theta*_t), at the weights this step starts from
         s.ewc.gradient(theta, static_cast<float>(s.method.lambda), correction_);
         if (!job.correction.empty())
           for (std::size_t i = 0; i < correction_.size(); ++i) correction_[i] += job.correction[i];
       }
       if (gpm) before_.assign(theta.begin(), theta.end());
-      const kernels::batch_outcome b = m_.net->step(batches_.x(), batches_.y(), static_cast<int>(rows), terms);
+      const kernels::batch_outcome b = stack_.net->step(batches_.x(), batches_.y(), static_cast<int>(rows), terms);
       if (gpm && b.applied) project_step(before_.data());
       loss += b.loss_sum;
       ++(b.applied ? r.steps : r.skipped);
       r.samples += static_cast<std::int64_t>(rows);
     }
   }
-  m_.net->store_flat(model.data());
-  if (job.optimizer_state) *job.optimizer_state = m_.opt->save_state();
+  stack_.net->store_flat(model.data());
+  if (job.optimizer_state) *job.optimizer_state = stack_.opt->save_state();
   r.loss = r.samples ? loss / static_cast<double>(r.samples) : 0.0;
   return r;
 }
 
 void continual_trainer::project_step(const float* before) {
   const continual_state& s = *state_;
-  float* theta = m_.net->flat_parameters().data();
+  float* theta = stack_.net->flat_parameters().data();
   for (std::size_t l = 0; l < sizes_.size() && l < s.bases.size(); ++l) {
     const std::size_t k = s.bases[l].k;
     if (k == 0) continue;
@@ -191,13 +191,13 @@ evaluation continual_trainer::evaluate_task(int task) {
     const std::size_t m = std::min(chunk, n - at);
     batches_.gather(test, test_rows_.data() + at, m);
     permute(task, m);
-    m_.net->evaluate(batches_.x(), batches_.y(), static_cast<int>(m), loss, correct);
+    stack_.net->evaluate(batches_.x(), batches_.y(), static_cast<int>(m), loss, correct);
   }
   return {static_cast<double>(correct) / static_cast<double>(n), loss / static_cast<double>(n), {}};
 }
 
 evaluation continual_trainer::evaluate(std::span<const float> model) {
-  m_.net->load_flat(model.data());
+  stack_.net->load_flat(model.data());
   const int seen = std::clamp(state_->seen.load(), 1, state_->tasks.tasks);
   evaluation out;
   for (int t = 0; t < seen; ++t) {
@@ -212,7 +212,7 @@ evaluation continual_trainer::evaluate(std::span<const float> model) {
 void continual_trainer::check_optimizer_state(std::span<const std::byte> state) {
   if (state.empty()) return;
   try {
-    m_.opt->load_state(state);
+    stack_.opt->load_state(state);
   } catch (const std::runtime_error& e) {
     throw std::invalid_argument(e.what());
   }
@@ -223,8 +223,8 @@ std::size_t continual_trainer::fisher_sum(std::span<const std::uint32_t> shard, 
   sum.assign(dim(), 0.0);
   const auto rows = task_rows(shard, task);
   const std::vector<std::uint32_t> mine(rows.begin(), rows.end());  // task_rows' buffer is reused below
-  m_.net->load_flat(model.data());
-  const std::size_t chunk = 100, layers = m_.model->size();
+  stack_.net->load_flat(model.data());
+  const std::size_t chunk = 100, layers = stack_.model->size();
   std::vector<kernels::saved_activations> keep(layers);
   std::vector<tensor> inputs(layers), dys(layers);
   for (std::size_t at = 0; at < mine.size(); at += chunk) {
@@ -237,7 +237,7 @@ std::size_t continual_trainer::fisher_sum(std::span<const std::uint32_t> shard, 
     for (std::size_t i = 0; i < layers; ++i) {
       inputs[i] = x;
       keep[i].clear();
-      x = m_.model->at(i).forward(x, keep[i], false);
+      x = stack_.model->at(i).forward(x, keep[i], false);
     }
     tensor labels = tensor::from<std::uint8_t>(std::span<const std::uint8_t>(batches_.y(), m), {static_cast<std::int64_t>(m)});
     tensor dy;
@@ -246,13 +246,13 @@ std::size_t continual_trainer::fisher_sum(std::span<const std::uint32_t> shard, 
     for (float& v : dy.data<float>()) v *= static_cast<float>(m);
     for (std::size_t i = layers; i-- > 0;) {
       dys[i] = dy;
-      if (i > 0) dy = m_.model->at(i).backward_input(dy, keep[i]);
+      if (i > 0) dy = stack_.model->at(i).backward_input(dy, keep[i]);
     }
     // Per example, a linear layer's weight gradient is dy a^T: its square summed over the rows is
     // (dy o dy)^T (a o a), its bias's the column sums of dy o dy.
     std::size_t l = 0;
     for (std::size_t i = 0; i < layers; ++i) {
-      if (m_.model->at(i).describe().rfind("linear(", 0) != 0) continue;
+      if (stack_.model->at(i).describe().rfind("linear(", 0) != 0) continue;
       const auto [in, out] = sizes_[l];
       tensor a2 = inputs[i].clone(), dy2 = dys[i].clone();
       for (float& v : a2.data<float>()) v *= v;
@@ -284,15 +284,15 @@ std::vector<std::vector<double>> continual_trainer::layer_inputs(std::span<const
   rows = m;
   std::vector<std::vector<double>> out(sizes_.size());
   if (m == 0) return out;
-  m_.net->load_flat(model.data());
+  stack_.net->load_flat(model.data());
   batches_.reserve(m);
   batches_.gather(data_->train, pick.data(), m);
   permute(task, m);
   tensor x = tensor::from<float>(std::span<const float>(batches_.x(), m * static_cast<std::size_t>(pixels_)),
                                  {static_cast<std::int64_t>(m), pixels_});
   std::size_t l = 0;
-  for (std::size_t i = 0; i < m_.model->size(); ++i) {
-    if (m_.model->at(i).describe().rfind("linear(", 0) == 0) {
+  for (std::size_t i = 0; i < stack_.model->size(); ++i) {
+    if (stack_.model->at(i).describe().rfind("linear(", 0) == 0) {
       const std::size_t in = sizes_[l].first;
       const auto v = std::as_const(x).data<float>();
       auto& a = out[l];
@@ -304,7 +304,7 @@ std::vector<std::vector<double>> continual_trainer::layer_inputs(std::span<const
       ++l;
     }
     kernels::saved_activations keep;
-    x = m_.model->at(i).forward(x, keep, false);
+    x = stack_.model->at(i).forward(x, keep, false);
   }
   return out;
 }

@@ -48,8 +48,8 @@ struct continual_state {
 class continual_trainer final : public local_trainer {
 public:
   continual_trainer(shared_data data, const simulation_options& o, std::shared_ptr<continual_state> state);
-  std::size_t dim() const override { return m_.net->parameter_count(); }
-  std::span<float> working_model() override { return m_.net->flat_parameters(); }
+  std::size_t dim() const override { return stack_.net->parameter_count(); }
+  std::span<float> working_model() override { return stack_.net->flat_parameters(); }
   void initialize(std::span<float> model, std::uint64_t seed) override;
   local_result train(const local_job& job, std::span<float> model, splitmix64& rng) override;
   /// "accuracy": the mean over the tasks seen so far; "task_J_accuracy" for each (J from 1).
@@ -82,7 +82,7 @@ private:
 
   shared_data data_;
   image_batches batches_;
-  classifier_stack m_;
+  classifier_stack stack_;
   std::shared_ptr<continual_state> state_;
   std::size_t test_limit_;
   int pixels_ = 0;
