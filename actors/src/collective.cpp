@@ -70,7 +70,6 @@ task<std::vector<float>> ring_member::allreduce(std::vector<float> data, reduce_
   const auto p = static_cast<std::uint32_t>(ring_.size());
   op_ = op;
   data_ = std::move(data);
-  result_.assign(data_.size(), 0.0f);
   segments_left_ = 0;
   if (p > 1)
     for (std::uint32_t s = 0; s + 2 < 2 * p; ++s) {
@@ -80,9 +79,7 @@ task<std::vector<float>> ring_member::allreduce(std::vector<float> data, reduce_
   active_ = true;
   done_.emplace();
   auto result = done_->get_future();
-  if (p == 1) {
-    result_ = data_;
-  } else {
+  if (p > 1) {
     const auto b = chunk_begin(rank_), e = chunk_end(rank_);
     for (std::uint32_t j = 0; b + j * segment_ < e; ++j) {
       const auto from = b + j * segment_, to = std::min<std::size_t>(e, from + segment_);
@@ -147,7 +144,10 @@ void ring_member::handle(pending_segment m) {
   auto& v = m.values;
   if (m.step + 2 <= p)  // reduce-scatter: the sum so far plus this member's values
     for (std::size_t i = 0; i < v.size(); ++i) v[i] += data_[from + i];
-  if (m.step + 2 >= p) std::copy(v.begin(), v.end(), result_.begin() + static_cast<std::ptrdiff_t>(from));
+  // The sums overwrite this member's own values in place: its own values of these elements were
+  // added (or sent, for its own chunk) before any sum of them could exist, so nothing reads them
+  // again, and the result needs no buffer of its own.
+  if (m.step + 2 >= p) std::copy(v.begin(), v.end(), data_.begin() + static_cast<std::ptrdiff_t>(from));
   if (m.step + 3 < 2 * p) send(m.step + 1, m.segment, std::move(v));
   --segments_left_;
 }
@@ -156,15 +156,14 @@ void ring_member::finish_if_done() {
   if (!active_ || segments_left_ != 0) return;
   if (op_ == reduce_op::mean) {
     const float p = static_cast<float>(ring_.size());
-    for (auto& x : result_) x /= p;
+    for (auto& x : data_) x /= p;
   }
   active_ = false;
   counters_.calls += 1;
-  data_.clear();
   auto done = std::move(*done_);
   done_.reset();
-  done.set_value(std::move(result_));
-  result_ = {};
+  done.set_value(std::move(data_));
+  data_ = {};
 }
 
 void ring_member::fail_call(const std::string& why, bool tell_others) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "actors_bench.hpp"
+#include "gpt_bench.hpp"
 #include "group_bench.hpp"
 #include "nn_bench.hpp"
 #include "optim_bench.hpp"
@@ -121,6 +122,23 @@ void add_bench_command(CLI::App& app, int& rc) {
   add_report_options(nn, *nn_report);
   nn->callback([nn_opts, nn_report, &rc] {
     rc = run_reported("nn", *nn_report, nn_opts->json, [&](std::ostream& out) { return troupe::bench::run_nn(*nn_opts, out); });
+  });
+
+  auto gpt_opts = std::make_shared<troupe::bench::gpt_options>();
+  auto* gpt = bench->add_subcommand(
+      "gpt", "training tokens/s of nanoGPT's CPU configuration (gpt:layers=4,heads=4,embd=128,ctx=64, batch 12), and "
+             "each kernel of its step");
+  gpt->add_flag("--json", gpt_opts->json, "one JSON object per line");
+  gpt->add_flag("--quick", gpt_opts->quick, "20 training steps, shorter kernel timings (for CI)");
+  std::string gpt_only = "run one workload: train, kernels, or one kernel:";
+  for (auto* n = troupe::bench::gpt_kernel_names(); *n; ++n) gpt_only += std::string(" ") + *n;
+  gpt->add_option("--only", gpt_opts->only, gpt_only);
+  gpt->add_option("--steps", gpt_opts->steps, "training steps timed")->capture_default_str()->check(CLI::Range(1, 1000000));
+  gpt->add_option("--text", gpt_opts->text, "a UTF-8 text file to train on (default: the King James Bible)");
+  auto gpt_report = std::make_shared<report_options>();
+  add_report_options(gpt, *gpt_report);
+  gpt->callback([gpt_opts, gpt_report, &rc] {
+    rc = run_reported("gpt", *gpt_report, gpt_opts->json, [&](std::ostream& out) { return troupe::bench::run_gpt(*gpt_opts, out); });
   });
 
   auto group_opts = std::make_shared<troupe::bench::options>();

@@ -131,8 +131,7 @@ private:
   std::uint64_t calls_started_ = 0;
   bool active_ = false;
   reduce_op op_ = reduce_op::sum;
-  std::vector<float> data_;
-  std::vector<float> result_;
+  std::vector<float> data_;  // this member's values, overwritten by the sums as they are final
   std::uint64_t segments_left_ = 0;
   std::optional<promise<std::vector<float>>> done_;
   std::deque<pending_segment> early_;  // segments of a call not started here yet

@@ -1,0 +1,26 @@
+#pragma once
+// The workloads of `troupe bench gpt`: training throughput of nanoGPT's CPU configuration, and
+// the time of each kernel of its step at that configuration's shapes.
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+namespace troupe::bench {
+
+struct gpt_options {
+  bool json = false;
+  bool quick = false;             ///< 20 training steps, shorter kernel timings (for CI)
+  std::string only;               ///< train, kernels, or one kernel's name
+  std::int64_t steps = 200;       ///< training steps timed
+  std::string text;               ///< a UTF-8 file to train on; empty: the King James Bible
+};
+
+/// The workload names, in the order they run (after "train" and "kernels").
+const char* const* gpt_kernel_names();
+
+/// Prints {"suite":"gpt","bench":...,"metric":...,"value":...,"unit":...} lines (or a table).
+/// Returns a process exit code: 0, 1 when a workload failed, 2 for an unknown workload.
+int run_gpt(const gpt_options& opts, std::ostream& out);
+
+}  // namespace troupe::bench
