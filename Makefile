@@ -7,8 +7,8 @@
 #   make tsan    build and run the actor runtime's and the pipeline runtime's tests under ThreadSanitizer
 #   make asan    build and run the unit tests under AddressSanitizer + UBSan
 #   make fuzz    build the libFuzzer targets with clang (the frame decoder, load_npz, the PSI decoder, the
-#                HTTP router, the cluster status report, the DCAP quote parser, the norm proofs' decoder) and run each (FUZZ_SECONDS
-#                apiece, 60)
+#                HTTP router, the cluster status report, the DCAP quote parser, the norm proofs' decoder, the
+#                enclave's decoders) and run each (FUZZ_SECONDS apiece, 60)
 #   make package build everything and make the Debian packages libtroupe-dev and troupe in
 #                $(BUILD)/ (CPack; install them with apt install ./build/*.deb)
 #   make install cmake --install into PREFIX (default /usr/local)
@@ -149,6 +149,13 @@ fuzz: deps $(FUZZ_BUILD)/CMakeCache.txt
 	  $(FUZZ_BUILD)/bin/zk_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4097 -rss_limit_mb=2048 \
 	  -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/zk- \
 	  $(FUZZ_BUILD)/zk-corpus $(FUZZ_BUILD)/zk-seeds
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target tee_fuzz tee_fuzz_seeds
+	rm -rf $(FUZZ_BUILD)/tee-seeds && mkdir -p $(FUZZ_BUILD)/tee-seeds $(FUZZ_BUILD)/tee-corpus
+	$(FUZZ_BUILD)/bin/tee_fuzz_seeds $(FUZZ_BUILD)/tee-seeds
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(FUZZ_BUILD)/bin/tee_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=2048 \
+	  -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/tee- \
+	  $(FUZZ_BUILD)/tee-corpus $(FUZZ_BUILD)/tee-seeds
 
 clean:
 	rm -rf $(BUILD) $(TSAN_BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

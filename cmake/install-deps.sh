@@ -19,6 +19,7 @@ packages=(
   libssl-dev                  # secure aggregation's cryptography (and TLS)
   libsodium-dev               # ristretto255: private set intersection (vertical federated learning)
   nlohmann-json3-dev          # reading JSON: DCAP attestation collateral, benchmark rows for reports
+  swtpm swtpm-tools tpm2-tools  # --tee swtpm: a software TPM 2.0 and the tools that quote with it (tests skip without)
   openssl                     # the command, to make test certificates for TLS
   clang libclang-rt-14-dev    # the frame decoder's fuzzer (libFuzzer, `make fuzz`)
   dpkg-dev                    # dpkg-shlibdeps: the Depends of `make package`'s troupe package

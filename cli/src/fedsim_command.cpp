@@ -18,6 +18,7 @@
 #include "run_report.hpp"
 #include "fedsim_decentralized.hpp"
 #include "fedsim_graph.hpp"
+#include "fedsim_tee.hpp"
 #include "fedsim_vertical.hpp"
 
 namespace troupe::cli {
@@ -178,6 +179,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       ->check(positive_number);
   cmd->add_option("--verify-bits", o.verify_bits, "with --verify-norm: bits per quantized coordinate (8, 16 or 32)")
       ->capture_default_str()->check(CLI::IsMember({8, 16, 32}))->needs(verify_norm);
+  add_tee_options(cmd, o);
   auto* checkpoint = cmd->add_option("--checkpoint", o.checkpoint,
                   "save the simulation in this directory after every evaluated round; resume from it when it holds one");
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "with --checkpoint: save every N rounds instead")
@@ -356,6 +358,14 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         return;
       }
     }
+    if (!f->o.tee.empty()) {
+      quiet_info_logs();  // the enclave's node joining and leaving is not the run's output
+      const char* other = f->vertical.parties > 0 ? "--vertical" : !f->graph.graph.empty() ? "--graph" : !f->split.empty() ? "--split" : !f->decentralized.empty() ? "--decentralized" : !f->o.client_models.empty() ? "--client-models" : nullptr;
+      if (other) {
+        fail(std::string("--tee puts the server's aggregation in an enclave; it cannot combine with ") + other);
+        return;
+      }
+    }
     if (!f->graph.graph.empty()) {
       if (auto why = graph_conflict(*cmd); !why.empty()) {
         fail(why);
@@ -495,6 +505,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
           else if (!json && p.round->sampled != p.round->participants)
             extra += "  " + std::to_string(p.round->participants) + "/" + std::to_string(p.round->sampled) + " updates (" +
                      std::to_string(p.round->dropped) + " failed, " + std::to_string(p.round->late) + " late)";
+          if (!f->o.tee.empty()) extra += json ? tee_json(f->o) : "  tee " + std::string(f->o.tee == "sim" ? "simulated" : "swtpm");
           if (json && !f->o.drift_detect.empty()) extra += ",\"round_drift_alarms\":" + std::to_string(alarms_since_eval);
           alarms_since_eval = 0;
           auto metrics = p.round->metrics;
@@ -548,6 +559,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         std::snprintf(buf, sizeof buf, ", %s %.4g", name.c_str(), value);
         finals_text += buf;
       }
+      settings += tee_json(f->o);
       settings += drift_json(f->o, s);
       settings += continual_json(f->o, s);
       if (f->o.verify_norm > 0) {
@@ -570,6 +582,9 @@ void add_fedsim_command(CLI::App& app, int& rc) {
                       rejected, proof_bytes / n, prove_ms / n, verify_ms / n);
         finals_text += buf;
       }
+      if (!f->o.tee.empty())
+        finals_text += f->o.tee == "sim" ? ", tee simulated (aggregated in a simulated enclave, test root)"
+                                         : ", tee swtpm (aggregated in a process measured by a software TPM, test root)";
       if (!f->o.lora.empty())
         settings += ",\"lora\":\"" + f->o.lora + "\",\"lora_agg\":\"" + f->o.lora_agg + "\",\"lora_alpha\":" +
                     json_number(f->o.lora_alpha, "%.6g");

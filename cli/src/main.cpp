@@ -11,6 +11,7 @@
 #include <new>
 
 #include "commands.hpp"
+#include "fedsim_tee.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"troupe: a Ray-style actor framework in C++"};
@@ -27,6 +28,7 @@ int main(int argc, char** argv) {
   troupe::cli::add_inspect_command(app, rc);
   troupe::cli::add_generate_command(app, rc);
   troupe::cli::add_zkbench_command(app, rc);
+  troupe::cli::add_tee_enclave_command(app, rc);
   // CLI11 reads "-1" into an unsigned option as 2^64 - 1: every unsigned option refuses a sign.
   // And a value beyond 2^64 - 1 is clamped to it by the conversion: refuse it instead.
   const CLI::Validator no_sign(

@@ -35,6 +35,9 @@ std::vector<std::vector<std::string>> fedsim_option_rows(const troupe::federated
   if (o.secagg) rows.push_back({"secure aggregation", "SecAgg+, dropout " + num(o.secagg_dropout)});
   if (o.dp_noise > 0) rows.push_back({"differential privacy", "clip " + num(o.dp_clip) + ", noise " + num(o.dp_noise)});
   if (!o.compress.empty()) rows.push_back({"compression", o.compress});
+  if (!o.tee.empty())
+    rows.push_back({"attested aggregation", o.tee == "sim" ? std::string("simulated enclave, test root") + (o.tee_oblivious ? ", oblivious" : "")
+                                                           : std::string("software TPM (swtpm), test root") + (o.tee_oblivious ? ", oblivious" : "")});
   if (!o.attack.empty()) rows.push_back({"attack", o.attack});
   if (!o.async.empty()) rows.push_back({"asynchronous", o.async});
   if (!o.lora.empty()) rows.push_back({"LoRA", o.lora + " (" + o.lora_agg + ")"});

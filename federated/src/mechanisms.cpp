@@ -1,4 +1,5 @@
 #include "troupe/federated/mechanisms.hpp"
+#include "troupe/federated/tee.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -741,6 +742,10 @@ void install_mechanisms(simulation& sim, const simulation_options& o, const weig
   }
   if (!o.attack.empty() && !is_data_attack(o.attack)) sim.add_transform(make_update_attack(o.attack, o.seed));
   if (!o.compress.empty()) sim.add_transform(make_compression(o.compress));
+  if (!o.tee.empty()) {  // the enclave aggregates (and, under DP, noises) alone
+    tee::install_tee(sim, o);
+    return;
+  }
   const dp_options privacy{.clip = o.dp_clip,
                            .noise = o.dp_noise,
                            .delta = o.dp_delta,

@@ -137,6 +137,17 @@ struct simulation_options {
   /// whose proof verifies (make_norm_verification, mechanisms.hpp).
   double verify_norm = 0;
   int verify_bits = 16;           ///< k of the norm proofs: 8, 16 or 32
+  /// Attested aggregation (tee.hpp): "sim" runs the aggregator as a simulated enclave in a
+  /// process of its own, which the clients attest before sealing their updates to it; "" none.
+  std::string tee;
+  /// The root the clients accept quotes under: "test" (the simulated platform's test root, the
+  /// only one --tee sim can give). Empty: no root, so --tee sim is refused.
+  std::string tee_root;
+  /// With tee and topk compression: the enclave densifies sparse updates obliviously.
+  bool tee_oblivious = false;
+  /// The enclave node's program, run as `PROGRAM tee-enclave --head HOST:PORT`; empty: this
+  /// process's own executable (the troupe command).
+  std::string tee_program;
 
   /// Fine-tuning: the initial global model is the one saved in this path instead of a fresh
   /// one: a `--checkpoint` directory of an earlier run (its fedsim.ckpt, saved with the same

@@ -1,0 +1,231 @@
+// The simulated enclave (--tee sim): its actor, its sealing, the sealed updates' encoding, the
+// oblivious densification of sparse updates, and the node process it lives in.
+
+#include "tee_enclave.hpp"
+
+#include <sodium.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "tee_tpm.hpp"
+#include "troupe/federated/dp.hpp"
+
+TROUPE_REMOTE_CTOR(troupe::federated::tee_enclave, std::string, std::vector<std::uint8_t>, std::vector<std::uint8_t>, std::string)
+
+namespace troupe::federated::tee {
+namespace {
+
+void need_sodium() {
+  static const bool ok = sodium_init() >= 0;
+  if (!ok) throw std::runtime_error("libsodium failed to initialise (sodium_init)");
+}
+
+}  // namespace
+
+std::array<std::uint8_t, 32> seal_key(std::span<const std::uint8_t> platform_secret, std::span<const std::uint8_t, 32> mr_enclave) {
+  need_sodium();
+  if (platform_secret.size() != 32) throw std::invalid_argument("tee: the platform secret must be 32 bytes");
+  static const char label[] = "troupe tee seal key, MRENCLAVE policy";
+  std::array<std::uint8_t, 32> key{};
+  crypto_generichash_state st;
+  crypto_generichash_init(&st, platform_secret.data(), platform_secret.size(), key.size());
+  crypto_generichash_update(&st, reinterpret_cast<const unsigned char*>(label), sizeof label);
+  crypto_generichash_update(&st, mr_enclave.data(), mr_enclave.size());
+  crypto_generichash_final(&st, key.data(), key.size());
+  return key;
+}
+
+bytes seal(std::span<const std::uint8_t, 32> key, std::span<const std::uint8_t> plain) {
+  need_sodium();
+  bytes out(crypto_aead_xchacha20poly1305_ietf_NPUBBYTES + plain.size() + crypto_aead_xchacha20poly1305_ietf_ABYTES);
+  randombytes_buf(out.data(), crypto_aead_xchacha20poly1305_ietf_NPUBBYTES);
+  unsigned long long n = 0;
+  crypto_aead_xchacha20poly1305_ietf_encrypt(out.data() + crypto_aead_xchacha20poly1305_ietf_NPUBBYTES, &n, plain.data(),
+                                             plain.size(), nullptr, 0, nullptr, out.data(), key.data());
+  return out;
+}
+
+bytes open_sealed(std::span<const std::uint8_t, 32> key, std::span<const std::uint8_t> box) {
+  need_sodium();
+  constexpr std::size_t head = crypto_aead_xchacha20poly1305_ietf_NPUBBYTES, tag = crypto_aead_xchacha20poly1305_ietf_ABYTES;
+  if (box.size() < head + tag) throw std::runtime_error("tee: a sealed blob of " + std::to_string(box.size()) + " bytes is too short");
+  bytes plain(box.size() - head - tag);
+  unsigned long long n = 0;
+  if (crypto_aead_xchacha20poly1305_ietf_decrypt(plain.data(), &n, nullptr, box.data() + head, box.size() - head, nullptr, 0,
+                                                 box.data(), key.data()) != 0)
+    throw std::runtime_error("tee: the sealed blob does not open under this enclave's seal key (another measurement or platform, or changed bytes)");
+  return plain;
+}
+
+int run_enclave_node(const std::string& head) {
+  try {
+    system_config cfg{.threads = 2};
+    cfg.node.listen = "127.0.0.1:0";
+    cfg.node.head = head;
+    // Both ends of the link are this host's processes; under a loaded machine a heartbeat can be
+    // late by seconds without the enclave being gone.
+    cfg.node.node_timeout = std::chrono::seconds(30);
+    actor_system sys(cfg);
+    std::printf("{\"node\":%u,\"port\":%u}\n", sys.node(), sys.node_port());
+    std::fflush(stdout);
+    char buf[64];
+    while (std::fread(buf, 1, sizeof buf, stdin) > 0) {
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tee enclave node: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace troupe::federated::tee
+
+namespace troupe::federated {
+
+tee_enclave::tee_enclave(std::string attestation_key_pem, std::vector<std::uint8_t> qe_part, std::vector<std::uint8_t> platform_secret,
+                         std::string tpm)
+    : platform_secret_(std::move(platform_secret)) {
+  if (!attestation_key_pem.empty())
+    signer_ = std::make_unique<tee::quote_signer>(tee::quoting_material{std::move(attestation_key_pem), std::move(qe_part)});
+  if (!tpm.empty()) {
+    const auto bar = tpm.find('|');
+    if (bar == std::string::npos) throw std::invalid_argument("tee enclave: the TPM is \"TCTI|AK_CONTEXT\"");
+    tpm_tcti_ = tpm.substr(0, bar);
+    tpm_ak_ = tpm.substr(bar + 1);
+  }
+  tee::need_sodium();
+  if (platform_secret_.size() != 32) throw std::invalid_argument("tee enclave: the platform secret must be 32 bytes");
+  // The measurement: this program's bytes (what SGX's MRENCLAVE is to an enclave's pages).
+  mr_enclave_ = tee::file_sha256("/proc/self/exe");
+  crypto_box_keypair(pk_.data(), sk_.data());
+  randombytes_buf(noise_key_.data(), noise_key_.size());
+}
+
+std::vector<std::uint8_t> tee_enclave::public_key() { return {pk_.begin(), pk_.end()}; }
+std::vector<std::uint8_t> tee_enclave::measurement() { return {mr_enclave_.begin(), mr_enclave_.end()}; }
+
+std::vector<std::vector<std::uint8_t>> tee_enclave::quotes(std::vector<std::vector<std::uint8_t>> nonces) {
+  if (!signer_) throw std::logic_error("tee enclave: no quoting material (this enclave was started for --tee swtpm)");
+  std::vector<std::vector<std::uint8_t>> out;
+  out.reserve(nonces.size());
+  for (const auto& n : nonces) {
+    if (n.size() != 32) throw std::invalid_argument("tee enclave: a nonce has " + std::to_string(n.size()) + " bytes, not 32");
+    std::array<std::uint8_t, 64> report{};
+    crypto_hash_sha256_state st;
+    crypto_hash_sha256_init(&st);
+    crypto_hash_sha256_update(&st, pk_.data(), pk_.size());
+    crypto_hash_sha256_update(&st, n.data(), n.size());
+    crypto_hash_sha256_final(&st, report.data());
+    out.push_back(signer_->quote(mr_enclave_, report));
+  }
+  return out;
+}
+
+std::vector<std::vector<std::uint8_t>> tee_enclave::tpm_quote(std::vector<std::vector<std::uint8_t>> nonces) {
+  if (tpm_tcti_.empty()) throw std::logic_error("tee enclave: no TPM (this enclave was started for --tee sim)");
+  for (const auto& n : nonces)
+    if (n.size() != 32) throw std::invalid_argument("tee enclave: a nonce has " + std::to_string(n.size()) + " bytes, not 32");
+  const auto q = tee::quote_with_tpm(tpm_tcti_, tpm_ak_, tee::batch_qualifying(pk_, nonces));
+  return {q.attest, q.signature};
+}
+
+void tee_enclave::begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor, bool oblivious) {
+  if (!(noise_stddev >= 0) || !std::isfinite(noise_stddev) || !(divisor > 0))
+    throw std::invalid_argument("tee enclave: bad noise parameters");
+  round_ = round;
+  dim_ = dim;
+  stddev_ = noise_stddev;
+  divisor_ = divisor;
+  oblivious_ = oblivious;
+  open_ = true;
+  seen_.clear();
+  added_ = 0;
+  error_.clear();
+  if (stddev_ > 0) {
+    mean_.reset();
+    sum_.assign(dim, 0.0);
+  } else {
+    if (!mean_) mean_ = make_weighted_mean();
+    round_info info;
+    info.round = static_cast<int>(round);
+    info.dim = dim;
+    mean_->begin(info);
+  }
+}
+
+void tee_enclave::add(std::uint64_t client, std::vector<std::uint8_t> sealed) {
+  if (!open_ || !error_.empty()) return;
+  try {
+    if (sealed.size() < crypto_box_SEALBYTES) throw std::runtime_error("a sealed box shorter than its header");
+    std::vector<std::uint8_t> plain(sealed.size() - crypto_box_SEALBYTES);
+    if (crypto_box_seal_open(plain.data(), sealed.data(), sealed.size(), pk_.data(), sk_.data()) != 0)
+      throw std::runtime_error("its sealed box does not open under the enclave's key");
+    auto p = tee::decode_payload(plain);
+    sodium_memzero(plain.data(), plain.size());
+    if (p.client != client) throw std::runtime_error("its box is client " + std::to_string(p.client) + "'s");
+    if (p.round != round_) throw std::runtime_error("its box is for round " + std::to_string(p.round));
+    if (p.dim != dim_) throw std::runtime_error("its update has " + std::to_string(p.dim) + " coordinates");
+    if (std::find(seen_.begin(), seen_.end(), client) != seen_.end()) throw std::runtime_error("it sent a second box");
+    seen_.push_back(client);
+    std::span<const float> delta = p.value;
+    if (p.sparse) {
+      scratch_.resize(dim_);
+      tee::densify(p.index, p.value, scratch_, oblivious_);
+      delta = scratch_;
+    }
+    if (stddev_ > 0) {
+      for (std::size_t i = 0; i < delta.size(); ++i) sum_[i] += delta[i];
+    } else {
+      mean_->add(client, p.weight, delta);
+    }
+    ++added_;
+  } catch (const std::exception& e) {
+    error_ = "client " + std::to_string(client) + ": " + e.what();
+  }
+}
+
+std::vector<float> tee_enclave::finish() {
+  if (!open_) throw std::logic_error("tee enclave: finish() without begin()");
+  open_ = false;
+  if (!error_.empty()) throw std::runtime_error("the enclave refused the round's updates: " + error_);
+  if (added_ == 0) throw std::logic_error("tee enclave: no updates in this round");
+  if (stddev_ == 0) return mean_->finish();
+  // DP-FedAvg's server step (as dp-gaussian does it), with noise the host cannot know: its seed
+  // comes from the enclave's own key and the round.
+  std::vector<float> out(sum_.size());
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(sum_[i]);
+  std::array<std::uint8_t, 16> h{};
+  std::array<std::uint8_t, 4> r{};
+  std::memcpy(r.data(), &round_, sizeof round_);
+  crypto_generichash(h.data(), h.size(), r.data(), r.size(), noise_key_.data(), noise_key_.size());
+  std::uint64_t seed = 0;
+  std::memcpy(&seed, h.data(), sizeof seed);
+  add_gaussian_noise(out, stddev_, seed);
+  for (float& x : out) x = static_cast<float>(x / divisor_);
+  return out;
+}
+
+std::vector<std::uint8_t> tee_enclave::checkpoint() {
+  std::vector<std::uint8_t> state;
+  state.insert(state.end(), pk_.begin(), pk_.end());
+  state.insert(state.end(), sk_.begin(), sk_.end());
+  state.insert(state.end(), noise_key_.begin(), noise_key_.end());
+  auto out = tee::seal(tee::seal_key(platform_secret_, mr_enclave_), state);
+  sodium_memzero(state.data(), state.size());
+  return out;
+}
+
+void tee_enclave::restore(std::vector<std::uint8_t> sealed) {
+  auto state = tee::open_sealed(tee::seal_key(platform_secret_, mr_enclave_), sealed);
+  if (state.size() != 96) throw std::runtime_error("tee enclave: a checkpoint of " + std::to_string(state.size()) + " bytes, not 96");
+  std::memcpy(pk_.data(), state.data(), 32);
+  std::memcpy(sk_.data(), state.data() + 32, 32);
+  std::memcpy(noise_key_.data(), state.data() + 64, 32);
+  sodium_memzero(state.data(), state.size());
+}
+
+}  // namespace troupe::federated

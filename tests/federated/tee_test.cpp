@@ -1,0 +1,378 @@
+// --tee sim: the simulated platform's quotes pass the DCAP verifier under the test root (and
+// only there), bind the enclave key and the client's nonce; the enclave's sealing is bound to
+// its measurement; oblivious densification leaves equal access traces; a run with the enclave
+// gives the plain run's model bit for bit (FedAvg, top-k), and what cannot combine is refused.
+
+#include <gtest/gtest.h>
+#include <sodium.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "support.hpp"
+#include "tee_enclave.hpp"
+#include "tee_tpm.hpp"
+#include "troupe/federated/attest.hpp"
+#include "troupe/federated/compress.hpp"
+#include "troupe/federated/simulation.hpp"
+#include "troupe/federated/tee.hpp"
+
+namespace troupe::federated {
+namespace {
+
+using test_support::expect_error;
+using test_support::fashion;
+
+std::int64_t now() { return static_cast<std::int64_t>(std::time(nullptr)); }
+
+std::array<std::uint8_t, 32> sha256(std::span<const std::uint8_t> a, std::span<const std::uint8_t> b) {
+  std::array<std::uint8_t, 32> out{};
+  crypto_hash_sha256_state st;
+  crypto_hash_sha256_init(&st);
+  crypto_hash_sha256_update(&st, a.data(), a.size());
+  crypto_hash_sha256_update(&st, b.data(), b.size());
+  crypto_hash_sha256_final(&st, out.data());
+  return out;
+}
+
+struct quoted {
+  tee::bytes quote, key, nonce;
+  std::array<std::uint8_t, 32> mr{};
+};
+
+quoted make_quoted(const tee::sim_platform& p) {
+  quoted q;
+  q.key.assign(32, 0);
+  q.nonce.assign(32, 0);
+  for (std::size_t i = 0; i < 32; ++i) q.key[i] = static_cast<std::uint8_t>(i * 7 + 1), q.nonce[i] = static_cast<std::uint8_t>(200 - i);
+  for (std::size_t i = 0; i < 32; ++i) q.mr[i] = static_cast<std::uint8_t>(0xA0 + i);
+  std::array<std::uint8_t, 64> report{};
+  const auto h = sha256(q.key, q.nonce);
+  std::copy(h.begin(), h.end(), report.begin());
+  q.quote = tee::make_quote(p.material(), q.mr, report);
+  return q;
+}
+
+dcap::policy test_policy(const tee::sim_platform& p, const quoted& q) {
+  dcap::policy pol;
+  pol.root_key_sha256 = p.root_key_sha256();
+  pol.measurement = tee::bytes(q.mr.begin(), q.mr.end());
+  pol.nonce = q.nonce;
+  pol.enclave_key = q.key;
+  return pol;
+}
+
+TEST(TeeSim, QuotesPassEveryDcapStepUnderTheTestRoot) {
+  const tee::sim_platform p(now());
+  const auto q = make_quoted(p);
+  const auto c = dcap::parse_collateral(p.collateral_json());
+  const auto v = dcap::verify_quote(dcap::parse_quote(q.quote), c, now(), test_policy(p, q));
+  EXPECT_TRUE(v.ok()) << (v.failed ? dcap::to_string(*v.failed) : "") << ": " << v.error;
+  EXPECT_EQ(v.passed.size(), static_cast<std::size_t>(dcap::verify_step_count));
+  EXPECT_EQ(v.tcb_status, "UpToDate");
+  EXPECT_TRUE(v.tcb_accepted);
+  EXPECT_FALSE(v.debug);
+  EXPECT_EQ(v.measurement, tee::bytes(q.mr.begin(), q.mr.end()));
+}
+
+TEST(TeeSim, QuotesFailUnderIntelsRootAndOutsideTheirWindow) {
+  const tee::sim_platform p(now());
+  const auto q = make_quoted(p);
+  const auto c = dcap::parse_collateral(p.collateral_json());
+  auto pol = test_policy(p, q);
+  pol.root_key_sha256 = dcap::intel_sgx_root_key_sha256;
+  auto v = dcap::verify_quote(dcap::parse_quote(q.quote), c, now(), pol);
+  ASSERT_TRUE(v.failed.has_value());
+  EXPECT_EQ(*v.failed, dcap::verify_step::crls) << v.error;
+  v = dcap::verify_quote(dcap::parse_quote(q.quote), c, now() + 40 * 86400, test_policy(p, q));
+  ASSERT_TRUE(v.failed.has_value());
+  EXPECT_EQ(*v.failed, dcap::verify_step::crls) << v.error;
+}
+
+TEST(TeeSim, AnotherNonceKeyOrMeasurementFailsThePolicyAndAFlippedByteTheSignature) {
+  const tee::sim_platform p(now());
+  const auto q = make_quoted(p);
+  const auto c = dcap::parse_collateral(p.collateral_json());
+  auto expect_fail = [&](const tee::bytes& quote, const dcap::policy& pol, dcap::verify_step step) {
+    const auto v = dcap::verify_quote(dcap::parse_quote(quote), c, now(), pol);
+    ASSERT_TRUE(v.failed.has_value());
+    EXPECT_EQ(*v.failed, step) << v.error;
+  };
+  auto pol = test_policy(p, q);
+  pol.nonce->at(3) ^= 1;
+  expect_fail(q.quote, pol, dcap::verify_step::policy);
+  pol = test_policy(p, q);
+  pol.enclave_key->at(0) ^= 1;
+  expect_fail(q.quote, pol, dcap::verify_step::policy);
+  pol = test_policy(p, q);
+  pol.measurement->at(31) ^= 1;
+  expect_fail(q.quote, pol, dcap::verify_step::policy);
+  // A byte of the report body (its report data, at 48 + 320), of the quote's signature and of
+  // the QE report (which the PCK key signed).
+  for (auto [at, step] : {std::pair{48 + 330, dcap::verify_step::quote_signature},
+                          std::pair{48 + 384 + 4 + 10, dcap::verify_step::quote_signature},
+                          std::pair{48 + 384 + 4 + 128 + 100, dcap::verify_step::qe_report_signature}}) {
+    auto bad = q.quote;
+    bad[static_cast<std::size_t>(at)] ^= 0x40;
+    expect_fail(bad, test_policy(p, q), step);
+  }
+}
+
+TEST(TeeSim, TheSignatureStepAloneAcceptsTheQuoteAndRefusesAChangedBodyOrVendor) {
+  const tee::sim_platform p(now());
+  const auto q = make_quoted(p);
+  EXPECT_TRUE(tee::quote_signature_verifies(dcap::parse_quote(q.quote)));
+  auto body = q.quote;
+  body[48 + 64] ^= 1;  // MRENCLAVE
+  EXPECT_FALSE(tee::quote_signature_verifies(dcap::parse_quote(body)));
+  auto vendor = q.quote;
+  vendor[12] ^= 1;  // the QE vendor ID (signed too)
+  EXPECT_FALSE(tee::quote_signature_verifies(dcap::parse_quote(vendor)));
+  auto signature = q.quote;
+  signature[48 + 384 + 4 + 40] ^= 1;
+  EXPECT_FALSE(tee::quote_signature_verifies(dcap::parse_quote(signature)));
+}
+
+TEST(TeeSeal, ACheckpointOpensOnlyUnderItsOwnMeasurementAndPlatform) {
+  tee::bytes secret(32, 9), other_secret(32, 10);
+  std::array<std::uint8_t, 32> mr{}, other_mr{};
+  mr.fill(1);
+  other_mr.fill(1);
+  other_mr[5] = 2;
+  const tee::bytes state = {1, 2, 3, 4, 5};
+  const auto box = tee::seal(tee::seal_key(secret, mr), state);
+  EXPECT_EQ(tee::open_sealed(tee::seal_key(secret, mr), box), state);
+  expect_error<std::runtime_error>([&] { (void)tee::open_sealed(tee::seal_key(secret, other_mr), box); }, "does not open");
+  expect_error<std::runtime_error>([&] { (void)tee::open_sealed(tee::seal_key(other_secret, mr), box); }, "does not open");
+  auto changed = box;
+  changed.back() ^= 1;
+  expect_error<std::runtime_error>([&] { (void)tee::open_sealed(tee::seal_key(secret, mr), changed); }, "does not open");
+}
+
+TEST(TeeSeal, AnEnclavesCheckpointRestoresItsKeyOnTheSamePlatformOnly) {
+  const tee::sim_platform p(now());
+  const auto m = p.material();
+  tee::bytes secret(32, 3);
+  tee_enclave a(m.attestation_key_pem, m.qe_part, secret, "");
+  tee_enclave b(m.attestation_key_pem, m.qe_part, secret, "");
+  tee_enclave other(m.attestation_key_pem, m.qe_part, tee::bytes(32, 4), "");
+  ASSERT_NE(a.public_key(), b.public_key());
+  const auto saved = a.checkpoint();
+  b.restore(saved);
+  EXPECT_EQ(a.public_key(), b.public_key());
+  expect_error<std::runtime_error>([&] { other.restore(saved); }, "does not open");
+}
+
+TEST(TeeEnclave, OpensSealedUpdatesAndRefusesReplaysAndOtherRounds) {
+  const tee::sim_platform p(now());
+  const auto m = p.material();
+  tee_enclave e(m.attestation_key_pem, m.qe_part, tee::bytes(32, 1), "");
+  const auto pk = e.public_key();
+  auto box = [&](std::uint32_t round, std::uint64_t client, std::vector<float> v) {
+    tee::update_payload u{.round = round, .client = client, .weight = 1.0, .dim = static_cast<std::uint32_t>(v.size()), .sparse = false, .index = {}, .value = v};
+    const auto plain = tee::encode_payload(u);
+    std::vector<std::uint8_t> out(plain.size() + crypto_box_SEALBYTES);
+    crypto_box_seal(out.data(), plain.data(), plain.size(), pk.data());
+    return out;
+  };
+  e.begin(1, 2, 0, 1, false);
+  e.add(1, box(1, 1, {1, 2}));
+  e.add(2, box(1, 2, {3, 6}));
+  EXPECT_EQ(e.finish(), (std::vector<float>{2, 4}));
+  e.begin(2, 2, 0, 1, false);
+  e.add(1, box(1, 1, {1, 2}));  // last round's box
+  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "round 1");
+  e.begin(3, 2, 0, 1, false);
+  e.add(1, box(3, 1, {1, 2}));
+  e.add(1, box(3, 1, {1, 2}));
+  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "second box");
+  e.begin(4, 2, 0, 1, false);
+  e.add(2, box(4, 1, {1, 2}));  // client 1's box presented as client 2's
+  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "client 1's");
+}
+
+TEST(TeePayload, DecodingRefusesBadBytes) {
+  tee::update_payload u{.round = 1, .client = 2, .weight = 1, .dim = 4, .sparse = true, .index = {0, 3}, .value = {1, 2}};
+  auto b = tee::encode_payload(u);
+  const auto back = tee::decode_payload(b);
+  EXPECT_EQ(back.index, u.index);
+  EXPECT_EQ(back.value, u.value);
+  for (std::size_t cut = 0; cut < b.size(); ++cut)
+    EXPECT_THROW((void)tee::decode_payload(std::span(b).first(cut)), std::invalid_argument) << cut;
+  b.push_back(0);
+  EXPECT_THROW((void)tee::decode_payload(b), std::invalid_argument);
+  b = tee::encode_payload(u);
+  b[0] ^= 1;
+  EXPECT_THROW((void)tee::decode_payload(b), std::invalid_argument);
+}
+
+TEST(TeeOblivious, DensifyMatchesTheSparseUpdatesOwnReference) {
+  const std::size_t d = 1000;
+  auto values = test_support::random_values(d, 77);
+  std::vector<float> residual(d, 0.0f);
+  const auto sparse = top_k(values, 0.05, residual);
+  std::vector<float> want(d), plain(d), oblivious(d);
+  sparse.densify(want);
+  auto index = sparse.index;
+  auto value = sparse.value;
+  index.push_back(0xFFFFFFFFu);  // padding sets nothing
+  value.push_back(0.0f);
+  tee::densify(index, value, plain, false);
+  tee::densify(index, value, oblivious, true);
+  EXPECT_EQ(std::memcmp(want.data(), plain.data(), d * 4), 0);
+  EXPECT_EQ(std::memcmp(want.data(), oblivious.data(), d * 4), 0);
+  std::vector<std::uint32_t> outside{5, static_cast<std::uint32_t>(d)};
+  std::vector<float> two{1, 2};
+  EXPECT_THROW(tee::densify(outside, two, plain, true), std::invalid_argument);
+}
+
+TEST(TeeOblivious, AccessTracesOfTwoSparseInputsAreEqualWithTheFlagAndDifferWithout) {
+  const std::size_t d = 64;
+  const std::vector<std::uint32_t> first{1, 9, 40}, second{3, 17, 0xFFFFFFFFu};
+  const std::vector<float> a{0.5f, -1.0f, 2.0f}, b{7.0f, 0.25f, 0.0f};
+  std::vector<float> out(d);
+  tee::access_trace t1, t2;
+  tee::densify(first, a, out, true, &t1);
+  tee::densify(second, b, out, true, &t2);
+  EXPECT_EQ(t1, t2);
+  EXPECT_EQ(t1.size(), d * (1 + first.size()));
+  tee::access_trace p1, p2;
+  tee::densify(first, a, out, false, &p1);
+  tee::densify(second, b, out, false, &p2);
+  EXPECT_NE(p1, p2);
+}
+
+// ---- swtpm: a software TPM's quotes (skipped where swtpm and tpm2-tools are absent) ---------------
+
+TEST(TeeTpm, AQuoteOfTheMeasuredPcrVerifiesAndAnythingElseFails) {
+  if (!tee::swtpm_available()) GTEST_SKIP() << "swtpm and tpm2-tools are not installed";
+  std::array<std::uint8_t, 32> measurement{}, other{}, qualifying{}, stale{};
+  measurement.fill(0x11);
+  other.fill(0x12);
+  qualifying.fill(0x33);
+  stale.fill(0x34);
+  tee::swtpm_platform tpm(measurement);
+  const auto q = tee::quote_with_tpm(tpm.tcti(), tpm.ak_context(), qualifying);
+  const auto pcr = tee::pcr_after_extend(measurement);
+  EXPECT_EQ(tee::verify_tpm_quote(q, tpm.ak_pem(), qualifying, pcr), "");
+  EXPECT_NE(tee::verify_tpm_quote(q, tpm.ak_pem(), stale, pcr).find("qualifying data"), std::string::npos);
+  EXPECT_NE(tee::verify_tpm_quote(q, tpm.ak_pem(), qualifying, tee::pcr_after_extend(other)).find("PCR 16"), std::string::npos);
+  for (std::size_t at : {std::size_t{0}, std::size_t{4}, q.attest.size() / 2, q.attest.size() - 1}) {
+    auto bad = q;
+    bad.attest[at] ^= 1;
+    EXPECT_NE(tee::verify_tpm_quote(bad, tpm.ak_pem(), qualifying, pcr).find("signature"), std::string::npos) << at;
+  }
+  tee::swtpm_platform another(measurement);  // another TPM's key: same PCR, same data, not its signature
+  EXPECT_NE(tee::verify_tpm_quote(q, another.ak_pem(), qualifying, pcr).find("signature"), std::string::npos);
+}
+
+// ---- the whole protocol, with the enclave in its own process ------------------------------------
+
+std::string enclave_program() {
+  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "tee_enclave_node").string();
+}
+
+simulation_options small_run() {
+  auto o = test_support::small("fedavg", 2);
+  o.clients = 12;
+  o.per_round = 4;
+  o.train_limit = 1200;
+  return o;
+}
+
+simulation_options with_tee(simulation_options o) {
+  o.tee = "sim";
+  o.tee_root = "test";
+  o.tee_program = enclave_program();
+  return o;
+}
+
+void expect_same_models(simulation_options plain_options, simulation_options tee_options, int rounds) {
+  if (!std::filesystem::exists(enclave_program())) GTEST_SKIP() << "no " << enclave_program();
+  simulation plain(plain_options, fashion());
+  simulation attested(tee_options, fashion());
+  for (int r = 0; r < rounds; ++r) {
+    plain.run_round();
+    const auto report = attested.run_round();
+    EXPECT_EQ(report.aborted, "");
+    EXPECT_EQ(report.participants, tee_options.per_round);
+    EXPECT_TRUE(std::any_of(report.metrics.begin(), report.metrics.end(), [](const auto& m) { return m.first == "tee_verify_ms"; }));
+  }
+  const auto a = plain.global_model(), b = attested.global_model();
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+TEST(TeeRun, TheEnclavesAggregateIsBitIdenticalToPlainFedAvg) {
+  const auto o = small_run();
+  expect_same_models(o, with_tee(o), 2);
+}
+
+TEST(TeeRun, TopKWithTheEnclaveObliviousOrNotIsBitIdenticalToPlainTopK) {
+  auto o = small_run();
+  o.compress = "topk:0.05";
+  expect_same_models(o, with_tee(o), 2);
+  auto obl = with_tee(o);
+  obl.tee_oblivious = true;
+  expect_same_models(o, obl, 2);
+}
+
+TEST(TeeRun, UnderSwtpmTheAggregateIsBitIdenticalToPlainFedAvg) {
+  if (!tee::swtpm_available()) GTEST_SKIP() << "swtpm and tpm2-tools are not installed";
+  const auto o = small_run();
+  auto t = with_tee(o);
+  t.tee = "swtpm";
+  expect_same_models(o, t, 2);
+}
+
+TEST(TeeRun, DpNoiseComesFromTheEnclaveAndEpsilonIsReported) {
+  if (!std::filesystem::exists(enclave_program())) GTEST_SKIP() << "no " << enclave_program();
+  auto o = with_tee(small_run());
+  o.dp_clip = 1.0;
+  o.dp_noise = 1.0;
+  auto plain_options = small_run();
+  plain_options.dp_clip = o.dp_clip;
+  plain_options.dp_noise = o.dp_noise;
+  simulation sim(o, fashion());
+  simulation plain(plain_options, fashion());
+  auto epsilon = [](const round_report& r) {
+    const auto eps = std::find_if(r.metrics.begin(), r.metrics.end(), [](const auto& m) { return m.first == "epsilon"; });
+    return eps == r.metrics.end() ? -1.0 : eps->second;
+  };
+  for (int round = 0; round < 2; ++round) {
+    const auto report = sim.run_round();
+    EXPECT_EQ(report.aborted, "");
+    EXPECT_GT(epsilon(report), 0);
+    EXPECT_EQ(epsilon(report), epsilon(plain.run_round()));  // the same accountant, the same steps
+  }
+  for (float x : sim.global_model()) ASSERT_TRUE(std::isfinite(x));
+  // The noise is the enclave's own: the model differs from DP-FedAvg's with the host's seed.
+  EXPECT_NE(std::memcmp(sim.global_model().data(), plain.global_model().data(), sim.global_model().size() * sizeof(float)), 0);
+}
+
+TEST(TeeRun, WhatCannotCombineIsRefused) {
+  auto o = with_tee(small_run());
+  o.tee_root = "";
+  expect_error<std::invalid_argument>([&] { simulation sim(o, fashion()); }, "--tee-root test");
+  o = with_tee(small_run());
+  o.secagg = true;
+  expect_error<std::invalid_argument>([&] { simulation sim(o, fashion()); }, "--secagg");
+  o = with_tee(small_run());
+  o.strategy = "median";
+  expect_error<std::invalid_argument>([&] { simulation sim(o, fashion()); }, "--strategy median");
+  o = with_tee(small_run());
+  o.tee_oblivious = true;
+  expect_error<std::invalid_argument>([&] { simulation sim(o, fashion()); }, "--compress topk");
+  o = with_tee(small_run());
+  o.tee_program = "/nonexistent/tee_enclave_node";
+  expect_error<std::runtime_error>([&] { simulation sim(o, fashion()); }, "tee");
+}
+
+}  // namespace
+}  // namespace troupe::federated

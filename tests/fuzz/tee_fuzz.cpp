@@ -1,0 +1,86 @@
+// libFuzzer target for what the enclave decodes from bytes others chose (`make fuzz`): a sealed
+// update's plaintext (tee::decode_payload, after the box opened: a client may still send any
+// bytes) and a TPM quote's TPMS_ATTEST (tee::check_tpm_attest). Hostile bytes must never crash
+// or hang; a refusal is std::invalid_argument (the payload) or a reason (the quote); whatever is
+// accepted must keep the decoder's promises (the oracle below).
+//
+// The first input byte chooses the decoder: even, a payload; odd, a TPMS_ATTEST.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tee_payload.hpp"
+#include "tee_tpm.hpp"
+
+using namespace troupe::federated::tee;
+
+namespace {
+
+[[noreturn]] void broken(const std::string& what) {
+  std::fprintf(stderr, "tee_fuzz: %s\n", what.c_str());
+  std::abort();
+}
+
+void check_payload(std::span<const std::uint8_t> data) {
+  update_payload p;
+  try {
+    p = decode_payload(data);
+  } catch (const std::invalid_argument& e) {
+    if (std::string(e.what()).rfind("tee update: ", 0) != 0) broken(std::string("a refusal without its prefix: ") + e.what());
+    return;
+  }
+  // What decodes encodes back to the same bytes.
+  const auto again = encode_payload(p);
+  if (again.size() != data.size() || std::memcmp(again.data(), data.data(), data.size()) != 0) broken("decode then encode changed the bytes");
+  if (!p.sparse && p.value.size() != p.dim) broken("a dense update of another length");
+  if (p.sparse && p.index.size() != p.value.size()) broken("positions and values of different counts");
+  // A sparse update of a small dimension: the plain and the oblivious densification agree, or
+  // both refuse a position outside it.
+  if (p.sparse && p.dim <= 4096 && p.index.size() <= 256) {
+    std::vector<float> plain(p.dim), oblivious(p.dim);
+    bool plain_ok = true, oblivious_ok = true;
+    try {
+      densify(p.index, p.value, plain, false);
+    } catch (const std::invalid_argument&) {
+      plain_ok = false;
+    }
+    try {
+      densify(p.index, p.value, oblivious, true);
+    } catch (const std::invalid_argument&) {
+      oblivious_ok = false;
+    }
+    if (plain_ok != oblivious_ok) broken("one densification refused what the other took");
+    // Equal bits (a repeated position keeps its last entry's value in both).
+    if (plain_ok && !plain.empty() && std::memcmp(plain.data(), oblivious.data(), plain.size() * sizeof(float)) != 0)
+      broken("the plain and the oblivious densification differ");
+  }
+}
+
+void check_attest(std::span<const std::uint8_t> data) {
+  std::array<std::uint8_t, 32> qualifying{}, pcr{};
+  qualifying.fill(0x33);
+  pcr.fill(0x44);
+  const auto why = check_tpm_attest(data, qualifying, pcr);
+  // Random bytes cannot carry the SHA-256 of PCR value 0x44...: nothing should be accepted.
+  if (why.empty()) broken("an attestation accepted without the expected PCR digest");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size < 1) return 0;
+  const std::span<const std::uint8_t> rest(data + 1, size - 1);
+  if (data[0] % 2 == 0)
+    check_payload(rest);
+  else
+    check_attest(rest);
+  return 0;
+}
