@@ -86,9 +86,10 @@ point detail::msm_with_window(std::span<const scalar> s, std::span<const point> 
       const int d = digits[i * windows + w];
       if (d == 0) continue;
       const std::size_t b = static_cast<std::size_t>(d > 0 ? d : -d) - 1;
-      if (!used[b]) {
-        bucket[b] = identity();
+      if (!used[b]) {  // an empty bucket takes the point itself: no addition
+        bucket[b] = d > 0 ? p[i] : -p[i];
         used[b] = 1;
+        continue;
       }
       bucket[b] = to_point(d > 0 ? add_p1p1(bucket[b], addend[i]) : sub_p1p1(bucket[b], addend[i]));
     }

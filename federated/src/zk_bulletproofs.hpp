@@ -77,10 +77,16 @@ struct ipa_proof {
 
 /// Proves knowledge of a, b (n a power of two) with P = <a, g> + <b, h'> + <a, b> U, where
 /// h'_i = h_factor_i h_i (h_factor empty: all ones). Consumes the vectors.
+///
+/// `delayed`: how many rounds at a time leave the generators unfolded, computing L and R as MSMs
+/// over the unfolded generators with the folds' coefficients, then folding those rounds at once
+/// (one MSM of 2^delayed generators per folded one); 0 folds every round; -1 lets the policy
+/// choose (libsodium, whose MSM is a loop of products: 0; r255: 4 while n >= 64). The proof is
+/// the same whatever the choice (the prover draws nothing here): only the cost differs.
 template <class G>
 ipa_proof<G> ipa_prove(transcript& t, std::vector<typename G::point> g, std::vector<typename G::point> h,
                        std::vector<typename G::scalar> h_factor, const typename G::point& U,
-                       std::vector<typename G::scalar> a, std::vector<typename G::scalar> b);
+                       std::vector<typename G::scalar> a, std::vector<typename G::scalar> b, int delayed = -1);
 
 /// The challenges u_j of a proof of length n (appending L_j, R_j as the prover did), and the
 /// verifier's coefficients: s_i = Π_j u_j^(±1) (+1 where bit log2(n)-1-j of i is set), so that

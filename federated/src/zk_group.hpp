@@ -2,12 +2,12 @@
 /// @file
 /// What the zero-knowledge proofs (zk_bulletproofs.hpp, zk_norm.hpp) ask of a prime-order group:
 /// a group policy, a struct of types and static functions. The protocols are written once against
-/// it and instantiated for each backend in the .cpp files (zk_group_sodium.hpp: libsodium's
-/// ristretto255 calls; a faster backend is a second instantiation of the same code).
+/// it and instantiated for each backend in the .cpp files (zk_group_r255.hpp: the project's own
+/// ristretto255, the default; zk_group_sodium.hpp: libsodium's calls, the reference).
 ///
 /// A policy `G` provides:
 ///   G::scalar, G::point           regular value types (copyable, ==)
-///   G::name                       "sodium" (for messages and benchmarks)
+///   G::name                       "r255" or "sodium" (for messages and benchmarks)
 ///   scalars (mod ℓ):  zero(), one(), from_u64(u64), from_i64(i64), from_uniform(64 bytes, reduced
 ///                     mod ℓ), random(), add, sub, mul, neg, invert (of a non-zero scalar),
 ///                     is_zero, encode (32 bytes, canonical little-endian),
@@ -17,6 +17,10 @@
 ///                     encode (32 bytes), decode_point(32 bytes, point&) -> false unless the
 ///                     canonical encoding of a group element, hash_to_point(domain, message)
 ///                     (a point nobody knows the discrete logarithm of)
+///
+/// Optional: G::fast_msm (true: an MSM point costs far less than a product, so the prover may
+/// trade products for MSMs, see ipa_prove) and G::msm_columns (many small MSMs sharing their
+/// scalars).
 ///
 /// Everything is variable time: the prover's secrets are the client's own update, which the
 /// simulation holds in the clear anyway; a deployment would want a constant-time prover.

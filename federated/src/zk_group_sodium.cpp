@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 
+#include "zk_random.hpp"
+
 namespace troupe::federated::zk {
 namespace {
 
@@ -47,6 +49,14 @@ sodium_group::scalar sodium_group::from_uniform(std::span<const std::uint8_t, 64
 
 sodium_group::scalar sodium_group::random() {
   ensure_initialized();
+  std::array<std::uint8_t, 64> wide;
+  if (draw_test_randomness(wide)) {
+    for (;;) {
+      const scalar s = from_uniform(wide);
+      if (!is_zero(s)) return s;
+      (void)draw_test_randomness(wide);
+    }
+  }
   scalar s;
   crypto_core_ristretto255_scalar_random(s.b.data());
   return s;
@@ -147,6 +157,9 @@ sodium_group::point sodium_group::msm(std::span<const scalar> s, std::span<const
 
 bool sodium_group::decode_point(const bytes32& b, point& out) {
   ensure_initialized();
+  // RFC 9496 refuses a value at or above p, so any with bit 255 set; libsodium 1.0.18's check
+  // ignores that bit (the same point then has two encodings).
+  if ((b[31] & 0x80) != 0) return false;
   if (crypto_core_ristretto255_is_valid_point(b.data()) != 1) return false;
   out.b = b;
   return true;

@@ -1,5 +1,5 @@
 // The norm proof (zkproof.hpp): its prover and verifier over a group policy, its byte encoding,
-// and the public functions on the libsodium backend.
+// and the public functions on either backend.
 
 #include "zk_norm.hpp"
 
@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "zk_group_r255.hpp"
 #include "zk_group_sodium.hpp"
 
 namespace troupe::federated::zk {
@@ -80,9 +81,9 @@ norm_proof<G> prove(const norm_params& p, std::span<const typename G::scalar> x,
     const scalar cs[2] = {x[i], r[i]};
     const point cp[2] = {gen.B, gen.H};
     proof.C[i] = G::msm(cs, cp);
-    const scalar qs[2] = {x[i], s[i]};
-    const point qp[2] = {proof.C[i], gen.H};
-    proof.C2[i] = G::msm(qs, qp);
+    // C2 = x C + s H, computed on B and H (whose tables a backend may keep): x² B + (x r + s) H.
+    const scalar qs[2] = {G::mul(x[i], x[i]), G::add(G::mul(x[i], r[i]), s[i])};
+    proof.C2[i] = G::msm(qs, cp);
   }
   transcript t = open_transcript<G>(p, proof);
 
@@ -95,10 +96,11 @@ norm_proof<G> prove(const norm_params& p, std::span<const typename G::scalar> x,
     a[i] = G::random();
     b[i] = G::random();
     c[i] = G::random();
-    const scalar s1[2] = {a[i], b[i]}, s2[2] = {a[i], c[i]};
-    const point p1[2] = {gen.B, gen.H}, p2[2] = {proof.C[i], gen.H};
-    sq.T1[i] = G::msm(s1, p1);
-    sq.T2[i] = G::msm(s2, p2);
+    // T2 = a C + c H = (a x) B + (a r + c) H, on B and H as above.
+    const scalar s1[2] = {a[i], b[i]}, s2[2] = {G::mul(a[i], x[i]), G::add(G::mul(a[i], r[i]), c[i])};
+    const point bh[2] = {gen.B, gen.H};
+    sq.T1[i] = G::msm(s1, bh);
+    sq.T2[i] = G::msm(s2, bh);
     t.append_point<G>("sq.T1", sq.T1[i]);
     t.append_point<G>("sq.T2", sq.T2[i]);
   }
@@ -380,7 +382,7 @@ norm_proof<G> decode(const norm_params& p, std::span<const std::uint8_t> bytes) 
   return proof;
 }
 
-// ---- the public functions (libsodium) --------------------------------------------------------------
+// ---- the public functions --------------------------------------------------------------------
 
 void check_params(const norm_params& p) {
   if (p.dim < 1 || p.dim > max_dim)
@@ -409,21 +411,41 @@ std::vector<std::int64_t> quantize(std::span<const float> update, const norm_par
   return x;
 }
 
-void prepare(const norm_params& p) {
-  check_params(p);
-  (void)generators<sodium_group>::get(bits_of(p) * std::bit_ceil(p.dim));
+std::string_view backend_name(group_backend b) { return b == group_backend::sodium ? "sodium" : "r255"; }
+
+group_backend parse_backend(std::string_view name) {
+  if (name == "r255" || name == "fast") return group_backend::fast;
+  if (name == "sodium") return group_backend::sodium;
+  throw std::invalid_argument("unknown ristretto255 backend '" + std::string(name) + "' (r255 or sodium)");
 }
 
-double product_us(int count) {
-  using G = sodium_group;
+namespace {
+
+/// Runs f.template operator()<G>() for the backend's group policy.
+template <class F>
+decltype(auto) on_backend(group_backend b, F&& f) {
+  if (b == group_backend::sodium) return f.template operator()<sodium_group>();
+  return f.template operator()<r255_group>();
+}
+
+}  // namespace
+
+void prepare(const norm_params& p, group_backend backend) {
+  check_params(p);
+  on_backend(backend, [&]<class G>() { (void)generators<G>::get(bits_of(p) * std::bit_ceil(p.dim)); });
+}
+
+double product_us(group_backend backend, int count) {
   if (count < 1) throw std::invalid_argument("product_us: count must be at least 1");
-  auto s = G::random();
-  auto point = generators<G>::get(1).H;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < count; ++i) point = G::mul(s, point);
-  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  if (point == G::identity()) throw std::runtime_error("product_us: the identity (impossible for a non-zero scalar)");
-  return us / count;
+  return on_backend(backend, [&]<class G>() {
+    auto s = G::random();
+    auto point = generators<G>::get(1).H;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < count; ++i) point = G::mul(s, point);
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    if (point == G::identity()) throw std::runtime_error("product_us: the identity (impossible for a non-zero scalar)");
+    return us / count;
+  });
 }
 
 std::size_t proof_bytes(const norm_params& p) {
@@ -433,8 +455,8 @@ std::size_t proof_bytes(const norm_params& p) {
 
 namespace {
 
+template <class G>
 std::vector<std::uint8_t> prove_public(std::span<const std::int64_t> x, const norm_params& p, bool check) {
-  using G = sodium_group;
   check_params(p);
   if (x.size() != p.dim)
     throw std::invalid_argument("norm proof: " + std::to_string(x.size()) + " coordinates for dimension " + std::to_string(p.dim));
@@ -457,39 +479,46 @@ std::vector<std::uint8_t> prove_public(std::span<const std::int64_t> x, const no
       throw std::invalid_argument("norm proof: the update's norm is above the bound (its squared norm exceeds " +
                                   std::to_string(bound_squared(p)) + " quanta²)");
   }
-  std::vector<G::scalar> xs(x.size());
+  std::vector<typename G::scalar> xs(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) xs[i] = G::from_i64(x[i]);
   return encode<G>(p, prove<G>(p, xs, x, check));
 }
 
 }  // namespace
 
-std::vector<std::uint8_t> prove_norm(std::span<const std::int64_t> x, const norm_params& p) { return prove_public(x, p, true); }
-
-std::vector<std::uint8_t> forge_norm(std::span<const std::int64_t> x, const norm_params& p) { return prove_public(x, p, false); }
-
-void check_proof_encoding(std::span<const std::uint8_t> proof, const norm_params& p) {
-  (void)decode<sodium_group>(p, proof);
+std::vector<std::uint8_t> prove_norm(std::span<const std::int64_t> x, const norm_params& p, group_backend backend) {
+  return on_backend(backend, [&]<class G>() { return prove_public<G>(x, p, true); });
 }
 
-verdict verify_norm(std::span<const std::uint8_t> proof, const norm_params& p, std::span<const std::int64_t> opened) {
-  using G = sodium_group;
-  norm_proof<G> decoded;
-  try {
-    decoded = decode<G>(p, proof);
-  } catch (const std::invalid_argument& e) {
-    return {false, e.what()};
-  }
-  auto why = verify<G>(p, decoded, opened);
-  return {why.empty(), std::move(why)};
+std::vector<std::uint8_t> forge_norm(std::span<const std::int64_t> x, const norm_params& p, group_backend backend) {
+  return on_backend(backend, [&]<class G>() { return prove_public<G>(x, p, false); });
+}
+
+void check_proof_encoding(std::span<const std::uint8_t> proof, const norm_params& p) { (void)decode<r255_group>(p, proof); }
+
+verdict verify_norm(std::span<const std::uint8_t> proof, const norm_params& p, std::span<const std::int64_t> opened,
+                    group_backend backend) {
+  return on_backend(backend, [&]<class G>() -> verdict {
+    norm_proof<G> decoded;
+    try {
+      decoded = decode<G>(p, proof);
+    } catch (const std::invalid_argument& e) {
+      return {false, e.what()};
+    }
+    auto why = verify<G>(p, decoded, opened);
+    return {why.empty(), std::move(why)};
+  });
 }
 
 // ---- instantiations --------------------------------------------------------------------------------
 
-template norm_proof<sodium_group> prove<sodium_group>(const norm_params&, std::span<const sodium_group::scalar>,
-                                                      std::span<const std::int64_t>, bool);
-template std::string verify<sodium_group>(const norm_params&, const norm_proof<sodium_group>&, std::span<const std::int64_t>);
-template std::vector<std::uint8_t> encode<sodium_group>(const norm_params&, const norm_proof<sodium_group>&);
-template norm_proof<sodium_group> decode<sodium_group>(const norm_params&, std::span<const std::uint8_t>);
+#define TROUPE_ZK_NORM_INSTANTIATE(G)                                                                                  \
+  template norm_proof<G> prove<G>(const norm_params&, std::span<const G::scalar>, std::span<const std::int64_t>, bool); \
+  template std::string verify<G>(const norm_params&, const norm_proof<G>&, std::span<const std::int64_t>);             \
+  template std::vector<std::uint8_t> encode<G>(const norm_params&, const norm_proof<G>&);                               \
+  template norm_proof<G> decode<G>(const norm_params&, std::span<const std::uint8_t>);
+
+TROUPE_ZK_NORM_INSTANTIATE(sodium_group)
+TROUPE_ZK_NORM_INSTANTIATE(r255_group)
 
 }  // namespace troupe::federated::zk

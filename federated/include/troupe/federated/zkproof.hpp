@@ -19,15 +19,29 @@
 /// holds, so ‖Δ‖ < B + sqrt(d) q.
 ///
 /// Thread-safe: the functions keep no state but a cache of generators shared behind a lock.
-/// This build computes on libsodium's ristretto255 calls (a product costs about 60 µs here).
+/// Two backends compute the same protocol: the project's own ristretto255 (r255.hpp, with
+/// Pippenger's multi-scalar multiplication; the default) and libsodium's calls (the reference,
+/// a product and a re-encoding per call). Their proofs are the same bytes format: one made on
+/// either verifies on the other.
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace troupe::federated::zk {
+
+/// Which ristretto255 computes a proof or its verification.
+enum class group_backend {
+  fast,    ///< the project's own (r255.hpp)
+  sodium,  ///< libsodium's calls: the reference
+};
+/// "r255" or "sodium".
+std::string_view backend_name(group_backend b);
+/// "r255" (or "fast") and "sodium"; throws std::invalid_argument for anything else.
+group_backend parse_backend(std::string_view name);
 
 /// The public statement: the update's length, the bits per coordinate and the bound.
 struct norm_params {
@@ -49,19 +63,22 @@ std::vector<std::int64_t> quantize(std::span<const float> update, const norm_par
 /// The proof for the quantized update x (encoded, proof_bytes(p) bytes). Throws
 /// std::invalid_argument, saying which, when a coordinate is outside [-2^(k-1), 2^(k-1)) or
 /// Σ x_i² > B_q².
-std::vector<std::uint8_t> prove_norm(std::span<const std::int64_t> x, const norm_params& p);
+std::vector<std::uint8_t> prove_norm(std::span<const std::int64_t> x, const norm_params& p,
+                                     group_backend backend = group_backend::fast);
 /// What a client whose update breaks the bound can send: the same protocol with the prover's
 /// checks skipped (the low bits of the values out of range are proved). It never verifies; the
 /// simulation's malicious clients send it.
-std::vector<std::uint8_t> forge_norm(std::span<const std::int64_t> x, const norm_params& p);
+std::vector<std::uint8_t> forge_norm(std::span<const std::int64_t> x, const norm_params& p,
+                                     group_backend backend = group_backend::fast);
 
 /// Makes the generators a proof for `p` needs (2 k bit_ceil(d) points hashed to the group),
 /// which the first proof of that size otherwise makes: for measurements.
-void prepare(const norm_params& p);
+void prepare(const norm_params& p, group_backend backend = group_backend::fast);
 
 /// The backend's scalar multiplication of a point, measured now over `count` products: the
-/// anchor that benchmark figures carry (a proof's cost is about 10 k bit_ceil(d) of them).
-double product_us(int count = 200);
+/// anchor that benchmark figures carry (a proof's cost on libsodium is about 10 k bit_ceil(d) of
+/// them).
+double product_us(group_backend backend = group_backend::fast, int count = 200);
 
 /// The size of every proof for `p`: 12 + 32 (7 d + 2 (9 + r1 + r2) + 2) bytes, r1 and r2 the
 /// two range proofs' rounds (log2(k bit_ceil(d)) and log2(2k)).
@@ -80,6 +97,7 @@ struct verdict {
 /// Decodes and verifies. With `opened` (d values) it also checks that the commitments open to
 /// them (step 6); empty, it checks steps 2 to 5 only. A malformed encoding is a failed verdict
 /// with the decoder's message, never an exception.
-verdict verify_norm(std::span<const std::uint8_t> proof, const norm_params& p, std::span<const std::int64_t> opened = {});
+verdict verify_norm(std::span<const std::uint8_t> proof, const norm_params& p, std::span<const std::int64_t> opened = {},
+                    group_backend backend = group_backend::fast);
 
 }  // namespace troupe::federated::zk
