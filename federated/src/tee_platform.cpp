@@ -4,6 +4,7 @@
 // simulated enclave step by step exactly as it checks real ones. Only the root differs: a
 // fresh P-256 key, pinned by the clients that are told to accept it (--tee-root test).
 
+#include "openssl_ptr.hpp"
 #include "troupe/federated/tee.hpp"
 
 #include <openssl/core_names.h>
@@ -32,16 +33,7 @@ namespace {
   throw std::runtime_error("tee sim platform: " + what + ": " + buf);
 }
 
-template <class T, void (*Free)(T*)>
-struct deleter {
-  void operator()(T* p) const noexcept { Free(p); }
-};
-using pkey_ptr = std::unique_ptr<EVP_PKEY, deleter<EVP_PKEY, EVP_PKEY_free>>;
-using x509_ptr = std::unique_ptr<X509, deleter<X509, X509_free>>;
-using crl_ptr = std::unique_ptr<X509_CRL, deleter<X509_CRL, X509_CRL_free>>;
-using md_ctx_ptr = std::unique_ptr<EVP_MD_CTX, deleter<EVP_MD_CTX, EVP_MD_CTX_free>>;
-using bio_ptr = std::unique_ptr<BIO, deleter<BIO, BIO_free_all>>;
-using sig_ptr = std::unique_ptr<ECDSA_SIG, deleter<ECDSA_SIG, ECDSA_SIG_free>>;
+using namespace troupe::federated::detail::ossl;
 
 pkey_ptr p256() {
   pkey_ptr k(EVP_EC_gen("P-256"));
