@@ -559,7 +559,6 @@ void add_fedsim_command(CLI::App& app, int& rc) {
         std::snprintf(buf, sizeof buf, ", %s %.4g", name.c_str(), value);
         finals_text += buf;
       }
-      settings += tee_json(f->o);
       settings += drift_json(f->o, s);
       settings += continual_json(f->o, s);
       if (f->o.verify_norm > 0) {
@@ -588,6 +587,7 @@ void add_fedsim_command(CLI::App& app, int& rc) {
       if (!f->o.lora.empty())
         settings += ",\"lora\":\"" + f->o.lora + "\",\"lora_agg\":\"" + f->o.lora_agg + "\",\"lora_alpha\":" +
                     json_number(f->o.lora_alpha, "%.6g");
+      settings += tee_json(f->o);
       std::string valued;  // --contribution's figures (the spec is validated: no escaping needed)
       if (!f->o.contribution.empty()) {
         const double rounds_valued = static_cast<double>(std::max<std::size_t>(1, s.contribution_rounds));

@@ -136,6 +136,12 @@ std::vector<std::vector<std::uint8_t>> tee_enclave::tpm_quote(std::vector<std::v
 void tee_enclave::begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor, bool oblivious) {
   if (!(noise_stddev >= 0) || !std::isfinite(noise_stddev) || !(divisor > 0))
     throw std::invalid_argument("tee enclave: bad noise parameters");
+  // A round is aggregated once: opening it again (with fewer boxes, or the same boxes again)
+  // would let the host difference two releases into one client's update.
+  if (open_) throw std::logic_error("tee enclave: round " + std::to_string(round_) + " is still open");
+  if (last_round_ && round <= *last_round_)
+    throw std::invalid_argument("tee enclave: round " + std::to_string(round) + " after round " +
+                                std::to_string(*last_round_) + " was released");
   round_ = round;
   dim_ = dim;
   stddev_ = noise_stddev;
@@ -193,14 +199,16 @@ std::vector<float> tee_enclave::finish() {
   open_ = false;
   if (!error_.empty()) throw std::runtime_error("the enclave refused the round's updates: " + error_);
   if (added_ == 0) throw std::logic_error("tee enclave: no updates in this round");
+  last_round_ = round_;
   if (stddev_ == 0) return mean_->finish();
   // DP-FedAvg's server step (as dp-gaussian does it), with noise the host cannot know: its seed
-  // comes from the enclave's own key and the round.
+  // comes from the enclave's own key, the round and fresh randomness.
   std::vector<float> out(sum_.size());
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(sum_[i]);
   std::array<std::uint8_t, 16> h{};
-  std::array<std::uint8_t, 4> r{};
+  std::array<std::uint8_t, 4 + 16> r{};
   std::memcpy(r.data(), &round_, sizeof round_);
+  randombytes_buf(r.data() + 4, 16);
   crypto_generichash(h.data(), h.size(), r.data(), r.size(), noise_key_.data(), noise_key_.size());
   std::uint64_t seed = 0;
   std::memcpy(&seed, h.data(), sizeof seed);

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,7 @@ private:
   std::string tpm_tcti_, tpm_ak_;
   std::array<std::uint8_t, 32> mr_enclave_{}, pk_{}, sk_{}, noise_key_{};
   std::uint32_t round_ = 0;
+  std::optional<std::uint32_t> last_round_;  // the last round released: each round opens once
   std::uint64_t dim_ = 0;
   double stddev_ = 0, divisor_ = 1;
   bool oblivious_ = false, open_ = false;

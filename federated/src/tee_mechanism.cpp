@@ -370,7 +370,8 @@ public:
     throw std::logic_error("tee: client " + std::to_string(client) + " sent an unsealed update");
   }
   void add_encoded(std::uint64_t client, double, std::span<const std::uint32_t> words) override {
-    if (words.empty() || (words[0] + 3) / 4 + 1 != words.size())
+    // In 64 bits: near 2^32 the 32-bit sum wraps to a one-word size.
+    if (words.empty() || (std::size_t{words[0]} + 3) / 4 + 1 != words.size())
       throw std::invalid_argument("tee: client " + std::to_string(client) + "'s sealed update is malformed");
     std::vector<std::uint8_t> box(words[0]);
     std::memcpy(box.data(), words.data() + 1, box.size());

@@ -106,6 +106,8 @@ void densify(std::span<const std::uint32_t> index, std::span<const float> value,
   if (index.size() != value.size())
     throw std::invalid_argument("densify: " + std::to_string(index.size()) + " positions for " + std::to_string(value.size()) + " values");
   const std::size_t d = out.size();
+  if (index.size() > d)  // more entries than coordinates: only a hostile payload, and O(n d) to densify obliviously
+    throw std::invalid_argument("densify: " + std::to_string(index.size()) + " entries for an update of " + std::to_string(d));
   for (auto i : index)
     if (i != padding && i >= d)
       throw std::invalid_argument("densify: position " + std::to_string(i) + " is outside the update's " + std::to_string(d));

@@ -130,6 +130,15 @@ std::array<std::uint8_t, 32> pcr_after_extend(std::span<const std::uint8_t, 32> 
 }
 
 swtpm_platform::swtpm_platform(std::span<const std::uint8_t, 32> measurement) {
+  try {
+    start(measurement);
+  } catch (...) {
+    stop();  // a constructor that throws runs no destructor: the swtpm process and its directory go here
+    throw;
+  }
+}
+
+void swtpm_platform::start(std::span<const std::uint8_t, 32> measurement) {
   if (!swtpm_available())
     throw std::invalid_argument("--tee swtpm needs swtpm and tpm2-tools on the PATH (Debian packages swtpm, swtpm-tools and "
                                 "tpm2-tools, which cmake/install-deps.sh installs)");
@@ -164,13 +173,17 @@ swtpm_platform::swtpm_platform(std::span<const std::uint8_t, 32> measurement) {
   tool({"tpm2_pcrextend", "16:sha256=" + dcap::to_hex(measurement)});
 }
 
-swtpm_platform::~swtpm_platform() {
+swtpm_platform::~swtpm_platform() { stop(); }
+
+void swtpm_platform::stop() noexcept {
   if (pid_ > 0) {
     kill(pid_, SIGTERM);
     waitpid(pid_, nullptr, 0);
+    pid_ = -1;
   }
   std::error_code ec;
   if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+  dir_.clear();
 }
 
 tpm_quote quote_with_tpm(const std::string& tcti, const std::string& ak_context, std::span<const std::uint8_t, 32> qualifying) {
@@ -182,18 +195,18 @@ tpm_quote quote_with_tpm(const std::string& tcti, const std::string& ak_context,
                       "-g", "sha256", "-f", "plain"},
                      env, log);
   run({"tpm2_flushcontext", "-t"}, env, log);
+  struct remove_dir {
+    const std::string& path;
+    ~remove_dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } cleanup{d};
+  if (rc != 0) fail("tpm2_quote failed: " + read_file(log));
   tpm_quote q;
-  std::string why;
-  if (rc == 0) {
-    const auto m = read_file(d + "/msg"), s = read_file(d + "/sig");
-    q.attest.assign(m.begin(), m.end());
-    q.signature.assign(s.begin(), s.end());
-  } else {
-    why = read_file(log);
-  }
-  std::error_code ec;
-  std::filesystem::remove_all(d, ec);
-  if (rc != 0) fail("tpm2_quote failed: " + why);
+  const auto m = read_file(d + "/msg"), s = read_file(d + "/sig");
+  q.attest.assign(m.begin(), m.end());
+  q.signature.assign(s.begin(), s.end());
   return q;
 }
 

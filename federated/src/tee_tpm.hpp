@@ -39,6 +39,9 @@ public:
   const std::string& ak_pem() const noexcept { return ak_pem_; }
 
 private:
+  void start(std::span<const std::uint8_t, 32> measurement);
+  void stop() noexcept;  // kills swtpm and removes the directory, whatever start() got to
+
   std::string dir_, tcti_, ak_pem_;
   pid_t pid_ = -1;
 };

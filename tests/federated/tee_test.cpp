@@ -197,6 +197,40 @@ TEST(TeeEnclave, OpensSealedUpdatesAndRefusesReplaysAndOtherRounds) {
   expect_error<std::runtime_error>([&] { (void)e.finish(); }, "client 1's");
 }
 
+TEST(TeeEnclave, ARoundIsReleasedOnceAndNeverReopened) {
+  // Releasing a round's boxes twice, once without the victim's, would give the victim's update
+  // as the difference of the two aggregates: a released round never opens again.
+  const tee::sim_platform p(now());
+  const auto m = p.material();
+  tee_enclave e(m.attestation_key_pem, m.qe_part, tee::bytes(32, 1), "");
+  const auto pk = e.public_key();
+  auto box = [&](std::uint32_t round, std::uint64_t client, std::vector<float> v) {
+    tee::update_payload u{.round = round, .client = client, .weight = 1.0, .dim = static_cast<std::uint32_t>(v.size()), .sparse = false, .index = {}, .value = v};
+    const auto plain = tee::encode_payload(u);
+    std::vector<std::uint8_t> out(plain.size() + crypto_box_SEALBYTES);
+    crypto_box_seal(out.data(), plain.data(), plain.size(), pk.data());
+    return out;
+  };
+  e.begin(5, 2, 0, 1, false);
+  expect_error<std::logic_error>([&] { e.begin(5, 2, 0, 1, false); }, "still open");
+  e.add(1, box(5, 1, {1, 2}));
+  e.add(2, box(5, 2, {3, 6}));
+  EXPECT_EQ(e.finish(), (std::vector<float>{2, 4}));
+  expect_error<std::invalid_argument>([&] { e.begin(5, 2, 0, 1, false); }, "after round 5");
+  expect_error<std::invalid_argument>([&] { e.begin(4, 2, 0, 1, false); }, "after round 5");
+  e.begin(6, 2, 0, 1, false);
+  e.add(2, box(6, 2, {3, 6}));
+  EXPECT_EQ(e.finish(), (std::vector<float>{3, 6}));
+}
+
+TEST(TeeOblivious, MoreEntriesThanCoordinatesAreRefused) {
+  std::vector<float> out(3);
+  const std::vector<std::uint32_t> index{0, 1, 2, 0};
+  const std::vector<float> value{1, 2, 3, 4};
+  for (bool oblivious : {false, true})
+    expect_error<std::invalid_argument>([&] { tee::densify(index, value, out, oblivious); }, "4 entries for an update of 3");
+}
+
 TEST(TeePayload, DecodingRefusesBadBytes) {
   tee::update_payload u{.round = 1, .client = 2, .weight = 1, .dim = 4, .sparse = true, .index = {0, 3}, .value = {1, 2}};
   auto b = tee::encode_payload(u);
