@@ -21,7 +21,7 @@ public:
   static constexpr std::size_t kept = 32;
   static constexpr std::size_t what_limit = 512;
 
-  void record(actor_id id, const char* type, bool restarted, std::uint32_t restarts, const std::string& what);
+  void record(actor_id id, const char* type, bool restarted, std::uint32_t restarts, const std::string& what) noexcept;
   /// The counts per type, sorted by type.
   std::vector<actor_type_failures> by_type() const;
   /// The latest failures, the oldest first.

@@ -114,7 +114,7 @@ struct simulation_options {
   /// client that finishes is replaced at once. A virtual clock (the latency model above, per
   /// dispatch) orders the arrivals, so the run is deterministic at any thread count. With a
   /// robust rule or differential privacy the aggregator receives the K staleness-weighted
-  /// updates of each step (see docs/FEDERATED.md); deadlines, over-selection, SCAFFOLD, secure
+  /// updates of each step (see docs/federated/time.md); deadlines, over-selection, SCAFFOLD, secure
   /// aggregation and adaptive clipping are refused.
   std::string async;
   /// Asks outstanding at once; 0: from the update size (about 16 MB of updates, at least
