@@ -169,18 +169,22 @@ TEST(TeeSeal, AnEnclavesCheckpointRestoresItsKeyOnTheSamePlatformOnly) {
   expect_error<std::runtime_error>([&] { other.restore(saved); }, "does not open");
 }
 
+/// A dense update of `client` for `round`, sealed to the enclave key `pk`, as a client sends it.
+template <class Key>
+std::vector<std::uint8_t> sealed_update(const Key& pk, std::uint32_t round, std::uint64_t client, std::vector<float> v) {
+  tee::update_payload u{.round = round, .client = client, .weight = 1.0, .dim = static_cast<std::uint32_t>(v.size()), .sparse = false, .index = {}, .value = v};
+  const auto plain = tee::encode_payload(u);
+  std::vector<std::uint8_t> out(plain.size() + crypto_box_SEALBYTES);
+  crypto_box_seal(out.data(), plain.data(), plain.size(), pk.data());
+  return out;
+}
+
 TEST(TeeEnclave, OpensSealedUpdatesAndRefusesReplaysAndOtherRounds) {
   const tee::sim_platform p(now());
   const auto m = p.material();
   tee_enclave e(m.attestation_key_pem, m.qe_part, tee::bytes(32, 1), "");
   const auto pk = e.public_key();
-  auto box = [&](std::uint32_t round, std::uint64_t client, std::vector<float> v) {
-    tee::update_payload u{.round = round, .client = client, .weight = 1.0, .dim = static_cast<std::uint32_t>(v.size()), .sparse = false, .index = {}, .value = v};
-    const auto plain = tee::encode_payload(u);
-    std::vector<std::uint8_t> out(plain.size() + crypto_box_SEALBYTES);
-    crypto_box_seal(out.data(), plain.data(), plain.size(), pk.data());
-    return out;
-  };
+  auto box = [&](std::uint32_t round, std::uint64_t client, std::vector<float> v) { return sealed_update(pk, round, client, v); };
   e.begin(1, 2, 0, 1, false);
   e.add(1, box(1, 1, {1, 2}));
   e.add(2, box(1, 2, {3, 6}));
@@ -204,13 +208,7 @@ TEST(TeeEnclave, ARoundIsReleasedOnceAndNeverReopened) {
   const auto m = p.material();
   tee_enclave e(m.attestation_key_pem, m.qe_part, tee::bytes(32, 1), "");
   const auto pk = e.public_key();
-  auto box = [&](std::uint32_t round, std::uint64_t client, std::vector<float> v) {
-    tee::update_payload u{.round = round, .client = client, .weight = 1.0, .dim = static_cast<std::uint32_t>(v.size()), .sparse = false, .index = {}, .value = v};
-    const auto plain = tee::encode_payload(u);
-    std::vector<std::uint8_t> out(plain.size() + crypto_box_SEALBYTES);
-    crypto_box_seal(out.data(), plain.data(), plain.size(), pk.data());
-    return out;
-  };
+  auto box = [&](std::uint32_t round, std::uint64_t client, std::vector<float> v) { return sealed_update(pk, round, client, v); };
   e.begin(5, 2, 0, 1, false);
   expect_error<std::logic_error>([&] { e.begin(5, 2, 0, 1, false); }, "still open");
   e.add(1, box(5, 1, {1, 2}));
