@@ -103,16 +103,6 @@ std::string common_name(X509* x) {
   return std::string(reinterpret_cast<const char*>(ASN1_STRING_get0_data(s)), static_cast<std::size_t>(ASN1_STRING_length(s)));
 }
 
-std::array<std::uint8_t, 32> sha256(std::span<const std::uint8_t> a, std::span<const std::uint8_t> b = {}) {
-  std::array<std::uint8_t, 32> out{};
-  md_ctx_ptr md(EVP_MD_CTX_new());
-  unsigned int n = 0;
-  if (!md || EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr) != 1 || EVP_DigestUpdate(md.get(), a.data(), a.size()) != 1 ||
-      EVP_DigestUpdate(md.get(), b.data(), b.size()) != 1 || EVP_DigestFinal_ex(md.get(), out.data(), &n) != 1)
-    fail("SHA-256 failed: " + openssl_error());
-  return out;
-}
-
 std::array<std::uint8_t, 32> key_hash(X509* x) {
   unsigned char* der = nullptr;
   const int n = i2d_X509_PUBKEY(X509_get_X509_PUBKEY(x), &der);

@@ -2,7 +2,11 @@
 // Owning pointers to OpenSSL objects, shared by the quote verifier (dcap_verify.cpp) and the
 // simulated platform that signs quotes (tee_platform.cpp).
 
+#include <array>
+#include <cstdint>
 #include <memory>
+#include <span>
+#include <stdexcept>
 
 #include <openssl/bio.h>
 #include <openssl/ec.h>
@@ -27,5 +31,16 @@ using bio_ptr = std::unique_ptr<BIO, deleter<BIO, BIO_free_all>>;
 using sig_ptr = std::unique_ptr<ECDSA_SIG, deleter<ECDSA_SIG, ECDSA_SIG_free>>;
 inline void free_x509_stack(STACK_OF(X509) * s) { sk_X509_free(s); }
 using x509_stack_ptr = std::unique_ptr<STACK_OF(X509), deleter<STACK_OF(X509), free_x509_stack>>;
+
+/// SHA-256 of a then b.
+inline std::array<std::uint8_t, 32> sha256(std::span<const std::uint8_t> a, std::span<const std::uint8_t> b = {}) {
+  std::array<std::uint8_t, 32> out{};
+  md_ctx_ptr md(EVP_MD_CTX_new());
+  unsigned int n = 0;
+  if (!md || EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr) != 1 || EVP_DigestUpdate(md.get(), a.data(), a.size()) != 1 ||
+      EVP_DigestUpdate(md.get(), b.data(), b.size()) != 1 || EVP_DigestFinal_ex(md.get(), out.data(), &n) != 1)
+    throw std::runtime_error("SHA-256 failed");
+  return out;
+}
 
 }  // namespace troupe::federated::detail::ossl

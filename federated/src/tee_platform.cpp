@@ -49,16 +49,6 @@ void put32(bytes& b, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) b.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
 }
 
-std::array<std::uint8_t, 32> sha256(std::span<const std::uint8_t> a, std::span<const std::uint8_t> b = {}) {
-  std::array<std::uint8_t, 32> out{};
-  md_ctx_ptr md(EVP_MD_CTX_new());
-  unsigned int n = 0;
-  if (!md || EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr) != 1 || EVP_DigestUpdate(md.get(), a.data(), a.size()) != 1 ||
-      EVP_DigestUpdate(md.get(), b.data(), b.size()) != 1 || EVP_DigestFinal_ex(md.get(), out.data(), &n) != 1)
-    fail("SHA-256");
-  return out;
-}
-
 // ECDSA P-256 over SHA-256, as the quote carries it: raw r || s, 32 bytes each.
 std::array<std::uint8_t, 64> sign_raw(EVP_PKEY* key, std::span<const std::uint8_t> message) {
   md_ctx_ptr md(EVP_MD_CTX_new());
