@@ -5,7 +5,7 @@
 //
 //   offset  size  field
 //        0     4  magic "TRP1" (0x31505254, little-endian)
-//        4     2  version (1)
+//        4     2  version (2; a node refuses frames of another version)
 //        6     2  flags (bit 0: the payload is the raw body)
 //        8     4  envelope length E: a Cap'n Proto segment table and its segments, E % 8 == 0
 //       12     4  reserved, zero

@@ -45,7 +45,7 @@ struct envelope {
 /// The fixed frame header (little-endian on the wire).
 struct frame_header {
   static constexpr std::uint32_t magic_value = 0x31505254;  // "TRP1"
-  static constexpr std::uint16_t current_version = 1;
+  static constexpr std::uint16_t current_version = 2;  // 2: the status report with failures
   static constexpr std::size_t size = 24;
   static constexpr std::uint16_t flag_body = 1;  ///< the payload is the raw body, not inline
   static constexpr std::uint16_t known_flags = flag_body;
