@@ -165,6 +165,18 @@ TEST(Remote, AnActorWithARestartPolicyIsRecreatedOnASurvivingNode) {
   std::this_thread::sleep_until(killed + 3 * cfg.node.node_timeout + 500ms);
   for (auto& f : follow) EXPECT_FALSE(f.ready()) << "a monitor of the re-created actor fired";
   EXPECT_NE(a.node(), doomed);
+  // The head counts the re-creation as the actor's first restart and lists why.
+  const auto nodes = troupe::cluster_status(head_of(head), token);
+  ASSERT_FALSE(nodes.empty());
+  ASSERT_EQ(nodes[0].info.id, 1u);
+  ASSERT_EQ(nodes[0].failures_by_type.size(), 1u);
+  EXPECT_EQ(nodes[0].failures_by_type[0].restarts, 1u);
+  EXPECT_EQ(nodes[0].failures_by_type[0].failed, 0u);
+  ASSERT_EQ(nodes[0].recent_failures.size(), 1u);
+  const auto& moved = nodes[0].recent_failures[0];
+  EXPECT_TRUE(moved.restarted);
+  EXPECT_EQ(moved.restarts, 1u);
+  EXPECT_EQ(moved.what, "node " + std::to_string(doomed) + " was lost; re-created on node " + std::to_string(a.node()));
   EXPECT_TRUE(a.alive());
   EXPECT_NE(a.ask(&worker::pid).get(), first_pid);
   // It can be named where it lives now.

@@ -7,6 +7,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "failure_log.hpp"
 #include "net/node_runtime.hpp"
 #include "troupe/core/log.hpp"
 
@@ -55,10 +56,6 @@ bool register_remote_constructor(std::string_view type, std::uint64_t key, const
   std::lock_guard lock(r.mu);
   r.ctors[std::string(type)].try_emplace(key, f);
   return true;
-}
-
-void restart_book::warn_exhausted(std::uint64_t wire, const std::string& type, node_id lost, int max) {
-  log().warn("troupe node 1: actor {} ({}) was on lost node {} and has used its {} restarts", wire, type, lost, max);
 }
 
 // ---- spawn_on, placement, stopping ---------------------------------------------------------
@@ -148,13 +145,23 @@ void node_runtime::relocate(node_id lost, bool recreate) {
           ++members_[to].placed;
           return to;
         },
-        [&](std::uint64_t wire, node_id to, const spawn_tuple& spawn) {
+        [&](std::uint64_t wire, node_id to, const spawn_tuple& spawn, int restarts) {
           todo.emplace_back(to, spawn);
           auto payload = encode(moved_tuple{wire, to});
           for (auto& [id, m] : members_)
             if (id != self_ && m.alive && m.conn) m.conn->send(control(ctl::moved, payload));
           rehost(wire, to, after);
-          log().info("troupe node 1: re-creating actor {} ({}) of lost node {} on node {}", wire, std::get<0>(spawn), lost, to);
+          const auto& type = std::get<0>(spawn);
+          log().info("troupe node 1: re-creating actor {} ({}) of lost node {} on node {}", wire, type, lost, to);
+          // A restart like one after a failure: counted for its type and listed among the
+          // failures of the head's status report.
+          sys_.failures->record(wire, type.c_str(), true, static_cast<std::uint32_t>(restarts),
+                                "node " + std::to_string(lost) + " was lost; re-created on node " + std::to_string(to));
+        },
+        [&](std::uint64_t wire, const std::string& type, int max) {
+          log().warn("troupe node 1: actor {} ({}) was on lost node {} and has used its {} restarts", wire, type, lost, max);
+          sys_.failures->record(wire, type.c_str(), false, static_cast<std::uint32_t>(max),
+                                "node " + std::to_string(lost) + " was lost; its restarts are used up");
         });
     auto payload = encode(static_cast<std::uint32_t>(lost));
     for (auto& [id, m] : members_)

@@ -38,9 +38,10 @@ public:
   }
   /// Head: the records of the actors on lost node `lost`. Without `recreate` (it left) they are
   /// dropped; otherwise each with restarts left moves to `place()`, is routed there, and is
-  /// handed to `moved(wire, to, spawn)`; the others are dropped with a warning.
-  template <class Place, class Moved>
-  void relocate(node_id lost, bool recreate, Place place, Moved moved) {
+  /// handed to `moved(wire, to, spawn, restarts)` (restarts: how many times it has been re-created,
+  /// this one included); the others are dropped and handed to `exhausted(wire, type, max)`.
+  template <class Place, class Moved, class Exhausted>
+  void relocate(node_id lost, bool recreate, Place place, Moved moved, Exhausted exhausted) {
     for (auto it = restartable_.begin(); it != restartable_.end();) {
       auto& r = it->second;
       if (r.host != lost) {
@@ -53,7 +54,7 @@ public:
       }
       int max = std::get<2>(std::get<3>(r.spawn));
       if (max >= 0 && r.restarts >= max) {
-        warn_exhausted(it->first, std::get<0>(r.spawn), lost, max);
+        exhausted(it->first, std::get<0>(r.spawn), max);
         it = restartable_.erase(it);
         continue;
       }
@@ -61,14 +62,12 @@ public:
       ++r.restarts;
       r.host = to;
       relocated_[it->first] = to;
-      moved(it->first, to, r.spawn);
+      moved(it->first, to, r.spawn, r.restarts);
       ++it;
     }
   }
 
 private:
-  static void warn_exhausted(std::uint64_t wire, const std::string& type, node_id lost, int max);
-
   struct restartable {
     node_id host = 0;
     spawn_tuple spawn;  // how to make it again (its wire id included)
