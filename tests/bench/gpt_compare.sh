@@ -2,9 +2,11 @@
 # Compares troupe's training of nanoGPT's CPU configuration (gpt:layers=4,heads=4,embd=128,ctx=64,
 # batch 12, AdamW lr 1e-3 betas (0.9, 0.99) weight decay 0.1, warmup 100 + cosine to 1e-4, clip
 # 1.0, dropout 0) with PyTorch eager training of the same model on the same text, side by side on
-# the same cores, and prints the ratio of training tokens per second.
+# the same cores, and prints the ratio of training tokens per second; with --pipeline, troupe's
+# pipeline runtime against torch.distributed.pipelining with the same schedule.
 #
 #   tests/bench/gpt_compare.sh --python PY [--text FILE] [--steps N] [--rounds R] [--build DIR]
+#                              [--model SPEC] [--pipeline SCHEDULE --ranks P --microbatches M]
 #
 #   --python PY   a Python that can import torch >= 2.8 (a virtual environment's; PyTorch is never a
 #                 dependency of troupe)
@@ -13,6 +15,15 @@
 #   --rounds R    runs of each program, alternated troupe, PyTorch, troupe, ... (default 3): the
 #                 medians are compared
 #   --build DIR   the build tree holding bin/troupe (default: build/ at the repository root)
+#   --model SPEC  the GPT (default gpt:layers=4,heads=4,embd=128,ctx=64; the issue's pipelined
+#                 comparison also uses layers=8)
+#   --pipeline SCHEDULE --ranks P --microbatches M
+#                 troupe runs `troupe train ... --pipeline SCHEDULE --ranks P --microbatches M`
+#                 (its rank actors in one process), PyTorch runs tests/bench/torch_gpt_pipe.py:
+#                 P processes of one thread each over gloo, the same schedule (gpipe, 1f1b,
+#                 interleaved-1f1b, looped-bfs, interleaved-zb, zb-v, dualpipe-v: the generators
+#                 PyTorch has). Its summary has the last 10 steps' train loss instead of a
+#                 validation loss.
 #
 # troupe runs `troupe train --model gpt:... --text FILE --steps N --json` (one thread: OpenBLAS
 # on one thread, as always in troupe); PyTorch runs tests/bench/torch_gpt.py with the same
@@ -34,6 +45,9 @@ text="$repo_root/../shared/data/tinyshakespeare.txt"
 steps=200
 rounds=3
 model="gpt:layers=4,heads=4,embd=128,ctx=64"
+pipeline=""
+ranks=2
+microbatches=4
 
 usage() {
   echo "usage: tests/bench/gpt_compare.sh --python PY [--text FILE] [--steps N] [--rounds R] [--build DIR]"
@@ -61,6 +75,21 @@ while [[ $# -gt 0 ]]; do
     --build)
       [[ $# -ge 2 ]] || bad "--build needs a directory"
       build_dir="$2"; shift 2 ;;
+    --model)
+      [[ $# -ge 2 && "$2" == gpt:* ]] || bad "--model needs a gpt:... spec"
+      model="$2"; shift 2 ;;
+    --pipeline)
+      [[ $# -ge 2 ]] || bad "--pipeline needs a schedule"
+      case "$2" in gpipe|1f1b|interleaved-1f1b|looped-bfs|interleaved-zb|zb-v|dualpipe-v) ;;
+        *) bad "--pipeline $2: PyTorch has gpipe, 1f1b, interleaved-1f1b, looped-bfs, interleaved-zb, zb-v and dualpipe-v" ;;
+      esac
+      pipeline="$2"; shift 2 ;;
+    --ranks)
+      [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || bad "--ranks needs a positive count"
+      ranks="$2"; shift 2 ;;
+    --microbatches)
+      [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || bad "--microbatches needs a positive count"
+      microbatches="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) bad "unknown argument: $1" ;;
   esac
@@ -118,10 +147,18 @@ field() {
 
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
+troupe_cmd=("$troupe_bin" train --model "$model" --text "$text" --steps "$steps" --json)
+torch_cmd=("$python" "$script_dir/torch_gpt.py" --model "$model" --text "$text" --steps "$steps" --threads 1)
+if [[ -n "$pipeline" ]]; then
+  # torch's schedules with two stages per rank place them as troupe's default does.
+  troupe_cmd+=(--pipeline "$pipeline" --ranks "$ranks" --microbatches "$microbatches")
+  torch_cmd=("$python" "$script_dir/torch_gpt_pipe.py" --model "$model" --text "$text" --steps "$steps"
+             --schedule "$pipeline" --ranks "$ranks" --microbatches "$microbatches")
+fi
 load_before="$(loadavg)"
 for r in $(seq 1 "$rounds"); do
-  run "troupe_$r" "$troupe_bin" train --model "$model" --text "$text" --steps "$steps" --json
-  run "torch_$r" "$python" "$script_dir/torch_gpt.py" --model "$model" --text "$text" --steps "$steps" --threads 1
+  run "troupe_$r" "${troupe_cmd[@]}"
+  run "torch_$r" "${torch_cmd[@]}"
 done
 load_after="$(loadavg)"
 
