@@ -348,6 +348,47 @@ TEST(R255, BatchedAndDoubleProductsMatchTheirPlainForms) {
   EXPECT_TRUE(vartime_double_mul(-scalar_from_u64(1), pts[0], scalar{}) == -pts[0]);
 }
 
+TEST(R255, EightLaneProductsEqualTheOnePointProducts) {
+  if (!detail::ifma_available()) GTEST_SKIP() << "this CPU has no AVX-512 IFMA: multiply_each runs the portable path";
+  // Counts around the eight lanes; scalars with extreme digits; the identity; and points whose
+  // limbs are loose (each limb plus p's, as sums leave them), which the lanes must carry first.
+  const detail::fe p_limbs{{0x7ffffffffffed, 0x7ffffffffffff, 0x7ffffffffffff, 0x7ffffffffffff, 0x7ffffffffffff}};
+  const scalar scalars[] = {random_scalar(), random_scalar(), -scalar_from_u64(1), scalar_from_u64(1),
+                            scalar_from_u64(8), scalar{}};
+  int run = 0;
+  for (std::size_t n : {0u, 1u, 7u, 8u, 9u, 15u, 16u, 17u, 63u, 100u}) {
+    for (const scalar& s : scalars) {
+      std::vector<point> pts(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        pts[i] = random_point();
+        if (i % 13 == 5) pts[i] = identity();
+        if (i % 3 == 1)
+          for (int k = 0; k < 5; ++k) {
+            pts[i].X.limb[k] += p_limbs.limb[k];
+            pts[i].Y.limb[k] += p_limbs.limb[k];
+            pts[i].Z.limb[k] += p_limbs.limb[k];
+            pts[i].T.limb[k] += p_limbs.limb[k];
+          }
+      }
+      std::vector<point> fast(n), plain(n);
+      detail::multiply_each_ifma(s, pts, fast);
+      detail::multiply_each_portable(s, pts, plain);
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(encode(fast[i]), encode(plain[i])) << "n = " << n << ", point " << i << ", scalar " << run % 6;
+        ASSERT_TRUE(fast[i] == s * pts[i]);
+      }
+      ++run;
+    }
+  }
+  // In place: the output may be the input.
+  std::vector<point> pts(20), want(20);
+  for (auto& q : pts) q = random_point();
+  const scalar s = random_scalar();
+  detail::multiply_each_portable(s, pts, want);
+  detail::multiply_each_ifma(s, pts, pts);
+  for (std::size_t i = 0; i < pts.size(); ++i) EXPECT_EQ(encode(pts[i]), encode(want[i])) << i;
+}
+
 TEST(R255, MultiScalarMultiplicationEqualsTheSumOfProducts) {
   std::mt19937_64 g(17);
   for (std::size_t n : {0u, 1u, 2u, 3u, 7u, 33u, 64u, 257u, 1000u}) {
