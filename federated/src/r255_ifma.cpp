@@ -10,14 +10,28 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <span>
+#include <string_view>
 
 #include "r255_point.hpp"
 
 namespace troupe::federated::r255::detail {
 
 bool ifma_available() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512ifma");
+  // TROUPE_SIMD=avx2 or none (as for the kernels) keeps the portable path, to compare the two on
+  // one machine.
+  static const bool ok = [] {
+    const char* env = std::getenv("TROUPE_SIMD");
+    if (env != nullptr && *env != '\0' && std::string_view(env) != "avx512") {
+      if (std::string_view(env) != "avx2" && std::string_view(env) != "none")
+        std::fprintf(stderr, "troupe: TROUPE_SIMD=%s is not one of avx512, avx2, none; using the CPU's vectors\n", env);
+      else
+        return false;
+    }
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512ifma");
+  }();
   return ok;
 }
 
@@ -112,7 +126,41 @@ TROUPE_R255_INLINE cached8 select(const cached8 table[8], std::int8_t d) {
   return to_point(r);
 }
 
+TROUPE_R255_INLINE fe8 sq_n(fe8 a, int n) {
+  for (int i = 0; i < n; ++i) a = sq(a);
+  return a;
+}
+
+/// z^(2^252 - 3), the chain of r255_field.cpp's pow22523.
+[[gnu::noinline]] fe8 pow22523_8(const fe8& z) {
+  const fe8 z2 = sq(z);
+  const fe8 z9 = mul(sq_n(z2, 2), z);
+  const fe8 z11 = mul(z9, z2);
+  const fe8 z_5_0 = mul(sq(z11), z9);
+  const fe8 z_10_0 = mul(sq_n(z_5_0, 5), z_5_0);
+  const fe8 z_20_0 = mul(sq_n(z_10_0, 10), z_10_0);
+  const fe8 z_40_0 = mul(sq_n(z_20_0, 20), z_20_0);
+  const fe8 z_50_0 = mul(sq_n(z_40_0, 10), z_10_0);
+  const fe8 z_100_0 = mul(sq_n(z_50_0, 50), z_50_0);
+  const fe8 z_200_0 = mul(sq_n(z_100_0, 100), z_100_0);
+  const fe8 z_250_0 = mul(sq_n(z_200_0, 50), z_50_0);
+  return mul(sq_n(z_250_0, 2), z);
+}
+
 }  // namespace
+
+void pow22523_ifma(const fe* in, fe* out, std::size_t n) {
+  for (std::size_t base = 0; base < n; base += 8) {
+    const int m = static_cast<int>(std::min<std::size_t>(8, n - base));
+    const fe* from[8];
+    fe* to[8];
+    for (int i = 0; i < 8; ++i) {
+      from[i] = &in[base + static_cast<std::size_t>(std::min(i, m - 1))];
+      to[i] = &out[base + static_cast<std::size_t>(std::min(i, m - 1))];
+    }
+    scatter(pow22523_8(carry(gather(from))), to, m);
+  }
+}
 
 void multiply_each_ifma(const scalar& s, std::span<const point> p, std::span<point> out) {
   std::int8_t digits[64];
