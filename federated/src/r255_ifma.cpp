@@ -39,11 +39,11 @@ bool ifma_available() {
 
 // GCC 12 warns about the undefined source register inside _mm512_slli_epi64's own header (a
 // false positive: the unmasked shift writes every lane).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512ifma")
+#endif
 
 #include "r255_fe8.hpp"
 
@@ -105,7 +105,7 @@ TROUPE_R255_INLINE cached8 select(const cached8 table[8], std::int8_t d) {
   return t;
 }
 
-[[gnu::noinline]] point8 multiply8(const std::int8_t digits[64], const point8& p) {
+[[gnu::noinline]] TROUPE_R255_IFMA point8 multiply8(const std::int8_t digits[64], const point8& p) {
   cached8 table[8];
   table[0] = to_cached(p);
   point8 multiple = to_point(dbl(p2_8{p.X, p.Y, p.Z}));
@@ -132,7 +132,7 @@ TROUPE_R255_INLINE fe8 sq_n(fe8 a, int n) {
 }
 
 /// z^(2^252 - 3), the chain of r255_field.cpp's pow22523.
-[[gnu::noinline]] fe8 pow22523_8(const fe8& z) {
+[[gnu::noinline]] TROUPE_R255_IFMA fe8 pow22523_8(const fe8& z) {
   const fe8 z2 = sq(z);
   const fe8 z9 = mul(sq_n(z2, 2), z);
   const fe8 z11 = mul(z9, z2);
@@ -149,7 +149,7 @@ TROUPE_R255_INLINE fe8 sq_n(fe8 a, int n) {
 
 }  // namespace
 
-void pow22523_ifma(const fe* in, fe* out, std::size_t n) {
+TROUPE_R255_IFMA void pow22523_ifma(const fe* in, fe* out, std::size_t n) {
   for (std::size_t base = 0; base < n; base += 8) {
     const int m = static_cast<int>(std::min<std::size_t>(8, n - base));
     const fe* from[8];
@@ -162,7 +162,7 @@ void pow22523_ifma(const fe* in, fe* out, std::size_t n) {
   }
 }
 
-void multiply_each_ifma(const scalar& s, std::span<const point> p, std::span<point> out) {
+TROUPE_R255_IFMA void multiply_each_ifma(const scalar& s, std::span<const point> p, std::span<point> out) {
   std::int8_t digits[64];
   radix16(s, digits);
   for (std::size_t base = 0; base < p.size(); base += 8) {
@@ -188,5 +188,6 @@ void multiply_each_ifma(const scalar& s, std::span<const point> p, std::span<poi
 
 }  // namespace troupe::federated::r255::detail
 
-#pragma GCC pop_options
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
