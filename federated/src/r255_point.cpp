@@ -133,12 +133,12 @@ bool decode(const bytes32& bytes, point& out) {
 }
 
 void decode_each(std::span<const bytes32> in, std::span<point> out, std::span<std::uint8_t> ok) {
-  decode_state st[chunk];
-  fe w[chunk];
+  std::vector<decode_state> st(std::min(chunk, in.size()));
+  std::vector<fe> w(st.size());
   for (std::size_t base = 0; base < in.size(); base += chunk) {
     const std::size_t n = std::min(chunk, in.size() - base);
     for (std::size_t i = 0; i < n; ++i) w[i] = decode_prepare(in[base + i], st[i]);
-    pow22523_each(w, w, n);
+    pow22523_each(w.data(), w.data(), n);
     for (std::size_t i = 0; i < n; ++i) ok[base + i] = decode_finish(st[i], w[i], out[base + i]) ? 1 : 0;
   }
 }
@@ -153,8 +153,8 @@ point from_uniform_bytes(const bytes64& bytes) {
 }
 
 void from_uniform_bytes_each(std::span<const bytes64> in, std::span<point> out) {
-  map_state st[2 * chunk];
-  fe w[2 * chunk];
+  std::vector<map_state> st(2 * std::min(chunk, in.size()));
+  std::vector<fe> w(st.size());
   for (std::size_t base = 0; base < in.size(); base += chunk) {
     const std::size_t n = std::min(chunk, in.size() - base);
     for (std::size_t i = 0; i < n; ++i) {
@@ -166,7 +166,7 @@ void from_uniform_bytes_each(std::span<const bytes64> in, std::span<point> out) 
       w[2 * i] = map_prepare(from_bytes(lo), st[2 * i]);
       w[2 * i + 1] = map_prepare(from_bytes(hi), st[2 * i + 1]);
     }
-    pow22523_each(w, w, 2 * n);
+    pow22523_each(w.data(), w.data(), 2 * n);
     for (std::size_t i = 0; i < n; ++i) out[base + i] = map_finish(st[2 * i], w[2 * i]) + map_finish(st[2 * i + 1], w[2 * i + 1]);
   }
 }
