@@ -78,10 +78,14 @@ fe pow22523(const fe& a) {
   return mul(sq_n(t, 2), a);  // 2^252 - 4 + 1
 }
 
-std::uint64_t sqrt_ratio_m1(const fe& u, const fe& v, fe& root) {
-  const fe v3 = mul(sq(v), v);
+fe sqrt_ratio_m1_prepare(const fe& u, const fe& v, fe& v3) {
+  v3 = mul(sq(v), v);
   const fe v7 = mul(sq(v3), v);
-  fe r = mul(mul(u, v3), pow22523(mul(u, v7)));
+  return mul(u, v7);
+}
+
+std::uint64_t sqrt_ratio_m1_finish(const fe& u, const fe& v, const fe& v3, const fe& pow, fe& root) {
+  fe r = mul(mul(u, v3), pow);
   const fe check = mul(v, sq(r));
   const fe u_neg = neg(u);
   const std::uint64_t correct_sign = equal(check, u);
@@ -90,6 +94,17 @@ std::uint64_t sqrt_ratio_m1(const fe& u, const fe& v, fe& root) {
   cmov(r, mul(r, fe_sqrt_m1), flipped_sign | flipped_sign_i);
   root = abs(r);
   return correct_sign | flipped_sign;
+}
+
+std::uint64_t sqrt_ratio_m1(const fe& u, const fe& v, fe& root) {
+  fe v3;
+  const fe w = sqrt_ratio_m1_prepare(u, v, v3);
+  return sqrt_ratio_m1_finish(u, v, v3, pow22523(w), root);
+}
+
+void pow22523_each(const fe* in, fe* out, std::size_t n) {
+  if (ifma_available()) return pow22523_ifma(in, out, n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = pow22523(in[i]);
 }
 
 void batch_invert(fe* a, std::size_t n) {

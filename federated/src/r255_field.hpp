@@ -3,6 +3,7 @@
 // limbs below 2^54; mul() and sq() take loose inputs and return limbs below 2^51 + 2^18; add()
 // does not carry (two carried inputs give limbs below 2^52.1); sub() and neg() carry.
 
+#include <cstddef>
 #include <cstdint>
 
 #include "troupe/federated/r255.hpp"
@@ -120,6 +121,19 @@ fe pow22523(const fe& a);
 /// RFC 9496's SQRT_RATIO_M1(u, v): was_square (1 or 0) and the non-negative root of u/v, or of
 /// sqrt(-1) * u/v when u/v is not a square.
 std::uint64_t sqrt_ratio_m1(const fe& u, const fe& v, fe& root);
+/// sqrt_ratio_m1 in two halves around its exponentiation, so that a batch can run the
+/// exponentiations together (pow22523_each): prepare returns the power's argument u * v^7 and
+/// sets v3 = v^3; finish takes pow22523 of that argument and returns what sqrt_ratio_m1 does.
+fe sqrt_ratio_m1_prepare(const fe& u, const fe& v, fe& v3);
+std::uint64_t sqrt_ratio_m1_finish(const fe& u, const fe& v, const fe& v3, const fe& pow, fe& root);
+/// out[i] = pow22523(in[i]) for i < n (in and out may be the same array): eight at a time on
+/// AVX-512 IFMA where the CPU has it (r255_ifma.cpp), else one by one.
+void pow22523_each(const fe* in, fe* out, std::size_t n);
+/// Whether this CPU runs AVX-512 IFMA (the eight-lane paths of r255_ifma.cpp) and TROUPE_SIMD
+/// (avx512, avx2 or none, read once) does not rule it out.
+bool ifma_available();
+/// pow22523_each on AVX-512 IFMA: only where ifma_available().
+void pow22523_ifma(const fe* in, fe* out, std::size_t n);
 /// Replaces every a[i] by 1/a[i] (Montgomery's trick: one inversion); zeros stay zero.
 void batch_invert(fe* a, std::size_t n);
 

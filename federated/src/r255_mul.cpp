@@ -173,6 +173,11 @@ point operator*(const scalar& s, const point& p) {
 }
 
 void multiply_each(const scalar& s, std::span<const point> p, std::span<point> out) {
+  if (ifma_available()) multiply_each_ifma(s, p, out);
+  else multiply_each_portable(s, p, out);
+}
+
+void detail::multiply_each_portable(const scalar& s, std::span<const point> p, std::span<point> out) {
   std::int8_t digits[64];
   radix16(s, digits);
   cached table[8];

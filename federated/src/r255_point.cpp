@@ -1,6 +1,7 @@
 // ristretto255's elements: the group law, RFC 9496's encoding, decoding and one-way map, and the
 // batch encoding of doubled points.
 
+#include <algorithm>
 #include <vector>
 
 #include "r255_point.hpp"
@@ -45,52 +46,102 @@ bytes32 encode(const point& p) {
   return to_bytes(abs(mul(den_inv, sub(p.Z, y))));
 }
 
-bool decode(const bytes32& bytes, point& out) {
-  const fe s = from_bytes(bytes);
+namespace {
+
+// RFC 9496 section 4.3.1's decoding, in two halves around SQRT_RATIO_M1's exponentiation so that
+// a batch runs its exponentiations together (pow22523_each).
+struct decode_state {
+  fe s, u1, u2, v, v3, v_u2_sqr;
+  bool canonical;
+};
+
+fe decode_prepare(const bytes32& bytes, decode_state& d) {
+  d.s = from_bytes(bytes);
   // Canonical: the bytes are the reduced value's (this also refuses a set top bit), and s >= 0.
-  const bytes32 again = to_bytes(s);
+  const bytes32 again = to_bytes(d.s);
   std::uint8_t diff = 0;
   for (int i = 0; i < 32; ++i) diff |= again[i] ^ bytes[i];
-  if (diff != 0 || is_negative(s)) return false;
-  const fe ss = sq(s);
-  const fe u1 = sub(fe_one(), ss), u2 = add(fe_one(), ss);
-  const fe u2_sqr = sq(u2);
-  const fe v = sub(neg(mul(fe_d, sq(u1))), u2_sqr);
+  d.canonical = diff == 0 && is_negative(d.s) == 0;
+  const fe ss = sq(d.s);
+  d.u1 = sub(fe_one(), ss);
+  d.u2 = add(fe_one(), ss);
+  const fe u2_sqr = sq(d.u2);
+  d.v = sub(neg(mul(fe_d, sq(d.u1))), u2_sqr);
+  d.v_u2_sqr = mul(d.v, u2_sqr);
+  return sqrt_ratio_m1_prepare(fe_one(), d.v_u2_sqr, d.v3);
+}
+
+bool decode_finish(const decode_state& d, const fe& pow, point& out) {
+  if (!d.canonical) return false;
   fe invsqrt;
-  const std::uint64_t was_square = sqrt_ratio_m1(fe_one(), mul(v, u2_sqr), invsqrt);
-  const fe den_x = mul(invsqrt, u2);
-  const fe den_y = mul(mul(invsqrt, den_x), v);
-  const fe x = abs(mul(add(s, s), den_x));
-  const fe y = mul(u1, den_y);
+  const std::uint64_t was_square = sqrt_ratio_m1_finish(fe_one(), d.v_u2_sqr, d.v3, pow, invsqrt);
+  const fe den_x = mul(invsqrt, d.u2);
+  const fe den_y = mul(mul(invsqrt, den_x), d.v);
+  const fe x = abs(mul(add(d.s, d.s), den_x));
+  const fe y = mul(d.u1, den_y);
   const fe t = mul(x, y);
   if (!was_square || is_negative(t) || is_zero(y)) return false;
   out = {x, y, fe_one(), t};
   return true;
 }
 
-namespace {
+// RFC 9496 section 4.3.4's MAP, in the same two halves.
+struct map_state {
+  fe t, r, u, v, v3;
+};
 
-// RFC 9496 section 4.3.4's MAP.
-point map(const fe& t) {
+fe map_prepare(const fe& t, map_state& m) {
   const fe one = fe_one();
-  const fe r = mul(fe_sqrt_m1, sq(t));
-  const fe u = mul(add(r, one), fe_one_minus_d_sq);
-  const fe v = mul(sub(neg(one), mul(r, fe_d)), add(r, fe_d));
+  m.t = t;
+  m.r = mul(fe_sqrt_m1, sq(t));
+  m.u = mul(add(m.r, one), fe_one_minus_d_sq);
+  m.v = mul(sub(neg(one), mul(m.r, fe_d)), add(m.r, fe_d));
+  return sqrt_ratio_m1_prepare(m.u, m.v, m.v3);
+}
+
+point map_finish(const map_state& m, const fe& pow) {
+  const fe one = fe_one();
   fe s;
-  const std::uint64_t was_square = sqrt_ratio_m1(u, v, s);
-  const fe s_prime = neg(abs(mul(s, t)));
+  const std::uint64_t was_square = sqrt_ratio_m1_finish(m.u, m.v, m.v3, pow, s);
+  const fe s_prime = neg(abs(mul(s, m.t)));
   cmov(s, s_prime, was_square ^ 1);
   fe c = neg(one);
-  cmov(c, r, was_square ^ 1);
-  const fe n = sub(mul(mul(c, sub(r, one)), fe_d_minus_one_sq), v);
-  const fe w0 = mul(add(s, s), v);
+  cmov(c, m.r, was_square ^ 1);
+  const fe n = sub(mul(mul(c, sub(m.r, one)), fe_d_minus_one_sq), m.v);
+  const fe w0 = mul(add(s, s), m.v);
   const fe w1 = mul(n, fe_sqrt_ad_minus_one);
   const fe ss = sq(s);
   const fe w2 = sub(one, ss), w3 = add(one, ss);
   return {mul(w0, w3), mul(w2, w1), mul(w1, w3), mul(w0, w2)};
 }
 
+point map(const fe& t) {
+  map_state m;
+  const fe w = map_prepare(t, m);
+  return map_finish(m, pow22523(w));
+}
+
+/// The batches below go in chunks of this many elements (their states stay in the caches).
+constexpr std::size_t chunk = 128;
+
 }  // namespace
+
+bool decode(const bytes32& bytes, point& out) {
+  decode_state d;
+  const fe w = decode_prepare(bytes, d);
+  return decode_finish(d, pow22523(w), out);
+}
+
+void decode_each(std::span<const bytes32> in, std::span<point> out, std::span<std::uint8_t> ok) {
+  std::vector<decode_state> st(std::min(chunk, in.size()));
+  std::vector<fe> w(st.size());
+  for (std::size_t base = 0; base < in.size(); base += chunk) {
+    const std::size_t n = std::min(chunk, in.size() - base);
+    for (std::size_t i = 0; i < n; ++i) w[i] = decode_prepare(in[base + i], st[i]);
+    pow22523_each(w.data(), w.data(), n);
+    for (std::size_t i = 0; i < n; ++i) ok[base + i] = decode_finish(st[i], w[i], out[base + i]) ? 1 : 0;
+  }
+}
 
 point from_uniform_bytes(const bytes64& bytes) {
   bytes32 lo, hi;
@@ -99,6 +150,25 @@ point from_uniform_bytes(const bytes64& bytes) {
     hi[i] = bytes[32 + i];
   }
   return map(from_bytes(lo)) + map(from_bytes(hi));
+}
+
+void from_uniform_bytes_each(std::span<const bytes64> in, std::span<point> out) {
+  std::vector<map_state> st(2 * std::min(chunk, in.size()));
+  std::vector<fe> w(st.size());
+  for (std::size_t base = 0; base < in.size(); base += chunk) {
+    const std::size_t n = std::min(chunk, in.size() - base);
+    for (std::size_t i = 0; i < n; ++i) {
+      bytes32 lo, hi;
+      for (int b = 0; b < 32; ++b) {
+        lo[b] = in[base + i][b];
+        hi[b] = in[base + i][32 + b];
+      }
+      w[2 * i] = map_prepare(from_bytes(lo), st[2 * i]);
+      w[2 * i + 1] = map_prepare(from_bytes(hi), st[2 * i + 1]);
+    }
+    pow22523_each(w.data(), w.data(), 2 * n);
+    for (std::size_t i = 0; i < n; ++i) out[base + i] = map_finish(st[2 * i], w[2 * i]) + map_finish(st[2 * i + 1], w[2 * i + 1]);
+  }
 }
 
 void double_and_encode(std::span<const point> points, std::span<bytes32> out) {

@@ -87,4 +87,9 @@ void multiples_table(const point& p, cached table[8]);
 /// The constant-time multiplication over a table made by multiples_table.
 point multiply_with_table(const std::int8_t digits[64], const cached table[8]);
 
+/// multiply_each() one point at a time (multiply_with_table): the reference of the IFMA path.
+void multiply_each_portable(const scalar& s, std::span<const point> p, std::span<point> out);
+/// multiply_each() eight points at a time on AVX-512 IFMA: only where ifma_available().
+void multiply_each_ifma(const scalar& s, std::span<const point> p, std::span<point> out);
+
 }  // namespace troupe::federated::r255::detail

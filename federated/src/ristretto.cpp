@@ -79,12 +79,11 @@ std::vector<element> hash_and_multiply(const scalar& s, std::string_view domain,
                                        std::span<const std::span<const std::byte>> messages) {
   check_domain(domain);
   ensure_initialized();
+  std::vector<r255::bytes64> digests(messages.size());
+  for (std::size_t i = 0; i < messages.size(); ++i) digests[i] = domain_hash(domain, messages[i]);
   std::vector<r255::point> points(messages.size());
-  for (std::size_t i = 0; i < messages.size(); ++i) {
-    r255::bytes64 digest = domain_hash(domain, messages[i]);
-    points[i] = r255::from_uniform_bytes(digest);
-    sodium_memzero(digest.data(), digest.size());
-  }
+  r255::from_uniform_bytes_each(digests, points);
+  sodium_memzero(digests.data(), digests.size() * sizeof(r255::bytes64));
   return products_encoded(s, points);
 }
 
@@ -106,8 +105,10 @@ element multiply(const scalar& s, const element& p) {
 
 std::vector<element> multiply_each(const scalar& s, std::span<const element> elements) {
   std::vector<r255::point> points(elements.size());
+  std::vector<std::uint8_t> ok(elements.size());
+  r255::decode_each(elements, points, ok);
   for (std::size_t i = 0; i < elements.size(); ++i)
-    if (!r255::decode(elements[i], points[i]))
+    if (!ok[i])
       throw std::invalid_argument("ristretto255: element " + std::to_string(i) +
                                   ": the 32 bytes are not the canonical encoding of a group element");
   return products_encoded(s, points);

@@ -144,6 +144,38 @@ TEST(Ristretto, BatchesGiveTheBytesOfOneByOne) {
   expect_error<std::invalid_argument>([&] { (void)ristretto::hash_and_multiply(s, std::string(256, 'x'), messages); }, "longer than 255");
 }
 
+TEST(Ristretto, BatchedBlindingsAreLibsodiumsBytes) {
+  // PSI's two batches (hash and blind the own IDs; decode and blind the peer's elements) against
+  // libsodium's calls one by one, on random IDs, for counts around the batches' lanes and chunks.
+  ASSERT_GE(sodium_init(), 0);
+  for (std::size_t n : {1u, 8u, 13u, 301u}) {
+    ristretto::scalar s = ristretto::random_scalar();
+    if (n == 13) randombytes_buf(s.data(), s.size());  // not reduced, top bit maybe set
+    std::vector<std::array<std::byte, 8>> ids(n);
+    std::vector<std::span<const std::byte>> messages;
+    std::vector<ristretto::element> hashed(n), blinded(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      randombytes_buf(ids[i].data(), ids[i].size());
+      messages.emplace_back(ids[i]);
+      unsigned char digest[64];
+      crypto_hash_sha512_state st;
+      crypto_hash_sha512_init(&st);
+      const unsigned char len = 13;
+      crypto_hash_sha512_update(&st, &len, 1);
+      crypto_hash_sha512_update(&st, reinterpret_cast<const unsigned char*>("troupe/psi/v1"), 13);
+      crypto_hash_sha512_update(&st, reinterpret_cast<const unsigned char*>(ids[i].data()), 8);
+      crypto_hash_sha512_final(&st, digest);
+      crypto_core_ristretto255_from_hash(hashed[i].data(), digest);
+      ASSERT_EQ(crypto_scalarmult_ristretto255(blinded[i].data(), s.data(), hashed[i].data()), 0);
+    }
+    EXPECT_EQ(ristretto::hash_and_multiply(s, "troupe/psi/v1", messages), blinded) << "n = " << n;
+    std::vector<ristretto::element> again(n);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(crypto_scalarmult_ristretto255(again[i].data(), s.data(), blinded[i].data()), 0);
+    EXPECT_EQ(ristretto::multiply_each(s, blinded), again) << "n = " << n;
+  }
+}
+
 TEST(Psi, BothPartiesLearnTheTrueIntersectionAndTheOthersSize) {
   const auto s = make_sets(300, 500, 700, 1);
   const auto t = run_both(s.a, s.b);

@@ -348,6 +348,98 @@ TEST(R255, BatchedAndDoubleProductsMatchTheirPlainForms) {
   EXPECT_TRUE(vartime_double_mul(-scalar_from_u64(1), pts[0], scalar{}) == -pts[0]);
 }
 
+TEST(R255, EightLaneProductsEqualTheOnePointProducts) {
+  if (!detail::ifma_available()) GTEST_SKIP() << "this CPU has no AVX-512 IFMA: multiply_each runs the portable path";
+  // Counts around the eight lanes; scalars with extreme digits; the identity; and points whose
+  // limbs are loose (each limb plus p's, as sums leave them), which the lanes must carry first.
+  const detail::fe p_limbs{{0x7ffffffffffed, 0x7ffffffffffff, 0x7ffffffffffff, 0x7ffffffffffff, 0x7ffffffffffff}};
+  const scalar scalars[] = {random_scalar(), random_scalar(), -scalar_from_u64(1), scalar_from_u64(1),
+                            scalar_from_u64(8), scalar{}};
+  int run = 0;
+  for (std::size_t n : {0u, 1u, 7u, 8u, 9u, 15u, 16u, 17u, 63u, 100u}) {
+    for (const scalar& s : scalars) {
+      std::vector<point> pts(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        pts[i] = random_point();
+        if (i % 13 == 5) pts[i] = identity();
+        if (i % 3 == 1)
+          for (int k = 0; k < 5; ++k) {
+            pts[i].X.limb[k] += p_limbs.limb[k];
+            pts[i].Y.limb[k] += p_limbs.limb[k];
+            pts[i].Z.limb[k] += p_limbs.limb[k];
+            pts[i].T.limb[k] += p_limbs.limb[k];
+          }
+      }
+      std::vector<point> fast(n), plain(n);
+      detail::multiply_each_ifma(s, pts, fast);
+      detail::multiply_each_portable(s, pts, plain);
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(encode(fast[i]), encode(plain[i])) << "n = " << n << ", point " << i << ", scalar " << run % 6;
+        ASSERT_TRUE(fast[i] == s * pts[i]);
+      }
+      ++run;
+    }
+  }
+  // In place: the output may be the input.
+  std::vector<point> pts(20), want(20);
+  for (auto& q : pts) q = random_point();
+  const scalar s = random_scalar();
+  detail::multiply_each_portable(s, pts, want);
+  detail::multiply_each_ifma(s, pts, pts);
+  for (std::size_t i = 0; i < pts.size(); ++i) EXPECT_EQ(encode(pts[i]), encode(want[i])) << i;
+}
+
+TEST(R255, EightLanePowersEqualTheOneByOne) {
+  if (!detail::ifma_available()) GTEST_SKIP() << "this CPU has no AVX-512 IFMA: pow22523_each runs the portable path";
+  // Random elements, loose limbs (below 2^54, as sums leave them), 0, 1, p - 1 and p itself.
+  std::mt19937_64 g(5);
+  std::vector<detail::fe> in;
+  in.push_back(detail::fe_zero());
+  in.push_back(detail::fe_one());
+  in.push_back({{0x7ffffffffffec, 0x7ffffffffffff, 0x7ffffffffffff, 0x7ffffffffffff, 0x7ffffffffffff}});
+  in.push_back({{0x7ffffffffffed, 0x7ffffffffffff, 0x7ffffffffffff, 0x7ffffffffffff, 0x7ffffffffffff}});
+  for (int i = 0; i < 200; ++i) {
+    detail::fe a;
+    for (auto& l : a.limb) l = g() >> (i % 2 == 0 ? 13 : 10);
+    in.push_back(a);
+  }
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{8}, in.size()}) {
+    std::vector<detail::fe> fast(n);
+    detail::pow22523_ifma(in.data(), fast.data(), n);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(detail::to_bytes(fast[i]), detail::to_bytes(detail::pow22523(in[i]))) << "n = " << n << ", element " << i;
+  }
+}
+
+TEST(R255, BatchedDecodingAndHashingEqualTheOneByOne) {
+  // Valid encodings, random bytes (mostly invalid) and valid ones with one bit flipped, across
+  // the batches' chunks of 128 and lanes of 8.
+  std::mt19937_64 g(23);
+  for (std::size_t n : {0u, 1u, 9u, 300u}) {
+    std::vector<bytes32> enc(n);
+    std::vector<bytes64> wide(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      wide[i] = random_bytes<64>();
+      enc[i] = i % 3 == 0 ? random_bytes<32>() : encode(from_uniform_bytes(wide[i]));
+      if (i % 5 == 4) enc[i][g() % 32] ^= static_cast<std::uint8_t>(1u << (g() % 8));
+    }
+    std::vector<point> decoded(n), hashed(n);
+    std::vector<std::uint8_t> ok(n);
+    decode_each(enc, decoded, ok);
+    from_uniform_bytes_each(wide, hashed);
+    for (std::size_t i = 0; i < n; ++i) {
+      point one;
+      ASSERT_EQ(ok[i] == 1, decode(enc[i], one)) << "n = " << n << ", element " << i;
+      if (ok[i]) {
+        EXPECT_EQ(encode(decoded[i]), enc[i]) << i;
+      }
+      bytes32 want;
+      crypto_core_ristretto255_from_hash(want.data(), wide[i].data());
+      EXPECT_EQ(encode(hashed[i]), want) << i;
+    }
+  }
+}
+
 TEST(R255, MultiScalarMultiplicationEqualsTheSumOfProducts) {
   std::mt19937_64 g(17);
   for (std::size_t n : {0u, 1u, 2u, 3u, 7u, 33u, 64u, 257u, 1000u}) {

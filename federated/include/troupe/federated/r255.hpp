@@ -83,6 +83,11 @@ bool decode(const bytes32& bytes, point& out);
 /// RFC 9496 section 4.3.4: the element derived from 64 uniform bytes (the one-way map applied to
 /// each half, the two images added); equals libsodium's crypto_core_ristretto255_from_hash.
 point from_uniform_bytes(const bytes64& bytes);
+/// decode(in[i], out[i]) for every i, ok[i] its result (1 or 0), the square roots' exponentiations
+/// run together (eight at a time on CPUs with AVX-512 IFMA): spans of equal length.
+void decode_each(std::span<const bytes32> in, std::span<point> out, std::span<std::uint8_t> ok);
+/// out[i] = from_uniform_bytes(in[i]) for every i, batched as decode_each is.
+void from_uniform_bytes_each(std::span<const bytes64> in, std::span<point> out);
 /// encode(2 * p[i]) for every i with one field inversion in all (no square root per point):
 /// `out` must be as long as `p`.
 void double_and_encode(std::span<const point> p, std::span<bytes32> out);
@@ -95,7 +100,8 @@ point operator*(const scalar& s, const point& p);
 point base_mul(const scalar& s);
 /// a * A + b * B, variable time (width-5 NAF for A, width-8 NAF over a table for B): public inputs.
 point vartime_double_mul(const scalar& a, const point& A, const scalar& b);
-/// s * p for every p[i] (constant time), written to out[i]: the scalar's digits are recoded once.
+/// s * p for every p[i] (constant time), written to out[i]: the scalar's digits are recoded once;
+/// eight points at a time on CPUs with AVX-512 IFMA.
 void multiply_each(const scalar& s, std::span<const point> p, std::span<point> out);
 /// sum of s[i] * p[i], variable time: Pippenger's bucket method, window chosen by the count
 /// (spans of equal length; empty gives the identity).
