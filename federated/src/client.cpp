@@ -106,6 +106,11 @@ bool client::detect(engine_state& e, worker_slot& w, const local_job& job) {
     detector_bytes_ = 0;
   }
   w.trainer->errors(job, job.global, w.errors);
+  // In a seeded order, fresh each round: a shard lies in the order the partition built it (under
+  // --partition dirichlet, class after class), and the model's error rate differs from class to
+  // class, so in shard order the stream would change within one round, with no drift at all.
+  splitmix64 g{derive_seed(derive_seed(e.options.seed, stream_drift_order + job.client), static_cast<std::uint64_t>(job.round))};
+  for (std::size_t i = w.errors.size(); i > 1; --i) std::swap(w.errors[i - 1], w.errors[g.below(i)]);
   bool alarm = false;
   for (std::uint8_t error : w.errors) alarm = detector_->observe(error != 0) || alarm;
   const std::size_t bytes = detector_->bytes();

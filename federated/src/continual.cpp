@@ -85,45 +85,49 @@ continual_scores score_tasks(std::span<const double> after, std::span<const doub
 // ---- EWC ----------------------------------------------------------------------------------------
 
 void ewc_penalty::add_task(std::vector<float> fisher, std::vector<float> optimum) {
-  if (fisher.size() != optimum.size() || (!fisher_.empty() && fisher.size() != fisher_.front().size()))
+  if (fisher.size() != optimum.size() || (tasks_ > 0 && fisher.size() != fisher_.size()))
     throw std::invalid_argument("ewc_penalty: a Fisher diagonal of " + std::to_string(fisher.size()) +
                                 " numbers and an optimum of " + std::to_string(optimum.size()) + " for a model of " +
-                                std::to_string(fisher_.empty() ? fisher.size() : fisher_.front().size()));
-  fisher_.push_back(std::move(fisher));
-  optimum_.push_back(std::move(optimum));
+                                std::to_string(tasks_ > 0 ? fisher_.size() : fisher.size()));
+  if (tasks_ == 0) fisher_.assign(fisher.size(), 0.0f);
+  for (std::size_t i = 0; i < fisher.size(); ++i) fisher_[i] += fisher[i];
+  optimum_ = std::move(optimum);
+  ++tasks_;
 }
 
 double ewc_penalty::value(std::span<const float> theta, double lambda) const {
+  if (tasks_ == 0) return 0;
+  if (theta.size() != fisher_.size()) throw std::invalid_argument("ewc_penalty::value: a model of another size");
   double sum = 0;
-  for (std::size_t t = 0; t < fisher_.size(); ++t) {
-    if (theta.size() != fisher_[t].size()) throw std::invalid_argument("ewc_penalty::value: a model of another size");
-    for (std::size_t i = 0; i < theta.size(); ++i) {
-      const double d = static_cast<double>(theta[i]) - optimum_[t][i];
-      sum += fisher_[t][i] * d * d;
-    }
+  for (std::size_t i = 0; i < theta.size(); ++i) {
+    const double d = static_cast<double>(theta[i]) - optimum_[i];
+    sum += fisher_[i] * d * d;
   }
   return 0.5 * lambda * sum;
 }
 
 double ewc_penalty::largest_diagonal() const {
   double most = 0;
-  for (std::size_t i = 0; !fisher_.empty() && i < fisher_.front().size(); ++i) {
-    double sum = 0;
-    for (const auto& f : fisher_) sum += f[i];
-    most = std::max(most, sum);
-  }
+  for (float f : fisher_) most = std::max(most, static_cast<double>(f));
   return most;
 }
 
 void ewc_penalty::gradient(std::span<const float> theta, float lambda, std::span<float> out) const {
   if (out.size() != theta.size()) throw std::invalid_argument("ewc_penalty::gradient: out and theta differ in size");
   std::fill(out.begin(), out.end(), 0.0f);
-  for (std::size_t t = 0; t < fisher_.size(); ++t) {
-    if (theta.size() != fisher_[t].size()) throw std::invalid_argument("ewc_penalty::gradient: a model of another size");
-    const float* f = fisher_[t].data();
-    const float* o = optimum_[t].data();
-    // (theta - theta*) first: exactly 0 at the optimum, whatever the contraction of the products.
-    for (std::size_t i = 0; i < theta.size(); ++i) out[i] += lambda * (f[i] * (theta[i] - o[i]));
+  if (tasks_ == 0) return;
+  if (theta.size() != fisher_.size()) throw std::invalid_argument("ewc_penalty::gradient: a model of another size");
+  // (theta - theta*) first: exactly 0 at the optimum, whatever the contraction of the products.
+  for (std::size_t i = 0; i < theta.size(); ++i) out[i] = lambda * (fisher_[i] * (theta[i] - optimum_[i]));
+}
+
+void ewc_penalty::proximal(std::span<float> theta, double lr, double lambda) const {
+  if (tasks_ == 0) return;
+  if (theta.size() != fisher_.size()) throw std::invalid_argument("ewc_penalty::proximal: a model of another size");
+  const double a = lr * lambda;
+  for (std::size_t i = 0; i < theta.size(); ++i) {
+    const double af = a * fisher_[i];
+    theta[i] = static_cast<float>(theta[i] - af * (static_cast<double>(theta[i]) - optimum_[i]) / (1 + af));
   }
 }
 

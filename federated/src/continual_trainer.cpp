@@ -78,9 +78,10 @@ local_result continual_trainer::train(const local_job& job, std::span<float> mod
   }
   if (!job.correction.empty()) terms.correction = job.correction.data();
   const bool ewc = s.method.type == continual_method::kind::ewc && s.ewc.tasks() > 0;
+  const bool ewc_proximal = ewc && s.ewc_proximal, ewc_gradient = ewc && !s.ewc_proximal;
   bool gpm = false;
   for (const auto& b : s.bases) gpm = gpm || b.k > 0;
-  if (ewc) {
+  if (ewc_gradient) {
     correction_.resize(dim());
     terms.correction = correction_.data();
   }
@@ -115,7 +116,7 @@ local_result continual_trainer::train(const local_job& job, std::span<float> mod
       batches_.gather(train, order_.data() + at, rows);
       permute(task, rows);
       const auto theta = stack_.net->flat_parameters();
-      if (ewc) {  // lambda sum_t F_t (theta - theta*_t), at the weights this step starts from
+      if (ewc_gradient) {  // lambda sum_t F_t (theta - theta*_t), at the weights this step starts from
         s.ewc.gradient(theta, static_cast<float>(s.method.lambda), correction_);
         if (!job.correction.empty())
           for (std::size_t i = 0; i < correction_.size(); ++i) correction_[i] += job.correction[i];
@@ -123,6 +124,7 @@ local_result continual_trainer::train(const local_job& job, std::span<float> mod
       if (gpm) before_.assign(theta.begin(), theta.end());
       const kernels::batch_outcome b = stack_.net->step(batches_.x(), batches_.y(), static_cast<int>(rows), terms);
       if (gpm && b.applied) project_step(before_.data());
+      if (ewc_proximal && b.applied) s.ewc.proximal(stack_.net->flat_parameters(), job.lr, s.method.lambda);
       loss += b.loss_sum;
       ++(b.applied ? r.steps : r.skipped);
       r.samples += static_cast<std::int64_t>(rows);
@@ -316,6 +318,7 @@ trainer_factory make_continual_trainer_factory(const simulation_options& o) {
   state->task_rounds = o.task_rounds > 0 ? o.task_rounds : o.rounds / state->tasks.tasks;
   state->seed = derive_seed(o.seed, stream_continual);
   state->lr = o.lr;
+  state->ewc_proximal = o.client_optimizer == "sgd";
   return [o, state](const shared_data& data) -> std::unique_ptr<local_trainer> {
     if (!data) throw std::invalid_argument("--continual needs the training data (the noop trainer has none)");
     return std::make_unique<continual_trainer>(data, o, state);

@@ -47,6 +47,7 @@ inline constexpr std::uint64_t stream_contribution = 11;           // + round: t
 inline constexpr std::uint64_t stream_graph = 13;                  // the graph's nodes' clients; its stream 1: the labelled nodes (fedgcn.cpp)
 inline constexpr std::uint64_t stream_continual = 14;  // the tasks' permutations, GPM's examples
 inline constexpr std::uint64_t stream_unlearn = 15;                // unlearning: the ascent's order, the rows membership inference reads
+inline constexpr std::uint64_t stream_drift_order = 16ull << 32;   // + client, then round: the order a detector reads its errors in
 
 /// The clients' speed factors (simulation_options::latency).
 struct latency_model {

@@ -115,23 +115,74 @@ TEST(Ewc, PenaltyAndGradientAreZeroAtTheOptimumAndLambdaFTimesTheDistanceElsewhe
   }
 }
 
-TEST(Ewc, PenaltiesOfSeveralTasksAdd) {
+TEST(Ewc, TheProximalStepMinimisesTheDistanceToTheSgdStepPlusThePenalty) {
+  // prox(theta) = argmin_x ||x - theta||^2 / (2 lr) + (lambda / 2) sum_i F_i (x_i - theta*_i)^2:
+  // its optimality condition (x - theta) / lr + lambda F (x - theta*) = 0, elementwise; theta* a
+  // fixed point; and a small lr lambda F gives the explicit step.
+  const std::size_t n = 300;
+  auto f1 = random_values(n, 11, 3.0), f2 = random_values(n, 12, 3.0);
+  for (auto& f : f1) f = std::abs(f);
+  for (auto& f : f2) f = std::abs(f);
+  const auto o1 = random_values(n, 13, 0.5), o2 = random_values(n, 14, 0.5), theta = random_values(n, 15, 0.5);
+  ewc_penalty both;
+  both.add_task(f1, o1);
+  both.add_task(f2, o2);
+  const double lr = 0.05;
+  for (const double lambda : {0.1, 100.0, 1e6}) {  // 1e6: lr lambda F far past the explicit step's bound of 2
+    std::vector<float> x = theta;
+    both.proximal(x, lr, lambda);
+    for (std::size_t i = 0; i < n; ++i) {
+      const double f = static_cast<double>(f1[i]) + f2[i];
+      const double closed = (theta[i] + lr * lambda * f * o2[i]) / (1 + lr * lambda * f);
+      ASSERT_NEAR(x[i], closed, 1e-6 * (1 + std::abs(closed))) << "lambda " << lambda << " i " << i;
+      const double condition = (static_cast<double>(x[i]) - theta[i]) / lr + lambda * f * (static_cast<double>(x[i]) - o2[i]);
+      ASSERT_NEAR(condition, 0.0, 1e-4 * (1 + lambda * f)) << "lambda " << lambda << " i " << i;
+      // Between theta and the anchor: never past it, at any lambda.
+      ASSERT_GE(x[i], std::min(theta[i], o2[i]) - 1e-6f);
+      ASSERT_LE(x[i], std::max(theta[i], o2[i]) + 1e-6f);
+    }
+  }
+  std::vector<float> at = o2;
+  both.proximal(at, lr, 1e6);
+  EXPECT_EQ(at, o2);
+  // lr lambda F of order 1e-5: the explicit step theta - lr lambda F (theta - theta*), to second order.
+  std::vector<float> x = theta, g(n);
+  both.proximal(x, lr, 1e-4);
+  both.gradient(theta, 1e-4f, g);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_NEAR(x[i], theta[i] - lr * g[i], 1e-7);
+  ewc_penalty none;
+  x = theta;
+  none.proximal(x, lr, 10);
+  EXPECT_EQ(x, theta);
+}
+
+TEST(Ewc, SeveralTasksSumTheirFishersAroundTheLatestOptimum) {
+  // Online EWC: after tasks 1 and 2 the penalty is (lambda / 2) sum_i (F_1,i + F_2,i)
+  // (theta_i - theta*_2,i)^2, the penalty of one task whose Fisher is the sum, at task 2's optimum.
   const std::size_t n = 64;
   auto f1 = random_values(n, 4), f2 = random_values(n, 5);
   for (auto& f : f1) f = std::abs(f);
   for (auto& f : f2) f = std::abs(f);
   const auto o1 = random_values(n, 6), o2 = random_values(n, 7), theta = random_values(n, 8);
-  ewc_penalty one, two, both;
-  one.add_task(f1, o1);
-  two.add_task(f2, o2);
+  ewc_penalty both, summed;
   both.add_task(f1, o1);
   both.add_task(f2, o2);
-  EXPECT_NEAR(both.value(theta, 3), one.value(theta, 3) + two.value(theta, 3), 1e-9);
-  std::vector<float> g1(n), g2(n), g(n);
-  one.gradient(theta, 3, g1);
-  two.gradient(theta, 3, g2);
+  EXPECT_EQ(both.tasks(), 2u);
+  std::vector<float> f12(n);
+  for (std::size_t i = 0; i < n; ++i) f12[i] = f1[i] + f2[i];
+  summed.add_task(f12, o2);
+  double expected = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(theta[i]) - o2[i];
+    expected += 0.5 * 3 * (static_cast<double>(f1[i]) + f2[i]) * d * d;
+  }
+  EXPECT_NEAR(both.value(theta, 3), expected, 1e-6 * expected);
+  EXPECT_EQ(both.value(o2, 3), 0.0);
+  EXPECT_GT(both.value(o1, 3), 0.0);
+  std::vector<float> g(n), h(n);
   both.gradient(theta, 3, g);
-  for (std::size_t i = 0; i < n; ++i) EXPECT_NEAR(g[i], g1[i] + g2[i], 1e-5);
+  summed.gradient(theta, 3, h);
+  for (std::size_t i = 0; i < n; ++i) EXPECT_NEAR(g[i], h[i], 1e-5 * (1 + std::abs(h[i])));
   double most = 0;
   for (std::size_t i = 0; i < n; ++i) most = std::max(most, static_cast<double>(f1[i]) + f2[i]);
   EXPECT_NEAR(both.largest_diagonal(), most, 1e-6);

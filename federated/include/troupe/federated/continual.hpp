@@ -16,8 +16,9 @@
 ///   empirical diagonal Fisher of their task examples, F_k = mean over their examples of the
 ///   squared gradient of the log-likelihood, and send n_k F_k with n_k; the server sums them and
 ///   divides by sum n_k (the Fisher of the union of their examples). From then on every client
-///   adds (lambda / 2) sum_i F_t,i (theta_i - theta*_t,i)^2 for each earlier task t to its loss,
-///   and lambda F_t (theta - theta*_t) to its gradient at every step.
+///   adds (lambda / 2) sum_i F_i (theta_i - theta*_i)^2 to its loss, with F the earlier tasks'
+///   Fisher diagonals summed and theta* the latest task's optimum (online EWC, ewc_penalty), as
+///   a proximal step after each plain SGD step (a term of its gradient under another optimizer).
 /// - GPM (Saha, Garg and Roy, ICLR 2021): each linear layer keeps an orthonormal basis M of the
 ///   inputs the earlier tasks gave it (each input with a trailing 1, so that the bias is the
 ///   basis's last coordinate and the whole affine output is kept). At the end of task t the
@@ -79,21 +80,34 @@ struct continual_scores {
 };
 continual_scores score_tasks(std::span<const double> after, std::span<const double> final);
 
-/// EWC's penalty over the tasks consolidated so far.
+/// EWC's penalty over the tasks consolidated so far, in its online form (Schwarz et al., 2018,
+/// with gamma = 1; Huszar, PNAS 2018): the tasks' Fisher diagonals summed, around the latest
+/// optimum, (lambda / 2) sum_i (sum_t F_t,i) (theta_i - theta*_T,i)^2. The latest optimum was
+/// trained under the earlier tasks' penalty and holds them; Kirkpatrick et al.'s sum of one
+/// penalty per task, each around its own optimum, pulls the parameters back towards the first
+/// optima and undoes what the later tasks learnt in the parameters left free.
 class ewc_penalty {
 public:
-  /// Adds a task's Fisher diagonal and its optimum (equal lengths, the model's size).
+  /// Adds a task's Fisher diagonal to the sum and makes `optimum` the anchor (equal lengths, the
+  /// model's size; std::invalid_argument otherwise).
   void add_task(std::vector<float> fisher, std::vector<float> optimum);
-  std::size_t tasks() const noexcept { return fisher_.size(); }
-  /// The largest sum_t F_t,i over the parameters (the penalty's largest curvature, over lambda).
+  std::size_t tasks() const noexcept { return tasks_; }
+  /// The largest summed diagonal (the penalty's largest curvature, over lambda).
   double largest_diagonal() const;
-  /// (lambda / 2) sum_t sum_i F_t,i (theta_i - theta*_t,i)^2, in double.
+  /// (lambda / 2) sum_i F_i (theta_i - theta*_i)^2 with F the summed diagonals, in double.
   double value(std::span<const float> theta, double lambda) const;
-  /// out = lambda sum_t F_t (theta - theta*_t) (overwrites `out`).
+  /// out = lambda F (theta - theta*) (overwrites `out`).
   void gradient(std::span<const float> theta, float lambda, std::span<float> out) const;
+  /// The penalty's proximal step for an SGD step of rate `lr` (theta: the model after the step on
+  /// the data's loss): theta <- argmin_x ||x - theta||^2 / (2 lr) + penalty(x)
+  /// = (theta + lr lambda F theta*) / (1 + lr lambda F), elementwise, computed as
+  /// theta - lr lambda F (theta - theta*) / (1 + lr lambda F) (so that theta* stays put exactly).
+  /// Stable for every lambda, where the explicit step diverges at lr lambda F >= 2.
+  void proximal(std::span<float> theta, double lr, double lambda) const;
 
 private:
-  std::vector<std::vector<float>> fisher_, optimum_;
+  std::vector<float> fisher_, optimum_;
+  std::size_t tasks_ = 0;
 };
 
 /// A GPM basis of one layer's (augmented) inputs: `k` orthonormal columns of `rows` numbers,

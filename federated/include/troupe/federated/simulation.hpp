@@ -172,8 +172,8 @@ struct simulation_options {
   /// swapped from round ROUND on. Empty: none.
   std::string drift;
   /// "ddm" or "adwin": each client runs that detector on its stream of local errors (the 0/1
-  /// errors of the model it is sent, on its shard, before it trains) and reports an alarm with
-  /// its update. Empty: no detection.
+  /// errors of the model it is sent, on its shard, before it trains, read in a seeded order
+  /// drawn afresh each round) and reports an alarm with its update. Empty: no detection.
   std::string drift_detect;
   /// What an alarm does: "" (reported only), "reset" (the client's detector, optimizer state
   /// and algorithm state start afresh) or "cluster" (the client moves to a second global model,
@@ -288,9 +288,9 @@ public:
     throw std::logic_error("this trainer does not measure accuracy on the clients' examples");
   }
   /// The 0/1 errors (1: the prediction is not the label) of `model` on the examples of
-  /// job.shard, in shard order, into `out` (resized): what a client's drift detector reads
-  /// (simulation_options::drift_detect). The default throws std::invalid_argument: the trainer
-  /// measures none.
+  /// job.shard, in shard order, into `out` (resized): what a client's drift detector reads, in a
+  /// seeded order (simulation_options::drift_detect). The default throws std::invalid_argument:
+  /// the trainer measures none.
   virtual void errors(const local_job& job, std::span<const float> model, std::vector<std::uint8_t>& out) {
     (void)job, (void)model, (void)out;
     throw std::invalid_argument("this trainer measures no per-example errors (drift detection needs --trainer mlp)");
