@@ -2,7 +2,8 @@
 # The pipeline runtime across processes: `troupe train --pipeline ... --head` puts its ranks on
 # `troupe node start` processes, which exchange activations and gradients over loopback TCP.
 #   - one microbatch per step: the weights equal those of training in one process, to the bit;
-#   - a GPT with 4 microbatches a step: the weights of the one-rank run with those microbatches;
+#   - a GPT with 4 microbatches a step: the weights of the one-rank run with those microbatches,
+#     also when stopped after a step and resumed from its sharded checkpoint;
 #   - a zero-bubble V schedule (two stages per rank) trains to a sensible accuracy;
 #   - a driver killed mid-run leaves no ranks behind on the nodes;
 #   - a node killed mid-run fails the run with a clear error, promptly, instead of hanging.
@@ -40,6 +41,16 @@ gpt=(--model gpt:layers=1,heads=2,embd=16,ctx=16,dropout=0.1 --steps 3 --batch 4
 grep -q "2 ranks on nodes" "$dir/gpt.err" || fail "no placement reported for the gpt: $(cat "$dir/gpt.err")"
 cmp -s "$dir/gpt-local/weights.trpw" "$dir/gpt-nodes/weights.trpw" ||
   fail "the gpt's weights trained on nodes differ from those trained here"
+
+# The same GPT stopped after its second step and resumed on the nodes: each rank wrote its shard
+# from its own process, and read it back in a new one; the weights are still the one-rank run's.
+"$troupe" train "${gpt[@]}" --pipeline 1f1b --ranks 2 --head "$head" --checkpoint "$dir/gpt-ck" --stop-after 2 \
+  >/dev/null 2>"$dir/gpt-ck.err" || fail "a gpt stopped on nodes failed: $(cat "$dir/gpt-ck.err")"
+[ -f "$dir/gpt-ck/rank1-a.shard" ] || fail "rank 1 wrote no shard: $(ls "$dir/gpt-ck")"
+"$troupe" train "${gpt[@]}" --pipeline 1f1b --ranks 2 --head "$head" --resume "$dir/gpt-ck" --save "$dir/gpt-resumed" \
+  >/dev/null 2>"$dir/gpt-resumed.err" || fail "a gpt resumed on nodes failed: $(cat "$dir/gpt-resumed.err")"
+cmp -s "$dir/gpt-local/weights.trpw" "$dir/gpt-resumed/weights.trpw" ||
+  fail "the gpt stopped and resumed on nodes trained other weights than the one-rank run"
 
 # Zero bubble with a V placement: each rank holds two stages and hands one to the other itself;
 # the stages recompute their activations (RECOMPUTE travels in the schedule).
