@@ -318,7 +318,7 @@ lm_result train_lm(const lm_options& o, const std::function<void(const lm_progre
     if (!std::isfinite(outcome.loss))
       throw std::runtime_error("training diverged at step " + std::to_string(step) + ": the loss is not finite (lower --lr)" +
                                (o.save.empty() ? "" : "; nothing was saved") +
-                               (target ? "; the checkpoint keeps the last step before" : ""));
+                               (target ? "; the last checkpoint written stays" : ""));
     if (!outcome.applied) ++result.skipped_steps;
     training_seconds += since(t0);
     loss_sum += outcome.loss;

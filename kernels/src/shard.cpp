@@ -5,7 +5,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <stdexcept>
 
 #include "checksum.hpp"
@@ -67,17 +66,16 @@ shard_info write_shard(const std::string& path, const std::vector<shard_stage>& 
 void read_shard(const std::string& path, const shard_info& expected, const std::vector<shard_stage>& stages,
                 optimizer& opt) {
   check_file(check_regular, path, [&](const std::string& why) { fail(path, why); });
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) fail(path, "is missing or cannot be read (the manifest names it)");
-  std::vector<std::byte> bytes;
-  {
-    std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    bytes.resize(raw.size());
-    std::memcpy(bytes.data(), raw.data(), raw.size());
-  }
-  if (bytes.size() != expected.bytes)
-    fail(path, "is truncated or was replaced: " + std::to_string(bytes.size()) + " bytes, the manifest says " +
+  const auto size = static_cast<std::uint64_t>(in.tellg());
+  if (size != expected.bytes)
+    fail(path, "is truncated or was replaced: " + std::to_string(size) + " bytes, the manifest says " +
                    std::to_string(expected.bytes));
+  std::vector<std::byte> bytes(size);
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size));
+  if (static_cast<std::uint64_t>(in.gcount()) != size) fail(path, "could not be read whole (it changed while being read?)");
   if (const auto crc = crc32(bytes); crc != expected.crc)
     fail(path, "is corrupted: its CRC-32 is " + hex(crc) + ", the manifest says " + hex(expected.crc));
   // What the manifest vouches for is a shard of this format, unless the manifest itself is of
