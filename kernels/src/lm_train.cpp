@@ -186,6 +186,14 @@ std::unique_ptr<lm_engine> lm_in_thread(const lm_engine_setup& setup) {
 
 namespace {
 
+/// `dir` as the ranks must see it: absolute, since ranks on other nodes of this machine resolve
+/// a relative path against their own working directory.
+std::string absolute_dir(const std::string& dir) {
+  std::error_code ec;
+  const auto a = std::filesystem::absolute(dir, ec);
+  return ec ? dir : a.lexically_normal().string();
+}
+
 /// Where a run keeps its checkpoints: the directory made and writable, and the slot its next
 /// checkpoint's shards take (beside the last checkpoint's, never over them).
 struct checkpoint_target {
@@ -201,7 +209,7 @@ bool same_directory(const std::string& a, const std::string& b) {
 /// Checked before anything trains: a directory that can be written, and that holds no checkpoint
 /// of another run (which would be overwritten) unless this run resumes from it.
 checkpoint_target prepare_checkpoint(const lm_options& o, const detail::lm_manifest* resumed) {
-  checkpoint_target t{o.checkpoint};
+  checkpoint_target t{absolute_dir(o.checkpoint)};
   std::error_code ec;
   std::filesystem::create_directories(o.checkpoint, ec);
   if (ec) throw std::runtime_error("--checkpoint " + o.checkpoint + ": cannot make the directory (" + ec.message() + ")");
@@ -285,7 +293,7 @@ lm_result train_lm(const lm_options& o, const std::function<void(const lm_progre
     std::istringstream state(resumed->data_rng);
     state >> rng;
     if (!state) throw std::runtime_error("the checkpoint manifest " + detail::manifest_path(o.resume) + " has a malformed data-rng= line");
-    engine->load_shards(o.resume, resumed->shards);
+    engine->load_shards(absolute_dir(o.resume), resumed->shards);
     first = resumed->step + 1;
     loss_sum = resumed->loss_sum;
     losses = resumed->losses;

@@ -47,8 +47,10 @@ cmp -s "$dir/gpt-local/weights.trpw" "$dir/gpt-nodes/weights.trpw" ||
 
 # The same GPT stopped after its second step and resumed on the nodes: each rank wrote its shard
 # from its own process, and read it back in a new one; the weights are still the one-rank run's.
-"$troupe" train "${gpt[@]}" --pipeline 1f1b --ranks 2 --head "$head" --checkpoint "$dir/gpt-ck" --stop-after 2 \
-  >/dev/null 2>"$dir/gpt-ck.err" || fail "a gpt stopped on nodes failed: $(cat "$dir/gpt-ck.err")"
+# (The driver runs elsewhere and names a relative directory: the ranks write where it means.)
+troupe_path=$(realpath "$troupe")
+(cd "$dir" && "$troupe_path" train "${gpt[@]}" --pipeline 1f1b --ranks 2 --head "$head" --checkpoint gpt-ck \
+  --stop-after 2 >/dev/null 2>"$dir/gpt-ck.err") || fail "a gpt stopped on nodes failed: $(cat "$dir/gpt-ck.err")"
 [ -f "$dir/gpt-ck/rank1-a.shard" ] || fail "rank 1 wrote no shard: $(ls "$dir/gpt-ck")"
 "$troupe" train "${gpt[@]}" --pipeline 1f1b --ranks 2 --head "$head" --resume "$dir/gpt-ck" --save "$dir/gpt-resumed" \
   >/dev/null 2>"$dir/gpt-resumed.err" || fail "a gpt resumed on nodes failed: $(cat "$dir/gpt-resumed.err")"
