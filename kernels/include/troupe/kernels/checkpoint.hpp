@@ -26,6 +26,7 @@ struct shard_info {
   std::string file;         ///< its name inside the checkpoint's directory
   std::uint32_t crc = 0;    ///< zlib's CRC-32 of the whole file
   std::uint64_t bytes = 0;  ///< its size
+  bool operator==(const shard_info&) const = default;
 };
 
 /// One stage of a shard: its place in the model and its layers.
