@@ -240,6 +240,17 @@ TEST(Checkpoint, AScheduleWithTheSameStagesPerRankGoesOnFromAnothersCheckpoint) 
   o.resume = o.checkpoint;
   train(o, "gpipe", 2);
   expect_same_checkpoint(dir / "straight", dir / "stopped", "1f1b then gpipe");
+  // One rank holds the whole model as the in-thread engine does: their shards are the same.
+  auto whole = options(dir / "text");
+  whole.checkpoint = dir / "whole";
+  train(whole);
+  whole.checkpoint = dir / "whole-stopped";
+  whole.stop_after = 2;
+  train(whole);
+  whole.stop_after = 0;
+  whole.resume = whole.checkpoint;
+  train(whole, "gpipe", 1);
+  expect_same_checkpoint(dir / "whole", dir / "whole-stopped", "in this thread, then a pipeline of one rank");
 }
 
 TEST(Checkpoint, ACheckpointThatFailsHalfWayLeavesTheLastOneToResume) {
