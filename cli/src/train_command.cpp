@@ -72,7 +72,7 @@ void add_train_command(CLI::App& app, int& rc) {
                                      "with --checkpoint: stop after this step, its checkpoint written (go on with --resume)")
                          ->check(CLI::Range(std::int64_t{1}, std::int64_t{1'000'000'000'000}))
                          ->needs(checkpoint);
-  const std::vector<CLI::Option*> lm_only = {text,       steps,  warmup,          clip,      eval_every,
+  const std::vector<CLI::Option*> lm_only = {text,       steps,      warmup,           clip,   eval_every,
                                              eval_batches, checkpoint, checkpoint_every, resume, stop_after};
   cmd->add_option("--optimizer", o->optimizer, "sgd, adam or adamw")->capture_default_str();
   cmd->add_option("--state", o->state, "optimizer state storage: fp32, bf16, int8 or auto")->capture_default_str();

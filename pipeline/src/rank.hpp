@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cmath>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -332,13 +333,16 @@ public:
   }
 
   /// Writes this rank's shard of a checkpoint (between steps: the driver asks no step meanwhile).
+  /// The path may come from another node: only a file named as this rank's shard is written.
   kernels::shard_info save_shard(std::string path) {
+    check_shard_path(path);
     if (running_) throw std::logic_error("rank " + std::to_string(rank_) + " cannot save its shard during a step");
     return kernels::write_shard(path, shard_stages(), *optimizer_);
   }
 
   /// Reads this rank's shard of a checkpoint (before its first step).
   void load_shard(std::string path, kernels::shard_info expected) {
+    check_shard_path(path);
     if (running_) throw std::logic_error("rank " + std::to_string(rank_) + " cannot load a shard during a step");
     kernels::read_shard(path, expected, shard_stages(), *optimizer_);
   }
@@ -351,6 +355,13 @@ public:
   }
 
 private:
+  void check_shard_path(const std::string& path) const {
+    const auto name = std::filesystem::path(path).filename().string();
+    if (name != kernels::shard_name(rank_, "a") && name != kernels::shard_name(rank_, "b"))
+      throw std::invalid_argument("rank " + std::to_string(rank_) + " writes and reads only its own shard (" +
+                                  kernels::shard_name(rank_, "a") + " or " + kernels::shard_name(rank_, "b") + "), not " + path);
+  }
+
   std::vector<kernels::shard_stage> shard_stages() {
     std::vector<kernels::shard_stage> out;
     for (const auto& [index, stage] : stages_) out.push_back({index, stage.get()});  // in model order
