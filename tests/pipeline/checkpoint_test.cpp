@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include <troupe/actors/actor_system.hpp>
+#include <troupe/core/file.hpp>
 #include <troupe/kernels/lm.hpp>
 #include <troupe/pipeline/generators.hpp>
 #include <troupe/pipeline/runtime.hpp>
@@ -292,6 +294,24 @@ TEST(Checkpoint, ARunThatCannotGoOnFromItIsRefusedSayingWhy) {
   expect_message([&] { train(again); }, "it was written by 2 ranks and this run has 1");
   expect_message([&] { train(again, "zb-v", 2); },
                  "its 2 stages were on ranks 0,1, this run puts its 4 on ranks 0,1,1,0");
+  {
+    // A manifest whose cut is not this run's (as another partitioner would cut the model), with
+    // a checksum that matches it.
+    fs::create_directories(dir / "recut");
+    for (const std::string f : {"rank0-a.shard", "rank1-a.shard"}) fs::copy_file(dir / ("ck/" + f), dir / ("recut/" + f));
+    std::string m = read(dir / "ck/manifest");
+    const auto cut = m.find("\ncut=") + 5, end = m.find('\n', cut);
+    const std::string was = m.substr(cut, end - cut);
+    m.replace(cut, end - cut, "3,18");
+    m.erase(m.rfind("crc="));
+    char crc[16];
+    std::snprintf(crc, sizeof crc, "crc=%08x\n", troupe::crc32(std::as_bytes(std::span(m.data(), m.size()))));
+    write(dir / "recut/manifest", m + crc);
+    auto other = again;
+    other.resume = dir / "recut";
+    expect_message([&] { train(other, "1f1b", 2); },
+                   "the model was cut into stages of 3,18 parameter tensors, this run cuts it into " + was);
+  }
   {
     auto other = again;
     other.steps = 8;
