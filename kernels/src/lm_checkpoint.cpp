@@ -8,7 +8,9 @@
 
 #include "lm_checkpoint.hpp"
 
+#include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -123,8 +125,11 @@ lm_manifest read_manifest(const std::string& dir) {
       std::istringstream f(value);
       shard_info s;
       std::string crc;
-      if (!(f >> s.file >> crc >> s.bytes) || crc.size() != 8) throw bad("has a malformed shard line: " + line);
-      s.crc = static_cast<std::uint32_t>(std::stoul(crc, nullptr, 16));
+      std::string rest;
+      const bool read = static_cast<bool>(f >> s.file >> crc >> s.bytes) && !(f >> rest);
+      const auto parsed = std::from_chars(crc.data(), crc.data() + crc.size(), s.crc, 16);
+      if (!read || crc.size() != 8 || parsed.ec != std::errc() || parsed.ptr != crc.data() + crc.size())
+        throw bad("has a malformed shard line: " + line);
       m.shards.push_back(s);
     } else {
       fields[key] = value;
@@ -165,7 +170,12 @@ lm_manifest read_manifest(const std::string& dir) {
   m.step = integer("step");
   m.skipped_steps = integer("skipped-steps");
   m.losses = integer("train-losses");
-  m.loss_sum = std::strtod(field("train-loss-sum").c_str(), nullptr);
+  {
+    const std::string& v = field("train-loss-sum");
+    char* end = nullptr;
+    m.loss_sum = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size()) throw bad("has train-loss-sum=" + v + ", not a number");
+  }
   m.data_rng = field("data-rng");
   m.ranks = static_cast<int>(integer("ranks"));
   for (auto r : list("place")) m.layout.rank_of_stage.push_back(static_cast<int>(r));

@@ -156,3 +156,81 @@ TEST(Shard, DamagedBytesWithAMatchingChecksumAreRefusedOrReadWholeNeverHalf) {
 }
 
 }  // namespace
+
+#include "lm_checkpoint.hpp"
+
+namespace {
+
+using troupe::kernels::detail::lm_manifest;
+
+lm_manifest sample_manifest() {
+  lm_manifest m;
+  m.options = "model=gpt:layers=1,heads=2,embd=16,ctx=8\nsteps=6\nlr=0.01\n";
+  m.ranks = 2;
+  m.layout = {{0, 1, 1, 0}, {4, 7, 7, 3}};
+  m.step = 3;
+  m.skipped_steps = 1;
+  m.loss_sum = 2.0 / 3.0;
+  m.losses = 3;
+  m.data_rng = "12 34 56";
+  m.slot = "b";
+  m.shards = {{"rank0-b.shard", 0xdeadbeef, 1234}, {"rank1-b.shard", 0x01020304, 99}};
+  return m;
+}
+
+TEST(Manifest, ReadsBackWhatWasWrittenToTheBit) {
+  const std::string dir = temp_path("manifest");
+  std::filesystem::create_directories(dir);
+  const auto m = sample_manifest();
+  troupe::kernels::detail::write_manifest(dir, m);
+  const auto r = troupe::kernels::detail::read_manifest(dir);
+  EXPECT_EQ(r.options, m.options);
+  EXPECT_EQ(r.ranks, 2);
+  EXPECT_EQ(r.layout.rank_of_stage, m.layout.rank_of_stage);
+  EXPECT_EQ(r.layout.stage_tensors, m.layout.stage_tensors);
+  EXPECT_EQ(r.step, 3);
+  EXPECT_EQ(r.skipped_steps, 1);
+  EXPECT_EQ(r.loss_sum, m.loss_sum) << "a double survives its text form";
+  EXPECT_EQ(r.losses, 3);
+  EXPECT_EQ(r.data_rng, m.data_rng);
+  EXPECT_EQ(r.slot, "b");
+  EXPECT_EQ(r.shards, m.shards);
+  std::filesystem::remove_all(dir);
+}
+
+// Edited manifests that carry a matching checksum: every cut and every byte changed, at a
+// stride, is read or refused with a message naming the file, never a crash.
+TEST(Manifest, EditedTextWithAMatchingChecksumIsReadOrRefusedNamingTheFile) {
+  const std::string dir = temp_path("manifest_edits");
+  std::filesystem::create_directories(dir);
+  troupe::kernels::detail::write_manifest(dir, sample_manifest());
+  const std::string path = dir + "/manifest", good = read(path);
+  const std::string body = good.substr(0, good.rfind("crc="));
+  int refused = 0, accepted = 0;
+  auto attempt = [&](const std::string& text) {
+    char crc[16];
+    std::snprintf(crc, sizeof crc, "crc=%08x\n", crc32(std::as_bytes(std::span(text.data(), text.size()))));
+    write(path, text + crc);
+    try {
+      (void)troupe::kernels::detail::read_manifest(dir);
+      ++accepted;
+    } catch (const std::runtime_error& e) {
+      ++refused;
+      EXPECT_EQ(std::string(e.what()).rfind("the checkpoint manifest " + path + " ", 0), 0u) << e.what();
+    }
+  };
+  for (std::size_t cut = 0; cut < body.size(); cut += 7) attempt(body.substr(0, cut));
+  // Every byte of the numeric lines (before the options), a few of the rest.
+  const std::size_t numbers = body.find("option ");
+  for (std::size_t at = 0; at < body.size(); at += at < numbers ? 1 : 5)
+    for (const char c : {'x', '=', '\n', '-', '9', ','}) {
+      std::string edited = body;
+      edited[at] = c;
+      attempt(edited);
+    }
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(accepted, 0);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
