@@ -58,7 +58,22 @@ void add_train_command(CLI::App& app, int& rc) {
                          ->capture_default_str();
   auto* eval_batches = cmd->add_option("--eval-batches", lm->eval_batches, "gpt: fixed validation batches")
                            ->capture_default_str();
-  const std::vector<CLI::Option*> lm_only = {text, steps, warmup, clip, eval_every, eval_batches};
+  auto* checkpoint = cmd->add_option("--checkpoint", lm->checkpoint,
+                                     "gpt: keep a sharded checkpoint in this directory (each rank writes its own shard, "
+                                     "then a manifest names them), at every evaluation and after the last step");
+  auto* checkpoint_every =
+      cmd->add_option("--checkpoint-every", lm->checkpoint_every, "with --checkpoint: every N steps instead")
+          ->check(CLI::Range(std::int64_t{0}, std::int64_t{1'000'000'000'000}))
+          ->needs(checkpoint);
+  auto* resume = cmd->add_option("--resume", lm->resume,
+                                 "gpt: go on from the checkpoint in this directory (the same options, model, cut and "
+                                 "ranks), bit for bit as a run that never stopped");
+  auto* stop_after = cmd->add_option("--stop-after", lm->stop_after,
+                                     "with --checkpoint: stop after this step, its checkpoint written (go on with --resume)")
+                         ->check(CLI::Range(std::int64_t{1}, std::int64_t{1'000'000'000'000}))
+                         ->needs(checkpoint);
+  const std::vector<CLI::Option*> lm_only = {text,       steps,      warmup,           clip,   eval_every,
+                                             eval_batches, checkpoint, checkpoint_every, resume, stop_after};
   cmd->add_option("--optimizer", o->optimizer, "sgd, adam or adamw")->capture_default_str();
   cmd->add_option("--state", o->state, "optimizer state storage: fp32, bf16, int8 or auto")->capture_default_str();
   cmd->add_option("--fp32-params", o->fp32_params,

@@ -46,11 +46,16 @@ int run_lm_train(const troupe::kernels::lm_options& o, bool json, const troupe::
   else
     std::printf("val loss %.4f after %lld steps, %.0f tokens/s, %.1f s, peak RSS %.0f MB (%lld parameters, vocabulary "
                 "of %lld)\n",
-                result.val_loss, static_cast<long long>(o.steps), result.tokens_per_s, result.seconds,
+                result.val_loss, static_cast<long long>(result.last_step), result.tokens_per_s, result.seconds,
                 result.peak_rss_mb, static_cast<long long>(result.parameters), static_cast<long long>(result.vocab));
   if (result.skipped_steps > 0)
     std::fprintf(stderr, "troupe train: warning: %lld optimizer steps were skipped, their gradients not finite\n",
                  static_cast<long long>(result.skipped_steps));
+  if (result.resumed_from > 0)
+    std::fprintf(stderr, "resumed at step %lld of the checkpoint\n", static_cast<long long>(result.resumed_from));
+  if (!o.checkpoint.empty())
+    std::fprintf(stderr, "checkpoint of step %lld in %s%s\n", static_cast<long long>(result.last_step), o.checkpoint.c_str(),
+                 result.last_step < o.steps ? (" (go on with --resume " + o.checkpoint + ")").c_str() : "");
   if (!o.save.empty()) std::fprintf(stderr, "saved to %s (troupe generate --load %s)\n", o.save.c_str(), o.save.c_str());
   return 0;
 }

@@ -5,12 +5,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 
 #include "troupe/kernels/layers.hpp"
 #include "troupe/kernels/lm.hpp"
 #include "troupe/kernels/optim.hpp"
+#include "troupe/core/file.hpp"
+#include "lm_checkpoint.hpp"
 
 namespace troupe::kernels {
 
@@ -102,6 +106,12 @@ void check_options(const lm_options& o) {
   if (!(o.clip >= 0) || !std::isfinite(o.clip)) throw std::invalid_argument("--clip must be a number >= 0 (0: none)");
   if (o.eval_every < 1) throw std::invalid_argument("--eval-every must be at least 1");
   if (o.eval_batches < 1) throw std::invalid_argument("--eval-batches must be at least 1");
+  if (o.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 0 (0: at every evaluation)");
+  if (o.checkpoint_every > 0 && o.checkpoint.empty()) throw std::invalid_argument("--checkpoint-every requires --checkpoint");
+  if (o.stop_after < 0 || (o.stop_after > 0 && o.stop_after >= o.steps))
+    throw std::invalid_argument("--stop-after must be a step below --steps " + std::to_string(o.steps));
+  if (o.stop_after > 0 && o.checkpoint.empty())
+    throw std::invalid_argument("--stop-after requires --checkpoint (a run stopped early keeps nothing to resume otherwise)");
   if (!o.text.empty() && !o.dataset.empty())
     throw std::invalid_argument("--text FILE and --dataset " + o.dataset + " cannot combine: choose one corpus");
   if (o.text.empty() && o.dataset != "kjv")
@@ -143,6 +153,14 @@ public:
     return model_.forward(x, keep, false);
   }
   void sync(sequential&) override {}  // the model trained in place
+  shard_layout layout() override { return {{0}, {model_.parameters().size()}}; }
+  std::vector<shard_info> save_shards(const std::string& dir, const std::string& slot) override {
+    return {write_shard((std::filesystem::path(dir) / shard_name(0, slot)).string(), {{0, &model_}}, *opt_)};
+  }
+  void load_shards(const std::string& dir, const std::vector<shard_info>& shards) override {
+    if (shards.size() != 1) throw std::logic_error("lm_in_thread: one shard to load");
+    read_shard((std::filesystem::path(dir) / shards[0].file).string(), shards[0], {{0, &model_}}, *opt_);
+  }
 
 private:
   sequential& model_;
@@ -166,6 +184,53 @@ std::unique_ptr<lm_engine> lm_in_thread(const lm_engine_setup& setup) {
   return std::make_unique<in_thread>(setup);
 }
 
+namespace {
+
+/// `dir` as the ranks must see it: absolute, since ranks on other nodes of this machine resolve
+/// a relative path against their own working directory.
+std::string absolute_dir(const std::string& dir) {
+  std::error_code ec;
+  const auto a = std::filesystem::absolute(dir, ec);
+  return ec ? dir : a.lexically_normal().string();
+}
+
+/// Where a run keeps its checkpoints: the directory made and writable, and the slot its next
+/// checkpoint's shards take (beside the last checkpoint's, never over them).
+struct checkpoint_target {
+  std::string dir;
+  std::string slot = "a";
+};
+
+bool same_directory(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return std::filesystem::equivalent(a, b, ec) && !ec;
+}
+
+/// Checked before anything trains: a directory that can be written, and that holds no checkpoint
+/// of another run (which would be overwritten) unless this run resumes from it.
+checkpoint_target prepare_checkpoint(const lm_options& o, const detail::lm_manifest* resumed) {
+  checkpoint_target t{absolute_dir(o.checkpoint)};
+  std::error_code ec;
+  std::filesystem::create_directories(o.checkpoint, ec);
+  if (ec) throw std::runtime_error("--checkpoint " + o.checkpoint + ": cannot make the directory (" + ec.message() + ")");
+  const std::string manifest = detail::manifest_path(o.checkpoint);
+  try {
+    check_writable(manifest);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error("--checkpoint " + o.checkpoint + ": cannot write the checkpoint (" + e.what() + ")");
+  }
+  if (std::filesystem::exists(manifest)) {
+    if (!resumed || !same_directory(o.resume, o.checkpoint))
+      throw std::invalid_argument("--checkpoint " + o.checkpoint +
+                                  " holds a checkpoint already: go on from it with --resume " + o.checkpoint +
+                                  ", or name another directory");
+    t.slot = resumed->slot == "a" ? "b" : "a";
+  }
+  return t;
+}
+
+}  // namespace
+
 lm_result train_lm(const lm_options& o, const std::function<void(const lm_progress&)>& report,
                    const std::function<void(std::int64_t, double)>& tick, const lm_engine_factory& make_engine) {
   check_options(o);
@@ -176,12 +241,27 @@ lm_result train_lm(const lm_options& o, const std::function<void(const lm_progre
     throw std::invalid_argument("--batch " + std::to_string(o.batch) + " is not a multiple of --microbatches " +
                                 std::to_string(o.microbatches) + " (each microbatch holds whole windows of ctx=" +
                                 std::to_string(g.ctx) + " tokens)");
+  // A checkpoint to go on from, and where to write them: refused now, not after the corpus loads.
+  std::optional<detail::lm_manifest> resumed;
+  if (!o.resume.empty()) {
+    resumed = detail::read_manifest(o.resume);
+    if (resumed->step >= o.steps)
+      throw std::invalid_argument("--resume " + o.resume + ": the checkpoint is at step " + std::to_string(resumed->step) +
+                                  ", the last of --steps " + std::to_string(o.steps) + ": nothing is left to train");
+    if (o.stop_after > 0 && o.stop_after <= resumed->step)
+      throw std::invalid_argument("--resume " + o.resume + ": the checkpoint is at step " + std::to_string(resumed->step) +
+                                  ", past --stop-after " + std::to_string(o.stop_after));
+  }
+  std::optional<checkpoint_target> target;
+  if (!o.checkpoint.empty()) target = prepare_checkpoint(o, resumed ? &*resumed : nullptr);
+
   const text_corpus corpus = o.text.empty() ? make_corpus(kjv_text(), "the King James Bible") : load_text_file(o.text);
   for (const auto* part : {&corpus.train, &corpus.validation})
     if (static_cast<std::int64_t>(part->size()) < g.ctx + 1)
       throw std::invalid_argument(corpus.source + ": its " + (part == &corpus.train ? "training part (first 90%)" : "validation part (last 10%)") +
                                   " has " + std::to_string(part->size()) + " characters; a window of ctx + 1 = " +
                                   std::to_string(g.ctx + 1) + " needs more");
+  const std::string fingerprint = detail::lm_fingerprint(o, corpus);
   const auto vocab = static_cast<std::int64_t>(corpus.vocab.size());
   auto model = make_gpt(o.model, vocab);
   model->initialize(o.seed);
@@ -207,39 +287,77 @@ lm_result train_lm(const lm_options& o, const std::function<void(const lm_progre
 
   tensor x, y;
   double training_seconds = 0, loss_sum = 0;
-  std::int64_t losses = 0;
+  std::int64_t losses = 0, first = 1;
+  if (resumed) {
+    detail::check_resumable(*resumed, fingerprint, engine->layout(), o.resume);
+    std::istringstream state(resumed->data_rng);
+    state >> rng;
+    if (!state) throw std::runtime_error("the checkpoint manifest " + detail::manifest_path(o.resume) + " has a malformed data-rng= line");
+    engine->load_shards(absolute_dir(o.resume), resumed->shards);
+    first = resumed->step + 1;
+    loss_sum = resumed->loss_sum;
+    losses = resumed->losses;
+    result.skipped_steps = resumed->skipped_steps;
+    result.resumed_from = resumed->step;
+  }
+  auto save_checkpoint = [&](std::int64_t step) {
+    detail::lm_manifest m;
+    m.options = fingerprint;
+    m.layout = engine->layout();
+    m.step = step;
+    m.skipped_steps = result.skipped_steps;
+    m.loss_sum = loss_sum;
+    m.losses = losses;
+    std::ostringstream state;
+    state << rng;
+    m.data_rng = state.str();
+    m.slot = target->slot;
+    m.shards = engine->save_shards(target->dir, target->slot);
+    m.ranks = static_cast<int>(m.shards.size());
+    detail::write_manifest(target->dir, m);  // the checkpoint counts from here on
+    target->slot = target->slot == "a" ? "b" : "a";
+  };
   const std::int64_t tokens_per_step = o.batch * g.ctx;
-  for (std::int64_t step = 1; step <= o.steps; ++step) {
+  const std::int64_t last = o.stop_after > 0 ? o.stop_after : o.steps;
+  for (std::int64_t step = first; step <= last; ++step) {
     const auto t0 = clock_type::now();
     sample_windows(corpus.train, o.batch, g.ctx, rng, x, y);
     const auto outcome = engine->step(x, y);
     if (!std::isfinite(outcome.loss))
       throw std::runtime_error("training diverged at step " + std::to_string(step) + ": the loss is not finite (lower --lr)" +
-                               (o.save.empty() ? "" : "; nothing was saved"));
+                               (o.save.empty() ? "" : "; nothing was saved") +
+                               (target ? "; the last checkpoint written stays" : ""));
     if (!outcome.applied) ++result.skipped_steps;
     training_seconds += since(t0);
     loss_sum += outcome.loss;
     ++losses;
     if (tick) tick(step, outcome.loss);
-    if (step % o.eval_every == 0 || step == o.steps) {
+    const bool evaluate = step % o.eval_every == 0 || step == o.steps;
+    auto evaluation = [&] {
       lm_progress p;
       p.step = step;
       p.steps = o.steps;
       p.train_loss = loss_sum / static_cast<double>(losses);
       p.val_loss = mean_loss(*engine, val_batches);
-      p.tokens_per_s = static_cast<double>(step * tokens_per_step) / training_seconds;
+      p.tokens_per_s = static_cast<double>((step - first + 1) * tokens_per_step) / training_seconds;
       loss_sum = 0;
       losses = 0;
       result.evaluations.push_back(p);
       if (report) report(p);
-    }
+    };
+    if (evaluate) evaluation();
+    // Saved after the evaluation is reported: a resumed run goes on with the losses since it.
+    if (target && ((o.checkpoint_every > 0 ? step % o.checkpoint_every == 0 : evaluate) || step == last))
+      save_checkpoint(step);
+    if (step == last && !evaluate) evaluation();  // stopped early: the summary's figures
   }
   if (!o.save.empty()) {
     engine->sync(*model);
     save_lm(*model, o.model, corpus.vocab, o.save);
   }
+  result.last_step = last;
   result.val_loss = result.evaluations.back().val_loss;
-  result.tokens_per_s = static_cast<double>(o.steps * tokens_per_step) / training_seconds;
+  result.tokens_per_s = static_cast<double>((last - first + 1) * tokens_per_step) / training_seconds;
   result.seconds = since(start);
   result.peak_rss_mb = peak_rss_mb();
   return result;

@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cmath>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -331,6 +332,21 @@ public:
     return stage_at(stage).forward(x.to(where_), keep, false);
   }
 
+  /// Writes this rank's shard of a checkpoint (between steps: the driver asks no step meanwhile).
+  /// The path may come from another node: only a file named as this rank's shard is written.
+  kernels::shard_info save_shard(std::string path) {
+    check_shard_path(path);
+    if (running_) throw std::logic_error("rank " + std::to_string(rank_) + " cannot save its shard during a step");
+    return kernels::write_shard(path, shard_stages(), *optimizer_);
+  }
+
+  /// Reads this rank's shard of a checkpoint (before its first step).
+  void load_shard(std::string path, kernels::shard_info expected) {
+    check_shard_path(path);
+    if (running_) throw std::logic_error("rank " + std::to_string(rank_) + " cannot load a shard during a step");
+    kernels::read_shard(path, expected, shard_stages(), *optimizer_);
+  }
+
   /// Host copies.
   std::vector<tensor> parameter_values(int stage) {
     std::vector<tensor> out;
@@ -339,6 +355,19 @@ public:
   }
 
 private:
+  void check_shard_path(const std::string& path) const {
+    const auto name = std::filesystem::path(path).filename().string();
+    if (name != kernels::shard_name(rank_, "a") && name != kernels::shard_name(rank_, "b"))
+      throw std::invalid_argument("rank " + std::to_string(rank_) + " writes and reads only its own shard (" +
+                                  kernels::shard_name(rank_, "a") + " or " + kernels::shard_name(rank_, "b") + "), not " + path);
+  }
+
+  std::vector<kernels::shard_stage> shard_stages() {
+    std::vector<kernels::shard_stage> out;
+    for (const auto& [index, stage] : stages_) out.push_back({index, stage.get()});  // in model order
+    return out;
+  }
+
   /// Why a rank stopped its part of a step that another rank failed.
   class aborted : public std::runtime_error {
   public:
@@ -652,6 +681,10 @@ auto fields(T& p) requires std::same_as<std::remove_const_t<T>, rank_report> {
   return std::tie(p.loss_sum, p.finite, p.busy_seconds, p.peak_activation_bytes, p.result, p.why, p.square_sums);
 }
 template <class T>
+auto fields(T& s) requires std::same_as<std::remove_const_t<T>, kernels::shard_info> {
+  return std::tie(s.file, s.crc, s.bytes);
+}
+template <class T>
 auto fields(T& o) requires std::same_as<std::remove_const_t<T>, training_options> {
   auto& h = o.hp;
   auto& s = o.state;
@@ -683,6 +716,8 @@ struct codec<pipeline::detail::portable_stage> : pipeline::detail::field_codec<p
 template <>
 struct codec<pipeline::detail::step_plan> : pipeline::detail::field_codec<pipeline::detail::step_plan> {};
 template <>
+struct codec<kernels::shard_info> : pipeline::detail::field_codec<kernels::shard_info> {};
+template <>
 struct codec<pipeline::training_options> : pipeline::detail::field_codec<pipeline::training_options> {};
 template <>
 struct enum_bounds<pipeline::detail::outcome> {
@@ -693,5 +728,6 @@ struct codec<pipeline::detail::rank_report> : pipeline::detail::field_codec<pipe
 
 }  // namespace troupe
 
-TROUPE_REMOTE(troupe::pipeline::detail::rank_actor, connect, run, deliver, abort, apply, infer, parameter_values)
+TROUPE_REMOTE(troupe::pipeline::detail::rank_actor, connect, run, deliver, abort, apply, infer, parameter_values, save_shard,
+              load_shard)
 TROUPE_REMOTE(troupe::pipeline::detail::driver_actor, here)

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <filesystem>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -346,6 +347,50 @@ std::vector<tensor> trainer::parameters() {
   return out;
 }
 
+std::vector<kernels::shard_info> trainer::save_shards(const std::string& dir, const std::string& slot) {
+  std::vector<future<kernels::shard_info>> written;
+  for (std::size_t r = 0; r < impl_->ranks.size(); ++r)
+    written.push_back(impl_->ranks[r].ask(&rank_actor::save_shard,
+                                          (std::filesystem::path(dir) / kernels::shard_name(static_cast<int>(r), slot)).string()));
+  std::vector<kernels::shard_info> out;
+  std::string error;
+  for (std::size_t r = 0; r < written.size(); ++r) {
+    try {
+      out.push_back(written[r].get());
+    } catch (const std::exception& e) {  // every rank is waited for: none writes after this returns
+      if (error.empty()) error = "rank " + std::to_string(r) + ": " + e.what();
+    }
+  }
+  if (!error.empty()) throw std::runtime_error("the checkpoint was not written: " + error);
+  return out;
+}
+
+void trainer::load_shards(const std::string& dir, const std::vector<kernels::shard_info>& shards) {
+  if (shards.size() != impl_->ranks.size())
+    throw std::invalid_argument("the checkpoint has " + std::to_string(shards.size()) + " shards for " +
+                                std::to_string(impl_->ranks.size()) + " ranks");
+  std::vector<future<void>> read;
+  for (std::size_t r = 0; r < shards.size(); ++r)
+    read.push_back(impl_->ranks[r].ask(&rank_actor::load_shard, (std::filesystem::path(dir) / shards[r].file).string(),
+                                       shards[r]));
+  std::string error;
+  for (std::size_t r = 0; r < read.size(); ++r) {
+    try {
+      read[r].get();
+    } catch (const std::exception& e) {
+      if (error.empty()) error = "rank " + std::to_string(r) + ": " + e.what();
+    }
+  }
+  if (!error.empty()) throw std::runtime_error(error);
+}
+
+kernels::shard_layout trainer::layout() const {
+  kernels::shard_layout out;
+  for (int s = 0; s < impl_->plan->stages(); ++s) out.rank_of_stage.push_back(impl_->plan->place.rank_of(s));
+  out.stage_tensors = impl_->stage_params;
+  return out;
+}
+
 double whole_model_step(kernels::sequential& model, kernels::optimizer& opt, const tensor& x, const tensor& labels,
                         int microbatches) {
   if (microbatches < 1) throw std::invalid_argument("whole_model_step: microbatches must be at least 1");
@@ -495,6 +540,13 @@ public:
     const auto params = model.parameters();
     if (values.size() != params.size()) throw std::logic_error("pipeline engine: the model changed");
     for (std::size_t i = 0; i < params.size(); ++i) params[i]->value = values[i];
+  }
+  kernels::shard_layout layout() override { return trainer_.layout(); }
+  std::vector<kernels::shard_info> save_shards(const std::string& dir, const std::string& slot) override {
+    return trainer_.save_shards(dir, slot);
+  }
+  void load_shards(const std::string& dir, const std::vector<kernels::shard_info>& shards) override {
+    trainer_.load_shards(dir, shards);
   }
 
 private:

@@ -2,6 +2,9 @@
 // the network, so what does not fit its schedule is refused with why, and nothing else changes.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <optional>
 
 #include <chrono>
@@ -225,6 +228,43 @@ TEST(RuntimeRank, NothingIsAppliedOrDroppedWhileAStepRuns) {
   EXPECT_EQ(report.result, outcome::aborted);
   EXPECT_NE(report.why.find("the test stops it"), std::string::npos) << report.why;
   EXPECT_TRUE(same(second.ask(&rank_actor::parameter_values, 1).get(), before));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(RuntimeRank, ARankWritesAndReadsOnlyItsOwnShard) {
+  one_rank_pipeline p;
+  const std::string dir = (std::filesystem::temp_directory_path() / ("troupe_rank_shard_" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  auto error_of = [](auto&& call) {
+    try {
+      call();
+      return std::string();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  };
+  // Any other file name, whatever directory, is refused before anything is written.
+  for (const std::string name : {"rank1-a.shard", "rank0-c.shard", "weights.trpw", "manifest"})
+    EXPECT_NE(error_of([&] { p.rank.ask(&rank_actor::save_shard, dir + "/" + name).get(); })
+                  .find("rank 0 writes and reads only its own shard (rank0-a.shard or rank0-b.shard), not " + dir + "/" + name),
+              std::string::npos)
+        << name;
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  // Its own: written, then read back after a step changed the weights.
+  const auto start = p.weights();
+  const auto info = p.rank.ask(&rank_actor::save_shard, dir + "/rank0-b.shard").get();
+  EXPECT_EQ(info.file, "rank0-b.shard");
+  EXPECT_EQ(p.rank.ask(&rank_actor::run, plan_for(1, 2)).get().result, outcome::done);
+  p.rank.ask(&rank_actor::apply, std::uint64_t{1}, true, 1.0).get();
+  EXPECT_FALSE(same(p.weights(), start));
+  EXPECT_NE(error_of([&] { p.rank.ask(&rank_actor::load_shard, dir + "/../rank7-a.shard", info).get(); }).find("not "),
+            std::string::npos);
+  p.rank.ask(&rank_actor::load_shard, dir + "/rank0-b.shard", info).get();
+  EXPECT_TRUE(same(p.weights(), start));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "troupe/core/tensor.hpp"
+#include "troupe/kernels/checkpoint.hpp"
 #include "troupe/kernels/layers.hpp"
 #include "troupe/kernels/optim.hpp"
 #include "troupe/kernels/train.hpp"
@@ -107,6 +108,15 @@ struct lm_options {
   /// Microbatches per step: the batch (a multiple of them) runs in this many equal parts, each
   /// loss counted 1/microbatches, their gradients summed before the step (as a pipeline runs it).
   std::int64_t microbatches = 1;
+  /// A directory to keep a sharded checkpoint in (created; see train_lm); empty: none.
+  std::string checkpoint;
+  /// With `checkpoint`: write one every N steps (0: at every evaluation), and after the last step.
+  std::int64_t checkpoint_every = 0;
+  /// A checkpoint directory to go on from (a run with the same options, model, cut and ranks).
+  std::string resume;
+  /// > 0 (below `steps`, with `checkpoint`): stop after this step, its checkpoint written, as a
+  /// run that was stopped there would; --resume goes on from it. 0: run to `steps`.
+  std::int64_t stop_after = 0;
 };
 
 /// Reported at each evaluation.
@@ -125,6 +135,8 @@ struct lm_result {
   std::int64_t parameters = 0;
   std::int64_t vocab = 0;
   std::int64_t skipped_steps = 0;
+  std::int64_t resumed_from = 0;  ///< the step of the checkpoint it went on from (0: none)
+  std::int64_t last_step = 0;     ///< the last step trained (below `steps` after stop_after)
   std::vector<lm_progress> evaluations;
 };
 
@@ -153,6 +165,13 @@ public:
   virtual tensor predict(const tensor& x) = 0;
   /// Copies the trained values into the setup's model (before it is saved).
   virtual void sync(sequential& model) = 0;
+  /// Which rank holds each stage, and each stage's parameter tensors.
+  virtual shard_layout layout() = 0;
+  /// Between steps: each rank writes its shard (its stages' weights and random state, its
+  /// optimizer's state), named shard_name(rank, slot), into directory `dir`. In rank order.
+  virtual std::vector<shard_info> save_shards(const std::string& dir, const std::string& slot) = 0;
+  /// Before the first step: each rank r reads shards[r] from `dir` (read_shard).
+  virtual void load_shards(const std::string& dir, const std::vector<shard_info>& shards) = 0;
 };
 using lm_engine_factory = std::function<std::unique_ptr<lm_engine>(const lm_engine_setup&)>;
 
@@ -160,7 +179,16 @@ using lm_engine_factory = std::function<std::unique_ptr<lm_engine>(const lm_engi
 std::unique_ptr<lm_engine> lm_in_thread(const lm_engine_setup& setup);
 
 /// Trains a GPT; throws std::invalid_argument for bad options or data, std::runtime_error when
-/// training diverges or the corpus cannot be had. `tick`, when set, is called after every step
+/// training diverges or the corpus cannot be had.
+///
+/// Checkpoints (`checkpoint`): every rank of the engine writes its own shard (write_shard), then
+/// a text file `manifest` names them with their sizes and CRC-32s, beside the step, the training
+/// data's generator, the options the run must be resumed with, and the layout (ranks, the rank
+/// of each stage, the parameter tensors of each stage). Each file is replaced atomically, and a
+/// checkpoint's shards go beside the last one's (slots a and b), so a crash at any point leaves
+/// the last whole checkpoint. `resume` goes on from one, bit for bit as a run that never
+/// stopped; another model, corpus, option, cut or rank count is refused, saying which, and so
+/// is a shard that is missing, truncated or corrupted, naming the file. `tick`, when set, is called after every step
 /// with the step number (a progress bar). `make_engine` empty: lm_in_thread.
 lm_result train_lm(const lm_options& options, const std::function<void(const lm_progress&)>& report = {},
                    const std::function<void(std::int64_t step, double loss)>& tick = {},

@@ -42,9 +42,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "troupe/core/tensor.hpp"
+#include "troupe/kernels/checkpoint.hpp"
 #include "troupe/kernels/layers.hpp"
 #include "troupe/kernels/lm.hpp"
 #include "troupe/kernels/optim.hpp"
@@ -127,6 +129,18 @@ public:
 
   /// Copies of every parameter value, stage by stage in model order.
   std::vector<tensor> parameters();
+
+  /// Between steps: each rank writes its own shard of a checkpoint, `dir`/kernels::shard_name(rank,
+  /// slot), with kernels::write_shard (its stages' values and random state, its optimizer's step
+  /// count and moments in their storage), on the file system of its node. Returns the shards in
+  /// rank order; throws std::runtime_error naming the rank when one cannot write its shard.
+  std::vector<kernels::shard_info> save_shards(const std::string& dir, const std::string& slot);
+  /// Before the first step: rank r reads `dir`/shards[r].file (kernels::read_shard: its size and
+  /// CRC-32 as `shards[r]` says, its stages and tensors those of the rank). Throws
+  /// std::runtime_error naming the rank and the file of the first rank that cannot.
+  void load_shards(const std::string& dir, const std::vector<kernels::shard_info>& shards);
+  /// Which rank holds each stage, and each stage's parameter tensors.
+  kernels::shard_layout layout() const;
 
   const schedule& plan() const noexcept;
   std::int64_t steps() const noexcept;
