@@ -72,7 +72,7 @@ int run_gpt_pipeline(const gpt_options& o, std::ostream& out, const gpt_line& li
   // What recording costs: 1f1b with an observer (recorded) and without, alternately.
   try {
     std::vector<double> with, without;
-    for (int pair = 0; pair < (o.quick ? 1 : 3); ++pair)
+    for (int pair = 0; pair < (o.quick ? 1 : 5); ++pair)
       for (const bool record : {true, false}) {
         actor_system sys{system_config{}};
         pipeline::step_observer observe;
