@@ -18,22 +18,24 @@ troupe::pipeline::step_observer timeline_view::observer() {
 void timeline_view::publish() {
   published_ = std::chrono::steady_clock::now();
   if (!board_ || !steps_.plan()) return;
-  auto plan = *steps_.plan();
-  const auto& last = steps_.last();
-  const auto step = steps_.count();
-  auto titled = plan;
-  titled.name = plan.name + ", step " + std::to_string(step) + " as measured";
-  troupe::pipeline::render_options o;
-  o.time_unit = "us";
-  board_->set_timeline(troupe::pipeline::render(titled, troupe::pipeline::as_simulation(plan, last),
-                                                troupe::pipeline::render_format::svg, o),
-                       troupe::pipeline::timeline_json(plan, last, step));
+  board_->set_timeline(svg(), troupe::pipeline::timeline_json(*steps_.plan(), steps_.last(), steps_.count()));
   if (const auto c = steps_.compare(); c.steps > 0) {
     const std::string over = " over the last " + std::to_string(c.steps) + " steps";
     board_->set_figure("step ms (measured)", c.measured_ms, "median time from a step's first action to its last" + over);
     board_->set_figure("step ms (simulated)", c.predicted_ms,
                        "the simulator's step time from the median measured F, B, I, W of each stage" + over);
   }
+}
+
+std::string timeline_view::svg() const {
+  if (!steps_.plan()) return "";
+  const auto& plan = *steps_.plan();
+  auto titled = plan;
+  titled.name = plan.name + ", step " + std::to_string(steps_.count()) + " as measured";
+  troupe::pipeline::render_options o;
+  o.time_unit = "us";
+  return troupe::pipeline::render(titled, troupe::pipeline::as_simulation(plan, steps_.last()),
+                                  troupe::pipeline::render_format::svg, o);
 }
 
 std::string timeline_view::json_fields() const {

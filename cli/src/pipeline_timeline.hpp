@@ -25,6 +25,8 @@ public:
   std::string json_fields() const;
   /// The same as a line for people, or "".
   std::string text() const;
+  /// The last step drawn (pipeline::render's SVG, in microseconds), or "" before the first.
+  std::string svg() const;
 
 private:
   troupe::dashboard* board_;

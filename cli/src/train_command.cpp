@@ -282,6 +282,11 @@ void add_train_command(CLI::App& app, int& rc) {
           r.heading("Pipeline schedule " + pipe->schedule + " (simulated, unit costs)");
           r.svg(schedule_svg);
         }
+        if (const auto measured = view.svg(); !measured.empty()) {
+          r.heading("Pipeline: the last step as measured, per rank");
+          r.paragraph(view.text());
+          r.svg(measured);
+        }
         r.heading("Options");
         std::vector<std::vector<std::string>> rows = {{"model", o->model}, {"dataset", o->dataset},
                                                       {"optimizer", o->optimizer + " (" + o->state + ")"},
