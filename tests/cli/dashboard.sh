@@ -7,7 +7,8 @@
 # /timeline.svg), newer ones as it goes. In headless Chromium and in headless Firefox, each where installed, it signs in
 # through the login page, waits for the node list and a live update, checks that the name shows as
 # text and that nothing ran, and takes a screenshot (Chromium's into $TROUPE_DASHBOARD_SHOT when
-# set); a browser that is absent is said to be skipped.
+# set, the training run's measured step into $TROUPE_TIMELINE_SHOT); a browser that is absent is
+# said to be skipped.
 #
 #   tests/cli/dashboard.sh PATH/TO/troupe PATH/TO/remote_test_node
 set -euo pipefail
@@ -149,7 +150,7 @@ if [[ -z $chromium ]]; then
 else
   python3 "$here/dashboard_browser.py" "$chromium" "$url" "$TROUPE_CLUSTER_TOKEN" "$hostile" "${TROUPE_DASHBOARD_SHOT:-}" ||
     fail "the Chromium check failed"
-  python3 "$here/dashboard_browser.py" "$chromium" --timeline "$train_url" ||
+  python3 "$here/dashboard_browser.py" "$chromium" --timeline "$train_url" "${TROUPE_TIMELINE_SHOT:-}" ||
     fail "the Chromium check of the training run's timeline failed"
 fi
 firefox=$(command -v firefox-esr || command -v firefox || true)

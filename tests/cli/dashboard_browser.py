@@ -3,7 +3,7 @@
 DevTools protocol, Firefox over WebDriver BiDi (built into Firefox: no driver program).
 
     dashboard_browser.py BROWSER URL TOKEN EXPECTED_TEXT [SCREENSHOT.png]
-    dashboard_browser.py BROWSER --timeline URL
+    dashboard_browser.py BROWSER --timeline URL [SCREENSHOT.png]
 
 
 BROWSER is the path of chromium or of firefox / firefox-esr (told apart by its name). Signs in
@@ -17,7 +17,7 @@ saying why.
 
 With --timeline, URL is the dashboard of a pipelined `troupe train` (no token): it waits for the
 drawing of the last measured step to show (an image that loaded) and for a newer one to replace
-it, checks that no dialog opened and takes a screenshot.
+it, checks that no dialog opened and takes a screenshot of it (written to SCREENSHOT.png when given).
 """
 import base64
 import json
@@ -198,7 +198,7 @@ def wait_for_file(path, why):
     fail(why)
 
 
-def run_timeline(kind, binary, url):
+def run_timeline(kind, binary, url, shot):
     """The --timeline check (see the module's text)."""
     profile = tempfile.mkdtemp()
     browser = None
@@ -230,9 +230,14 @@ def run_timeline(kind, binary, url):
         for m in browser.dt.events:
             if m.get("method") in DIALOG_EVENTS:
                 fail(f"{browser.name}: a dialog opened")
+        browser.evaluate("document.getElementById('timeline').scrollIntoView(); true")
+        time.sleep(0.5)
         png = browser.screenshot()
         if not png.startswith(b"\x89PNG\r\n\x1a\n") or len(png) < 1000:
             fail(f"{browser.name}: the screenshot is no PNG ({len(png)} bytes)")
+        if shot:
+            with open(shot, "wb") as f:
+                f.write(png)
         print(f"dashboard_browser: ok, the measured timeline ({browser.name})")
     finally:
         if browser:
@@ -245,9 +250,10 @@ def run_timeline(kind, binary, url):
 
 
 def main():
-    if len(sys.argv) == 4 and sys.argv[2] == "--timeline":
+    if len(sys.argv) in (4, 5) and sys.argv[2] == "--timeline":
         binary = sys.argv[1]
-        run_timeline(Firefox if "firefox" in os.path.basename(binary) else Chromium, binary, sys.argv[3])
+        run_timeline(Firefox if "firefox" in os.path.basename(binary) else Chromium, binary, sys.argv[3],
+                     sys.argv[4] if len(sys.argv) == 5 else None)
         return
     if len(sys.argv) < 5:
         fail("usage: dashboard_browser.py BROWSER URL TOKEN EXPECTED_TEXT [SCREENSHOT.png]")
