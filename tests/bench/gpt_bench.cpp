@@ -106,7 +106,7 @@ int run_gpt(const gpt_options& o, std::ostream& out) {
     }
   }
   if (o.only.empty() || o.only == "pipeline") {
-    const int rc = run_gpt_pipeline(o, out, [&](const std::string& bench, const std::string& metric, double v, const char* unit) {
+    const int rc = run_gpt_pipeline(o, [&](const std::string& bench, const std::string& metric, double v, const char* unit) {
       line(o, out, bench, metric, v, unit);
     });
     if (rc != 0) return rc;

@@ -31,6 +31,6 @@ using gpt_line = std::function<void(const std::string&, const std::string&, doub
 /// (--quick: gpipe, 1f1b, zb-h1, 10 steps; else every generator, up to 50 steps), tokens/s and
 /// the measured step against the simulator's prediction from the measured costs; and 1f1b's
 /// tokens/s with its timeline recorded and without. Returns 0, or 1 when a run failed.
-int run_gpt_pipeline(const gpt_options& opts, std::ostream& out, const gpt_line& line);
+int run_gpt_pipeline(const gpt_options& opts, const gpt_line& line);
 
 }  // namespace troupe::bench

@@ -43,7 +43,7 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-int run_gpt_pipeline(const gpt_options& o, std::ostream& out, const gpt_line& line) {
+int run_gpt_pipeline(const gpt_options& o, const gpt_line& line) {
   const auto t = pipeline_run(o);
   const std::vector<std::string> names =
       o.quick ? std::vector<std::string>{"gpipe", "1f1b", "zb-h1"} : pipeline::schedule_names();
@@ -87,7 +87,6 @@ int run_gpt_pipeline(const gpt_options& o, std::ostream& out, const gpt_line& li
     std::cerr << "troupe bench gpt: the recording's cost could not be measured: " << e.what() << "\n";
     rc = 1;
   }
-  (void)out;
   return rc;
 }
 
