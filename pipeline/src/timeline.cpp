@@ -147,6 +147,10 @@ void measured_steps::add(const schedule& plan, step_timeline t) {
   if (t.empty()) return;
   if (plan_.empty()) {
     plan_.push_back(plan);
+    std::size_t actions = 0;
+    for (const auto& row : plan.ranks)
+      for (const auto& a : row) actions += a.has_value() ? 1 : 0;
+    keep_ = std::max<std::size_t>(1, std::min(keep_, max_kept_actions / std::max<std::size_t>(1, actions)));
   } else if (plan_.front().ranks != plan.ranks) {
     throw std::invalid_argument("measured_steps: a step of the schedule '" + plan.name + "' among steps of '" +
                                 plan_.front().name + "'");

@@ -230,6 +230,20 @@ TEST(MeasuredSteps, SkipTheWarmUpAndKeepTheLatest) {
   EXPECT_THROW(pipeline::measured_steps(0, 1), std::invalid_argument);
 }
 
+// A large schedule keeps fewer steps: about a million actions in all.
+TEST(MeasuredSteps, KeepFewerStepsOfALargeSchedule) {
+  const auto plan = pipeline::lower(pipeline::generate("1f1b", 8, 256));
+  std::size_t actions = 0;
+  for (const auto& row : plan.ranks)
+    for (const auto& a : row) actions += a.has_value();
+  ASSERT_GT(actions, 5000u);
+  pipeline::measured_steps m(500, 0);
+  const auto t = simulated_timeline(plan, stage_costs(plan, 1));
+  for (int k = 0; k < 300; ++k) m.add(plan, t);
+  EXPECT_EQ(m.kept().size(), pipeline::measured_steps::max_kept_actions / actions);
+  EXPECT_EQ(m.count(), 300);
+}
+
 // A measured step draws as a simulated one does (render() checks it is the schedule's), in
 // microseconds; its JSON names every action.
 TEST(MeasuredTimeline, DrawsAndWritesAsJson) {

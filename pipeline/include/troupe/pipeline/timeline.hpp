@@ -62,10 +62,12 @@ struct timeline_comparison {
 timeline_comparison compare_with_simulator(const schedule& plan, const std::vector<step_timeline>& steps);
 
 /// The measured steps of a run, for compare_with_simulator: the first `skip` steps (the
-/// warm-up: first allocations, cold caches) are left out, then the last `keep` are kept.
+/// warm-up: first allocations, cold caches) are left out, then the last `keep` are kept, or
+/// fewer for a large schedule: at most max_kept_actions actions in all (at least one step).
 /// Not thread-safe: one run's training thread adds to it.
 class measured_steps {
 public:
+  static constexpr std::size_t max_kept_actions = 1'000'000;  // about 32 MB
   /// Throws std::invalid_argument for keep < 1 or skip < 0.
   explicit measured_steps(std::size_t keep = 500, std::int64_t skip = 1);
   /// One step of `plan` (every step of one plan: another one throws std::invalid_argument, as
