@@ -130,7 +130,8 @@ void add_bench_command(CLI::App& app, int& rc) {
              "each kernel of its step");
   gpt->add_flag("--json", gpt_opts->json, "one JSON object per line");
   gpt->add_flag("--quick", gpt_opts->quick, "20 training steps, shorter kernel timings (for CI)");
-  std::string gpt_only = "run one workload: train, kernels, or one kernel:";
+  std::string gpt_only = "run one workload: train, pipeline (per schedule on 2 ranks: the measured step against the "
+                         "simulator's prediction), kernels, or one kernel:";
   for (auto* n = troupe::bench::gpt_kernel_names(); *n; ++n) gpt_only += std::string(" ") + *n;
   gpt->add_option("--only", gpt_opts->only, gpt_only);
   gpt->add_option("--steps", gpt_opts->steps, "training steps timed")->capture_default_str()->check(CLI::Range(1, 1000000));

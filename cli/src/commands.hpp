@@ -60,10 +60,17 @@ void add_generate_command(CLI::App& app, int& rc);
 
 #include "troupe/kernels/lm.hpp"
 
+namespace troupe {
+class dashboard;
+}
+
 namespace troupe::cli {
+class timeline_view;
 /// `troupe train --model gpt:...` (train_lm_command.cpp): in this thread, or with `engine` (a
-/// pipeline's) when set; returns the exit code.
-int run_lm_train(const troupe::kernels::lm_options& o, bool json, const troupe::kernels::lm_engine_factory& engine = {});
+/// pipeline's) when set; returns the exit code. `board` (may be null) shows the losses and
+/// tokens/s; `view` (may be null) the pipeline's measured steps, also in the final summary.
+int run_lm_train(const troupe::kernels::lm_options& o, bool json, const troupe::kernels::lm_engine_factory& engine = {},
+                 troupe::dashboard* board = nullptr, timeline_view* view = nullptr);
 void add_zkbench_command(CLI::App& app, int& rc);
 }  // namespace troupe::cli
 

@@ -24,6 +24,7 @@
 
 #include "commands.hpp"
 #include "dashboard_option.hpp"
+#include "pipeline_timeline.hpp"
 
 namespace troupe::cli {
 
@@ -166,7 +167,7 @@ void add_train_command(CLI::App& app, int& rc) {
     try {
       if (o->model.rfind("gpt:", 0) == 0) {
         // A language model: the flags that only an MLP on images reads are refused.
-        for (auto* opt : {epochs, data_dir, load, report_option, fp32_option, dashboard_option})
+        for (auto* opt : {epochs, data_dir, load, report_option, fp32_option})
           if (opt->count() > 0)
             throw std::invalid_argument(opt->get_name() + " cannot combine with a gpt model" +
                                         (opt == epochs ? " (it trains for --steps)"
@@ -183,15 +184,31 @@ void add_train_command(CLI::App& app, int& rc) {
         lm->seed = o->seed;
         lm->save = o->save;
         if (microbatches->count() > 0 || !pipe->schedule.empty()) lm->microbatches = pipe->microbatches;
+        const auto g = troupe::kernels::parse_gpt_spec(o->model);
+        auto board = open_dashboard(*dash, run_dashboard_token(*dash), "troupe train");
+        if (board) {
+          std::vector<std::pair<std::string, std::string>> rows = {
+              {"model", o->model}, {"dataset", lm->dataset.empty() ? lm->text : lm->dataset},
+              {"steps", std::to_string(lm->steps)}, {"batch", std::to_string(lm->batch)}};
+          if (!pipe->schedule.empty())
+            rows.emplace_back("pipeline", pipe->schedule + ", " + std::to_string(pipe->ranks) + " ranks, " +
+                                              std::to_string(pipe->microbatches) + " microbatches");
+          board->set_run("troupe train", std::move(rows));
+        }
         if (pipe->schedule.empty()) {
-          rc = run_lm_train(*lm, *json);
+          rc = run_lm_train(*lm, *json, {}, board.get());
           return;
         }
         // The model's top-level layers: embedding, dropout (when > 0), two blocks a layer, the
         // final norm and the head (make_gpt).
-        const auto g = troupe::kernels::parse_gpt_spec(o->model);
         auto p = make_pipeline(static_cast<int>(1 + (g.dropout > 0 ? 1 : 0) + 2 * g.layers + 2));
-        rc = run_lm_train(*lm, *json, troupe::pipeline::lm_pipeline_engine(*p.sys, std::move(p.plan), std::move(p.nodes)));
+        if (board)
+          board->set_schedule_svg(troupe::pipeline::render(p.plan, troupe::pipeline::simulate(p.plan),
+                                                           troupe::pipeline::render_format::svg));
+        timeline_view view(board.get());
+        rc = run_lm_train(*lm, *json,
+                          troupe::pipeline::lm_pipeline_engine(*p.sys, std::move(p.plan), std::move(p.nodes), view.observer()),
+                          board.get(), &view);
         return;
       }
       if (microbatches->count() > 0 && pipe->schedule.empty())
@@ -213,6 +230,7 @@ void add_train_command(CLI::App& app, int& rc) {
       std::string schedule_svg;
       // The pipeline's stage actors, when asked for; otherwise the model trains in this thread.
       std::unique_ptr<troupe::actor_system> sys;
+      timeline_view view(board.get());
       troupe::kernels::engine_factory engine;
       if (!pipe->schedule.empty()) {
         // Linear and ReLU layers, as cut_mlp cuts them.
@@ -221,7 +239,7 @@ void add_train_command(CLI::App& app, int& rc) {
           schedule_svg = troupe::pipeline::render(p.plan, troupe::pipeline::simulate(p.plan), troupe::pipeline::render_format::svg);
         if (board) board->set_schedule_svg(schedule_svg);
         sys = std::move(p.sys);
-        engine = troupe::pipeline::pipeline_engine(*sys, std::move(p.plan), std::move(p.nodes));
+        engine = troupe::pipeline::pipeline_engine(*sys, std::move(p.plan), std::move(p.nodes), view.observer());
       }
       auto result = troupe::kernels::train(*o, [&](const troupe::kernels::train_progress& p) {
         if (board && p.steps > 0) {
@@ -257,9 +275,11 @@ void add_train_command(CLI::App& app, int& rc) {
         }
         std::fflush(stderr);
       }, engine);
+      view.publish();
+      if (const auto line = view.text(); !line.empty()) std::fprintf(stderr, "%s\n", line.c_str());
       if (*json)
-        std::printf("{\"test_accuracy\":%.4f,\"samples_per_s\":%.1f,\"seconds\":%.2f}\n",
-                    result.test_accuracy, result.samples_per_s, result.seconds);
+        std::printf("{\"test_accuracy\":%.4f,\"samples_per_s\":%.1f,\"seconds\":%.2f%s}\n",
+                    result.test_accuracy, result.samples_per_s, result.seconds, view.json_fields().c_str());
       else
         std::printf("test accuracy %.4f after %d epochs, %.0f samples/s, %.1f s\n", result.test_accuracy,
                     o->epochs, result.samples_per_s, result.seconds);
@@ -276,6 +296,11 @@ void add_train_command(CLI::App& app, int& rc) {
         if (!schedule_svg.empty()) {
           r.heading("Pipeline schedule " + pipe->schedule + " (simulated, unit costs)");
           r.svg(schedule_svg);
+        }
+        if (const auto measured = view.svg(); !measured.empty()) {
+          r.heading("Pipeline: the last step as measured, per rank");
+          r.paragraph(view.text());
+          r.svg(measured);
         }
         r.heading("Options");
         std::vector<std::vector<std::string>> rows = {{"model", o->model}, {"dataset", o->dataset},

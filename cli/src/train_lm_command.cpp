@@ -8,17 +8,27 @@
 #include <memory>
 #include <string>
 
+#include <troupe/actors/dashboard.hpp>
 #include <troupe/kernels/lm.hpp>
 
 #include "commands.hpp"
+#include "pipeline_timeline.hpp"
 
 namespace troupe::cli {
 
-int run_lm_train(const troupe::kernels::lm_options& o, bool json, const troupe::kernels::lm_engine_factory& engine) {
+int run_lm_train(const troupe::kernels::lm_options& o, bool json, const troupe::kernels::lm_engine_factory& engine,
+                 troupe::dashboard* board, timeline_view* view) {
   const bool tty = isatty(STDERR_FILENO);
   const auto result = troupe::kernels::train_lm(
       o,
       [&](const troupe::kernels::lm_progress& p) {
+        if (board) {
+          const double x = static_cast<double>(p.step);
+          board->add_point("loss", "train loss", x, p.train_loss, "step", "loss");
+          board->add_point("loss", "validation loss", x, p.val_loss, "step", "loss");
+          board->add_point("throughput", "tokens per second", x, p.tokens_per_s, "step", "tokens/s");
+          board->set_figure("tokens per second", p.tokens_per_s, "training tokens per second so far");
+        }
         if (json) {
           std::printf("{\"step\":%lld,\"train_loss\":%s,\"val_loss\":%s,\"tokens_per_s\":%.1f}\n",
                       static_cast<long long>(p.step), json_number(p.train_loss, "%.4f").c_str(),
@@ -31,6 +41,11 @@ int run_lm_train(const troupe::kernels::lm_options& o, bool json, const troupe::
         std::fflush(stderr);
       },
       [&](std::int64_t step, double loss) {
+        if (board) {
+          board->add_point("training loss per step", "loss of the step's batch", static_cast<double>(step), loss, "step",
+                           "loss");
+          board->set_figure("step", static_cast<double>(step), "steps done of " + std::to_string(o.steps));
+        }
         if (!tty || step % 10 != 0) return;
         const int width = 30, done = static_cast<int>(width * step / o.steps);
         std::fprintf(stderr, "\r\033[Kstep %lld/%lld [%.*s%*s] loss %.4f", static_cast<long long>(step),
@@ -38,11 +53,16 @@ int run_lm_train(const troupe::kernels::lm_options& o, bool json, const troupe::
         std::fflush(stderr);
       },
       engine);
+  if (view) {
+    view->publish();
+    if (const auto line = view->text(); !line.empty()) std::fprintf(stderr, "%s\n", line.c_str());
+  }
   if (json)
     std::printf("{\"val_loss\":%s,\"tokens_per_s\":%.1f,\"seconds\":%.2f,\"peak_rss_mb\":%.1f,\"parameters\":%lld,"
-                "\"vocab\":%lld}\n",
+                "\"vocab\":%lld%s}\n",
                 json_number(result.val_loss, "%.4f").c_str(), result.tokens_per_s, result.seconds, result.peak_rss_mb,
-                static_cast<long long>(result.parameters), static_cast<long long>(result.vocab));
+                static_cast<long long>(result.parameters), static_cast<long long>(result.vocab),
+                view ? view->json_fields().c_str() : "");
   else
     std::printf("val loss %.4f after %lld steps, %.0f tokens/s, %.1f s, peak RSS %.0f MB (%lld parameters, vocabulary "
                 "of %lld)\n",

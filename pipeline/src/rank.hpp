@@ -63,6 +63,10 @@ struct rank_report {
   std::string why;  ///< when not done
   /// With clipping: each parameter's kernels::grad_square_sum, stage by stage in model order.
   std::vector<double> square_sums;
+  /// With training_options::record_timeline: when the rank's part began (steady clock, ns since
+  /// its epoch), and per action of its list, its start and end in ns from then.
+  std::int64_t began_ns = 0;
+  std::vector<std::int64_t> times;
 };
 
 /// A stage as it travels to another node: its description (what make_layer reads), its
@@ -217,12 +221,15 @@ public:
       report.why = "rank " + std::to_string(rank_) + " is already past step " + std::to_string(plan.step);
       co_return report;
     }
+    const auto began = clock_type::now();
+    times_.clear();  // (its capacity stays: setup() reserved every action's place)
     try {
       begin(plan.step);
       check_plan(plan);
       optimizer_->zero_grad();
       for (const auto& a : plan_->ranks[static_cast<std::size_t>(rank_)]) {
         if (!a) continue;
+        const auto action_start = record_ ? clock_type::now() : began;
         const cell_key at{a->stage, a->microbatch};
         switch (a->kind) {
           case op::recv_f: inputs_[at] = co_await receive(false, at); break;
@@ -236,6 +243,10 @@ public:
             report.peak_activation_bytes = std::max(report.peak_activation_bytes, held_bytes());
           }
         }
+        if (record_) {
+          times_.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(action_start - began).count());
+          times_.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - began).count());
+        }
       }
       if (!keeps_.empty() || !checkpoints_.empty() || !inputs_.empty() || !grads_.empty() || !outputs_.empty() ||
           !input_grads_.empty())
@@ -246,6 +257,10 @@ public:
           for (auto* p : stage->parameters())
             report.square_sums.push_back(kernels::grad_square_sum(p->grad.where().is_cpu() ? p->grad : host_copy(p->grad)));
       done_step_ = plan.step;
+      if (record_) {
+        report.began_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(began.time_since_epoch()).count();
+        report.times = times_;
+      }
     } catch (const aborted& e) {
       report.result = outcome::aborted;
       report.why = e.what();
@@ -383,6 +398,8 @@ private:
                                   " parameter offsets for its " + std::to_string(mine.size()) + " stages");
     for (const auto& a : plan_->ranks.at(static_cast<std::size_t>(rank_)))
       if (a && a->kind == op::recompute) recomputed_.insert({a->stage, a->microbatch});
+    record_ = options.record_timeline;
+    if (record_) times_.reserve(2 * plan_->ranks.at(static_cast<std::size_t>(rank_)).size());
     std::vector<kernels::parameter*> params;
     std::vector<std::uint64_t> keys;  // each tensor's place in the whole model
     for (std::size_t i = 0; i < mine.size(); ++i) {
@@ -626,6 +643,8 @@ private:
   }
 
   int rank_;
+  bool record_ = false;               // training_options::record_timeline
+  std::vector<std::int64_t> times_;   // the step's action times as they are recorded
   double clip_ = 0;  // > 0: report the gradients' square sums for the global norm
   device where_;  // where the rank's stages compute (they share one device)
   std::shared_ptr<const schedule> plan_;
@@ -678,7 +697,8 @@ auto fields(T& p) requires std::same_as<std::remove_const_t<T>, step_plan> {
 }
 template <class T>
 auto fields(T& p) requires std::same_as<std::remove_const_t<T>, rank_report> {
-  return std::tie(p.loss_sum, p.finite, p.busy_seconds, p.peak_activation_bytes, p.result, p.why, p.square_sums);
+  return std::tie(p.loss_sum, p.finite, p.busy_seconds, p.peak_activation_bytes, p.result, p.why, p.square_sums,
+                  p.began_ns, p.times);
 }
 template <class T>
 auto fields(T& s) requires std::same_as<std::remove_const_t<T>, kernels::shard_info> {
@@ -691,7 +711,7 @@ auto fields(T& o) requires std::same_as<std::remove_const_t<T>, training_options
   return std::tie(o.optimizer, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum, h.dampening, h.nesterov,
                   h.amsgrad, s.storage, s.block_size, s.min_8bit_elements, s.first_moment_fp32, s.stochastic_rounding,
                   s.percentile_scale, s.percentile_clipping, s.fp32_params, o.cosine_steps, o.step_timeout, o.seed,
-                  o.warmup, o.min_lr, o.decay_matrices_only, o.clip);
+                  o.warmup, o.min_lr, o.decay_matrices_only, o.clip, o.record_timeline);
 }
 
 /// Encodes and decodes T field by field, in the order fields() lists them.

@@ -293,7 +293,7 @@ double tick_step(double span) {
   return 10 * base;
 }
 
-std::string render_svg(const schedule& s, const simulation& sim) {
+std::string render_svg(const schedule& s, const simulation& sim, const render_options& o) {
   const int p = s.place.ranks, v = s.place.stages_per_rank;
   constexpr double left = 80, right = 24, top = 60, row_h = 30, full_box_h = 24;
   constexpr double target_box = 28;  // pixels for the shortest action
@@ -330,7 +330,8 @@ std::string render_svg(const schedule& s, const simulation& sim) {
                     " v=" + std::to_string(v)) +
          "</text>\n";
   out += "<text x=\"" + number(left) + "\" y=\"42\" font-size=\"12\" fill=\"#444444\">" +
-         html_escape("makespan " + sim.makespan.str() + ", bubble " + percent(sim.bubble) +
+         html_escape("makespan " + sim.makespan.str() + (o.time_unit.empty() ? "" : " " + o.time_unit) + ", bubble " +
+                     percent(sim.bubble) +
                     ", bubble_span " + percent(sim.bubble_span)) +
          "</text>\n";
 
@@ -373,7 +374,8 @@ std::string render_svg(const schedule& s, const simulation& sim) {
            "\" font-size=\"10\" text-anchor=\"middle\">" + number(i * step, 6) + "</text>\n";
   }
   out += "<text x=\"" + number(left + plot / 2) + "\" y=\"" + number(axis_y + 34) +
-         "\" font-size=\"11\" text-anchor=\"middle\" fill=\"#444444\">time (cost units)</text>\n";
+         "\" font-size=\"11\" text-anchor=\"middle\" fill=\"#444444\">" +
+         html_escape("time (" + (o.time_unit.empty() ? std::string("cost units") : o.time_unit) + ")") + "</text>\n";
 
   // The legend: one key per kind drawn (chunk 0's shade).
   double lx = left;
@@ -491,7 +493,7 @@ std::string render(const schedule& s, const simulation& sim, render_format f,
   switch (f) {
     case render_format::ascii: return render_ascii(s, sim, options);
     case render_format::csv: return to_csv(s);
-    case render_format::svg: return render_svg(s, sim);
+    case render_format::svg: return render_svg(s, sim, options);
     case render_format::chrome: return render_chrome(s, sim);
   }
   throw std::invalid_argument("unknown render format");

@@ -28,7 +28,34 @@ struct trainer::impl {
   actor_ref<detail::driver_actor> driver;  // the ranks watch it
   std::uint64_t steps = 0;
   double clip = 0;
+  bool record = false;  // training_options::record_timeline
   std::vector<std::size_t> stage_params;  // parameter tensors of each stage
+
+  /// The step's timeline from the ranks' reports: each rank's times are from its own start; the
+  /// ranks in this process share one clock and go on the earliest of their starts.
+  step_timeline timeline_of(const std::vector<std::optional<rank_report>>& reports) const {
+    std::optional<std::int64_t> origin;
+    for (std::size_t r = 0; r < ranks.size(); ++r)
+      if (!ranks[r].is_remote() && (!origin || reports[r]->began_ns < *origin)) origin = reports[r]->began_ns;
+    step_timeline out(ranks.size());
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      const auto& times = reports[r]->times;
+      const std::int64_t shift = ranks[r].is_remote() ? 0 : reports[r]->began_ns - *origin;
+      const auto actions = static_cast<std::size_t>(
+          std::count_if(plan->ranks[r].begin(), plan->ranks[r].end(), [](const auto& a) { return a.has_value(); }));
+      if (times.size() != 2 * actions)
+        throw std::runtime_error("rank " + std::to_string(r) + " reported " + std::to_string(times.size() / 2) +
+                                 " action times for its " + std::to_string(actions) + " actions");
+      std::size_t k = 0;
+      out[r].reserve(actions);
+      for (const auto& a : plan->ranks[r])
+        if (a) {
+          out[r].push_back({*a, times[2 * k] + shift, times[2 * k + 1] + shift});
+          ++k;
+        }
+    }
+    return out;
+  }
 
   /// What clipping multiplies every gradient by: from the square sums the ranks reported, put
   /// in model order and added as one optimizer of the whole model adds them.
@@ -132,6 +159,7 @@ trainer::trainer(actor_system& sys, const schedule& s, std::vector<std::unique_p
   // Past a billion seconds (32 years) a limit is no limit (and would overflow the clock).
   impl_->step_timeout = options.step_timeout >= 1e9 ? 0 : options.step_timeout;
   impl_->clip = options.clip;
+  impl_->record = options.record_timeline;
   for (const auto& stage : stages) impl_->stage_params.push_back(stage->parameters().size());
   const int ranks = plan->place.ranks;
   if (!nodes.empty() && static_cast<int>(nodes.size()) != ranks)
@@ -324,6 +352,7 @@ step_result trainer::step(const tensor& x, const tensor& labels) {
     result.busy_seconds.push_back(r->busy_seconds);
     result.peak_activation_bytes.push_back(static_cast<std::size_t>(r->peak_activation_bytes));
   }
+  if (impl_->record) result.timeline = impl_->timeline_of(c->reports);
   result.applied = finite;
   result.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
   return result;
@@ -499,13 +528,17 @@ std::vector<std::unique_ptr<kernels::sequential>> cut_sequential(kernels::sequen
 namespace {
 class engine final : public kernels::train_engine {
 public:
-  engine(actor_system& sys, const schedule& s, const std::vector<std::uint32_t>& nodes, const kernels::engine_setup& setup)
+  engine(actor_system& sys, const schedule& s, const std::vector<std::uint32_t>& nodes, const kernels::engine_setup& setup,
+         step_observer observe)
       : microbatches_(s.microbatches),
+        observe_(std::move(observe)),
         trainer_(sys, s, cut_mlp(setup.model, setup.sizes, s.stages()),
-                 {.optimizer = setup.kind, .hp = setup.hp, .state = setup.state, .cosine_steps = setup.cosine_steps},
+                 {.optimizer = setup.kind, .hp = setup.hp, .state = setup.state, .cosine_steps = setup.cosine_steps,
+                  .record_timeline = static_cast<bool>(observe_)},
                  nodes) {}
   kernels::step_outcome step(const tensor& x, const tensor& labels) override {
     const auto r = trainer_.step(x, labels);
+    if (observe_) observe_(trainer_.plan(), r);
     return {r.loss, r.applied};
   }
   tensor predict(const tensor& x) override { return trainer_.predict(x); }
@@ -519,6 +552,7 @@ public:
 
 private:
   std::int64_t microbatches_;
+  step_observer observe_;
   trainer trainer_;
 };
 }  // namespace
@@ -528,10 +562,12 @@ namespace {
 class lm_stages final : public kernels::lm_engine {
 public:
   lm_stages(actor_system& sys, const schedule& s, const std::vector<std::uint32_t>& nodes,
-            const kernels::lm_engine_setup& setup)
-      : trainer_(sys, checked(s, setup), cut_sequential(setup.model, s.stages()), options_of(setup), nodes) {}
+            const kernels::lm_engine_setup& setup, step_observer observe)
+      : observe_(std::move(observe)),
+        trainer_(sys, checked(s, setup), cut_sequential(setup.model, s.stages()), options_of(setup, observe_), nodes) {}
   kernels::step_outcome step(const tensor& x, const tensor& y) override {
     const auto r = trainer_.step(x, y);
+    if (observe_) observe_(trainer_.plan(), r);
     return {r.loss, r.applied};
   }
   tensor predict(const tensor& x) override { return trainer_.predict(x); }
@@ -557,7 +593,7 @@ private:
                                   std::to_string(setup.microbatches));
     return s;
   }
-  static training_options options_of(const kernels::lm_engine_setup& setup) {
+  static training_options options_of(const kernels::lm_engine_setup& setup, const step_observer& observe) {
     training_options o;
     o.optimizer = kernels::optimizer_kind::adamw;
     o.hp = setup.hp;
@@ -567,23 +603,27 @@ private:
     o.min_lr = setup.min_lr;
     o.decay_matrices_only = true;
     o.clip = setup.clip;
+    o.record_timeline = static_cast<bool>(observe);  // recorded only for someone to see
     return o;
   }
+  step_observer observe_;
   trainer trainer_;
 };
 }  // namespace
 
-kernels::lm_engine_factory lm_pipeline_engine(actor_system& sys, schedule s, std::vector<std::uint32_t> nodes) {
-  return [&sys, s = std::move(s), nodes = std::move(nodes)](
+kernels::lm_engine_factory lm_pipeline_engine(actor_system& sys, schedule s, std::vector<std::uint32_t> nodes,
+                                              step_observer observe) {
+  return [&sys, s = std::move(s), nodes = std::move(nodes), observe = std::move(observe)](
              const kernels::lm_engine_setup& setup) -> std::unique_ptr<kernels::lm_engine> {
-    return std::make_unique<lm_stages>(sys, s, nodes, setup);
+    return std::make_unique<lm_stages>(sys, s, nodes, setup, observe);
   };
 }
 
-kernels::engine_factory pipeline_engine(actor_system& sys, schedule s, std::vector<std::uint32_t> nodes) {
-  return [&sys, s = std::move(s), nodes = std::move(nodes)](
+kernels::engine_factory pipeline_engine(actor_system& sys, schedule s, std::vector<std::uint32_t> nodes,
+                                        step_observer observe) {
+  return [&sys, s = std::move(s), nodes = std::move(nodes), observe = std::move(observe)](
              const kernels::engine_setup& setup) -> std::unique_ptr<kernels::train_engine> {
-    return std::make_unique<engine>(sys, s, nodes, setup);
+    return std::make_unique<engine>(sys, s, nodes, setup, observe);
   };
 }
 

@@ -234,6 +234,23 @@ TEST(Dashboard, ServesThePageItsScriptApiAndMetrics) {
   EXPECT_NE(get(d.port(), "/schedule.svg").find("HTTP/1.1 404"), std::string::npos);
 }
 
+TEST(Dashboard, ServesTheLastMeasuredPipelineStepAsDrawingAndData) {
+  troupe::dashboard d({});
+  EXPECT_NE(get(d.port(), "/timeline.svg").find("HTTP/1.1 404"), std::string::npos);
+  EXPECT_NE(get(d.port(), "/api/timeline").find("HTTP/1.1 404"), std::string::npos);
+  EXPECT_NE(d.run_json().find("\"timeline\":0"), std::string::npos);
+  d.set_timeline("<svg>first</svg>", "{\"step\":1}");
+  d.set_timeline("<svg>second</svg>", "{\"step\":2}");
+  const auto svg = get(d.port(), "/timeline.svg?n=2");
+  EXPECT_NE(svg.find("HTTP/1.1 200"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("image/svg+xml"), std::string::npos);
+  EXPECT_NE(svg.find("<svg>second</svg>"), std::string::npos);
+  const auto data = get(d.port(), "/api/timeline");
+  EXPECT_NE(data.find("application/json"), std::string::npos);
+  EXPECT_NE(data.find("{\"step\":2}"), std::string::npos) << data;
+  EXPECT_NE(d.run_json().find("\"timeline\":2"), std::string::npos);  // the page reloads the drawing on a change
+}
+
 TEST(Dashboard, OpenPagesGetTheStateWhenItChanges) {
   troupe::dashboard_config cfg;
   cfg.update_every = 20ms;

@@ -74,10 +74,10 @@ std::function<void()> layer_step(kernels::layer& l, const tensor& x, const tenso
 const char* const* gpt_kernel_names() { return kernel_names; }
 
 int run_gpt(const gpt_options& o, std::ostream& out) {
-  const bool known = o.only.empty() || o.only == "train" || o.only == "kernels" ||
+  const bool known = o.only.empty() || o.only == "train" || o.only == "pipeline" || o.only == "kernels" ||
                      std::any_of(kernel_names, kernel_names + 7, [&](const char* n) { return o.only == n; });
   if (!known) {
-    std::cerr << "troupe bench gpt: unknown workload '" << o.only << "' (known: train, kernels";
+    std::cerr << "troupe bench gpt: unknown workload '" << o.only << "' (known: train, pipeline, kernels";
     for (auto* n = kernel_names; *n; ++n) std::cerr << ", " << *n;
     std::cerr << ")\n";
     return 2;
@@ -105,6 +105,13 @@ int run_gpt(const gpt_options& o, std::ostream& out) {
       return 1;
     }
   }
+  if (o.only.empty() || o.only == "pipeline") {
+    const int rc = run_gpt_pipeline(o, [&](const std::string& bench, const std::string& metric, double v, const char* unit) {
+      line(o, out, bench, metric, v, unit);
+    });
+    if (rc != 0) return rc;
+  }
+  if (o.only == "pipeline") return 0;
   const double seconds = o.quick ? 0.05 : 0.5;
   const auto wanted = [&](const char* name) { return o.only.empty() || o.only == "kernels" || o.only == name; };
   std::mt19937 rng(1);

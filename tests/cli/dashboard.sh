@@ -3,10 +3,12 @@
 # a head serves it on loopback with the cluster's token required; a worker joins with a kv store
 # named `<img src=x onerror=alert(1)>`; the API and /metrics list both nodes and the name,
 # escaped; bad --dashboard flags are refused; a fedsim run shows its curves and its sampled
-# clients by id. In headless Chromium and in headless Firefox, each where installed, it signs in
+# clients by id; a pipelined train run shows its last measured step per rank (/api/timeline,
+# /timeline.svg), newer ones as it goes. In headless Chromium and in headless Firefox, each where installed, it signs in
 # through the login page, waits for the node list and a live update, checks that the name shows as
 # text and that nothing ran, and takes a screenshot (Chromium's into $TROUPE_DASHBOARD_SHOT when
-# set); a browser that is absent is said to be skipped.
+# set, the training run's measured step into $TROUPE_TIMELINE_SHOT); a browser that is absent is
+# said to be skipped.
 #
 #   tests/cli/dashboard.sh PATH/TO/troupe PATH/TO/remote_test_node
 set -euo pipefail
@@ -109,6 +111,38 @@ curl -s "$run_url/metrics" | grep -q '^troupe_run_value{chart="test accuracy per
   fail "the run's /metrics lacks its accuracy"
 kill "$fedsim"
 
+# A pipelined training run's dashboard: the last measured step, per rank, as data and drawing.
+TROUPE_DASHBOARD_TOKEN= "$troupe" train --model mlp:784-32-16-10 --pipeline 1f1b --ranks 2 --microbatches 4 --batch 64 \
+  --epochs 100000 --dashboard 0 >"$dir/train" 2>"$dir/train.err" &
+train=$!
+pids+=($train)
+wait_for "$dir/train.err" '^dashboard: http'
+train_url=$(sed -n 's/^dashboard: \(http[^ ]*\).*/\1/p' "$dir/train.err")
+train_url=${train_url%/}
+for _ in $(seq 300); do
+  curl -sf "$train_url/api/timeline" >"$dir/timeline.json" && break
+  sleep 0.1
+done
+python3 - "$dir/timeline.json" <<'PY' || fail "the measured timeline is not as expected: $(head -c 2000 "$dir/timeline.json")"
+import json, sys
+t = json.load(open(sys.argv[1]))
+assert t["schedule"] == "1f1b" and t["unit"] == "ns" and t["step"] >= 1, t
+assert len(t["ranks"]) == 2, len(t["ranks"])
+for rank, row in enumerate(t["ranks"]):
+    kinds = [a["kind"] for a in row]
+    # 1f1b on 2 ranks with 4 microbatches: every forward and backward of the rank's stage, and the
+    # sends and receives between them.
+    assert kinds.count("F") == 4 and kinds.count("B") == 4, kinds
+    assert kinds.count("SEND_F" if rank == 0 else "RECV_F") == 4, kinds
+    assert all(a["stage"] == rank for a in row), row
+    for before, after in zip(row, row[1:]):
+        assert 0 <= before["start_ns"] <= before["end_ns"] <= after["start_ns"], (before, after)
+PY
+svg=$(curl -s -w '%{http_code} %{content_type}' -o "$dir/timeline.svg" "$train_url/timeline.svg")
+[[ $svg == "200 image/svg+xml" ]] || fail "/timeline.svg answered $svg"
+grep -q 'time (us)' "$dir/timeline.svg" || fail "the drawing has no time axis in microseconds"
+grep -q 'step [0-9]* as measured' "$dir/timeline.svg" || fail "the drawing does not say which step it measured"
+
 # The page in both browsers the dashboard is made for, each where it is installed.
 chromium=$(command -v chromium || command -v chromium-browser || true)
 if [[ -z $chromium ]]; then
@@ -116,6 +150,8 @@ if [[ -z $chromium ]]; then
 else
   python3 "$here/dashboard_browser.py" "$chromium" "$url" "$TROUPE_CLUSTER_TOKEN" "$hostile" "${TROUPE_DASHBOARD_SHOT:-}" ||
     fail "the Chromium check failed"
+  python3 "$here/dashboard_browser.py" "$chromium" --timeline "$train_url" "${TROUPE_TIMELINE_SHOT:-}" ||
+    fail "the Chromium check of the training run's timeline failed"
 fi
 firefox=$(command -v firefox-esr || command -v firefox || true)
 if [[ -z $firefox ]]; then
@@ -123,5 +159,8 @@ if [[ -z $firefox ]]; then
 else
   python3 "$here/dashboard_browser.py" "$firefox" "$url" "$TROUPE_CLUSTER_TOKEN" "$hostile" ||
     fail "the Firefox check failed"
+  python3 "$here/dashboard_browser.py" "$firefox" --timeline "$train_url" ||
+    fail "the Firefox check of the training run's timeline failed"
 fi
+kill "$train"
 echo "dashboard.sh: ok"

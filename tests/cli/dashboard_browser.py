@@ -3,6 +3,8 @@
 DevTools protocol, Firefox over WebDriver BiDi (built into Firefox: no driver program).
 
     dashboard_browser.py BROWSER URL TOKEN EXPECTED_TEXT [SCREENSHOT.png]
+    dashboard_browser.py BROWSER --timeline URL [SCREENSHOT.png]
+
 
 BROWSER is the path of chromium or of firefox / firefox-esr (told apart by its name). Signs in
 through the dashboard's login page with TOKEN (the form and its cookie, as a person would), waits
@@ -12,6 +14,10 @@ showed), checks that EXPECTED_TEXT is on the page as text, that no element came 
 hostile name that ran script would alert), and takes a screenshot (checked to be a PNG; written
 to SCREENSHOT.png when given). Prints "dashboard_browser: ok (BROWSER VERSION)" or exits 1
 saying why.
+
+With --timeline, URL is the dashboard of a pipelined `troupe train` (no token): it waits for the
+drawing of the last measured step to show (an image that loaded) and for a newer one to replace
+it, checks that no dialog opened and takes a screenshot of it (written to SCREENSHOT.png when given).
 """
 import base64
 import json
@@ -192,7 +198,63 @@ def wait_for_file(path, why):
     fail(why)
 
 
+def run_timeline(kind, binary, url, shot):
+    """The --timeline check (see the module's text)."""
+    profile = tempfile.mkdtemp()
+    browser = None
+    try:
+        browser = kind(binary, profile)
+
+        def wait_for(expression, what, seconds=60):
+            end = time.time() + seconds
+            while time.time() < end:
+                v = browser.evaluate(expression)
+                if v:
+                    return v
+                time.sleep(0.2)
+            fail(f"{browser.name}: timed out waiting for {what}; the page says: "
+                 f"{browser.evaluate('document.body && document.body.innerText')}")
+
+        browser.navigate(url)
+        shown = ("(() => { const i = document.getElementById('timeline-img');"
+                 " return !document.getElementById('timeline').hidden && i.complete && i.naturalWidth > 0"
+                 " && i.getAttribute('src'); })()")
+        first = wait_for(shown, "the drawing of the measured step")
+        if not first.startswith("/timeline.svg?n="):
+            fail(f"{browser.name}: the drawing comes from {first}")
+        wait_for(f"(() => {{ const s = {shown}; return s && s !== {json.dumps(first)}; }})()",
+                 "a newer measured step")
+        text = browser.evaluate("document.body.innerText")
+        if "the last measured step" not in text or "step ms (measured)" not in text:
+            fail(f"{browser.name}: the page lacks the measured step: {text[:2000]}")
+        for m in browser.dt.events:
+            if m.get("method") in DIALOG_EVENTS:
+                fail(f"{browser.name}: a dialog opened")
+        browser.evaluate("document.getElementById('timeline').scrollIntoView(); true")
+        time.sleep(0.5)
+        png = browser.screenshot()
+        if not png.startswith(b"\x89PNG\r\n\x1a\n") or len(png) < 1000:
+            fail(f"{browser.name}: the screenshot is no PNG ({len(png)} bytes)")
+        if shot:
+            with open(shot, "wb") as f:
+                f.write(png)
+        print(f"dashboard_browser: ok, the measured timeline ({browser.name})")
+    finally:
+        if browser:
+            browser.process.terminate()
+            try:
+                browser.process.wait(10)
+            except subprocess.TimeoutExpired:
+                browser.process.kill()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
 def main():
+    if len(sys.argv) in (4, 5) and sys.argv[2] == "--timeline":
+        binary = sys.argv[1]
+        run_timeline(Firefox if "firefox" in os.path.basename(binary) else Chromium, binary, sys.argv[3],
+                     sys.argv[4] if len(sys.argv) == 5 else None)
+        return
     if len(sys.argv) < 5:
         fail("usage: dashboard_browser.py BROWSER URL TOKEN EXPECTED_TEXT [SCREENSHOT.png]")
     binary, url, token, expected = sys.argv[1:5]

@@ -49,8 +49,9 @@ check_page hetero.html 3
 grep -q 'mlp:784-8-10' hetero.html || fail "the heterogeneous report does not name its models"
 
 "$troupe" train --epochs 1 --pipeline 1f1b --ranks 2 --microbatches 4 --report train.html >/dev/null 2>&1
-check_page train.html 4
+check_page train.html 5
 grep -q 'Pipeline schedule 1f1b' train.html || fail "the train report has no schedule"
+grep -q '1f1b, step [0-9]* as measured' train.html || fail "the train report has no measured step"
 
 # A benchmark's rows beside an anchor's (here an earlier run of the same workloads): every row
 # finds its anchor row, and each ratio is printed.

@@ -2,7 +2,8 @@
 # A GPT through the pipeline runtime from the command line: every generator's schedule on 2 ranks
 # and 4 microbatches (with --recompute, with bf16 and 8-bit optimizer state) writes the weights
 # file of the one-rank run with the same 4 microbatches, to the bit, and reports the same
-# validation losses; the clipping (0.05: every step clips) uses the norm over every rank.
+# validation losses; the clipping (0.05: every step clips) uses the norm over every rank; each
+# pipelined run's summary has its measured step beside the simulator's prediction.
 #
 #   tests/pipeline/gpt_pipeline.sh PATH/TO/troupe
 set -euo pipefail
@@ -34,7 +35,11 @@ done
 for s in gpipe 1f1b interleaved-1f1b looped-bfs zb-h1 zb-h2 zb-v interleaved-zb dualpipe-v v-half v-min; do
   run "$s" --pipeline "$s" --ranks 2
   check "$s" one-fp32
+  # The summary sets the measured step beside the simulator's prediction from the measured costs.
+  tail -1 "$dir/$s.out" | grep -q '"step_ms_measured":[0-9.]*,"step_ms_predicted":[0-9.]*,"step_ms_ratio":[0-9.]*}$' ||
+    fail "$s's summary has no measured step: $(tail -1 "$dir/$s.out")"
 done
+grep -q step_ms "$dir/one-fp32.out" && fail "a run in one thread reports a pipeline step: $(tail -1 "$dir/one-fp32.out")"
 for s in 1f1b zb-v; do
   run "$s-recompute" --pipeline "$s" --ranks 2 --recompute
   check "$s-recompute" one-fp32

@@ -4,7 +4,8 @@
 #   - one microbatch per step: the weights equal those of training in one process, to the bit;
 #   - a GPT with 4 microbatches a step: the weights of the one-rank run with those microbatches,
 #     also when stopped after a step and resumed from its sharded checkpoint;
-#   - a zero-bubble V schedule (two stages per rank) trains to a sensible accuracy;
+#   - a zero-bubble V schedule (two stages per rank) trains to a sensible accuracy, and the ranks'
+#     measured steps come back to the driver;
 #   - a driver killed mid-run leaves no ranks behind on the nodes;
 #   - a node killed mid-run fails the run with a clear error, promptly, instead of hanging; a GPT's
 #     run so failed goes on from its last checkpoint to the weights of a run that never stopped.
@@ -62,6 +63,9 @@ cmp -s "$dir/gpt-local/weights.trpw" "$dir/gpt-resumed/weights.trpw" ||
 "$troupe" train --epochs 1 --json --pipeline zb-v --ranks 2 --microbatches 8 --model mlp:784-256-128-64-10 \
   --recompute --head "$head" >"$dir/zbv.out" 2>"$dir/zbv.err" || fail "zb-v on nodes failed: $(cat "$dir/zbv.err")"
 grep -q '^{"test_accuracy":0\.[89]' "$dir/zbv.out" || fail "zb-v on nodes trained badly: $(cat "$dir/zbv.out")"
+# The ranks' measured steps came back with their reports (each rank's actions, in order).
+grep -q '"step_ms_measured":[0-9.]*,"step_ms_predicted":[0-9.]*,"step_ms_ratio":[0-9.]*}$' "$dir/zbv.out" ||
+  fail "no measured step from the ranks on nodes: $(cat "$dir/zbv.out")"
 
 # A driver killed mid-run: its ranks see it go and stop, instead of staying on their nodes.
 ranks_left() {  # the rank actors the cluster lists (a failed status fails the test)

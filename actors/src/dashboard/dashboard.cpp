@@ -90,6 +90,18 @@ dashboard::dashboard(dashboard_config cfg) : impl_(std::make_unique<impl>(std::m
     r.headers = {{"Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'"}};
     return r;
   });
+  m.routes.route("/timeline.svg", [this](const request&) {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->st.timeline_svg.empty()) return response(404, "this run has measured no pipeline step yet\n");
+    response r(200, impl_->st.timeline_svg, "image/svg+xml");
+    r.headers = {{"Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'"}};
+    return r;
+  });
+  m.routes.route("/api/timeline", [this, json](const request&) {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->st.timeline_json.empty()) return response(404, "this run has measured no pipeline step yet\n");
+    return json(impl_->st.timeline_json);
+  });
   m.routes.route("/events", [this](const request&) {
     response r(200, state_json());  // the first event: the state now
     r.event_stream = true;
@@ -183,6 +195,14 @@ void dashboard::set_figure(const std::string& name, double value, const std::str
 void dashboard::set_schedule_svg(std::string svg) {
   std::lock_guard lock(impl_->mu);
   impl_->st.schedule_svg = std::move(svg);
+  ++impl_->st.version;
+}
+
+void dashboard::set_timeline(std::string svg, std::string json) {
+  std::lock_guard lock(impl_->mu);
+  impl_->st.timeline_svg = std::move(svg);
+  impl_->st.timeline_json = std::move(json);
+  ++impl_->st.timelines;
   ++impl_->st.version;
 }
 

@@ -23,6 +23,7 @@ const std::string& dashboard_page() {
 </section>
 <section id="run" hidden>
 <h2 id="run-kind">Run</h2><div id="figures"></div><div id="charts" class="charts"></div><div id="tables"></div>
+<div id="timeline" hidden><h2>Pipeline: the last measured step, per rank</h2><img id="timeline-img" alt="the pipeline's last measured step"></div>
 <div id="schedule" hidden><h2>Pipeline schedule</h2><img id="schedule-img" alt="the pipeline's schedule"></div>
 <h2>Options</h2><div id="options"></div>
 </section>
@@ -43,7 +44,7 @@ th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .live{font-size:.85em;padding:.1em .5em;border-radius:.8em;background:#eee}.live.on{background:#d4f4d4}.live.off{background:#f8d0d0}
 .lost{color:#d62728;font-weight:bold}.alive{color:#2ca02c}.charts{display:flex;flex-wrap:wrap;gap:1em}
 ul#events{font-size:.9em;padding-left:1.2em}#updated{color:#777;font-size:.85em}footer{margin:2em 0;color:#777;font-size:.85em}
-form{margin:1em 0}input{padding:.3em}#schedule img{max-width:100%}td{max-width:48em;overflow-wrap:anywhere}
+form{margin:1em 0}input{padding:.3em}#schedule img,#timeline img{max-width:100%}td{max-width:48em;overflow-wrap:anywhere}
 )";
   return style;
 }
@@ -185,6 +186,10 @@ const std::string& dashboard_script() {
       table($("options"), ["option", "value"], run.options);
       $("schedule").hidden = !run.schedule;
       if (run.schedule && !$("schedule-img").getAttribute("src")) $("schedule-img").setAttribute("src", "/schedule.svg");
+      // The measured step: a new drawing each time the run publishes one (its count in the URL).
+      $("timeline").hidden = !run.timeline;
+      const tl = "/timeline.svg?n=" + run.timeline;
+      if (run.timeline && $("timeline-img").getAttribute("src") !== tl) $("timeline-img").setAttribute("src", tl);
     }
     $("events").replaceChildren(...(s.events.length ? s.events.map((e) => el("li", e.when + "  " + e.text)) : [el("li", "none")]));
   }

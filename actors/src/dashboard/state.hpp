@@ -44,6 +44,8 @@ struct dashboard_state {
   std::vector<dashboard_figure> figures;
   std::vector<dashboard_table> tables;
   std::string schedule_svg;
+  std::string timeline_svg, timeline_json;  // the last measured pipeline step
+  std::uint64_t timelines = 0;              // set_timeline calls
   // a cluster
   bool has_cluster = false;
   std::vector<node_status> nodes;

@@ -220,7 +220,8 @@ std::string run_json(const dashboard_state& s) {
     for (std::size_t r = 0; r < t.rows.size(); ++r) out += std::string(r ? "," : "") + list(t.rows[r]);
     out += "]}";
   }
-  out += std::string("],\"schedule\":") + (s.schedule_svg.empty() ? "false" : "true") + "}";
+  out += std::string("],\"schedule\":") + (s.schedule_svg.empty() ? "false" : "true") +
+         ",\"timeline\":" + std::to_string(s.timelines) + "}";
   return out;
 }
 

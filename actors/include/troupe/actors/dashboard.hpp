@@ -9,6 +9,7 @@
 ///   /api/nodes, /api/actors, /api/run   its parts
 ///   /metrics       the same figures in the Prometheus text format
 ///   /schedule.svg  a run's pipeline schedule drawing, when it has one
+///   /timeline.svg, /api/timeline  a pipeline run's last measured step: the drawing, the data
 ///
 ///   troupe::dashboard d({.listen = "127.0.0.1:8080", .token = token});
 ///   d.add_point("loss per round", "test loss", round, loss, "round", "loss");   // a run's figures
@@ -71,6 +72,10 @@ public:
   void set_figure(const std::string& name, double value, const std::string& help);
   /// An SVG drawing this program made (a pipeline schedule), served as /schedule.svg.
   void set_schedule_svg(std::string svg);
+  /// A pipeline run's last measured step: its drawing (served as /timeline.svg) and its data,
+  /// a JSON value this program made with every name escaped (served as /api/timeline). Each
+  /// call replaces the last; /api/run's "timeline" counts the calls (0: none yet).
+  void set_timeline(std::string svg, std::string json);
   /// A line in the page's list of recent events (failures, restarts, aborted rounds).
   void note(std::string event);
 

@@ -41,6 +41,9 @@ render_format parse_render_format(std::string_view name);
 struct render_options {
   bool color = false;      ///< ANSI background colours for ascii (for a terminal)
   int max_columns = 400;   ///< ascii: widest timeline, in characters, before scaling down
+  /// svg: what one time unit is ("us" for a measured step, as_simulation's unit); empty: cost
+  /// units of a simulated schedule.
+  std::string time_unit;
 };
 
 /// Draws `sim`, the simulation of `s`, in format `f`. Throws std::invalid_argument when `sim`

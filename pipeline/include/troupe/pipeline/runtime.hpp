@@ -41,6 +41,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,7 @@
 #include "troupe/kernels/optim.hpp"
 #include "troupe/kernels/train.hpp"
 #include "troupe/pipeline/schedule.hpp"
+#include "troupe/pipeline/timeline.hpp"
 
 namespace troupe {
 class actor_system;
@@ -84,6 +86,9 @@ struct training_options {
   /// > 0: clip the gradients to this global norm, the norm over every rank's gradients (summed
   /// in model order, as kernels::clip_grad_norm sums them); 0: none.
   double clip = 0;
+  /// Each rank records when each of its actions ran (step_result::timeline): two clock reads
+  /// an action, into a buffer allocated once. false: step_result::timeline stays empty.
+  bool record_timeline = true;
 };
 
 /// What one step did.
@@ -94,6 +99,9 @@ struct step_result {
   /// Per rank: time spent in F, B, I and W, and the most activation bytes held at once.
   std::vector<double> busy_seconds;
   std::vector<std::size_t> peak_activation_bytes;
+  /// Per rank, every action of trainer::plan() as it ran (see timeline.hpp); empty without
+  /// training_options::record_timeline.
+  step_timeline timeline;
 };
 
 /// Trains a model split into stages with a pipeline schedule, one actor per rank.
@@ -180,15 +188,23 @@ std::vector<std::unique_ptr<kernels::sequential>> cut_sequential(kernels::sequen
 /// The top-level layers of `model` that begin a piece of cut_sequential (those with parameters).
 int pieces_of(kernels::sequential& model);
 
+/// Called by the engines below after every step, on the training thread, with the trainer's
+/// plan (lowered) and what the step did (its measured timeline included).
+using step_observer = std::function<void(const schedule& plan, const step_result& step)>;
+
 /// An engine for kernels::train: the model cut into the schedule's stages (cut_mlp) and trained
 /// by a trainer whose rank actors live in `sys` (on `nodes`, as the trainer's constructor
-/// takes them); batches split into the schedule's microbatches.
-kernels::engine_factory pipeline_engine(actor_system& sys, schedule s, std::vector<std::uint32_t> nodes = {});
+/// takes them); batches split into the schedule's microbatches. `observe` (when set) sees
+/// every step.
+kernels::engine_factory pipeline_engine(actor_system& sys, schedule s, std::vector<std::uint32_t> nodes = {},
+                                        step_observer observe = {});
 
 /// An engine for kernels::train_lm: the GPT cut into the schedule's stages (cut_sequential), each
 /// rank with its AdamW over its stages (the setup's state storage, weight decay on matrices,
 /// warmup + cosine), the gradients clipped by the norm over every rank; the schedule's
 /// microbatches must be the setup's. The weights equal kernels::lm_in_thread's, to the bit.
-kernels::lm_engine_factory lm_pipeline_engine(actor_system& sys, schedule s, std::vector<std::uint32_t> nodes = {});
+/// `observe` (when set) sees every step.
+kernels::lm_engine_factory lm_pipeline_engine(actor_system& sys, schedule s, std::vector<std::uint32_t> nodes = {},
+                                              step_observer observe = {});
 
 }  // namespace troupe::pipeline
