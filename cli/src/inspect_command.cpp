@@ -21,6 +21,7 @@ namespace {
 struct neural_cleanse_cli {
   std::string load, model, data_dir, data;
   bool json = false;
+  int early_stop_patience = -1;  // -1: 5 x --patience
   troupe::federated::neural_cleanse_options o;
 };
 
@@ -114,13 +115,16 @@ void add_inspect_command(CLI::App& app, int& rc) {
       ->capture_default_str()
       ->check(positive_number);
   nc->add_option("--patience", c->o.patience, "epochs before lambda changes")->capture_default_str()->check(CLI::Range(1, 10000));
+  nc->add_option("--early-stop-patience", c->early_stop_patience,
+                 "epochs without a smaller mask before a label stops (default 5 x --patience; 0: run every --epochs)")
+      ->check(CLI::Range(0, 100000));
   nc->add_option("--threshold", c->o.anomaly_threshold, "flag labels whose anomaly index is above it")
       ->capture_default_str()
       ->check(positive_number);
   nc->add_option("--seed", c->o.seed, "the masks' initial values and the batches' order")->capture_default_str();
   nc->add_flag("--json", c->json, "one JSON object");
   nc->callback([c, &rc] {
-    c->o.early_stop_patience = 5 * c->o.patience;
+    c->o.early_stop_patience = c->early_stop_patience >= 0 ? c->early_stop_patience : 5 * c->o.patience;
     rc = run_neural_cleanse(*c);
   });
 }

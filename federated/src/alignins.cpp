@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "filtering.hpp"
 #include "spec.hpp"
 
 namespace troupe::federated {
@@ -178,7 +179,7 @@ alignins_options parse_alignins(const std::string& spec) {
 
 namespace {
 
-class alignins_rule final : public aggregator {
+class alignins_rule final : public detail::filtering_aggregator {
 public:
   alignins_rule(std::string spec, alignins_options o) : spec_(std::move(spec)), options_(o) {}
   std::string name() const override { return spec_; }
@@ -191,6 +192,8 @@ public:
     global_.assign(round.global.begin(), round.global.end());
     updates_.clear();
     weights_.clear();
+    clients_.clear();
+    filtered_.clear();
   }
   void add(std::uint64_t client, double weight, std::span<const float> delta) override {
     if (delta.size() != global_.size())
@@ -201,12 +204,25 @@ public:
                                   "; weights must be finite and >= 0");
     updates_.emplace_back(delta.begin(), delta.end());
     weights_.push_back(weight);
+    clients_.push_back(client);
   }
   std::vector<float> finish() override {
     if (updates_.empty()) throw std::logic_error(spec_ + ": no updates in this round");
     const std::vector<update_view> views(updates_.begin(), updates_.end());
-    return alignins_aggregate(views, weights_, global_, options_);
+    alignins_inspection r;
+    auto out = alignins_aggregate(views, weights_, global_, options_, &r);
+    filtered_.clear();
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < clients_.size(); ++i) {
+      if (k < r.kept.size() && r.kept[k] == i) {
+        ++k;
+      } else {
+        filtered_.push_back(clients_[i]);
+      }
+    }
+    return out;
   }
+  std::vector<std::uint64_t> filtered() const override { return filtered_; }
 
 private:
   std::string spec_;
@@ -214,6 +230,7 @@ private:
   std::vector<float> global_;
   std::vector<std::vector<float>> updates_;
   std::vector<double> weights_;
+  std::vector<std::uint64_t> clients_, filtered_;
 };
 
 }  // namespace

@@ -37,8 +37,9 @@ void check_options(const neural_cleanse_options& o) {
     throw std::invalid_argument("neural cleanse: the initial cost must be positive");
   if (!(o.attack_success_threshold > 0 && o.attack_success_threshold <= 1))
     throw std::invalid_argument("neural cleanse: the attack success threshold must be in (0, 1]");
-  if (o.patience < 1 || o.early_stop_patience < 1)
-    throw std::invalid_argument("neural cleanse: the patience must be at least 1 epoch");
+  if (o.patience < 1) throw std::invalid_argument("neural cleanse: the patience must be at least 1 epoch");
+  if (o.early_stop_patience < 0)
+    throw std::invalid_argument("neural cleanse: the early-stop patience must be >= 0 epochs (0: run every epoch)");
   if (!(o.cost_multiplier > 1) || !std::isfinite(o.cost_multiplier))
     throw std::invalid_argument("neural cleanse: the cost multiplier must be above 1");
   if (!(o.anomaly_threshold > 0) || !std::isfinite(o.anomaly_threshold))
@@ -214,7 +215,7 @@ reversed_trigger reverse_engineer_trigger(kernels::sequential& model, const tens
       early_counter = reg_best >= early_reg_best ? early_counter + 1 : 0;
     }
     early_reg_best = std::min(reg_best, early_reg_best);
-    if (went_up && went_down && early_counter >= o.early_stop_patience) break;
+    if (o.early_stop_patience > 0 && went_up && went_down && early_counter >= o.early_stop_patience) break;
     // λ's schedule.
     if (cost == 0 && success >= o.attack_success_threshold) {
       if (++set_counter >= o.patience) {

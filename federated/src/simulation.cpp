@@ -12,6 +12,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "filtering.hpp"
 #include "simulation_impl.hpp"
 #include "troupe/federated/continual.hpp"
 #include "troupe/federated/fairness.hpp"
@@ -431,6 +432,13 @@ round_report simulation::run_round() {
       r.aborted = e.what();
     }
     r.rejected = impl_->agg->rejected();
+    // A robust filter's left-out updates, counted by whether --attack made their client malicious.
+    if (const auto* f = dynamic_cast<const detail::filtering_aggregator*>(impl_->agg.get()); f && r.aborted.empty()) {
+      double honest = 0, malicious = 0;
+      for (const auto c : f->filtered()) (is_attacker(e.options, c) ? malicious : honest) += 1;
+      r.metrics.emplace_back("filtered_honest", honest);
+      r.metrics.emplace_back("filtered_malicious", malicious);
+    }
     // (Told before anything else is asked of them: the next round's train, a checkpoint's save.)
     if (ctx->provisional)
       for (std::size_t i = 0; i < asked; ++i) impl_->clients[who[i]].tell(&client::settle, shared, r.aborted.empty());
@@ -566,6 +574,8 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     }
   }
   double round_seconds = 0;
+  double filtered_honest = 0, filtered_malicious = 0;  // a robust filter's left-out updates
+  int filtered_rounds = 0;
   bool evaluated = false;
   const int first = sim.rounds_done() + 1;
   const int task_rounds = continual_task_rounds(options);
@@ -617,8 +627,14 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     p.seconds = since(start);
     p.simulated_seconds = sim.simulated_seconds();
     s.uplink_bytes += rr.uplink_bytes;
-    for (const auto& [name, value] : rr.metrics)
+    for (const auto& [name, value] : rr.metrics) {
       if (name == "consolidation_bytes") s.consolidation_bytes += static_cast<std::uint64_t>(value);
+      if (name == "filtered_honest") {
+        filtered_honest += value;
+        ++filtered_rounds;
+      }
+      if (name == "filtered_malicious") filtered_malicious += value;
+    }
     if (!rr.drift_alarms.empty()) s.drift_alarms.emplace_back(rr.round, rr.drift_alarms);
     if (!rr.rejected.empty()) s.rejected_clients.emplace_back(rr.round, rr.rejected);
     p.uplink_bytes = s.uplink_bytes;
@@ -629,6 +645,10 @@ summary run_simulation(const simulation_options& options, const std::function<vo
     s.final_accuracy = ev.accuracy;
     s.final_loss = ev.loss;
     s.final_metrics = ev.metrics;
+  }
+  if (filtered_rounds > 0) {
+    s.final_metrics.emplace_back("filtered_honest_per_round", filtered_honest / filtered_rounds);
+    s.final_metrics.emplace_back("filtered_malicious_per_round", filtered_malicious / filtered_rounds);
   }
   const auto model = sim.global_model();
   s.model_crc32 = troupe::crc32(std::as_bytes(model));

@@ -142,6 +142,16 @@ double membership_advantage(std::span<const double> members, std::span<const dou
   return best;
 }
 
+double pga_radius(std::span<const float> reference, std::span<const float> initial) {
+  if (reference.size() != initial.size())
+    throw std::invalid_argument("pga_radius: the reference has " + std::to_string(reference.size()) +
+                                " floats and the initial model " + std::to_string(initial.size()));
+  double squares = 0;
+  for (std::size_t j = 0; j < reference.size(); ++j)
+    squares += (reference[j] - initial[j]) * static_cast<double>(reference[j] - initial[j]);
+  return std::sqrt(squares / 3);
+}
+
 namespace {
 
 /// A training or test row, and whether it is read as a data attack's malicious client trained
@@ -278,40 +288,19 @@ std::int64_t gradient_ascent(const simulation_options& o, simulation& sim, std::
   const auto& data = *sim.data();
   auto net = detail::make_model(o.model);
   const example_reader reader(data, o);
-  double radius = 0;
-  for (std::size_t j = 0; j < ref.size(); ++j) radius += (ref[j] - initial[j]) * static_cast<double>(ref[j] - initial[j]);
-  radius = std::sqrt(radius) / 3;
+  const double radius = pga_radius(ref, initial);
   w.assign(ref.begin(), ref.end());
   const std::size_t d = reader.pixels;
   const int batch = std::max(1, o.batch);
   tensor x = tensor::empty({batch, static_cast<std::int64_t>(d)});
   tensor y = tensor::empty({batch}, dtype::u8);
   splitmix64 g{derive_seed(o.seed, detail::stream_unlearn)};
-  std::vector<example> everything;
-  for (auto c : removed) client_examples(o, sim, c, everything);
-  // Accuracy of w on every removed example (as trained on): the ascent stops below 10%.
-  auto accuracy = [&] {
-    load_flat(*net, w);
-    std::int64_t correct = 0;
-    const std::size_t chunk = 256;
-    for (std::size_t at = 0; at < everything.size(); at += chunk) {
-      const std::size_t m = std::min(chunk, everything.size() - at);
-      tensor xs = tensor::empty({static_cast<std::int64_t>(m), static_cast<std::int64_t>(d)});
-      tensor ys = tensor::empty({static_cast<std::int64_t>(m)}, dtype::u8);
-      for (std::size_t i = 0; i < m; ++i)
-        ys.data<std::uint8_t>()[i] = reader.read(data.train, everything[at + i], xs.data<float>().data() + i * d);
-      kernels::saved_activations keep;
-      correct += kernels::count_correct(net->forward(xs, keep, false), ys);
-    }
-    return everything.empty() ? 0.0 : static_cast<double>(correct) / static_cast<double>(everything.size());
-  };
   std::int64_t steps = 0;
-  for (auto c : removed) {
-    if (accuracy() < 0.1) break;
+  load_flat(*net, w);
+  for (auto c : removed) {  // each in turn, one local epoch, from where the previous one left the model
     std::vector<example> rows;
     client_examples(o, sim, c, rows);
     for (std::size_t i = rows.size(); i > 1; --i) std::swap(rows[i - 1], rows[g.below(i)]);
-    load_flat(*net, w);
     for (std::size_t at = 0; at < rows.size(); at += static_cast<std::size_t>(batch)) {
       const int m = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(batch), rows.size() - at));
       for (int i = 0; i < m; ++i) {
@@ -520,8 +509,12 @@ summary run_unlearning(const simulation_options& o, const std::function<void(con
     const std::vector<float> ref(sim->global_model().begin(), sim->global_model().end());
     std::vector<float> w;
     const std::int64_t steps = gradient_ascent(o, *sim, w, ref, initial, removed);
+    double moved = 0;
+    for (std::size_t j = 0; j < w.size(); ++j) moved += (w[j] - ref[j]) * static_cast<double>(w[j] - ref[j]);
     sim->set_global_model(w);
     figures.emplace_back("pga_ascent_steps", static_cast<double>(steps));
+    figures.emplace_back("pga_radius", pga_radius(ref, initial));
+    figures.emplace_back("pga_distance", std::sqrt(moved));
     runner.run(*sim, o.unlearn_at + 1 + method.rounds);
     figures.emplace_back("unlearn_rounds", method.rounds + 2);
     unlearned_at = sim->rounds_done();

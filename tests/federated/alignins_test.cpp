@@ -7,6 +7,8 @@
 #include <troupe/federated/alignins.hpp>
 #include <troupe/federated/mechanisms.hpp>
 
+#include "engine.hpp"
+#include "filtering.hpp"
 #include "support.hpp"
 
 namespace {
@@ -56,6 +58,10 @@ TEST(AlignIns, DropsTheOneReversedUpdateAmongNineAndReturnsTheOthers) {
   auto rule = make_robust_aggregator("alignins");
   const auto via_rule = aggregate(*rule, updates, weights, global);
   EXPECT_EQ(via_rule, out);
+  // It says which update it left out (the simulation counts them, honest and malicious).
+  const auto* filter = dynamic_cast<const detail::filtering_aggregator*>(rule.get());
+  ASSERT_NE(filter, nullptr);
+  EXPECT_EQ(filter->filtered(), std::vector<std::uint64_t>{9});
 }
 
 TEST(AlignIns, IdenticalUpdatesGiveFedAvgBitForBit) {
@@ -182,7 +188,23 @@ TEST(AlignInsSimulation, KeepsABackdoorOutThatFedAvgLetsIn) {
     o.strategy = strategy;
     o.attack = "backdoor:0.3:0";
     simulation sim(o, test_support::fashion());  // the options poison the malicious clients
-    for (int r = 0; r < o.rounds; ++r) sim.run_round();
+    double filtered = 0, malicious = 0, sampled_malicious = 0;
+    for (int r = 0; r < o.rounds; ++r) {
+      const auto rr = sim.run_round();
+      for (const auto& [name, value] : rr.metrics) {
+        if (name == "filtered_honest") filtered += value;
+        if (name == "filtered_malicious") malicious += value;
+      }
+      for (const auto c : rr.sampled_clients) sampled_malicious += troupe::federated::detail::is_attacker(o, c);
+    }
+    if (strategy == "alignins") {
+      // Most of the malicious updates are among those left out.
+      EXPECT_GT(malicious, 0.5 * sampled_malicious);
+      EXPECT_LE(malicious, sampled_malicious);
+      EXPECT_GE(filtered, 0);
+    } else {
+      EXPECT_EQ(malicious + filtered, 0);  // FedAvg filters nothing and reports nothing
+    }
     const auto e = sim.evaluate();
     EXPECT_EQ(e.metrics.at(0).first, "backdoor_success");
     return std::make_pair(e.accuracy, e.metrics.at(0).second);

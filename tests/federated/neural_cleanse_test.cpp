@@ -174,6 +174,26 @@ TEST(NeuralCleanse, FlagsNothingOnACleanModel) {
                                          << r.anomaly.index[static_cast<std::size_t>(r.anomaly.flagged.front())];
 }
 
+TEST(NeuralCleanse, WithoutEarlyStoppingEveryLabelRunsItsEpochsAndKeepsTheSmallestSuccessfulMask) {
+  auto model = train_model(false, 2);
+  const auto& data = *test_data::fashion_subset();
+  auto o = quick_options();
+  o.images = 64;
+  o.epochs = 80;
+  o.early_stop_patience = 0;
+  const auto stopped_never = reverse_engineer_trigger(*model, data.test.images.slice(0, 64), data.mean, data.stddev, 3, o);
+  EXPECT_EQ(stopped_never.epochs, 80);
+  o.early_stop_patience = 1;
+  const auto stopped_early = reverse_engineer_trigger(*model, data.test.images.slice(0, 64), data.mean, data.stddev, 3, o);
+  EXPECT_LT(stopped_early.epochs, 80) << "the early stop never fired: the comparison shows nothing";
+  // The same seed runs the same epochs up to the early stop; running on can only find a smaller mask.
+  ASSERT_TRUE(stopped_early.reached);
+  EXPECT_LE(stopped_never.l1, stopped_early.l1);
+  o.early_stop_patience = -1;
+  EXPECT_THROW(reverse_engineer_trigger(*model, data.test.images.slice(0, 64), data.mean, data.stddev, 3, o),
+               std::invalid_argument);
+}
+
 TEST(NeuralCleanse, LoadsATrainedWeightsFileAndRefusesWhatDoesNotFit) {
   auto model = kernels::make_mlp("mlp:784-16-10");
   model->initialize(1);

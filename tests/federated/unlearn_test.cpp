@@ -127,6 +127,15 @@ TEST(Unlearning, ParsesItsSpecsAndRefusesWhatCannotRun) {
   EXPECT_THROW(simulation{none}, std::invalid_argument);
 }
 
+TEST(Unlearning, PgaRadiusIsASqrtThirdOfTheSquaredDistanceToTheInitialModel) {
+  // Halimi et al.'s code bounds the squared distance to the reference by a third of the squared
+  // distance from the reference to a random model (here the run's initial model).
+  const std::vector<float> ref{3, 4, 0}, init{0, 0, 0};
+  EXPECT_DOUBLE_EQ(pga_radius(ref, init), 5 / std::sqrt(3.0));
+  EXPECT_EQ(pga_radius(ref, ref), 0);
+  EXPECT_THROW(pga_radius(ref, std::vector<float>{1, 2}), std::invalid_argument);
+}
+
 TEST(Unlearning, ProjectedGradientAscentTakesTheBackdoorOut) {
   auto o = small_run();
   o.per_round = 10;
@@ -139,6 +148,11 @@ TEST(Unlearning, ProjectedGradientAscentTakesTheBackdoorOut) {
   const summary s = run_simulation(o);
   EXPECT_EQ(figure(s, "unlearn_rounds"), 3);
   EXPECT_GT(figure(s, "pga_ascent_steps"), 0);
+  // Every step is projected back onto the ball around the reference: the ascent ends inside it
+  // (on its surface here, the loss still rising at the last step).
+  EXPECT_GT(figure(s, "pga_radius"), 0);
+  EXPECT_LE(figure(s, "pga_distance"), figure(s, "pga_radius") * (1 + 1e-6));
+  EXPECT_GT(figure(s, "pga_distance"), 0.99 * figure(s, "pga_radius"));
   const double before = figure(s, "backdoor_success_before_unlearning"), after = figure(s, "unlearned_backdoor_success");
   EXPECT_GT(before, 0.5) << "the backdoor did not take: the test shows nothing";
   EXPECT_LT(after, 0.5 * before);

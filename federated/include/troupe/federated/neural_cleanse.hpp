@@ -19,7 +19,8 @@
 ///     cost_multiplier (2), as many below divide it by cost_multiplier^1.5;
 ///   - the mask kept is the one of smallest mean |m|_1 among epochs at or above the threshold;
 ///   - it stops once λ has gone both up and down and the best |m|_1 has not improved for
-///     early_stop_patience (25) epochs, or after `epochs`.
+///     early_stop_patience (25) epochs, or after `epochs` (early_stop_patience 0: always after
+///     `epochs`).
 /// A label whose success never reaches the threshold keeps its last mask (reached = false).
 ///
 /// The anomaly index of the labels' norms: MAD = 1.4826 · median_i |n_i − median(n)| (the
@@ -47,7 +48,7 @@ struct neural_cleanse_options {
   double attack_success_threshold = 0.99;
   int patience = 5;             ///< epochs before λ changes
   double cost_multiplier = 2;   ///< λ × this going up, ÷ this^1.5 going down
-  int early_stop_patience = 25; ///< epochs without a better norm before stopping
+  int early_stop_patience = 25; ///< epochs without a better norm before stopping (0: never stop early)
   double anomaly_threshold = 2; ///< flag labels whose index is above it, on the small side
   std::uint64_t seed = 0;       ///< the masks' and patterns' initial values, the batches' order
 };

@@ -14,10 +14,11 @@
 ///             aggregated by the run's strategy. The removed clients then ascend their own
 ///             training loss (one local epoch each, in turn, the run's batch and learning rate)
 ///             from w_ref, every step projected back onto the L2 ball of radius
-///             δ = ‖w_ref − w_0‖ / 3 around w_ref (w_0: the run's initial model; the paper takes
-///             the distance to random models), stopping early once the model's accuracy on their
-///             examples falls below 10%. K FedAvg rounds of the remaining clients follow (5 by
-///             default). Its cost: K + 2 rounds.
+///             δ = ‖w_ref − w_0‖ / √3 around w_ref (pga_radius; w_0: the run's initial model, the
+///             authors' code measures to random models and bounds the squared distance by a
+///             third of theirs). K FedAvg rounds of the remaining clients follow (5 by default).
+///             Its cost: K + 2 rounds; the summary adds `pga_ascent_steps`, `pga_radius` and
+///             `pga_distance` (‖w − w_ref‖ after the ascent, at most δ).
 ///   calibrate[:DT]  FedEraser (Liu et al., "FedEraser: Enabling Efficient Client-Level Data
 ///             Removal from Federated Learning Models", IWQoS 2021). While training, the server
 ///             stores every participant's update of rounds 1, 1 + DT, 1 + 2 DT, ... (DT 5 by
@@ -66,6 +67,10 @@ std::vector<std::uint64_t> unlearn_clients(const simulation_options& o);
 /// Throws std::invalid_argument, saying what to change, for unlearning options that cannot run
 /// or cannot combine with the others (and for --unlearn-at or --unlearn-method without --unlearn).
 void check_unlearn_options(const simulation_options& o);
+
+/// PGA's projection radius: sqrt(‖reference − initial‖² / 3). Throws std::invalid_argument when
+/// the lengths differ.
+double pga_radius(std::span<const float> reference, std::span<const float> initial);
 
 /// The loss-threshold attack's advantage: max over τ of (members with loss ≤ τ) / |members| −
 /// (non-members with loss ≤ τ) / |non-members|, at least 0. Throws std::invalid_argument for an
