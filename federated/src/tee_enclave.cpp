@@ -102,27 +102,25 @@ tee_enclave::tee_enclave(std::string attestation_key_pem, std::vector<std::uint8
   // The measurement: this program's bytes (what SGX's MRENCLAVE is to an enclave's pages).
   mr_enclave_ = tee::file_sha256("/proc/self/exe");
   crypto_box_keypair(pk_.data(), sk_.data());
+  crypto_sign_keypair(sign_pk_.data(), sign_sk_.data());
   randombytes_buf(noise_key_.data(), noise_key_.size());
 }
 
 std::vector<std::uint8_t> tee_enclave::public_key() { return {pk_.begin(), pk_.end()}; }
+std::vector<std::uint8_t> tee_enclave::signing_key() { return {sign_pk_.begin(), sign_pk_.end()}; }
 std::vector<std::uint8_t> tee_enclave::measurement() { return {mr_enclave_.begin(), mr_enclave_.end()}; }
 
-std::vector<std::vector<std::uint8_t>> tee_enclave::quotes(std::vector<std::vector<std::uint8_t>> nonces) {
+std::vector<std::uint8_t> tee_enclave::attest(std::vector<std::vector<std::uint8_t>> nonces) {
   if (!signer_) throw std::logic_error("tee enclave: no quoting material (this enclave was started for --tee swtpm)");
-  std::vector<std::vector<std::uint8_t>> out;
-  out.reserve(nonces.size());
-  for (const auto& n : nonces) {
+  if (nonces.empty()) throw std::invalid_argument("tee enclave: no nonces to attest to");
+  for (const auto& n : nonces)
     if (n.size() != 32) throw std::invalid_argument("tee enclave: a nonce has " + std::to_string(n.size()) + " bytes, not 32");
-    std::array<std::uint8_t, 64> report{};
-    crypto_hash_sha256_state st;
-    crypto_hash_sha256_init(&st);
-    crypto_hash_sha256_update(&st, pk_.data(), pk_.size());
-    crypto_hash_sha256_update(&st, n.data(), n.size());
-    crypto_hash_sha256_final(&st, report.data());
-    out.push_back(signer_->quote(mr_enclave_, report));
-  }
-  return out;
+  std::array<std::uint8_t, 64> keys{}, report{};
+  std::copy(pk_.begin(), pk_.end(), keys.begin());
+  std::copy(sign_pk_.begin(), sign_pk_.end(), keys.begin() + 32);
+  const auto h = tee::batch_qualifying(keys, nonces);
+  std::copy(h.begin(), h.end(), report.begin());
+  return signer_->quote(mr_enclave_, report);
 }
 
 std::vector<std::vector<std::uint8_t>> tee_enclave::tpm_quote(std::vector<std::vector<std::uint8_t>> nonces) {
@@ -133,9 +131,12 @@ std::vector<std::vector<std::uint8_t>> tee_enclave::tpm_quote(std::vector<std::v
   return {q.attest, q.signature};
 }
 
-void tee_enclave::begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor, bool oblivious) {
-  if (!(noise_stddev >= 0) || !std::isfinite(noise_stddev) || !(divisor > 0))
+std::vector<std::uint8_t> tee_enclave::begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor,
+                                             bool oblivious, std::vector<std::vector<std::uint8_t>> nonces) {
+  if (!(noise_stddev >= 0) || !std::isfinite(noise_stddev) || !(divisor > 0) || !std::isfinite(divisor))
     throw std::invalid_argument("tee enclave: bad noise parameters");
+  for (const auto& n : nonces)
+    if (n.size() != 32) throw std::invalid_argument("tee enclave: a nonce has " + std::to_string(n.size()) + " bytes, not 32");
   // A round is aggregated once: opening it again (with fewer boxes, or the same boxes again)
   // would let the host difference two releases into one client's update.
   if (open_) throw std::logic_error("tee enclave: round " + std::to_string(round_) + " is still open");
@@ -161,17 +162,31 @@ void tee_enclave::begin(std::uint32_t round, std::uint64_t dim, double noise_std
     info.dim = dim;
     mean_->begin(info);
   }
+  // What the clients check before they seal: this enclave opened this round, with these
+  // parameters, after they drew their nonces.
+  const auto statement = tee::round_statement(round, dim, noise_stddev, divisor, oblivious, nonces);
+  std::vector<std::uint8_t> sig(crypto_sign_BYTES);
+  crypto_sign_detached(sig.data(), nullptr, statement.data(), statement.size(), sign_sk_.data());
+  return sig;
 }
 
 void tee_enclave::add(std::uint64_t client, std::vector<std::uint8_t> sealed) {
   if (!open_ || !error_.empty()) return;
   try {
-    if (sealed.size() < crypto_box_SEALBYTES) throw std::runtime_error("a sealed box shorter than its header");
-    std::vector<std::uint8_t> plain(sealed.size() - crypto_box_SEALBYTES);
-    if (crypto_box_seal_open(plain.data(), sealed.data(), sealed.size(), pk_.data(), sk_.data()) != 0)
-      throw std::runtime_error("its sealed box does not open under the enclave's key");
-    auto p = tee::decode_payload(plain);
-    sodium_memzero(plain.data(), plain.size());
+    if (sealed.size() < tee::box_overhead) throw std::runtime_error("a box shorter than its header");
+    const std::span<const std::uint8_t, 32> key(sealed.data(), 32);
+    auto it = clients_.find(client);
+    if (it == clients_.end()) {
+      client_key k;
+      std::copy(key.begin(), key.end(), k.pk.begin());
+      k.rx = tee::receive_key(pk_, sk_, key);
+      it = clients_.emplace(client, k).first;
+    } else if (!std::equal(key.begin(), key.end(), it->second.pk.begin())) {
+      throw std::runtime_error("its box is under another key than its first");
+    }
+    if (!tee::open_box(it->second.rx, sealed, plain_)) throw std::runtime_error("its box does not open under its key with the enclave");
+    auto p = tee::decode_payload(plain_);
+    sodium_memzero(plain_.data(), plain_.size());
     if (p.client != client) throw std::runtime_error("its box is client " + std::to_string(p.client) + "'s");
     if (p.round != round_) throw std::runtime_error("its box is for round " + std::to_string(p.round));
     if (p.dim != dim_) throw std::runtime_error("its update has " + std::to_string(p.dim) + " coordinates");
@@ -222,6 +237,7 @@ std::vector<std::uint8_t> tee_enclave::checkpoint() {
   state.insert(state.end(), pk_.begin(), pk_.end());
   state.insert(state.end(), sk_.begin(), sk_.end());
   state.insert(state.end(), noise_key_.begin(), noise_key_.end());
+  state.insert(state.end(), sign_sk_.begin(), sign_sk_.end());
   auto out = tee::seal(tee::seal_key(platform_secret_, mr_enclave_), state);
   sodium_memzero(state.data(), state.size());
   return out;
@@ -229,10 +245,13 @@ std::vector<std::uint8_t> tee_enclave::checkpoint() {
 
 void tee_enclave::restore(std::vector<std::uint8_t> sealed) {
   auto state = tee::open_sealed(tee::seal_key(platform_secret_, mr_enclave_), sealed);
-  if (state.size() != 96) throw std::runtime_error("tee enclave: a checkpoint of " + std::to_string(state.size()) + " bytes, not 96");
+  if (state.size() != 160) throw std::runtime_error("tee enclave: a checkpoint of " + std::to_string(state.size()) + " bytes, not 160");
   std::memcpy(pk_.data(), state.data(), 32);
   std::memcpy(sk_.data(), state.data() + 32, 32);
   std::memcpy(noise_key_.data(), state.data() + 64, 32);
+  std::memcpy(sign_sk_.data(), state.data() + 96, 64);
+  std::memcpy(sign_pk_.data(), state.data() + 96 + 32, 32);  // an Ed25519 secret key ends with its public key
+  clients_.clear();
   sodium_memzero(state.data(), state.size());
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // The simulated enclave's actor (--tee sim): it lives on a node process of its own, holds its
-// X25519 key pair, answers quotes over the clients' nonces, opens their sealed updates and
+// X25519 key pair (the clients' boxes) and Ed25519 key pair (its round statements), answers one
+// quote per batch of clients it enrols, signs each round it opens, opens the clients' boxes and
 // releases only the round's aggregate. Declared here so that the host side (tee_mechanism.cpp)
 // and the node (tee_enclave.cpp) share one TROUPE_REMOTE interface.
 
@@ -8,11 +9,13 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
 #include <troupe/actors/remote.hpp>
 
+#include "tee_box.hpp"
 #include "tee_payload.hpp"
 #include "troupe/federated/tee.hpp"
 #include "troupe/federated/update.hpp"
@@ -21,29 +24,37 @@
 namespace troupe::federated {
 
 /// The enclave. Its methods run one at a time (an actor); a box that does not open, a replayed
-/// client or a box of another round fails the round at finish().
+/// client, a box of another round or under another key than the client's first fails the round
+/// at finish().
 class tee_enclave {
 public:
   /// `platform_secret`: the simulated CPU's 32-byte sealing secret. `tpm`: "" (DCAP quotes
   /// from the quoting material), or "TCTI|AK_CONTEXT" (--tee swtpm: TPM quotes by that key).
   tee_enclave(std::string attestation_key_pem, std::vector<std::uint8_t> qe_part, std::vector<std::uint8_t> platform_secret,
               std::string tpm);
-  /// The enclave's X25519 public key (32 bytes).
+  /// The enclave's X25519 public key (32 bytes): the clients' boxes.
   std::vector<std::uint8_t> public_key();
-  /// One quote per 32-byte nonce, its report data SHA-256(public key || nonce) || 32 zeros.
-  std::vector<std::vector<std::uint8_t>> quotes(std::vector<std::vector<std::uint8_t>> nonces);
+  /// Its Ed25519 public key (32 bytes): its round statements.
+  std::vector<std::uint8_t> signing_key();
+  /// One quote for a batch of clients' 32-byte nonces (their enrolment in this enclave's
+  /// session): report data batch_qualifying(public key || signing key, nonces) || 32 zeros.
+  std::vector<std::uint8_t> attest(std::vector<std::vector<std::uint8_t>> nonces);
   /// --tee swtpm: one TPM quote of PCR 16 for the round's nonces, its qualifying data
   /// SHA-256(public key || SHA-256(nonce 1 || nonce 2 || ...)): {TPMS_ATTEST, signature}.
   std::vector<std::vector<std::uint8_t>> tpm_quote(std::vector<std::vector<std::uint8_t>> nonces);
   /// Starts a round: `noise_stddev` 0 gives FedAvg's weighted mean; > 0 DP-FedAvg: the clipped
   /// updates' plain sum, N(0, noise_stddev²) noise from the enclave's own randomness on every
   /// coordinate, divided by `divisor` (K). `oblivious`: sparse updates densified obliviously.
-  void begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor, bool oblivious);
-  /// A client's sealed box (crypto_box_seal to public_key()).
+  /// `nonces`: the participants' fresh 32-byte nonces. Returns the Ed25519 signature of
+  /// round_statement(round, dim, noise_stddev, divisor, oblivious, nonces).
+  std::vector<std::uint8_t> begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor, bool oblivious,
+                                  std::vector<std::vector<std::uint8_t>> nonces);
+  /// A client's box (tee_box.hpp: its key, then AES-256-GCM under their crypto_kx key). The
+  /// first box of a client pins its key for the enclave's lifetime.
   void add(std::uint64_t client, std::vector<std::uint8_t> sealed);
   /// The aggregate (dim floats); throws when a box failed or nothing was added.
   std::vector<float> finish();
-  /// The enclave's state (key pair, noise key), sealed under its measurement's key.
+  /// The enclave's state (key pairs, noise key), sealed under its measurement's key.
   std::vector<std::uint8_t> checkpoint();
   /// Restores a checkpoint(); throws when it does not open here (another measurement or platform).
   void restore(std::vector<std::uint8_t> sealed);
@@ -54,7 +65,13 @@ private:
   std::unique_ptr<tee::quote_signer> signer_;  // null under --tee swtpm
   std::vector<std::uint8_t> platform_secret_;
   std::string tpm_tcti_, tpm_ak_;
-  std::array<std::uint8_t, 32> mr_enclave_{}, pk_{}, sk_{}, noise_key_{};
+  std::array<std::uint8_t, 32> mr_enclave_{}, pk_{}, sk_{}, noise_key_{}, sign_pk_{};
+  std::array<std::uint8_t, 64> sign_sk_{};
+  struct client_key {
+    tee::key32 pk{}, rx{};
+  };
+  std::unordered_map<std::uint64_t, client_key> clients_;  // pinned at each client's first box
+  std::vector<std::uint8_t> plain_;
   std::uint32_t round_ = 0;
   std::optional<std::uint32_t> last_round_;  // the last round released: each round opens once
   std::uint64_t dim_ = 0;
@@ -70,4 +87,4 @@ private:
 
 }  // namespace troupe::federated
 
-TROUPE_REMOTE(troupe::federated::tee_enclave, public_key, quotes, tpm_quote, begin, add, finish, checkpoint, restore, measurement)
+TROUPE_REMOTE(troupe::federated::tee_enclave, public_key, signing_key, attest, tpm_quote, begin, add, finish, checkpoint, restore, measurement)

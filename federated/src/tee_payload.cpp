@@ -49,16 +49,26 @@ constexpr std::uint32_t padding = 0xFFFFFFFFu;
 
 }  // namespace
 
-bytes encode_payload(const update_payload& p) {
+std::array<std::uint8_t, 36> payload_head(const update_payload& p, std::uint32_t n) {
   bytes b;
-  b.reserve(36 + p.index.size() * 4 + p.value.size() * 4);
+  b.reserve(36);
   put(b, magic);
   put(b, p.round);
   put(b, p.client);
   put(b, p.weight);
   put(b, p.dim);
   put(b, static_cast<std::uint32_t>(p.sparse ? 1 : 0));
-  put(b, static_cast<std::uint32_t>(p.value.size()));
+  put(b, n);
+  std::array<std::uint8_t, 36> out{};
+  std::copy(b.begin(), b.end(), out.begin());
+  return out;
+}
+
+bytes encode_payload(const update_payload& p) {
+  bytes b;
+  b.reserve(36 + p.index.size() * 4 + p.value.size() * 4);
+  const auto head = payload_head(p, static_cast<std::uint32_t>(p.value.size()));
+  b.insert(b.end(), head.begin(), head.end());
   if (p.sparse) {
     const auto* i = reinterpret_cast<const std::uint8_t*>(p.index.data());
     b.insert(b.end(), i, i + p.index.size() * 4);
@@ -88,12 +98,33 @@ update_payload decode_payload(std::span<const std::uint8_t> plain) {
   return p;
 }
 
-std::array<std::uint8_t, 32> batch_qualifying(std::span<const std::uint8_t> enclave_key, const std::vector<bytes>& nonces) {
+std::array<std::uint8_t, 32> nonce_list_digest(const std::vector<bytes>& nonces) {
   crypto_hash_sha256_state st;
   crypto_hash_sha256_init(&st);
   for (const auto& n : nonces) crypto_hash_sha256_update(&st, n.data(), n.size());
-  std::array<std::uint8_t, 32> list{}, out{};
-  crypto_hash_sha256_final(&st, list.data());
+  std::array<std::uint8_t, 32> out{};
+  crypto_hash_sha256_final(&st, out.data());
+  return out;
+}
+
+bytes round_statement(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor, bool oblivious,
+                      const std::vector<bytes>& nonces) {
+  static const char label[] = "troupe tee round v1";
+  bytes b(label, label + sizeof label - 1);
+  put(b, round);
+  put(b, dim);
+  put(b, noise_stddev);
+  put(b, divisor);
+  put(b, static_cast<std::uint8_t>(oblivious ? 1 : 0));
+  const auto list = nonce_list_digest(nonces);
+  b.insert(b.end(), list.begin(), list.end());
+  return b;
+}
+
+std::array<std::uint8_t, 32> batch_qualifying(std::span<const std::uint8_t> enclave_key, const std::vector<bytes>& nonces) {
+  const auto list = nonce_list_digest(nonces);
+  std::array<std::uint8_t, 32> out{};
+  crypto_hash_sha256_state st;
   crypto_hash_sha256_init(&st);
   crypto_hash_sha256_update(&st, enclave_key.data(), enclave_key.size());
   crypto_hash_sha256_update(&st, list.data(), list.size());

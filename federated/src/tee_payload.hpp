@@ -25,7 +25,21 @@ struct update_payload {
   std::vector<float> value;
 };
 bytes encode_payload(const update_payload& p);
-/// --tee swtpm's qualifying data: SHA-256(enclave key || SHA-256(the round's nonces, in order)).
+/// The payload's fixed part (36 bytes: through the count `n`), what a client seals before the
+/// positions and values without copying them: encode_payload(p) is payload_head(p, n) followed
+/// by the positions (sparse) and the values.
+std::array<std::uint8_t, 36> payload_head(const update_payload& p, std::uint32_t n);
+/// SHA-256(nonce 1 || nonce 2 || ...): a list of 32-byte nonces as one 32-byte nonce.
+std::array<std::uint8_t, 32> nonce_list_digest(const std::vector<bytes>& nonces);
+/// What the enclave signs when it opens a round (Ed25519, its attested signing key) and each
+/// client checks before sealing: "troupe tee round v1" | u32 round | u64 dim | f64 noise stddev |
+/// f64 divisor | u8 oblivious | nonce_list_digest(the round's nonces, in order).
+bytes round_statement(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor, bool oblivious,
+                      const std::vector<bytes>& nonces);
+/// The report data that binds an enclave's keys to a list of nonces: SHA-256(enclave key ||
+/// nonce_list_digest(nonces)), as dcap::check_policy checks it with that digest as the nonce.
+/// --tee swtpm's qualifying data (the round's nonces); --tee sim's session quote (the enclave
+/// key there is its X25519 key || its Ed25519 key, the nonces those of the clients it enrols).
 std::array<std::uint8_t, 32> batch_qualifying(std::span<const std::uint8_t> enclave_key, const std::vector<bytes>& nonces);
 /// Throws std::invalid_argument naming what is wrong (length, magic, kind, a count).
 update_payload decode_payload(std::span<const std::uint8_t> plain);
