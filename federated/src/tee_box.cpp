@@ -32,20 +32,29 @@ EVP_CIPHER_CTX* context() {
 box_sender make_sender(const key32& enclave_key) {
   if (sodium_init() < 0) throw std::runtime_error("libsodium failed to initialise (sodium_init)");
   box_sender s;
-  key32 rx{};
   crypto_kx_keypair(s.public_key.data(), s.secret_key.data());
-  if (crypto_kx_client_session_keys(rx.data(), s.tx.data(), s.public_key.data(), s.secret_key.data(), enclave_key.data()) != 0)
+  if (crypto_kx_client_session_keys(s.rx.data(), s.tx.data(), s.public_key.data(), s.secret_key.data(), enclave_key.data()) != 0)
     throw std::runtime_error("tee box: the enclave's key is not a usable X25519 key");
-  sodium_memzero(rx.data(), rx.size());
   return s;
 }
 
-key32 receive_key(const key32& enclave_public, const key32& enclave_secret, std::span<const std::uint8_t, 32> client_key) {
-  key32 rx{}, tx{};
-  if (crypto_kx_server_session_keys(rx.data(), tx.data(), enclave_public.data(), enclave_secret.data(), client_key.data()) != 0)
+enclave_session session_with(const key32& enclave_public, const key32& enclave_secret, std::span<const std::uint8_t, 32> client_key) {
+  enclave_session k;
+  if (crypto_kx_server_session_keys(k.rx.data(), k.tx.data(), enclave_public.data(), enclave_secret.data(), client_key.data()) != 0)
     throw std::runtime_error("the client's key is not a usable X25519 key");
-  sodium_memzero(tx.data(), tx.size());
-  return rx;
+  return k;
+}
+
+std::array<std::uint8_t, 32> round_tag(const key32& key, std::span<const std::uint8_t> statement, std::uint64_t client) {
+  std::array<std::uint8_t, 32> out{};
+  std::array<std::uint8_t, 8> id{};
+  for (std::size_t i = 0; i < id.size(); ++i) id[i] = static_cast<std::uint8_t>(client >> (8 * i));
+  crypto_generichash_state st;
+  crypto_generichash_init(&st, key.data(), key.size(), out.size());
+  crypto_generichash_update(&st, statement.data(), statement.size());
+  crypto_generichash_update(&st, id.data(), id.size());
+  crypto_generichash_final(&st, out.data(), out.size());
+  return out;
 }
 
 void seal_box(const box_sender& from, std::initializer_list<std::span<const std::uint8_t>> parts, std::span<std::uint8_t> out) {

@@ -23,16 +23,26 @@ using key32 = std::array<std::uint8_t, 32>;
 
 inline constexpr std::size_t box_header = 32 + 12, box_tag = 16, box_overhead = box_header + box_tag;
 
-/// A client's end: its key pair and the key it seals with (crypto_kx's client transmit key).
+/// A client's end: its key pair, the key it seals with (crypto_kx's client transmit key) and
+/// the key the enclave's round tags are under (its receive key).
 struct box_sender {
-  key32 public_key{}, secret_key{}, tx{};
+  key32 public_key{}, secret_key{}, rx{}, tx{};
+};
+/// The enclave's end of a client's session: `rx` opens the client's boxes, `tx` tags its rounds.
+struct enclave_session {
+  key32 rx{}, tx{};
 };
 /// Draws the client's key pair and derives its key toward `enclave_key`. Throws
 /// std::runtime_error for a key crypto_kx refuses (a low-order point).
 box_sender make_sender(const key32& enclave_key);
-/// The enclave's receive key for a client's public key (crypto_kx's server receive key). Throws
+/// The enclave's keys for a client's public key (crypto_kx's server keys). Throws
 /// std::runtime_error for a key crypto_kx refuses.
-key32 receive_key(const key32& enclave_public, const key32& enclave_secret, std::span<const std::uint8_t, 32> client_key);
+enclave_session session_with(const key32& enclave_public, const key32& enclave_secret, std::span<const std::uint8_t, 32> client_key);
+/// The enclave's tag of a round for one client: BLAKE2b-256 keyed by their session's key (the
+/// enclave's tx, the client's rx) over the round's statement and the client's id. Only the
+/// holders of that session's key, the client and the enclave whose X25519 key the client
+/// derived it with, can make it.
+std::array<std::uint8_t, 32> round_tag(const key32& key, std::span<const std::uint8_t> statement, std::uint64_t client);
 
 /// Seals the concatenation of `parts` into `out` (box_overhead + their total length bytes).
 void seal_box(const box_sender& from, std::initializer_list<std::span<const std::uint8_t>> parts, std::span<std::uint8_t> out);

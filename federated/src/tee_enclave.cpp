@@ -102,12 +102,10 @@ tee_enclave::tee_enclave(std::string attestation_key_pem, std::vector<std::uint8
   // The measurement: this program's bytes (what SGX's MRENCLAVE is to an enclave's pages).
   mr_enclave_ = tee::file_sha256("/proc/self/exe");
   crypto_box_keypair(pk_.data(), sk_.data());
-  crypto_sign_keypair(sign_pk_.data(), sign_sk_.data());
   randombytes_buf(noise_key_.data(), noise_key_.size());
 }
 
 std::vector<std::uint8_t> tee_enclave::public_key() { return {pk_.begin(), pk_.end()}; }
-std::vector<std::uint8_t> tee_enclave::signing_key() { return {sign_pk_.begin(), sign_pk_.end()}; }
 std::vector<std::uint8_t> tee_enclave::measurement() { return {mr_enclave_.begin(), mr_enclave_.end()}; }
 
 std::vector<std::uint8_t> tee_enclave::attest(std::vector<std::vector<std::uint8_t>> nonces) {
@@ -115,10 +113,8 @@ std::vector<std::uint8_t> tee_enclave::attest(std::vector<std::vector<std::uint8
   if (nonces.empty()) throw std::invalid_argument("tee enclave: no nonces to attest to");
   for (const auto& n : nonces)
     if (n.size() != 32) throw std::invalid_argument("tee enclave: a nonce has " + std::to_string(n.size()) + " bytes, not 32");
-  std::array<std::uint8_t, 64> keys{}, report{};
-  std::copy(pk_.begin(), pk_.end(), keys.begin());
-  std::copy(sign_pk_.begin(), sign_pk_.end(), keys.begin() + 32);
-  const auto h = tee::batch_qualifying(keys, nonces);
+  std::array<std::uint8_t, 64> report{};
+  const auto h = tee::batch_qualifying(pk_, nonces);
   std::copy(h.begin(), h.end(), report.begin());
   return signer_->quote(mr_enclave_, report);
 }
@@ -131,12 +127,30 @@ std::vector<std::vector<std::uint8_t>> tee_enclave::tpm_quote(std::vector<std::v
   return {q.attest, q.signature};
 }
 
-std::vector<std::uint8_t> tee_enclave::begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor,
-                                             bool oblivious, std::vector<std::vector<std::uint8_t>> nonces) {
+const tee_enclave::client_key& tee_enclave::pin(std::uint64_t client, std::span<const std::uint8_t, 32> key) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) {
+    client_key k;
+    std::copy(key.begin(), key.end(), k.pk.begin());
+    k.keys = tee::session_with(pk_, sk_, key);
+    return clients_.emplace(client, k).first->second;
+  }
+  if (!std::equal(key.begin(), key.end(), it->second.pk.begin())) throw std::runtime_error("its key is another than its first");
+  return it->second;
+}
+
+std::vector<std::vector<std::uint8_t>> tee_enclave::begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor,
+                                                          bool oblivious, std::vector<std::vector<std::uint8_t>> nonces,
+                                                          std::vector<std::uint64_t> clients, std::vector<std::vector<std::uint8_t>> keys) {
   if (!(noise_stddev >= 0) || !std::isfinite(noise_stddev) || !(divisor > 0) || !std::isfinite(divisor))
     throw std::invalid_argument("tee enclave: bad noise parameters");
-  for (const auto& n : nonces)
-    if (n.size() != 32) throw std::invalid_argument("tee enclave: a nonce has " + std::to_string(n.size()) + " bytes, not 32");
+  if (clients.size() != nonces.size() || keys.size() != nonces.size())
+    throw std::invalid_argument("tee enclave: " + std::to_string(nonces.size()) + " nonces, " + std::to_string(clients.size()) +
+                                " clients and " + std::to_string(keys.size()) + " keys");
+  for (std::size_t i = 0; i < nonces.size(); ++i) {
+    if (nonces[i].size() != 32) throw std::invalid_argument("tee enclave: a nonce has " + std::to_string(nonces[i].size()) + " bytes, not 32");
+    if (keys[i].size() != 32) throw std::invalid_argument("tee enclave: a client's key has " + std::to_string(keys[i].size()) + " bytes, not 32");
+  }
   // A round is aggregated once: opening it again (with fewer boxes, or the same boxes again)
   // would let the host difference two releases into one client's update.
   if (open_) throw std::logic_error("tee enclave: round " + std::to_string(round_) + " is still open");
@@ -162,31 +176,33 @@ std::vector<std::uint8_t> tee_enclave::begin(std::uint32_t round, std::uint64_t 
     info.dim = dim;
     mean_->begin(info);
   }
-  // What the clients check before they seal: this enclave opened this round, with these
-  // parameters, after they drew their nonces.
+  // What each client checks before it seals: the enclave it attested (the only other holder of
+  // their session's key) opened this round, with these parameters, after it drew its nonce.
   const auto statement = tee::round_statement(round, dim, noise_stddev, divisor, oblivious, nonces);
-  std::vector<std::uint8_t> sig(crypto_sign_BYTES);
-  crypto_sign_detached(sig.data(), nullptr, statement.data(), statement.size(), sign_sk_.data());
-  return sig;
+  std::vector<std::vector<std::uint8_t>> tags;
+  tags.reserve(clients.size());
+  for (std::size_t i = 0; i < clients.size(); ++i) {
+    const client_key* k = nullptr;
+    try {
+      k = &pin(clients[i], std::span<const std::uint8_t, 32>(keys[i].data(), 32));
+    } catch (const std::exception& e) {
+      open_ = false;
+      throw std::invalid_argument("tee enclave: client " + std::to_string(clients[i]) + ": " + e.what());
+    }
+    const auto tag = tee::round_tag(k->keys.tx, statement, clients[i]);
+    tags.emplace_back(tag.begin(), tag.end());
+  }
+  return tags;
 }
 
-void tee_enclave::add(std::uint64_t client, std::vector<std::uint8_t> sealed) {
+void tee_enclave::add(std::uint64_t client, std::vector<std::byte> box) {
   if (!open_ || !error_.empty()) return;
   try {
+    const std::span<const std::uint8_t> sealed(reinterpret_cast<const std::uint8_t*>(box.data()), box.size());
     if (sealed.size() < tee::box_overhead) throw std::runtime_error("a box shorter than its header");
-    const std::span<const std::uint8_t, 32> key(sealed.data(), 32);
-    auto it = clients_.find(client);
-    if (it == clients_.end()) {
-      client_key k;
-      std::copy(key.begin(), key.end(), k.pk.begin());
-      k.rx = tee::receive_key(pk_, sk_, key);
-      it = clients_.emplace(client, k).first;
-    } else if (!std::equal(key.begin(), key.end(), it->second.pk.begin())) {
-      throw std::runtime_error("its box is under another key than its first");
-    }
-    if (!tee::open_box(it->second.rx, sealed, plain_)) throw std::runtime_error("its box does not open under its key with the enclave");
+    const auto& k = pin(client, sealed.first<32>());
+    if (!tee::open_box(k.keys.rx, sealed, plain_)) throw std::runtime_error("its box does not open under its key with the enclave");
     auto p = tee::decode_payload(plain_);
-    sodium_memzero(plain_.data(), plain_.size());
     if (p.client != client) throw std::runtime_error("its box is client " + std::to_string(p.client) + "'s");
     if (p.round != round_) throw std::runtime_error("its box is for round " + std::to_string(p.round));
     if (p.dim != dim_) throw std::runtime_error("its update has " + std::to_string(p.dim) + " coordinates");
@@ -212,6 +228,7 @@ void tee_enclave::add(std::uint64_t client, std::vector<std::uint8_t> sealed) {
 std::vector<float> tee_enclave::finish() {
   if (!open_) throw std::logic_error("tee enclave: finish() without begin()");
   open_ = false;
+  sodium_memzero(plain_.data(), plain_.size());  // the last box's plaintext (each box overwrote the one before)
   if (!error_.empty()) throw std::runtime_error("the enclave refused the round's updates: " + error_);
   if (added_ == 0) throw std::logic_error("tee enclave: no updates in this round");
   last_round_ = round_;
@@ -237,7 +254,6 @@ std::vector<std::uint8_t> tee_enclave::checkpoint() {
   state.insert(state.end(), pk_.begin(), pk_.end());
   state.insert(state.end(), sk_.begin(), sk_.end());
   state.insert(state.end(), noise_key_.begin(), noise_key_.end());
-  state.insert(state.end(), sign_sk_.begin(), sign_sk_.end());
   auto out = tee::seal(tee::seal_key(platform_secret_, mr_enclave_), state);
   sodium_memzero(state.data(), state.size());
   return out;
@@ -245,12 +261,10 @@ std::vector<std::uint8_t> tee_enclave::checkpoint() {
 
 void tee_enclave::restore(std::vector<std::uint8_t> sealed) {
   auto state = tee::open_sealed(tee::seal_key(platform_secret_, mr_enclave_), sealed);
-  if (state.size() != 160) throw std::runtime_error("tee enclave: a checkpoint of " + std::to_string(state.size()) + " bytes, not 160");
+  if (state.size() != 96) throw std::runtime_error("tee enclave: a checkpoint of " + std::to_string(state.size()) + " bytes, not 96");
   std::memcpy(pk_.data(), state.data(), 32);
   std::memcpy(sk_.data(), state.data() + 32, 32);
   std::memcpy(noise_key_.data(), state.data() + 64, 32);
-  std::memcpy(sign_sk_.data(), state.data() + 96, 64);
-  std::memcpy(sign_pk_.data(), state.data() + 96 + 32, 32);  // an Ed25519 secret key ends with its public key
   clients_.clear();
   sodium_memzero(state.data(), state.size());
 }

@@ -1,8 +1,8 @@
 #pragma once
 // The simulated enclave's actor (--tee sim): it lives on a node process of its own, holds its
-// X25519 key pair (the clients' boxes) and Ed25519 key pair (its round statements), answers one
-// quote per batch of clients it enrols, signs each round it opens, opens the clients' boxes and
-// releases only the round's aggregate. Declared here so that the host side (tee_mechanism.cpp)
+// X25519 key pair (its sessions with the clients), answers one quote per batch of clients it
+// enrols, tags each round it opens for each participant, opens the clients' boxes and releases
+// only the round's aggregate. Declared here so that the host side (tee_mechanism.cpp)
 // and the node (tee_enclave.cpp) share one TROUPE_REMOTE interface.
 
 #include <array>
@@ -32,12 +32,10 @@ public:
   /// from the quoting material), or "TCTI|AK_CONTEXT" (--tee swtpm: TPM quotes by that key).
   tee_enclave(std::string attestation_key_pem, std::vector<std::uint8_t> qe_part, std::vector<std::uint8_t> platform_secret,
               std::string tpm);
-  /// The enclave's X25519 public key (32 bytes): the clients' boxes.
+  /// The enclave's X25519 public key (32 bytes).
   std::vector<std::uint8_t> public_key();
-  /// Its Ed25519 public key (32 bytes): its round statements.
-  std::vector<std::uint8_t> signing_key();
-  /// One quote for a batch of clients' 32-byte nonces (their enrolment in this enclave's
-  /// session): report data batch_qualifying(public key || signing key, nonces) || 32 zeros.
+  /// One quote for a batch of clients' 32-byte nonces (their enrolment with this enclave):
+  /// report data batch_qualifying(public key, nonces) || 32 zeros.
   std::vector<std::uint8_t> attest(std::vector<std::vector<std::uint8_t>> nonces);
   /// --tee swtpm: one TPM quote of PCR 16 for the round's nonces, its qualifying data
   /// SHA-256(public key || SHA-256(nonce 1 || nonce 2 || ...)): {TPMS_ATTEST, signature}.
@@ -45,13 +43,15 @@ public:
   /// Starts a round: `noise_stddev` 0 gives FedAvg's weighted mean; > 0 DP-FedAvg: the clipped
   /// updates' plain sum, N(0, noise_stddev²) noise from the enclave's own randomness on every
   /// coordinate, divided by `divisor` (K). `oblivious`: sparse updates densified obliviously.
-  /// `nonces`: the participants' fresh 32-byte nonces. Returns the Ed25519 signature of
-  /// round_statement(round, dim, noise_stddev, divisor, oblivious, nonces).
-  std::vector<std::uint8_t> begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor, bool oblivious,
-                                  std::vector<std::vector<std::uint8_t>> nonces);
-  /// A client's box (tee_box.hpp: its key, then AES-256-GCM under their crypto_kx key). The
-  /// first box of a client pins its key for the enclave's lifetime.
-  void add(std::uint64_t client, std::vector<std::uint8_t> sealed);
+  /// `nonces`, `clients`, `keys`: the participants' fresh 32-byte nonces, ids and X25519 keys
+  /// (a client's key is pinned at its first round or box; another later fails). Returns, for
+  /// each participant in order, round_tag(its session's key, round_statement(round, dim,
+  /// noise_stddev, divisor, oblivious, nonces), its id).
+  std::vector<std::vector<std::uint8_t>> begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor,
+                                               bool oblivious, std::vector<std::vector<std::uint8_t>> nonces,
+                                               std::vector<std::uint64_t> clients, std::vector<std::vector<std::uint8_t>> keys);
+  /// A client's box (tee_box.hpp: its key, then AES-256-GCM under their crypto_kx key).
+  void add(std::uint64_t client, std::vector<std::byte> sealed);
   /// The aggregate (dim floats); throws when a box failed or nothing was added.
   std::vector<float> finish();
   /// The enclave's state (key pairs, noise key), sealed under its measurement's key.
@@ -65,12 +65,13 @@ private:
   std::unique_ptr<tee::quote_signer> signer_;  // null under --tee swtpm
   std::vector<std::uint8_t> platform_secret_;
   std::string tpm_tcti_, tpm_ak_;
-  std::array<std::uint8_t, 32> mr_enclave_{}, pk_{}, sk_{}, noise_key_{}, sign_pk_{};
-  std::array<std::uint8_t, 64> sign_sk_{};
+  std::array<std::uint8_t, 32> mr_enclave_{}, pk_{}, sk_{}, noise_key_{};
   struct client_key {
-    tee::key32 pk{}, rx{};
+    tee::key32 pk{};
+    tee::enclave_session keys;
   };
-  std::unordered_map<std::uint64_t, client_key> clients_;  // pinned at each client's first box
+  std::unordered_map<std::uint64_t, client_key> clients_;  // pinned at each client's first round or box
+  const client_key& pin(std::uint64_t client, std::span<const std::uint8_t, 32> key);
   std::vector<std::uint8_t> plain_;
   std::uint32_t round_ = 0;
   std::optional<std::uint32_t> last_round_;  // the last round released: each round opens once
@@ -87,4 +88,4 @@ private:
 
 }  // namespace troupe::federated
 
-TROUPE_REMOTE(troupe::federated::tee_enclave, public_key, signing_key, attest, tpm_quote, begin, add, finish, checkpoint, restore, measurement)
+TROUPE_REMOTE(troupe::federated::tee_enclave, public_key, attest, tpm_quote, begin, add, finish, checkpoint, restore, measurement)

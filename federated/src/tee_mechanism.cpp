@@ -4,18 +4,19 @@
 // The protocol's story. Enrolment (once per client and enclave, in the first round the client
 // joins): the participants new to the enclave each draw a fresh 32-byte nonce; the server relays
 // them to the enclave, which answers one quote for the batch, its report data
-// SHA-256(X25519 key || Ed25519 key || SHA-256(the batch's nonces)). Each new client verifies
-// that quote (dcap::verify_quote against the collateral and the pinned test root, remembered as
-// tee_state::verified_quotes says), checks the policy (the expected MRENCLAVE, DEBUG clear, its
-// own nonce in the batch, the two keys) and draws its own X25519 key pair, whose crypto_kx
-// session with the enclave's key gives the key it seals with. Every round (begin()): each
-// participant draws a fresh nonce; the enclave opens the round and signs round_statement(round,
-// dim, noise, divisor, oblivious, the nonces) with its attested Ed25519 key. apply() (each client,
-// on its worker): verify that signature and its nonce in it; refuse to send anything if any check
-// fails; otherwise seal "TEE1 | round | client | weight | update" in its AES-256-GCM box.
+// SHA-256(its X25519 key || SHA-256(the batch's nonces)). Each new client draws its own X25519
+// key pair; its crypto_kx session with the enclave's key gives the key it seals with and the key
+// the enclave tags its rounds with. In apply() the new client verifies the quote
+// (dcap::verify_quote against the collateral and the pinned test root, remembered as
+// tee_state::verified_quotes says) and the policy (the expected MRENCLAVE, DEBUG clear, its own
+// nonce in the batch, the key). Every round (begin()): each participant draws a fresh nonce; the
+// enclave opens the round and tags round_statement(round, dim, noise, divisor, oblivious, the
+// nonces) for each participant under their session's key. apply() (each client, on its worker):
+// check its tag and its nonce in the statement; refuse to send anything if any check fails;
+// otherwise seal "TEE1 | round | client | weight | update" in its AES-256-GCM box.
 // add_encoded(): the server forwards the box, which it cannot open. finish(): the enclave's
 // aggregate. Under --tee swtpm the round's TPM quote over the nonces takes the place of the
-// enrolment and the signature.
+// enrolment and the tag.
 
 #include <fcntl.h>
 #include <poll.h>
@@ -168,16 +169,12 @@ public:
     const auto pk = enclave_.ask(&tee_enclave::public_key).timeout(std::chrono::seconds(60)).get();
     if (pk.size() != 32) throw std::runtime_error("tee: the enclave's key has " + std::to_string(pk.size()) + " bytes");
     std::copy(pk.begin(), pk.end(), public_key_.begin());
-    const auto sk = enclave_.ask(&tee_enclave::signing_key).timeout(std::chrono::seconds(60)).get();
-    if (sk.size() != 32) throw std::runtime_error("tee: the enclave's signing key has " + std::to_string(sk.size()) + " bytes");
-    std::copy(sk.begin(), sk.end(), signing_key_.begin());
   }
 
   actor_ref<tee_enclave>& enclave() { return enclave_; }
   const sim_platform& platform() const { return *platform_; }
   const swtpm_platform& tpm() const { return *tpm_; }
   const std::array<std::uint8_t, 32>& public_key() const { return public_key_; }
-  const std::array<std::uint8_t, 32>& signing_key() const { return signing_key_; }
 
 private:
   // Destroyed in reverse: the ref, the platform, the node process (told to leave), the host node.
@@ -186,7 +183,7 @@ private:
   child_process child_;
   std::unique_ptr<sim_platform> platform_;
   actor_ref<tee_enclave> enclave_;
-  std::array<std::uint8_t, 32> public_key_{}, signing_key_{};
+  std::array<std::uint8_t, 32> public_key_{};
 };
 
 /// What the clients' transform and the server's aggregator share. The server's half (begin,
@@ -205,9 +202,9 @@ struct tee_state {
   bool swtpm = false;
   std::string ak_pem;
   std::array<std::uint8_t, 32> expected_pcr16{};
-  // The enclave's keys as the server relays them; a client trusts them once a quote bound to its
-  // own nonce shows them (sim) or this round's TPM quote does (swtpm).
-  key32 box_key{}, sign_key{};
+  // The enclave's key as the server relays it; a client trusts it once a quote bound to its own
+  // nonce shows it (sim) or this round's TPM quote does (swtpm).
+  key32 box_key{};
   // --tee sim's enrolment: one quote per batch of clients new to this enclave, over their nonces.
   struct batch {
     bytes quote;
@@ -219,16 +216,13 @@ struct tee_state {
     bytes enrol_nonce;
     std::size_t batch = 0;
     bool attested = false;             // sim: its batch's quote verified, with its nonce in it
-    key32 sign_key{};                  // the Ed25519 key its quote bound
-    std::optional<box_sender> sender;  // its key pair and the key it seals with
-    bytes round_nonce;                 // this round's fresh nonce
+    std::optional<box_sender> sender;  // its key pair and its session's keys
+    bytes round_nonce, round_tag;      // this round's fresh nonce, and the enclave's tag for it
   };
   std::unordered_map<std::uint64_t, client_session> clients;
-  // The round: the participants' nonces in order, the enclave's signature over the round's
-  // statement (sim), the round's one TPM quote (swtpm).
+  // The round: the participants' nonces in order, the round's one TPM quote (swtpm).
   std::uint32_t round = 0;
   std::vector<bytes> nonces;
-  bytes round_signature;
   tpm_quote round_quote;
   // Top-k's count of coordinates (sparse payloads padded to it); 0: dense payloads.
   double topk_fraction = 0;
@@ -274,7 +268,6 @@ public:
       if (!c.attested) attest_session(u.client, c);
       check_round(u.client, c, round);
     }
-    if (!c.sender) c.sender = make_sender(s_->box_key);
     s_->verify_us += std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - t0).count();
     ++s_->verified;
     seal_update(u, round, *c.sender);
@@ -293,20 +286,17 @@ private:
       refuse(client, "TPM quote: " + why);
   }
 
-  // Once per client and enclave: the quote of its enrolment batch, bound to the enclave's two
-  // keys and to the batch's nonces, its own among them.
+  // Once per client and enclave: the quote of its enrolment batch, bound to the enclave's key and
+  // to the batch's nonces, its own among them.
   void attest_session(std::uint64_t client, tee_state::client_session& c) const {
     if (c.batch >= s_->batches.size()) throw std::logic_error("tee: client " + std::to_string(client) + " has no enrolment");
     const auto& b = s_->batches[c.batch];
     if (std::find(b.nonces.begin(), b.nonces.end(), c.enrol_nonce) == b.nonces.end()) refuse(client, "its nonce is not in the quoted list");
-    std::array<std::uint8_t, 64> keys{};
-    std::copy(s_->box_key.begin(), s_->box_key.end(), keys.begin());
-    std::copy(s_->sign_key.begin(), s_->sign_key.end(), keys.begin() + 32);
     const auto list = nonce_list_digest(b.nonces);
     dcap::policy p;
     p.measurement = s_->expected_measurement;
     p.nonce = bytes(list.begin(), list.end());
-    p.enclave_key = bytes(keys.begin(), keys.end());
+    p.enclave_key = bytes(s_->box_key.begin(), s_->box_key.end());
     p.root_key_sha256 = s_->root_pin;
     dcap::quote q;
     try {
@@ -316,7 +306,6 @@ private:
     }
     verify_platform_and_signature(client, q, b.quote, p);
     if (auto why = dcap::check_policy(q, p); !why.empty()) refuse(client, "its quote failed at policy: " + why);
-    c.sign_key = s_->sign_key;
     c.attested = true;
   }
 
@@ -347,16 +336,17 @@ private:
     s_->verified_quotes[whole] = s_->verified_platforms[platform] = at + 3600;
   }
 
-  // Every round: the enclave this client attested signed that it opened this round, with the
-  // parameters the client expects, after the client drew its nonce.
+  // Every round: the enclave this client attested (the only other holder of their session's
+  // key) tagged that it opened this round, with the parameters the client expects, after the
+  // client drew its nonce.
   void check_round(std::uint64_t client, const tee_state::client_session& c, const round_info& round) const {
     if (std::find(s_->nonces.begin(), s_->nonces.end(), c.round_nonce) == s_->nonces.end())
       refuse(client, "its round nonce is not in the round's statement");
     const auto statement = round_statement(static_cast<std::uint32_t>(round.round), static_cast<std::uint64_t>(round.dim),
                                            stddev(*s_), s_->expected, s_->oblivious, s_->nonces);
-    if (s_->round_signature.size() != crypto_sign_BYTES ||
-        crypto_sign_verify_detached(s_->round_signature.data(), statement.data(), statement.size(), c.sign_key.data()) != 0)
-      refuse(client, "the round's statement is not signed by the enclave it attested (another round, other parameters or another key)");
+    const auto want = round_tag(c.sender->rx, statement, client);
+    if (c.round_tag.size() != want.size() || sodium_memcmp(c.round_tag.data(), want.data(), want.size()) != 0)
+      refuse(client, "the round's tag is not its session's with the enclave it attested (another round, other parameters or another key)");
   }
 
   void seal_update(client_update& u, const round_info& round, const box_sender& sender) const {
@@ -438,22 +428,28 @@ public:
         s.batches.push_back(std::move(b));
       }
     }
-    std::vector<bytes> nonces;
+    std::vector<bytes> nonces, keys;
     for (auto c : round.participants) {
+      auto& session = s.clients[c];
       bytes n(32);
-      randombytes_buf(n.data(), n.size());  // the client's own draw
+      randombytes_buf(n.data(), n.size());  // the client's own draws: its nonce, and once its key pair
       nonces.push_back(n);
-      s.clients[c].round_nonce = std::move(n);
+      session.round_nonce = std::move(n);
+      if (!session.sender) session.sender = make_sender(s.box_key);
+      keys.emplace_back(session.sender->public_key.begin(), session.sender->public_key.end());
     }
     if (s.swtpm) {
       auto q = e.ask(&tee_enclave::tpm_quote, nonces).timeout(std::chrono::seconds(120)).get();
       if (q.size() != 2) throw std::runtime_error("tee: the enclave's TPM quote has " + std::to_string(q.size()) + " parts");
       s.round_quote = {std::move(q[0]), std::move(q[1])};
     }
-    s.round_signature = e.ask(&tee_enclave::begin, s.round, static_cast<std::uint64_t>(round.dim), tee_seal::stddev(s), s.expected,
-                              s.oblivious, nonces)
-                            .timeout(std::chrono::seconds(120))
-                            .get();
+    auto tags = e.ask(&tee_enclave::begin, s.round, static_cast<std::uint64_t>(round.dim), tee_seal::stddev(s), s.expected, s.oblivious,
+                      nonces, std::vector<std::uint64_t>(round.participants.begin(), round.participants.end()), keys)
+                    .timeout(std::chrono::seconds(120))
+                    .get();
+    if (tags.size() != round.participants.size())
+      throw std::runtime_error("tee: the enclave answered " + std::to_string(tags.size()) + " round tags");
+    for (std::size_t i = 0; i < tags.size(); ++i) s.clients[round.participants[i]].round_tag = std::move(tags[i]);
     s.nonces = std::move(nonces);
   }
   void add(std::uint64_t client, double, std::span<const float>) override {
@@ -463,8 +459,8 @@ public:
     // In 64 bits: near 2^32 the 32-bit sum wraps to a one-word size.
     if (words.empty() || (std::size_t{words[0]} + 3) / 4 + 1 != words.size())
       throw std::invalid_argument("tee: client " + std::to_string(client) + "'s sealed update is malformed");
-    const auto* first = reinterpret_cast<const std::uint8_t*>(words.data() + 1);
-    s_->host->enclave().tell(&tee_enclave::add, client, std::vector<std::uint8_t>(first, first + words[0]));
+    const auto* first = reinterpret_cast<const std::byte*>(words.data() + 1);
+    s_->host->enclave().tell(&tee_enclave::add, client, std::vector<std::byte>(first, first + words[0]));
   }
   std::vector<float> finish() override {
     auto out = s_->host->enclave().ask(&tee_enclave::finish).timeout(std::chrono::seconds(600)).get();
@@ -515,7 +511,6 @@ void install_tee(simulation& sim, const simulation_options& o) {
   s->swtpm = o.tee == "swtpm";
   s->host = std::make_unique<enclave_host>(program_of(o), s->swtpm);
   s->box_key = s->host->public_key();
-  s->sign_key = s->host->signing_key();
   if (s->swtpm) {
     s->ak_pem = s->host->tpm().ak_pem();
     s->expected_pcr16 = pcr_after_extend(m);

@@ -31,15 +31,15 @@ bytes encode_payload(const update_payload& p);
 std::array<std::uint8_t, 36> payload_head(const update_payload& p, std::uint32_t n);
 /// SHA-256(nonce 1 || nonce 2 || ...): a list of 32-byte nonces as one 32-byte nonce.
 std::array<std::uint8_t, 32> nonce_list_digest(const std::vector<bytes>& nonces);
-/// What the enclave signs when it opens a round (Ed25519, its attested signing key) and each
-/// client checks before sealing: "troupe tee round v1" | u32 round | u64 dim | f64 noise stddev |
+/// What the enclave tags for each participant when it opens a round (tee_box.hpp's round_tag)
+/// and each client checks before sealing: "troupe tee round v1" | u32 round | u64 dim | f64 noise stddev |
 /// f64 divisor | u8 oblivious | nonce_list_digest(the round's nonces, in order).
 bytes round_statement(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor, bool oblivious,
                       const std::vector<bytes>& nonces);
 /// The report data that binds an enclave's keys to a list of nonces: SHA-256(enclave key ||
 /// nonce_list_digest(nonces)), as dcap::check_policy checks it with that digest as the nonce.
-/// --tee swtpm's qualifying data (the round's nonces); --tee sim's session quote (the enclave
-/// key there is its X25519 key || its Ed25519 key, the nonces those of the clients it enrols).
+/// --tee swtpm's qualifying data (the round's nonces); --tee sim's enrolment quote (the nonces
+/// of the clients it enrols).
 std::array<std::uint8_t, 32> batch_qualifying(std::span<const std::uint8_t> enclave_key, const std::vector<bytes>& nonces);
 /// Throws std::invalid_argument naming what is wrong (length, magic, kind, a count).
 update_payload decode_payload(std::span<const std::uint8_t> plain);

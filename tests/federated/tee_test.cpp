@@ -174,23 +174,37 @@ TEST(TeeSeal, AnEnclavesCheckpointRestoresItsKeyOnTheSamePlatformOnly) {
   tee_enclave b(m.attestation_key_pem, m.qe_part, secret, "");
   tee_enclave other(m.attestation_key_pem, m.qe_part, tee::bytes(32, 4), "");
   ASSERT_NE(a.public_key(), b.public_key());
-  ASSERT_NE(a.signing_key(), b.signing_key());
   const auto saved = a.checkpoint();
   b.restore(saved);
   EXPECT_EQ(a.public_key(), b.public_key());
-  EXPECT_EQ(a.signing_key(), b.signing_key());
+  // The same key pair: a client's session with either gives the same round tags.
+  tee::key32 pk{};
+  std::copy_n(a.public_key().begin(), 32, pk.begin());
+  const auto client = tee::make_sender(pk);
+  const std::vector<tee::bytes> keys{tee::bytes(client.public_key.begin(), client.public_key.end())};
   const auto n = some_nonces(1, 3);
-  EXPECT_EQ(a.begin(1, 1, 0, 1, false, n), b.begin(1, 1, 0, 1, false, n));  // Ed25519 is deterministic: the same key
+  EXPECT_EQ(a.begin(1, 1, 0, 1, false, n, {9}, keys), b.begin(1, 1, 0, 1, false, n, {9}, keys));
   expect_error<std::runtime_error>([&] { other.restore(saved); }, "does not open");
 }
 
 /// A dense update of `client` for `round`, boxed by `from` to the enclave, as a client sends it.
-std::vector<std::uint8_t> sealed_update(const tee::box_sender& from, std::uint32_t round, std::uint64_t client, std::vector<float> v) {
+std::vector<std::byte> sealed_update(const tee::box_sender& from, std::uint32_t round, std::uint64_t client, std::vector<float> v) {
   tee::update_payload u{.round = round, .client = client, .weight = 1.0, .dim = static_cast<std::uint32_t>(v.size()), .sparse = false, .index = {}, .value = v};
   const auto plain = tee::encode_payload(u);
-  std::vector<std::uint8_t> out(plain.size() + tee::box_overhead);
-  tee::seal_box(from, {plain}, out);
+  std::vector<std::byte> out(plain.size() + tee::box_overhead);
+  tee::seal_box(from, {plain}, {reinterpret_cast<std::uint8_t*>(out.data()), out.size()});
   return out;
+}
+
+/// Opens `round` of dimension 2 (FedAvg) with these participants (ids 1, 2, ...); their tags.
+std::vector<std::vector<std::uint8_t>> open_round(tee_enclave& e, std::uint32_t round, const std::vector<const tee::box_sender*>& who) {
+  std::vector<std::uint64_t> ids;
+  std::vector<tee::bytes> keys;
+  for (std::size_t i = 0; i < who.size(); ++i) {
+    ids.push_back(i + 1);
+    keys.emplace_back(who[i]->public_key.begin(), who[i]->public_key.end());
+  }
+  return e.begin(round, 2, 0, 1, false, some_nonces(who.size(), static_cast<std::uint8_t>(round)), ids, keys);
 }
 
 tee::key32 key_of(const std::vector<std::uint8_t>& k) {
@@ -211,7 +225,7 @@ TEST(TeeBox, ABoxSealedInPartsOpensToThePayloadsBytesUnderItsSessionOnly) {
   const auto head = tee::payload_head(u, 3);
   std::vector<std::uint8_t> box(plain.size() + tee::box_overhead);
   tee::seal_box(a, {head, {reinterpret_cast<const std::uint8_t*>(u.index.data()), 12}, {reinterpret_cast<const std::uint8_t*>(u.value.data()), 12}}, box);
-  const auto rx = tee::receive_key(pk, sk, std::span<const std::uint8_t, 32>(box.data(), 32));
+  const auto rx = tee::session_with(pk, sk, std::span<const std::uint8_t, 32>(box.data(), 32)).rx;
   std::vector<std::uint8_t> opened;
   ASSERT_TRUE(tee::open_box(rx, box, opened));
   EXPECT_EQ(opened, plain);
@@ -232,10 +246,10 @@ TEST(TeeBox, ABoxSealedInPartsOpensToThePayloadsBytesUnderItsSessionOnly) {
   std::vector<std::uint8_t> other(box.size());
   tee::seal_box(b, {plain}, other);
   EXPECT_FALSE(tee::open_box(rx, other, opened));
-  EXPECT_TRUE(tee::open_box(tee::receive_key(pk, sk, std::span<const std::uint8_t, 32>(other.data(), 32)), other, opened));
+  EXPECT_TRUE(tee::open_box(tee::session_with(pk, sk, std::span<const std::uint8_t, 32>(other.data(), 32)).rx, other, opened));
 }
 
-TEST(TeeEnclave, OneQuoteBindsBothKeysAndEveryNonceOfTheBatch) {
+TEST(TeeEnclave, OneQuoteBindsItsKeyAndEveryNonceOfTheBatch) {
   const tee::sim_platform p(now());
   const auto m = p.material();
   tee_enclave e(m.attestation_key_pem, m.qe_part, tee::bytes(32, 1), "");
@@ -245,18 +259,13 @@ TEST(TeeEnclave, OneQuoteBindsBothKeysAndEveryNonceOfTheBatch) {
   dcap::policy pol;
   pol.root_key_sha256 = p.root_key_sha256();
   pol.measurement = e.measurement();
-  auto keys = e.public_key();
-  const auto sign = e.signing_key();
-  keys.insert(keys.end(), sign.begin(), sign.end());
-  pol.enclave_key = keys;
+  pol.enclave_key = e.public_key();
   const auto list = tee::nonce_list_digest(nonces);
   pol.nonce = tee::bytes(list.begin(), list.end());
   const auto v = dcap::verify_quote(dcap::parse_quote(quote), c, now(), pol);
   EXPECT_TRUE(v.ok()) << (v.failed ? dcap::to_string(*v.failed) : "") << ": " << v.error;
-  // A list without one nonce, in another order, or another signing key: the policy fails.
-  auto expect_policy_fails = [&](dcap::policy bad) {
-    EXPECT_NE(dcap::check_policy(dcap::parse_quote(quote), bad), "");
-  };
+  // A list without one nonce, in another order, or another key: the policy fails.
+  auto expect_policy_fails = [&](const dcap::policy& bad) { EXPECT_NE(dcap::check_policy(dcap::parse_quote(quote), bad), ""); };
   auto fewer = nonces;
   fewer.pop_back();
   auto other = pol;
@@ -269,32 +278,48 @@ TEST(TeeEnclave, OneQuoteBindsBothKeysAndEveryNonceOfTheBatch) {
   other.nonce = tee::bytes(l2.begin(), l2.end());
   expect_policy_fails(other);
   other = pol;
-  other.enclave_key->at(40) ^= 1;
+  other.enclave_key->at(5) ^= 1;
   expect_policy_fails(other);
   expect_error<std::invalid_argument>([&] { (void)e.attest({tee::bytes(31, 0)}); }, "not 32");
   expect_error<std::invalid_argument>([&] { (void)e.attest({}); }, "no nonces");
 }
 
-TEST(TeeEnclave, ItsRoundStatementVerifiesUnderItsSigningKeyForThoseParametersOnly) {
+TEST(TeeEnclave, ItsRoundTagsCheckUnderEachClientsSessionForThoseParametersOnly) {
   const tee::sim_platform p(now());
   const auto m = p.material();
   tee_enclave e(m.attestation_key_pem, m.qe_part, tee::bytes(32, 1), "");
-  const auto key = e.signing_key();
+  const auto pk = key_of(e.public_key());
+  const std::vector<tee::box_sender> who{tee::make_sender(pk), tee::make_sender(pk), tee::make_sender(pk)};
+  const std::vector<std::uint64_t> ids{4, 8, 15};
+  std::vector<tee::bytes> keys;
+  for (const auto& w : who) keys.emplace_back(w.public_key.begin(), w.public_key.end());
   const auto nonces = some_nonces(3, 40);
-  const auto sig = e.begin(4, 10, 0.5, 3, false, nonces);
-  auto verifies = [&](const tee::bytes& statement) {
-    return crypto_sign_verify_detached(sig.data(), statement.data(), statement.size(), key.data()) == 0;
+  const auto tags = e.begin(4, 10, 0.5, 3, false, nonces, ids, keys);
+  ASSERT_EQ(tags.size(), 3u);
+  auto checks = [&](std::size_t i, const tee::bytes& statement, std::uint64_t id) {
+    const auto want = tee::round_tag(who[i].rx, statement, id);
+    return tags[i] == tee::bytes(want.begin(), want.end());
   };
-  ASSERT_EQ(sig.size(), crypto_sign_BYTES);
-  EXPECT_TRUE(verifies(tee::round_statement(4, 10, 0.5, 3, false, nonces)));
-  EXPECT_FALSE(verifies(tee::round_statement(5, 10, 0.5, 3, false, nonces)));
-  EXPECT_FALSE(verifies(tee::round_statement(4, 11, 0.5, 3, false, nonces)));
-  EXPECT_FALSE(verifies(tee::round_statement(4, 10, 0.25, 3, false, nonces)));
-  EXPECT_FALSE(verifies(tee::round_statement(4, 10, 0.5, 2, false, nonces)));
-  EXPECT_FALSE(verifies(tee::round_statement(4, 10, 0.5, 3, true, nonces)));
-  EXPECT_FALSE(verifies(tee::round_statement(4, 10, 0.5, 3, false, some_nonces(3, 41))));
-  tee_enclave other(m.attestation_key_pem, m.qe_part, tee::bytes(32, 1), "");
-  EXPECT_NE(other.signing_key(), key);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(checks(i, tee::round_statement(4, 10, 0.5, 3, false, nonces), ids[i]));
+    EXPECT_FALSE(checks(i, tee::round_statement(5, 10, 0.5, 3, false, nonces), ids[i]));
+    EXPECT_FALSE(checks(i, tee::round_statement(4, 11, 0.5, 3, false, nonces), ids[i]));
+    EXPECT_FALSE(checks(i, tee::round_statement(4, 10, 0.25, 3, false, nonces), ids[i]));
+    EXPECT_FALSE(checks(i, tee::round_statement(4, 10, 0.5, 2, false, nonces), ids[i]));
+    EXPECT_FALSE(checks(i, tee::round_statement(4, 10, 0.5, 3, true, nonces), ids[i]));
+    EXPECT_FALSE(checks(i, tee::round_statement(4, 10, 0.5, 3, false, some_nonces(3, 41)), ids[i]));
+    EXPECT_FALSE(checks(i, tee::round_statement(4, 10, 0.5, 3, false, nonces), ids[(i + 1) % 3]));
+  }
+  // The client that receives another's tag cannot check it: their sessions' keys differ.
+  const auto first = tee::round_tag(who[1].rx, tee::round_statement(4, 10, 0.5, 3, false, nonces), ids[0]);
+  EXPECT_NE(tags[0], tee::bytes(first.begin(), first.end()));
+  expect_error<std::logic_error>([&] { (void)e.finish(); }, "no updates");
+  // Client 8 presented under another key than the one it was first seen with: the round fails.
+  auto changed = keys;
+  const auto stranger = tee::make_sender(pk);
+  changed[1].assign(stranger.public_key.begin(), stranger.public_key.end());
+  expect_error<std::invalid_argument>([&] { (void)e.begin(5, 10, 0.5, 3, false, nonces, ids, changed); }, "another than its first");
+  expect_error<std::invalid_argument>([&] { (void)e.begin(5, 10, 0.5, 3, false, nonces, {4, 8}, keys); }, "3 nonces, 2 clients");
 }
 
 TEST(TeeEnclave, OpensSealedUpdatesAndRefusesReplaysAndOtherRounds) {
@@ -306,30 +331,29 @@ TEST(TeeEnclave, OpensSealedUpdatesAndRefusesReplaysAndOtherRounds) {
   auto box = [&](std::uint32_t round, std::uint64_t client, std::vector<float> v) {
     return sealed_update(client == 1 ? one : two, round, client, v);
   };
-  const auto nonces = some_nonces(2, 1);
-  e.begin(1, 2, 0, 1, false, nonces);
+  open_round(e, 1, {&one, &two});
   e.add(1, box(1, 1, {1, 2}));
   e.add(2, box(1, 2, {3, 6}));
   EXPECT_EQ(e.finish(), (std::vector<float>{2, 4}));
-  e.begin(2, 2, 0, 1, false, nonces);
+  open_round(e, 2, {&one, &two});
   e.add(1, box(1, 1, {1, 2}));  // last round's box
   expect_error<std::runtime_error>([&] { (void)e.finish(); }, "round 1");
-  e.begin(3, 2, 0, 1, false, nonces);
+  open_round(e, 3, {&one, &two});
   e.add(1, box(3, 1, {1, 2}));
   e.add(1, box(3, 1, {1, 2}));
   expect_error<std::runtime_error>([&] { (void)e.finish(); }, "second box");
-  e.begin(4, 2, 0, 1, false, nonces);
+  open_round(e, 4, {&one, &two});
   e.add(2, sealed_update(two, 4, 1, {1, 2}));  // client 1's box presented as client 2's
   expect_error<std::runtime_error>([&] { (void)e.finish(); }, "client 1's");
-  e.begin(5, 2, 0, 1, false, nonces);
+  open_round(e, 5, {&one, &two});
   e.add(1, sealed_update(tee::make_sender(pk), 5, 1, {1, 2}));  // client 1 under a key not its first
-  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "another key than its first");
-  e.begin(6, 2, 0, 1, false, nonces);
+  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "another than its first");
+  open_round(e, 6, {&one, &two});
   auto changed = box(6, 1, {1, 2});
-  changed[50] ^= 1;
+  changed[50] ^= std::byte{1};
   e.add(1, changed);
   expect_error<std::runtime_error>([&] { (void)e.finish(); }, "does not open");
-  e.begin(7, 2, 0, 1, false, nonces);
+  open_round(e, 7, {&one, &two});
   e.add(1, box(7, 1, {1, 2}));
   EXPECT_EQ(e.finish(), (std::vector<float>{1, 2}));
 }
@@ -345,15 +369,14 @@ TEST(TeeEnclave, ARoundIsReleasedOnceAndNeverReopened) {
   auto box = [&](std::uint32_t round, std::uint64_t client, std::vector<float> v) {
     return sealed_update(client == 1 ? one : two, round, client, v);
   };
-  const auto n = some_nonces(2, 5);
-  e.begin(5, 2, 0, 1, false, n);
-  expect_error<std::logic_error>([&] { e.begin(5, 2, 0, 1, false, n); }, "still open");
+  open_round(e, 5, {&one, &two});
+  expect_error<std::logic_error>([&] { open_round(e, 5, {&one, &two}); }, "still open");
   e.add(1, box(5, 1, {1, 2}));
   e.add(2, box(5, 2, {3, 6}));
   EXPECT_EQ(e.finish(), (std::vector<float>{2, 4}));
-  expect_error<std::invalid_argument>([&] { e.begin(5, 2, 0, 1, false, n); }, "after round 5");
-  expect_error<std::invalid_argument>([&] { e.begin(4, 2, 0, 1, false, n); }, "after round 5");
-  e.begin(6, 2, 0, 1, false, n);
+  expect_error<std::invalid_argument>([&] { open_round(e, 5, {&one, &two}); }, "after round 5");
+  expect_error<std::invalid_argument>([&] { open_round(e, 4, {&one, &two}); }, "after round 5");
+  open_round(e, 6, {&one, &two});
   e.add(2, box(6, 2, {3, 6}));
   EXPECT_EQ(e.finish(), (std::vector<float>{3, 6}));
 }
