@@ -79,20 +79,41 @@ void seal_box(const box_sender& from, std::initializer_list<std::span<const std:
   if (!ok) throw std::runtime_error("tee box: AES-256-GCM failed");
 }
 
-bool open_box(const key32& rx, std::span<const std::uint8_t> box, std::vector<std::uint8_t>& plain) {
-  if (box.size() < box_overhead || box.size() - box_overhead > static_cast<std::size_t>(std::numeric_limits<int>::max())) return false;
+namespace {
+
+// Decrypts box's ciphertext into out (which may be the ciphertext itself: GCM decrypts in place).
+bool decrypt(const key32& rx, std::span<const std::uint8_t> box, std::uint8_t* out) {
   const std::size_t len = box.size() - box_overhead;
-  plain.resize(len);
   EVP_CIPHER_CTX* c = context();
   int n = 0, m = 0;
   std::array<std::uint8_t, box_tag> tag{};
   std::copy(box.end() - box_tag, box.end(), tag.begin());
-  const bool ok = EVP_DecryptInit_ex(c, EVP_aes_256_gcm(), nullptr, rx.data(), box.data() + 32) == 1 &&
-                  EVP_DecryptUpdate(c, plain.data(), &n, box.data() + box_header, static_cast<int>(len)) == 1 &&
-                  EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, box_tag, tag.data()) == 1 &&
-                  EVP_DecryptFinal_ex(c, plain.data() + n, &m) == 1 && static_cast<std::size_t>(n + m) == len;
+  return EVP_DecryptInit_ex(c, EVP_aes_256_gcm(), nullptr, rx.data(), box.data() + 32) == 1 &&
+         EVP_DecryptUpdate(c, out, &n, box.data() + box_header, static_cast<int>(len)) == 1 &&
+         EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, box_tag, tag.data()) == 1 && EVP_DecryptFinal_ex(c, out + n, &m) == 1 &&
+         static_cast<std::size_t>(n + m) == len;
+}
+
+bool fits(std::span<const std::uint8_t> box) {
+  return box.size() >= box_overhead && box.size() - box_overhead <= static_cast<std::size_t>(std::numeric_limits<int>::max());
+}
+
+}  // namespace
+
+bool open_box(const key32& rx, std::span<const std::uint8_t> box, std::vector<std::uint8_t>& plain) {
+  if (!fits(box)) return false;
+  plain.resize(box.size() - box_overhead);
+  const bool ok = decrypt(rx, box, plain.data());
   if (!ok) sodium_memzero(plain.data(), plain.size());
   return ok;
+}
+
+std::span<const std::uint8_t> open_box_in_place(const key32& rx, std::span<std::uint8_t> box) {
+  if (!fits(box)) return {};
+  const auto plain = box.subspan(box_header, box.size() - box_overhead);
+  if (decrypt(rx, box, plain.data())) return plain;
+  sodium_memzero(plain.data(), plain.size());
+  return {};
 }
 
 }  // namespace troupe::federated::tee

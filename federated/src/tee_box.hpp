@@ -46,8 +46,12 @@ std::array<std::uint8_t, 32> round_tag(const key32& key, std::span<const std::ui
 
 /// Seals the concatenation of `parts` into `out` (box_overhead + their total length bytes).
 void seal_box(const box_sender& from, std::initializer_list<std::span<const std::uint8_t>> parts, std::span<std::uint8_t> out);
-/// Opens `box` (its first 32 bytes are the sender's key; `rx` that key's receive_key) into
-/// `plain` (resized). Returns false when the box is shorter than its overhead or does not open.
+/// Opens `box` (its first 32 bytes are the sender's key; `rx` that key's session receive key)
+/// into `plain` (resized). Returns false when the box is shorter than its overhead or does not
+/// open.
 bool open_box(const key32& rx, std::span<const std::uint8_t> box, std::vector<std::uint8_t>& plain);
+/// As open_box, decrypting in place: on success the plaintext is box[box_header, size - box_tag),
+/// returned; on failure an empty span and the ciphertext's bytes are wiped.
+std::span<const std::uint8_t> open_box_in_place(const key32& rx, std::span<std::uint8_t> box);
 
 }  // namespace troupe::federated::tee

@@ -198,11 +198,17 @@ std::vector<std::vector<std::uint8_t>> tee_enclave::begin(std::uint32_t round, s
 void tee_enclave::add(std::uint64_t client, std::vector<std::byte> box) {
   if (!open_ || !error_.empty()) return;
   try {
-    const std::span<const std::uint8_t> sealed(reinterpret_cast<const std::uint8_t*>(box.data()), box.size());
+    const std::span<std::uint8_t> sealed(reinterpret_cast<std::uint8_t*>(box.data()), box.size());
     if (sealed.size() < tee::box_overhead) throw std::runtime_error("a box shorter than its header");
-    const auto& k = pin(client, sealed.first<32>());
-    if (!tee::open_box(k.keys.rx, sealed, plain_)) throw std::runtime_error("its box does not open under its key with the enclave");
-    auto p = tee::decode_payload(plain_);
+    const auto& k = pin(client, std::span<const std::uint8_t, 32>(sealed.data(), 32));
+    // Opened where it arrived (box_header = 44 bytes in: the floats stay 4-byte aligned).
+    const auto plain = tee::open_box_in_place(k.keys.rx, sealed);
+    if (plain.empty()) throw std::runtime_error("its box does not open under its key with the enclave");
+    struct wipe {
+      std::span<std::uint8_t> b;
+      ~wipe() { sodium_memzero(b.data(), b.size()); }
+    } wiped{sealed};
+    const auto p = tee::decode_payload_view(plain);
     if (p.client != client) throw std::runtime_error("its box is client " + std::to_string(p.client) + "'s");
     if (p.round != round_) throw std::runtime_error("its box is for round " + std::to_string(p.round));
     if (p.dim != dim_) throw std::runtime_error("its update has " + std::to_string(p.dim) + " coordinates");
@@ -228,7 +234,6 @@ void tee_enclave::add(std::uint64_t client, std::vector<std::byte> box) {
 std::vector<float> tee_enclave::finish() {
   if (!open_) throw std::logic_error("tee enclave: finish() without begin()");
   open_ = false;
-  sodium_memzero(plain_.data(), plain_.size());  // the last box's plaintext (each box overwrote the one before)
   if (!error_.empty()) throw std::runtime_error("the enclave refused the round's updates: " + error_);
   if (added_ == 0) throw std::logic_error("tee enclave: no updates in this round");
   last_round_ = round_;

@@ -72,7 +72,6 @@ private:
   };
   std::unordered_map<std::uint64_t, client_key> clients_;  // pinned at each client's first round or box
   const client_key& pin(std::uint64_t client, std::span<const std::uint8_t, 32> key);
-  std::vector<std::uint8_t> plain_;
   std::uint32_t round_ = 0;
   std::optional<std::uint32_t> last_round_;  // the last round released: each round opens once
   std::uint64_t dim_ = 0;

@@ -6,6 +6,7 @@
 #include <sodium.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -38,6 +39,7 @@ public:
     at_ += n * sizeof(T);
   }
   bool done() const noexcept { return at_ == d_.size(); }
+  std::size_t left() const noexcept { return d_.size() - at_; }
 
 private:
   std::span<const std::uint8_t> d_;
@@ -78,10 +80,12 @@ bytes encode_payload(const update_payload& p) {
   return b;
 }
 
-update_payload decode_payload(std::span<const std::uint8_t> plain) {
+payload_view decode_payload_view(std::span<const std::uint8_t> plain) {
+  if (reinterpret_cast<std::uintptr_t>(plain.data()) % alignof(float) != 0)
+    throw std::invalid_argument("tee update: the payload's bytes are not aligned to 4");
   reader r(plain);
   if (r.get<std::uint32_t>("the magic") != magic) throw std::invalid_argument("tee update: not a TEE1 payload");
-  update_payload p;
+  payload_view p;
   p.round = r.get<std::uint32_t>("the round");
   p.client = r.get<std::uint64_t>("the client");
   p.weight = r.get<double>("the weight");
@@ -92,9 +96,33 @@ update_payload decode_payload(std::span<const std::uint8_t> plain) {
   const auto n = r.get<std::uint32_t>("the count");
   if (!p.sparse && n != p.dim)
     throw std::invalid_argument("tee update: a dense update of " + std::to_string(n) + " floats for dimension " + std::to_string(p.dim));
-  if (p.sparse) r.get_array(p.index, n, "the positions");
-  r.get_array(p.value, n, "the values");
-  if (!r.done()) throw std::invalid_argument("tee update: bytes after the values");
+  const std::size_t at = plain.size() - r.left();  // 36: the head's length, a multiple of 4
+  const std::size_t need = (p.sparse ? 2 : 1) * std::size_t{n} * 4;
+  if (r.left() < need) throw std::invalid_argument(std::string("tee update: truncated in ") + (p.sparse ? "the positions" : "the values"));
+  if (r.left() > need) throw std::invalid_argument("tee update: bytes after the values");
+  // The caller's bytes seen as the words they hold (aligned, checked above).
+  const std::uint8_t* body = plain.data() + at;
+  if (p.sparse) {
+    p.index = {reinterpret_cast<const std::uint32_t*>(body), n};
+    body += std::size_t{n} * 4;
+  }
+  p.value = {reinterpret_cast<const float*>(body), n};
+  return p;
+}
+
+update_payload decode_payload(std::span<const std::uint8_t> plain) {
+  // Copied first: a payload at any address decodes (the view needs 4-byte alignment).
+  std::vector<std::uint32_t> aligned((plain.size() + 3) / 4);
+  if (!plain.empty()) std::memcpy(aligned.data(), plain.data(), plain.size());
+  const auto v = decode_payload_view({reinterpret_cast<const std::uint8_t*>(aligned.data()), plain.size()});
+  update_payload p;
+  p.round = v.round;
+  p.client = v.client;
+  p.weight = v.weight;
+  p.dim = v.dim;
+  p.sparse = v.sparse;
+  p.index.assign(v.index.begin(), v.index.end());
+  p.value.assign(v.value.begin(), v.value.end());
   return p;
 }
 

@@ -25,6 +25,16 @@ struct update_payload {
   std::vector<float> value;
 };
 bytes encode_payload(const update_payload& p);
+/// A decoded payload whose positions and values are the decoded bytes themselves.
+struct payload_view {
+  std::uint32_t round = 0;
+  std::uint64_t client = 0;
+  double weight = 0;
+  std::uint32_t dim = 0;
+  bool sparse = false;
+  std::span<const std::uint32_t> index;  // sparse only
+  std::span<const float> value;
+};
 /// The payload's fixed part (36 bytes: through the count `n`), what a client seals before the
 /// positions and values without copying them: encode_payload(p) is payload_head(p, n) followed
 /// by the positions (sparse) and the values.
@@ -43,5 +53,9 @@ bytes round_statement(std::uint32_t round, std::uint64_t dim, double noise_stdde
 std::array<std::uint8_t, 32> batch_qualifying(std::span<const std::uint8_t> enclave_key, const std::vector<bytes>& nonces);
 /// Throws std::invalid_argument naming what is wrong (length, magic, kind, a count).
 update_payload decode_payload(std::span<const std::uint8_t> plain);
+/// As decode_payload, without copying the positions and values: the view points into `plain`,
+/// which must be 4-byte aligned (throws otherwise) and outlive it. decode_payload is this on an
+/// aligned copy, so both accept and refuse the same bytes.
+payload_view decode_payload_view(std::span<const std::uint8_t> plain);
 
 }  // namespace troupe::federated::tee

@@ -404,6 +404,35 @@ TEST(TeePayload, DecodingRefusesBadBytes) {
   EXPECT_THROW((void)tee::decode_payload(b), std::invalid_argument);
 }
 
+TEST(TeePayload, TheViewDecodesInPlaceWhatTheCopyDecodes) {
+  tee::update_payload u{.round = 3, .client = 5, .weight = 0.5, .dim = 6, .sparse = true, .index = {5, 1, 0xFFFFFFFFu}, .value = {1, -2, 0}};
+  for (bool sparse : {true, false}) {
+    if (!sparse) {
+      u.sparse = false;
+      u.index.clear();
+      u.value = {1, 2, 3, 4, 5, 6};
+    }
+    const auto b = tee::encode_payload(u);
+    std::vector<std::uint32_t> words(b.size() / 4 + 1);  // aligned, and one word more to shift by a byte
+    std::memcpy(words.data(), b.data(), b.size());
+    const std::span<const std::uint8_t> aligned(reinterpret_cast<const std::uint8_t*>(words.data()), b.size());
+    const auto v = tee::decode_payload_view(aligned);
+    const auto c = tee::decode_payload(b);
+    EXPECT_EQ(v.round, c.round);
+    EXPECT_EQ(v.client, c.client);
+    EXPECT_EQ(v.weight, c.weight);
+    EXPECT_EQ(v.sparse, c.sparse);
+    EXPECT_EQ(std::vector<std::uint32_t>(v.index.begin(), v.index.end()), c.index);
+    EXPECT_EQ(std::vector<float>(v.value.begin(), v.value.end()), c.value);
+    EXPECT_EQ(reinterpret_cast<const std::uint8_t*>(v.value.data()), aligned.data() + aligned.size() - 4 * u.value.size());  // no copy
+    for (std::size_t cut = 0; cut < b.size(); cut += 4)
+      EXPECT_THROW((void)tee::decode_payload_view(aligned.first(cut)), std::invalid_argument) << cut;
+    std::memmove(reinterpret_cast<std::uint8_t*>(words.data()) + 1, b.data(), b.size());
+    expect_error<std::invalid_argument>([&] { (void)tee::decode_payload_view({reinterpret_cast<const std::uint8_t*>(words.data()) + 1, b.size()}); },
+                                        "aligned");
+  }
+}
+
 TEST(TeeOblivious, DensifyMatchesTheSparseUpdatesOwnReference) {
   const std::size_t d = 1000;
   auto values = test_support::random_values(d, 77);
