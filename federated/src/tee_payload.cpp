@@ -138,7 +138,9 @@ std::array<std::uint8_t, 32> nonce_list_digest(const std::vector<bytes>& nonces)
 bytes round_statement(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor, bool oblivious,
                       const std::vector<bytes>& nonces) {
   static const char label[] = "troupe tee round v1";
-  bytes b(label, label + sizeof label - 1);
+  bytes b;
+  b.reserve(sizeof label - 1 + 4 + 8 + 8 + 8 + 1 + 32);
+  b.insert(b.end(), label, label + sizeof label - 1);
   put(b, round);
   put(b, dim);
   put(b, noise_stddev);
