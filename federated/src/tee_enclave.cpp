@@ -108,21 +108,15 @@ tee_enclave::tee_enclave(std::string attestation_key_pem, std::vector<std::uint8
 std::vector<std::uint8_t> tee_enclave::public_key() { return {pk_.begin(), pk_.end()}; }
 std::vector<std::uint8_t> tee_enclave::measurement() { return {mr_enclave_.begin(), mr_enclave_.end()}; }
 
-std::vector<std::vector<std::uint8_t>> tee_enclave::quotes(std::vector<std::vector<std::uint8_t>> nonces) {
+std::vector<std::uint8_t> tee_enclave::attest(std::vector<std::vector<std::uint8_t>> nonces) {
   if (!signer_) throw std::logic_error("tee enclave: no quoting material (this enclave was started for --tee swtpm)");
-  std::vector<std::vector<std::uint8_t>> out;
-  out.reserve(nonces.size());
-  for (const auto& n : nonces) {
+  if (nonces.empty()) throw std::invalid_argument("tee enclave: no nonces to attest to");
+  for (const auto& n : nonces)
     if (n.size() != 32) throw std::invalid_argument("tee enclave: a nonce has " + std::to_string(n.size()) + " bytes, not 32");
-    std::array<std::uint8_t, 64> report{};
-    crypto_hash_sha256_state st;
-    crypto_hash_sha256_init(&st);
-    crypto_hash_sha256_update(&st, pk_.data(), pk_.size());
-    crypto_hash_sha256_update(&st, n.data(), n.size());
-    crypto_hash_sha256_final(&st, report.data());
-    out.push_back(signer_->quote(mr_enclave_, report));
-  }
-  return out;
+  std::array<std::uint8_t, 64> report{};
+  const auto h = tee::batch_qualifying(pk_, nonces);
+  std::copy(h.begin(), h.end(), report.begin());
+  return signer_->quote(mr_enclave_, report);
 }
 
 std::vector<std::vector<std::uint8_t>> tee_enclave::tpm_quote(std::vector<std::vector<std::uint8_t>> nonces) {
@@ -133,9 +127,30 @@ std::vector<std::vector<std::uint8_t>> tee_enclave::tpm_quote(std::vector<std::v
   return {q.attest, q.signature};
 }
 
-void tee_enclave::begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor, bool oblivious) {
-  if (!(noise_stddev >= 0) || !std::isfinite(noise_stddev) || !(divisor > 0))
+const tee_enclave::client_key& tee_enclave::pin(std::uint64_t client, std::span<const std::uint8_t, 32> key) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) {
+    client_key k;
+    std::copy(key.begin(), key.end(), k.pk.begin());
+    k.keys = tee::session_with(pk_, sk_, key);
+    return clients_.emplace(client, k).first->second;
+  }
+  if (!std::equal(key.begin(), key.end(), it->second.pk.begin())) throw std::runtime_error("its key is another than its first");
+  return it->second;
+}
+
+std::vector<std::vector<std::uint8_t>> tee_enclave::begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor,
+                                                          bool oblivious, std::vector<std::vector<std::uint8_t>> nonces,
+                                                          std::vector<std::uint64_t> clients, std::vector<std::vector<std::uint8_t>> keys) {
+  if (!(noise_stddev >= 0) || !std::isfinite(noise_stddev) || !(divisor > 0) || !std::isfinite(divisor))
     throw std::invalid_argument("tee enclave: bad noise parameters");
+  if (clients.size() != nonces.size() || keys.size() != nonces.size())
+    throw std::invalid_argument("tee enclave: " + std::to_string(nonces.size()) + " nonces, " + std::to_string(clients.size()) +
+                                " clients and " + std::to_string(keys.size()) + " keys");
+  for (std::size_t i = 0; i < nonces.size(); ++i) {
+    if (nonces[i].size() != 32) throw std::invalid_argument("tee enclave: a nonce has " + std::to_string(nonces[i].size()) + " bytes, not 32");
+    if (keys[i].size() != 32) throw std::invalid_argument("tee enclave: a client's key has " + std::to_string(keys[i].size()) + " bytes, not 32");
+  }
   // A round is aggregated once: opening it again (with fewer boxes, or the same boxes again)
   // would let the host difference two releases into one client's update.
   if (open_) throw std::logic_error("tee enclave: round " + std::to_string(round_) + " is still open");
@@ -161,17 +176,39 @@ void tee_enclave::begin(std::uint32_t round, std::uint64_t dim, double noise_std
     info.dim = dim;
     mean_->begin(info);
   }
+  // What each client checks before it seals: the enclave it attested (the only other holder of
+  // their session's key) opened this round, with these parameters, after it drew its nonce.
+  const auto statement = tee::round_statement(round, dim, noise_stddev, divisor, oblivious, nonces);
+  std::vector<std::vector<std::uint8_t>> tags;
+  tags.reserve(clients.size());
+  for (std::size_t i = 0; i < clients.size(); ++i) {
+    const client_key* k = nullptr;
+    try {
+      k = &pin(clients[i], std::span<const std::uint8_t, 32>(keys[i].data(), 32));
+    } catch (const std::exception& e) {
+      open_ = false;
+      throw std::invalid_argument("tee enclave: client " + std::to_string(clients[i]) + ": " + e.what());
+    }
+    const auto tag = tee::round_tag(k->keys.tx, statement, clients[i]);
+    tags.emplace_back(tag.begin(), tag.end());
+  }
+  return tags;
 }
 
-void tee_enclave::add(std::uint64_t client, std::vector<std::uint8_t> sealed) {
+void tee_enclave::add(std::uint64_t client, std::vector<std::byte> box) {
   if (!open_ || !error_.empty()) return;
   try {
-    if (sealed.size() < crypto_box_SEALBYTES) throw std::runtime_error("a sealed box shorter than its header");
-    std::vector<std::uint8_t> plain(sealed.size() - crypto_box_SEALBYTES);
-    if (crypto_box_seal_open(plain.data(), sealed.data(), sealed.size(), pk_.data(), sk_.data()) != 0)
-      throw std::runtime_error("its sealed box does not open under the enclave's key");
-    auto p = tee::decode_payload(plain);
-    sodium_memzero(plain.data(), plain.size());
+    const std::span<std::uint8_t> sealed(reinterpret_cast<std::uint8_t*>(box.data()), box.size());
+    if (sealed.size() < tee::box_overhead) throw std::runtime_error("a box shorter than its header");
+    const auto& k = pin(client, std::span<const std::uint8_t, 32>(sealed.data(), 32));
+    // Opened where it arrived (box_header = 44 bytes in: the floats stay 4-byte aligned).
+    const auto plain = tee::open_box_in_place(k.keys.rx, sealed);
+    if (plain.empty()) throw std::runtime_error("its box does not open under its key with the enclave");
+    struct wipe {
+      std::span<std::uint8_t> b;
+      ~wipe() { sodium_memzero(b.data(), b.size()); }
+    } wiped{sealed};
+    const auto p = tee::decode_payload_view(plain);
     if (p.client != client) throw std::runtime_error("its box is client " + std::to_string(p.client) + "'s");
     if (p.round != round_) throw std::runtime_error("its box is for round " + std::to_string(p.round));
     if (p.dim != dim_) throw std::runtime_error("its update has " + std::to_string(p.dim) + " coordinates");
@@ -233,6 +270,7 @@ void tee_enclave::restore(std::vector<std::uint8_t> sealed) {
   std::memcpy(pk_.data(), state.data(), 32);
   std::memcpy(sk_.data(), state.data() + 32, 32);
   std::memcpy(noise_key_.data(), state.data() + 64, 32);
+  clients_.clear();
   sodium_memzero(state.data(), state.size());
 }
 

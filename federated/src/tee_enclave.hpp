@@ -1,18 +1,21 @@
 #pragma once
 // The simulated enclave's actor (--tee sim): it lives on a node process of its own, holds its
-// X25519 key pair, answers quotes over the clients' nonces, opens their sealed updates and
-// releases only the round's aggregate. Declared here so that the host side (tee_mechanism.cpp)
+// X25519 key pair (its sessions with the clients), answers one quote per batch of clients it
+// enrols, tags each round it opens for each participant, opens the clients' boxes and releases
+// only the round's aggregate. Declared here so that the host side (tee_mechanism.cpp)
 // and the node (tee_enclave.cpp) share one TROUPE_REMOTE interface.
 
 #include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
 #include <troupe/actors/remote.hpp>
 
+#include "tee_box.hpp"
 #include "tee_payload.hpp"
 #include "troupe/federated/tee.hpp"
 #include "troupe/federated/update.hpp"
@@ -21,7 +24,8 @@
 namespace troupe::federated {
 
 /// The enclave. Its methods run one at a time (an actor); a box that does not open, a replayed
-/// client or a box of another round fails the round at finish().
+/// client, a box of another round or under another key than the client's first fails the round
+/// at finish().
 class tee_enclave {
 public:
   /// `platform_secret`: the simulated CPU's 32-byte sealing secret. `tpm`: "" (DCAP quotes
@@ -30,20 +34,27 @@ public:
               std::string tpm);
   /// The enclave's X25519 public key (32 bytes).
   std::vector<std::uint8_t> public_key();
-  /// One quote per 32-byte nonce, its report data SHA-256(public key || nonce) || 32 zeros.
-  std::vector<std::vector<std::uint8_t>> quotes(std::vector<std::vector<std::uint8_t>> nonces);
+  /// One quote for a batch of clients' 32-byte nonces (their enrolment with this enclave):
+  /// report data batch_qualifying(public key, nonces) || 32 zeros.
+  std::vector<std::uint8_t> attest(std::vector<std::vector<std::uint8_t>> nonces);
   /// --tee swtpm: one TPM quote of PCR 16 for the round's nonces, its qualifying data
   /// SHA-256(public key || SHA-256(nonce 1 || nonce 2 || ...)): {TPMS_ATTEST, signature}.
   std::vector<std::vector<std::uint8_t>> tpm_quote(std::vector<std::vector<std::uint8_t>> nonces);
   /// Starts a round: `noise_stddev` 0 gives FedAvg's weighted mean; > 0 DP-FedAvg: the clipped
   /// updates' plain sum, N(0, noise_stddev²) noise from the enclave's own randomness on every
   /// coordinate, divided by `divisor` (K). `oblivious`: sparse updates densified obliviously.
-  void begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor, bool oblivious);
-  /// A client's sealed box (crypto_box_seal to public_key()).
-  void add(std::uint64_t client, std::vector<std::uint8_t> sealed);
+  /// `nonces`, `clients`, `keys`: the participants' fresh 32-byte nonces, ids and X25519 keys
+  /// (a client's key is pinned at its first round or box; another later fails). Returns, for
+  /// each participant in order, round_tag(its session's key, round_statement(round, dim,
+  /// noise_stddev, divisor, oblivious, nonces), its id).
+  std::vector<std::vector<std::uint8_t>> begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor,
+                                               bool oblivious, std::vector<std::vector<std::uint8_t>> nonces,
+                                               std::vector<std::uint64_t> clients, std::vector<std::vector<std::uint8_t>> keys);
+  /// A client's box (tee_box.hpp: its key, then AES-256-GCM under their crypto_kx key).
+  void add(std::uint64_t client, std::vector<std::byte> sealed);
   /// The aggregate (dim floats); throws when a box failed or nothing was added.
   std::vector<float> finish();
-  /// The enclave's state (key pair, noise key), sealed under its measurement's key.
+  /// The enclave's state (key pairs, noise key), sealed under its measurement's key.
   std::vector<std::uint8_t> checkpoint();
   /// Restores a checkpoint(); throws when it does not open here (another measurement or platform).
   void restore(std::vector<std::uint8_t> sealed);
@@ -55,6 +66,12 @@ private:
   std::vector<std::uint8_t> platform_secret_;
   std::string tpm_tcti_, tpm_ak_;
   std::array<std::uint8_t, 32> mr_enclave_{}, pk_{}, sk_{}, noise_key_{};
+  struct client_key {
+    tee::key32 pk{};
+    tee::enclave_session keys;
+  };
+  std::unordered_map<std::uint64_t, client_key> clients_;  // pinned at each client's first round or box
+  const client_key& pin(std::uint64_t client, std::span<const std::uint8_t, 32> key);
   std::uint32_t round_ = 0;
   std::optional<std::uint32_t> last_round_;  // the last round released: each round opens once
   std::uint64_t dim_ = 0;
@@ -70,4 +87,4 @@ private:
 
 }  // namespace troupe::federated
 
-TROUPE_REMOTE(troupe::federated::tee_enclave, public_key, quotes, tpm_quote, begin, add, finish, checkpoint, restore, measurement)
+TROUPE_REMOTE(troupe::federated::tee_enclave, public_key, attest, tpm_quote, begin, add, finish, checkpoint, restore, measurement)

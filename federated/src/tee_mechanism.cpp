@@ -1,14 +1,22 @@
 // --tee sim's host side: the enclave's node process, the clients' attestation and sealing (a
 // transform), and the server's relay to the enclave (an aggregator).
 //
-// A round's story. begin(): each sampled client draws a fresh 32-byte nonce (its half of the
-// protocol lives in this process, as SecAgg+'s clients' do); the server relays the nonces to the
-// enclave and the quotes back, and tells the enclave the round. apply() (each client, on its
-// worker): parse and verify its own quote with dcap::verify_quote against the collateral, the
-// pinned test root, the expected MRENCLAVE (the enclave program's SHA-256) and report data
-// SHA-256(enclave key || its nonce); refuse to send anything if any step fails; otherwise seal
-// "TEE1 | round | client | weight | update" to the enclave key (crypto_box_seal). add_encoded():
-// the server forwards the box, which it cannot open. finish(): the enclave's aggregate.
+// The protocol's story. Enrolment (once per client and enclave, in the first round the client
+// joins): the participants new to the enclave each draw a fresh 32-byte nonce; the server relays
+// them to the enclave, which answers one quote for the batch, its report data
+// SHA-256(its X25519 key || SHA-256(the batch's nonces)). Each new client draws its own X25519
+// key pair; its crypto_kx session with the enclave's key gives the key it seals with and the key
+// the enclave tags its rounds with. In apply() the new client verifies the quote
+// (dcap::verify_quote against the collateral and the pinned test root, remembered as
+// tee_state::verified_quotes says) and the policy (the expected MRENCLAVE, DEBUG clear, its own
+// nonce in the batch, the key). Every round (begin()): each participant draws a fresh nonce; the
+// enclave opens the round and tags round_statement(round, dim, noise, divisor, oblivious, the
+// nonces) for each participant under their session's key. apply() (each client, on its worker):
+// check its tag and its nonce in the statement; refuse to send anything if any check fails;
+// otherwise seal "TEE1 | round | client | weight | update" in its AES-256-GCM box.
+// add_encoded(): the server forwards the box, which it cannot open. finish(): the enclave's
+// aggregate. Under --tee swtpm the round's TPM quote over the nonces takes the place of the
+// enrolment and the tag.
 
 #include <fcntl.h>
 #include <poll.h>
@@ -27,6 +35,8 @@
 #include <ctime>
 #include <filesystem>
 #include <mutex>
+#include <optional>
+#include <string_view>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -176,11 +186,15 @@ private:
   std::array<std::uint8_t, 32> public_key_{};
 };
 
-/// What the clients' transform and the server's aggregator share.
+/// What the clients' transform and the server's aggregator share. The server's half (begin,
+/// add_encoded, finish) runs on the server's thread; each client's half (tee_seal::apply) on a
+/// worker, touching its own entry of `clients` (made by begin before the clients run) and the
+/// round's fields that begin wrote.
 struct tee_state {
   std::unique_ptr<enclave_host> host;
   // The clients' trust: the collateral they fetched, the root they pin, the MRENCLAVE they expect.
   dcap::collateral collateral;
+  std::string collateral_text;
   std::array<std::uint8_t, 32> root_pin{};
   bytes expected_measurement;
   // --tee swtpm: the attestation key (provisioned by this run) and PCR 16 as the measured
@@ -188,10 +202,26 @@ struct tee_state {
   bool swtpm = false;
   std::string ak_pem;
   std::array<std::uint8_t, 32> expected_pcr16{};
-  // The round: each participant's nonce (its own) and the quote the server relayed to it
-  // (swtpm: the round's one quote, over all the nonces in order).
+  // The enclave's key as the server relays it; a client trusts it once a quote bound to its own
+  // nonce shows it (sim) or this round's TPM quote does (swtpm).
+  key32 box_key{};
+  // --tee sim's enrolment: one quote per batch of clients new to this enclave, over their nonces.
+  struct batch {
+    bytes quote;
+    std::vector<bytes> nonces;
+  };
+  std::vector<batch> batches;
+  // Each client's memory of this enclave: its enrolment, what it verified, its box key.
+  struct client_session {
+    bytes enrol_nonce;
+    std::size_t batch = 0;
+    bool attested = false;             // sim: its batch's quote verified, with its nonce in it
+    std::optional<box_sender> sender;  // its key pair and its session's keys
+    bytes round_nonce, round_tag;      // this round's fresh nonce, and the enclave's tag for it
+  };
+  std::unordered_map<std::uint64_t, client_session> clients;
+  // The round: the participants' nonces in order, the round's one TPM quote (swtpm).
   std::uint32_t round = 0;
-  std::unordered_map<std::uint64_t, std::pair<bytes, bytes>> slots;
   std::vector<bytes> nonces;
   tpm_quote round_quote;
   // Top-k's count of coordinates (sparse payloads padded to it); 0: dense payloads.
@@ -201,99 +231,132 @@ struct tee_state {
   double clip = 0, noise = 0, expected = 1, sampling = 1, delta = 1e-5;
   rdp_accountant accountant;
   std::atomic<std::int64_t> verify_us{0}, verified{0};
-  // Each client's memory of the platform it verified in full (dcap::verify_quote): the SHA-256
-  // of the quote's bytes after its signature (attestation key, QE report, its signature, PCK
-  // chain) and of the collateral, and until when. A later quote whose bytes there are the same
-  // needs only its own signature and the policy checked (as a relying party caches collateral).
-  struct verified_platform {
-    std::array<std::uint8_t, 32> digest{};
-    std::int64_t until = 0;
-  };
+  // Quotes verified in full (dcap::verify_quote but its policy), as the SHA-256 of the quote's
+  // bytes, the collateral and the pinned root, and until when; and the platforms so verified (the
+  // same over the quote's bytes after its own signature): a later quote of the same platform
+  // needs its signature checked only. Verifying a quote is a function of those bytes and the
+  // time alone, so the clients, which share this process, share this memory of its results; each
+  // client still checks the policy (measurement, debug, its own nonce) itself.
   std::mutex cache_m;
-  std::unordered_map<std::uint64_t, verified_platform> verified_by;
-  std::string collateral_text;
+  std::unordered_map<std::string, std::int64_t> verified_quotes, verified_platforms;
 };
+
+std::string digest_key(std::span<const std::uint8_t> a, std::string_view b, std::span<const std::uint8_t> c) {
+  crypto_hash_sha256_state st;
+  crypto_hash_sha256_init(&st);
+  crypto_hash_sha256_update(&st, a.data(), a.size());
+  crypto_hash_sha256_update(&st, reinterpret_cast<const unsigned char*>(b.data()), b.size());
+  crypto_hash_sha256_update(&st, c.data(), c.size());
+  std::string out(32, '\0');
+  crypto_hash_sha256_final(&st, reinterpret_cast<unsigned char*>(out.data()));
+  return out;
+}
 
 class tee_seal final : public update_transform {
 public:
   explicit tee_seal(std::shared_ptr<tee_state> s) : s_(std::move(s)) {}
   std::string name() const override { return "tee"; }
   void apply(client_update& u, std::span<float>, const round_info& round, splitmix64&) const override {
-    auto it = s_->slots.find(u.client);
-    if (it == s_->slots.end()) throw std::logic_error("tee: client " + std::to_string(u.client) + " is not in this round");
-    const auto& [nonce, quote_bytes] = it->second;
+    auto it = s_->clients.find(u.client);
+    if (it == s_->clients.end() || it->second.round_nonce.empty())
+      throw std::logic_error("tee: client " + std::to_string(u.client) + " is not in this round");
+    auto& c = it->second;
     const auto t0 = clock_type::now();
     if (s_->swtpm) {
-      attest_tpm(u.client, nonce);
+      attest_tpm(u.client, c.round_nonce);
     } else {
-      attest_dcap(u.client, nonce, quote_bytes);
+      if (!c.attested) attest_session(u.client, c);
+      check_round(u.client, c, round);
     }
     s_->verify_us += std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - t0).count();
     ++s_->verified;
-    seal_update(u, round);
+    seal_update(u, round, *c.sender);
   }
 
 private:
-  // The client checks that its nonce is in the list the quote covers and the quote itself.
-  void attest_tpm(std::uint64_t client, const bytes& nonce) const {
-    if (std::find(s_->nonces.begin(), s_->nonces.end(), nonce) == s_->nonces.end())
-      throw std::runtime_error("tee: client " + std::to_string(client) + " refuses the enclave: its nonce is not in the quoted list");
-    const auto& pk = s_->host->public_key();
-    const auto qualifying = batch_qualifying(pk, s_->nonces);
-    if (auto why = verify_tpm_quote(s_->round_quote, s_->ak_pem, qualifying, s_->expected_pcr16); !why.empty())
-      throw std::runtime_error("tee: client " + std::to_string(client) + " refuses the enclave: TPM quote: " + why);
+  [[noreturn]] static void refuse(std::uint64_t client, const std::string& why) {
+    throw std::runtime_error("tee: client " + std::to_string(client) + " refuses the enclave: " + why);
   }
 
-  void attest_dcap(std::uint64_t client, const bytes& nonce, const bytes& quote_bytes) const {
+  // The client checks that its nonce is in the list the quote covers and the quote itself.
+  void attest_tpm(std::uint64_t client, const bytes& nonce) const {
+    if (std::find(s_->nonces.begin(), s_->nonces.end(), nonce) == s_->nonces.end()) refuse(client, "its nonce is not in the quoted list");
+    const auto qualifying = batch_qualifying(s_->box_key, s_->nonces);
+    if (auto why = verify_tpm_quote(s_->round_quote, s_->ak_pem, qualifying, s_->expected_pcr16); !why.empty())
+      refuse(client, "TPM quote: " + why);
+  }
+
+  // Once per client and enclave: the quote of its enrolment batch, bound to the enclave's key and
+  // to the batch's nonces, its own among them.
+  void attest_session(std::uint64_t client, tee_state::client_session& c) const {
+    if (c.batch >= s_->batches.size()) throw std::logic_error("tee: client " + std::to_string(client) + " has no enrolment");
+    const auto& b = s_->batches[c.batch];
+    if (std::find(b.nonces.begin(), b.nonces.end(), c.enrol_nonce) == b.nonces.end()) refuse(client, "its nonce is not in the quoted list");
+    const auto list = nonce_list_digest(b.nonces);
     dcap::policy p;
     p.measurement = s_->expected_measurement;
-    p.nonce = nonce;
-    p.enclave_key = bytes(s_->host->public_key().begin(), s_->host->public_key().end());
+    p.nonce = bytes(list.begin(), list.end());
+    p.enclave_key = bytes(s_->box_key.begin(), s_->box_key.end());
     p.root_key_sha256 = s_->root_pin;
-    const auto at = static_cast<std::int64_t>(std::time(nullptr));
     dcap::quote q;
     try {
-      q = dcap::parse_quote(quote_bytes);
+      q = dcap::parse_quote(b.quote);
     } catch (const std::invalid_argument& e) {
-      throw std::runtime_error("tee: client " + std::to_string(client) + " refuses the enclave: its quote is malformed: " + e.what());
+      refuse(client, std::string("its quote is malformed: ") + e.what());
     }
-    // The platform part: everything after the quote's own signature, and the collateral.
+    verify_platform_and_signature(client, q, b.quote, p);
+    if (auto why = dcap::check_policy(q, p); !why.empty()) refuse(client, "its quote failed at policy: " + why);
+    c.attested = true;
+  }
+
+  // Every step of dcap::verify_quote but the policy, remembered (tee_state::verified_quotes).
+  void verify_platform_and_signature(std::uint64_t client, const dcap::quote& q, const bytes& quote_bytes, const dcap::policy& p) const {
+    const auto at = static_cast<std::int64_t>(std::time(nullptr));
     const std::size_t platform_at = q.signed_part.size() + 4 + 64;
-    crypto_hash_sha256_state st;
-    crypto_hash_sha256_init(&st);
-    crypto_hash_sha256_update(&st, quote_bytes.data() + platform_at, quote_bytes.size() - platform_at);
-    crypto_hash_sha256_update(&st, reinterpret_cast<const unsigned char*>(s_->collateral_text.data()), s_->collateral_text.size());
-    std::array<std::uint8_t, 32> digest{};
-    crypto_hash_sha256_final(&st, digest.data());
+    const auto whole = digest_key(quote_bytes, s_->collateral_text, s_->root_pin);
+    const auto platform = digest_key(std::span(quote_bytes).subspan(platform_at), s_->collateral_text, s_->root_pin);
+    auto fresh = [&](const std::unordered_map<std::string, std::int64_t>& m, const std::string& k) {
+      const auto f = m.find(k);
+      return f != m.end() && at <= f->second;
+    };
     {
       std::lock_guard lock(s_->cache_m);
-      auto it = s_->verified_by.find(client);
-      if (it != s_->verified_by.end() && it->second.digest == digest && at <= it->second.until) {
-        if (!quote_signature_verifies(q))
-          throw std::runtime_error("tee: client " + std::to_string(client) + " refuses the enclave: its quote failed at quote_signature");
-        if (auto why = dcap::check_policy(q, p); !why.empty())
-          throw std::runtime_error("tee: client " + std::to_string(client) + " refuses the enclave: its quote failed at policy: " + why);
+      if (fresh(s_->verified_quotes, whole)) return;
+      if (fresh(s_->verified_platforms, platform)) {
+        if (!quote_signature_verifies(q)) refuse(client, "its quote failed at quote_signature");
+        s_->verified_quotes[whole] = s_->verified_platforms[platform];
         return;
       }
     }
     const auto v = dcap::verify_quote(q, s_->collateral, at, p);
-    if (!v.ok())
-      throw std::runtime_error("tee: client " + std::to_string(client) + " refuses the enclave: its quote failed at " +
-                               dcap::to_string(*v.failed) + ": " + v.error);
-    if (!v.tcb_accepted)
-      throw std::runtime_error("tee: client " + std::to_string(client) + " refuses the enclave: TCB status " + v.tcb_status);
+    if (!v.ok()) refuse(client, std::string("its quote failed at ") + dcap::to_string(*v.failed) + ": " + v.error);
+    if (!v.tcb_accepted) refuse(client, "TCB status " + v.tcb_status);
     // Verified in full: remembered for an hour (well inside the test collateral's 30 days).
     std::lock_guard lock(s_->cache_m);
-    s_->verified_by[client] = {digest, at + 3600};
+    s_->verified_quotes[whole] = s_->verified_platforms[platform] = at + 3600;
   }
 
-  void seal_update(client_update& u, const round_info& round) const {
+  // Every round: the enclave this client attested (the only other holder of their session's
+  // key) tagged that it opened this round, with the parameters the client expects, after the
+  // client drew its nonce.
+  void check_round(std::uint64_t client, const tee_state::client_session& c, const round_info& round) const {
+    if (std::find(s_->nonces.begin(), s_->nonces.end(), c.round_nonce) == s_->nonces.end())
+      refuse(client, "its round nonce is not in the round's statement");
+    const auto statement = round_statement(static_cast<std::uint32_t>(round.round), static_cast<std::uint64_t>(round.dim),
+                                           stddev(*s_), s_->expected, s_->oblivious, s_->nonces);
+    const auto want = round_tag(c.sender->rx, statement, client);
+    if (c.round_tag.size() != want.size() || sodium_memcmp(c.round_tag.data(), want.data(), want.size()) != 0)
+      refuse(client, "the round's tag is not its session's with the enclave it attested (another round, other parameters or another key)");
+  }
+
+  void seal_update(client_update& u, const round_info& round, const box_sender& sender) const {
     if (s_->clip > 0) clip_l2(u.delta, s_->clip);
     update_payload payload;
     payload.round = static_cast<std::uint32_t>(round.round);
     payload.client = u.client;
     payload.weight = u.weight;
     payload.dim = static_cast<std::uint32_t>(u.delta.size());
+    std::span<const float> values = u.delta;
     if (s_->topk_fraction > 0) {
       // Top-k left its zeros in place: send the kept coordinates, padded to k entries so that
       // the box's length says nothing of how many were non-zero.
@@ -308,18 +371,20 @@ private:
         payload.index.push_back(0xFFFFFFFFu);
         payload.value.push_back(0.0f);
       }
-    } else {
-      payload.value.assign(u.delta.begin(), u.delta.end());
+      values = payload.value;
     }
-    const bytes plain = encode_payload(payload);
-    bytes box(plain.size() + crypto_box_SEALBYTES);
-    if (crypto_box_seal(box.data(), plain.data(), plain.size(), s_->host->public_key().data()) != 0)
-      throw std::runtime_error("tee: sealing failed");
+    // The plaintext is encode_payload(payload): its head, the positions, the values, sealed
+    // from where they lie.
+    const auto head = payload_head(payload, static_cast<std::uint32_t>(values.size()));
+    const auto as_bytes = [](auto s) { return std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(s.data()), s.size_bytes()); };
+    const std::span<const std::uint32_t> index = payload.index;
+    const std::size_t size = box_overhead + head.size() + index.size_bytes() + values.size_bytes();
     // Words: the box's length in bytes, then the box.
-    u.words.assign(1 + (box.size() + 3) / 4, 0u);
-    u.words[0] = static_cast<std::uint32_t>(box.size());
-    std::memcpy(u.words.data() + 1, box.data(), box.size());
-    u.wire_bytes = box.size();
+    std::vector<std::uint32_t> words(1 + (size + 3) / 4, 0u);
+    words[0] = static_cast<std::uint32_t>(size);
+    seal_box(sender, {head, as_bytes(index), as_bytes(values)}, {reinterpret_cast<std::uint8_t*>(words.data() + 1), size});
+    u.words = std::move(words);
+    u.wire_bytes = size;
     u.delta.clear();
   }
 
@@ -330,6 +395,8 @@ public:
     if (s_->noise > 0) metrics.emplace_back("epsilon", s_->accountant.epsilon(s_->delta).epsilon);
     metrics.emplace_back("tee_verify_ms", n > 0 ? static_cast<double>(us) / 1000.0 / static_cast<double>(n) : 0.0);
   }
+
+  static double stddev(const tee_state& s) { return s.noise > 0 ? s.noise * s.clip : 0.0; }
 
 private:
   std::shared_ptr<tee_state> s_;
@@ -342,29 +409,48 @@ public:
   void begin(const round_info& round) override {
     auto& s = *s_;
     s.round = static_cast<std::uint32_t>(round.round);
-    s.slots.clear();
-    std::vector<bytes> nonces;
-    for (auto c : round.participants) {
-      bytes n(32);
-      randombytes_buf(n.data(), n.size());  // the client's own draw
-      nonces.push_back(n);
-      s.slots[c].first = std::move(n);
-    }
+    for (auto& [id, c] : s.clients) c.round_nonce.clear();
     auto& e = s.host->enclave();
+    // Enrolment: the participants new to this enclave draw a nonce each (their own draw); the
+    // enclave answers one quote over the batch.
+    if (!s.swtpm) {
+      tee_state::batch b;
+      for (auto c : round.participants) {
+        auto& session = s.clients[c];
+        if (!session.enrol_nonce.empty()) continue;
+        session.enrol_nonce.assign(32, 0);
+        randombytes_buf(session.enrol_nonce.data(), session.enrol_nonce.size());
+        session.batch = s.batches.size();
+        b.nonces.push_back(session.enrol_nonce);
+      }
+      if (!b.nonces.empty()) {
+        b.quote = e.ask(&tee_enclave::attest, b.nonces).timeout(std::chrono::seconds(120)).get();
+        s.batches.push_back(std::move(b));
+      }
+    }
+    std::vector<bytes> nonces, keys;
+    for (auto c : round.participants) {
+      auto& session = s.clients[c];
+      bytes n(32);
+      randombytes_buf(n.data(), n.size());  // the client's own draws: its nonce, and once its key pair
+      nonces.push_back(n);
+      session.round_nonce = std::move(n);
+      if (!session.sender) session.sender = make_sender(s.box_key);
+      keys.emplace_back(session.sender->public_key.begin(), session.sender->public_key.end());
+    }
     if (s.swtpm) {
       auto q = e.ask(&tee_enclave::tpm_quote, nonces).timeout(std::chrono::seconds(120)).get();
       if (q.size() != 2) throw std::runtime_error("tee: the enclave's TPM quote has " + std::to_string(q.size()) + " parts");
       s.round_quote = {std::move(q[0]), std::move(q[1])};
-      s.nonces = std::move(nonces);
-    } else {
-      auto quotes = e.ask(&tee_enclave::quotes, nonces).timeout(std::chrono::seconds(120)).get();
-      if (quotes.size() != nonces.size()) throw std::runtime_error("tee: the enclave answered " + std::to_string(quotes.size()) + " quotes");
-      for (std::size_t i = 0; i < quotes.size(); ++i) s.slots[round.participants[i]].second = std::move(quotes[i]);
     }
-    const double stddev = s.noise > 0 ? s.noise * s.clip : 0.0;
-    e.ask(&tee_enclave::begin, s.round, static_cast<std::uint64_t>(round.dim), stddev, s.expected, s.oblivious)
-        .timeout(std::chrono::seconds(120))
-        .get();
+    auto tags = e.ask(&tee_enclave::begin, s.round, static_cast<std::uint64_t>(round.dim), tee_seal::stddev(s), s.expected, s.oblivious,
+                      nonces, std::vector<std::uint64_t>(round.participants.begin(), round.participants.end()), keys)
+                    .timeout(std::chrono::seconds(120))
+                    .get();
+    if (tags.size() != round.participants.size())
+      throw std::runtime_error("tee: the enclave answered " + std::to_string(tags.size()) + " round tags");
+    for (std::size_t i = 0; i < tags.size(); ++i) s.clients[round.participants[i]].round_tag = std::move(tags[i]);
+    s.nonces = std::move(nonces);
   }
   void add(std::uint64_t client, double, std::span<const float>) override {
     throw std::logic_error("tee: client " + std::to_string(client) + " sent an unsealed update");
@@ -373,9 +459,8 @@ public:
     // In 64 bits: near 2^32 the 32-bit sum wraps to a one-word size.
     if (words.empty() || (std::size_t{words[0]} + 3) / 4 + 1 != words.size())
       throw std::invalid_argument("tee: client " + std::to_string(client) + "'s sealed update is malformed");
-    std::vector<std::uint8_t> box(words[0]);
-    std::memcpy(box.data(), words.data() + 1, box.size());
-    s_->host->enclave().tell(&tee_enclave::add, client, std::move(box));
+    const auto* first = reinterpret_cast<const std::byte*>(words.data() + 1);
+    s_->host->enclave().tell(&tee_enclave::add, client, std::vector<std::byte>(first, first + words[0]));
   }
   std::vector<float> finish() override {
     auto out = s_->host->enclave().ask(&tee_enclave::finish).timeout(std::chrono::seconds(600)).get();
@@ -425,6 +510,7 @@ void install_tee(simulation& sim, const simulation_options& o) {
   const auto m = file_sha256(program_of(o));  // what the clients expect to run
   s->swtpm = o.tee == "swtpm";
   s->host = std::make_unique<enclave_host>(program_of(o), s->swtpm);
+  s->box_key = s->host->public_key();
   if (s->swtpm) {
     s->ak_pem = s->host->tpm().ak_pem();
     s->expected_pcr16 = pcr_after_extend(m);

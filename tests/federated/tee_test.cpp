@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "support.hpp"
+#include "tee_box.hpp"
 #include "tee_enclave.hpp"
 #include "tee_tpm.hpp"
 #include "troupe/federated/attest.hpp"
@@ -66,6 +67,16 @@ dcap::policy test_policy(const tee::sim_platform& p, const quoted& q) {
   pol.nonce = q.nonce;
   pol.enclave_key = q.key;
   return pol;
+}
+
+std::vector<tee::bytes> some_nonces(std::size_t n, std::uint8_t seed) {
+  std::vector<tee::bytes> out;
+  for (std::size_t i = 0; i < n; ++i) {
+    tee::bytes b(32);
+    for (std::size_t j = 0; j < b.size(); ++j) b[j] = static_cast<std::uint8_t>(seed + i * 31 + j * 7);
+    out.push_back(b);
+  }
+  return out;
 }
 
 TEST(TeeSim, QuotesPassEveryDcapStepUnderTheTestRoot) {
@@ -166,39 +177,185 @@ TEST(TeeSeal, AnEnclavesCheckpointRestoresItsKeyOnTheSamePlatformOnly) {
   const auto saved = a.checkpoint();
   b.restore(saved);
   EXPECT_EQ(a.public_key(), b.public_key());
+  // The same key pair: a client's session with either gives the same round tags.
+  tee::key32 pk{};
+  std::copy_n(a.public_key().begin(), 32, pk.begin());
+  const auto client = tee::make_sender(pk);
+  const std::vector<tee::bytes> keys{tee::bytes(client.public_key.begin(), client.public_key.end())};
+  const auto n = some_nonces(1, 3);
+  EXPECT_EQ(a.begin(1, 1, 0, 1, false, n, {9}, keys), b.begin(1, 1, 0, 1, false, n, {9}, keys));
   expect_error<std::runtime_error>([&] { other.restore(saved); }, "does not open");
 }
 
-/// A dense update of `client` for `round`, sealed to the enclave key `pk`, as a client sends it.
-template <class Key>
-std::vector<std::uint8_t> sealed_update(const Key& pk, std::uint32_t round, std::uint64_t client, std::vector<float> v) {
+/// A dense update of `client` for `round`, boxed by `from` to the enclave, as a client sends it.
+std::vector<std::byte> sealed_update(const tee::box_sender& from, std::uint32_t round, std::uint64_t client, std::vector<float> v) {
   tee::update_payload u{.round = round, .client = client, .weight = 1.0, .dim = static_cast<std::uint32_t>(v.size()), .sparse = false, .index = {}, .value = v};
   const auto plain = tee::encode_payload(u);
-  std::vector<std::uint8_t> out(plain.size() + crypto_box_SEALBYTES);
-  crypto_box_seal(out.data(), plain.data(), plain.size(), pk.data());
+  std::vector<std::byte> out(plain.size() + tee::box_overhead);
+  tee::seal_box(from, {plain}, {reinterpret_cast<std::uint8_t*>(out.data()), out.size()});
   return out;
+}
+
+/// Opens `round` of dimension 2 (FedAvg) with these participants (ids 1, 2, ...); their tags.
+std::vector<std::vector<std::uint8_t>> open_round(tee_enclave& e, std::uint32_t round, const std::vector<const tee::box_sender*>& who) {
+  std::vector<std::uint64_t> ids;
+  std::vector<tee::bytes> keys;
+  for (std::size_t i = 0; i < who.size(); ++i) {
+    ids.push_back(i + 1);
+    keys.emplace_back(who[i]->public_key.begin(), who[i]->public_key.end());
+  }
+  return e.begin(round, 2, 0, 1, false, some_nonces(who.size(), static_cast<std::uint8_t>(round)), ids, keys);
+}
+
+tee::key32 key_of(const std::vector<std::uint8_t>& k) {
+  tee::key32 out{};
+  EXPECT_EQ(k.size(), out.size());
+  std::copy_n(k.begin(), std::min(k.size(), out.size()), out.begin());
+  return out;
+}
+
+TEST(TeeBox, ABoxSealedInPartsOpensToThePayloadsBytesUnderItsSessionOnly) {
+  ASSERT_GE(sodium_init(), 0);
+  tee::key32 pk{}, sk{};
+  crypto_kx_keypair(pk.data(), sk.data());
+  const auto a = tee::make_sender(pk), b = tee::make_sender(pk);
+  tee::update_payload u{.round = 7, .client = 3, .weight = 2.5, .dim = 5, .sparse = true, .index = {4, 0, 0xFFFFFFFFu},
+                        .value = {1.5f, -2.0f, 0.0f}};
+  const auto plain = tee::encode_payload(u);
+  const auto head = tee::payload_head(u, 3);
+  std::vector<std::uint8_t> box(plain.size() + tee::box_overhead);
+  tee::seal_box(a, {head, {reinterpret_cast<const std::uint8_t*>(u.index.data()), 12}, {reinterpret_cast<const std::uint8_t*>(u.value.data()), 12}}, box);
+  const auto rx = tee::session_with(pk, sk, std::span<const std::uint8_t, 32>(box.data(), 32)).rx;
+  std::vector<std::uint8_t> opened;
+  ASSERT_TRUE(tee::open_box(rx, box, opened));
+  EXPECT_EQ(opened, plain);
+  // Two boxes of the same bytes differ (a fresh nonce each).
+  std::vector<std::uint8_t> again(box.size());
+  tee::seal_box(a, {plain}, again);
+  EXPECT_NE(again, box);
+  ASSERT_TRUE(tee::open_box(rx, again, opened));
+  EXPECT_EQ(opened, plain);
+  // Any changed byte, a cut box, and another client's key do not open.
+  for (std::size_t i = 32; i < box.size(); i += 7) {
+    auto bad = box;
+    bad[i] ^= 0x10;
+    EXPECT_FALSE(tee::open_box(rx, bad, opened)) << "byte " << i;
+  }
+  EXPECT_FALSE(tee::open_box(rx, std::span(box).first(box.size() - 1), opened));
+  EXPECT_FALSE(tee::open_box(rx, std::span(box).first(tee::box_overhead - 1), opened));
+  std::vector<std::uint8_t> other(box.size());
+  tee::seal_box(b, {plain}, other);
+  EXPECT_FALSE(tee::open_box(rx, other, opened));
+  EXPECT_TRUE(tee::open_box(tee::session_with(pk, sk, std::span<const std::uint8_t, 32>(other.data(), 32)).rx, other, opened));
+}
+
+TEST(TeeEnclave, OneQuoteBindsItsKeyAndEveryNonceOfTheBatch) {
+  const tee::sim_platform p(now());
+  const auto m = p.material();
+  tee_enclave e(m.attestation_key_pem, m.qe_part, tee::bytes(32, 1), "");
+  const auto nonces = some_nonces(5, 9);
+  const auto quote = e.attest(nonces);
+  const auto c = dcap::parse_collateral(p.collateral_json());
+  dcap::policy pol;
+  pol.root_key_sha256 = p.root_key_sha256();
+  pol.measurement = e.measurement();
+  pol.enclave_key = e.public_key();
+  const auto list = tee::nonce_list_digest(nonces);
+  pol.nonce = tee::bytes(list.begin(), list.end());
+  const auto v = dcap::verify_quote(dcap::parse_quote(quote), c, now(), pol);
+  EXPECT_TRUE(v.ok()) << (v.failed ? dcap::to_string(*v.failed) : "") << ": " << v.error;
+  // A list without one nonce, in another order, or another key: the policy fails.
+  auto expect_policy_fails = [&](const dcap::policy& bad) { EXPECT_NE(dcap::check_policy(dcap::parse_quote(quote), bad), ""); };
+  auto fewer = nonces;
+  fewer.pop_back();
+  auto other = pol;
+  const auto l1 = tee::nonce_list_digest(fewer);
+  other.nonce = tee::bytes(l1.begin(), l1.end());
+  expect_policy_fails(other);
+  auto swapped = nonces;
+  std::swap(swapped[0], swapped[1]);
+  const auto l2 = tee::nonce_list_digest(swapped);
+  other.nonce = tee::bytes(l2.begin(), l2.end());
+  expect_policy_fails(other);
+  other = pol;
+  other.enclave_key->at(5) ^= 1;
+  expect_policy_fails(other);
+  expect_error<std::invalid_argument>([&] { (void)e.attest({tee::bytes(31, 0)}); }, "not 32");
+  expect_error<std::invalid_argument>([&] { (void)e.attest({}); }, "no nonces");
+}
+
+TEST(TeeEnclave, ItsRoundTagsCheckUnderEachClientsSessionForThoseParametersOnly) {
+  const tee::sim_platform p(now());
+  const auto m = p.material();
+  tee_enclave e(m.attestation_key_pem, m.qe_part, tee::bytes(32, 1), "");
+  const auto pk = key_of(e.public_key());
+  const std::vector<tee::box_sender> who{tee::make_sender(pk), tee::make_sender(pk), tee::make_sender(pk)};
+  const std::vector<std::uint64_t> ids{4, 8, 15};
+  std::vector<tee::bytes> keys;
+  for (const auto& w : who) keys.emplace_back(w.public_key.begin(), w.public_key.end());
+  const auto nonces = some_nonces(3, 40);
+  const auto tags = e.begin(4, 10, 0.5, 3, false, nonces, ids, keys);
+  ASSERT_EQ(tags.size(), 3u);
+  auto checks = [&](std::size_t i, const tee::bytes& statement, std::uint64_t id) {
+    const auto want = tee::round_tag(who[i].rx, statement, id);
+    return tags[i] == tee::bytes(want.begin(), want.end());
+  };
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(checks(i, tee::round_statement(4, 10, 0.5, 3, false, nonces), ids[i]));
+    EXPECT_FALSE(checks(i, tee::round_statement(5, 10, 0.5, 3, false, nonces), ids[i]));
+    EXPECT_FALSE(checks(i, tee::round_statement(4, 11, 0.5, 3, false, nonces), ids[i]));
+    EXPECT_FALSE(checks(i, tee::round_statement(4, 10, 0.25, 3, false, nonces), ids[i]));
+    EXPECT_FALSE(checks(i, tee::round_statement(4, 10, 0.5, 2, false, nonces), ids[i]));
+    EXPECT_FALSE(checks(i, tee::round_statement(4, 10, 0.5, 3, true, nonces), ids[i]));
+    EXPECT_FALSE(checks(i, tee::round_statement(4, 10, 0.5, 3, false, some_nonces(3, 41)), ids[i]));
+    EXPECT_FALSE(checks(i, tee::round_statement(4, 10, 0.5, 3, false, nonces), ids[(i + 1) % 3]));
+  }
+  // The client that receives another's tag cannot check it: their sessions' keys differ.
+  const auto first = tee::round_tag(who[1].rx, tee::round_statement(4, 10, 0.5, 3, false, nonces), ids[0]);
+  EXPECT_NE(tags[0], tee::bytes(first.begin(), first.end()));
+  expect_error<std::logic_error>([&] { (void)e.finish(); }, "no updates");
+  // Client 8 presented under another key than the one it was first seen with: the round fails.
+  auto changed = keys;
+  const auto stranger = tee::make_sender(pk);
+  changed[1].assign(stranger.public_key.begin(), stranger.public_key.end());
+  expect_error<std::invalid_argument>([&] { (void)e.begin(5, 10, 0.5, 3, false, nonces, ids, changed); }, "another than its first");
+  expect_error<std::invalid_argument>([&] { (void)e.begin(5, 10, 0.5, 3, false, nonces, {4, 8}, keys); }, "3 nonces, 2 clients");
 }
 
 TEST(TeeEnclave, OpensSealedUpdatesAndRefusesReplaysAndOtherRounds) {
   const tee::sim_platform p(now());
   const auto m = p.material();
   tee_enclave e(m.attestation_key_pem, m.qe_part, tee::bytes(32, 1), "");
-  const auto pk = e.public_key();
-  auto box = [&](std::uint32_t round, std::uint64_t client, std::vector<float> v) { return sealed_update(pk, round, client, v); };
-  e.begin(1, 2, 0, 1, false);
+  const auto pk = key_of(e.public_key());
+  const auto one = tee::make_sender(pk), two = tee::make_sender(pk);
+  auto box = [&](std::uint32_t round, std::uint64_t client, std::vector<float> v) {
+    return sealed_update(client == 1 ? one : two, round, client, v);
+  };
+  open_round(e, 1, {&one, &two});
   e.add(1, box(1, 1, {1, 2}));
   e.add(2, box(1, 2, {3, 6}));
   EXPECT_EQ(e.finish(), (std::vector<float>{2, 4}));
-  e.begin(2, 2, 0, 1, false);
+  open_round(e, 2, {&one, &two});
   e.add(1, box(1, 1, {1, 2}));  // last round's box
   expect_error<std::runtime_error>([&] { (void)e.finish(); }, "round 1");
-  e.begin(3, 2, 0, 1, false);
+  open_round(e, 3, {&one, &two});
   e.add(1, box(3, 1, {1, 2}));
   e.add(1, box(3, 1, {1, 2}));
   expect_error<std::runtime_error>([&] { (void)e.finish(); }, "second box");
-  e.begin(4, 2, 0, 1, false);
-  e.add(2, box(4, 1, {1, 2}));  // client 1's box presented as client 2's
+  open_round(e, 4, {&one, &two});
+  e.add(2, sealed_update(two, 4, 1, {1, 2}));  // client 1's box presented as client 2's
   expect_error<std::runtime_error>([&] { (void)e.finish(); }, "client 1's");
+  open_round(e, 5, {&one, &two});
+  e.add(1, sealed_update(tee::make_sender(pk), 5, 1, {1, 2}));  // client 1 under a key not its first
+  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "another than its first");
+  open_round(e, 6, {&one, &two});
+  auto changed = box(6, 1, {1, 2});
+  changed[50] ^= std::byte{1};
+  e.add(1, changed);
+  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "does not open");
+  open_round(e, 7, {&one, &two});
+  e.add(1, box(7, 1, {1, 2}));
+  EXPECT_EQ(e.finish(), (std::vector<float>{1, 2}));
 }
 
 TEST(TeeEnclave, ARoundIsReleasedOnceAndNeverReopened) {
@@ -207,16 +364,19 @@ TEST(TeeEnclave, ARoundIsReleasedOnceAndNeverReopened) {
   const tee::sim_platform p(now());
   const auto m = p.material();
   tee_enclave e(m.attestation_key_pem, m.qe_part, tee::bytes(32, 1), "");
-  const auto pk = e.public_key();
-  auto box = [&](std::uint32_t round, std::uint64_t client, std::vector<float> v) { return sealed_update(pk, round, client, v); };
-  e.begin(5, 2, 0, 1, false);
-  expect_error<std::logic_error>([&] { e.begin(5, 2, 0, 1, false); }, "still open");
+  const auto pk = key_of(e.public_key());
+  const auto one = tee::make_sender(pk), two = tee::make_sender(pk);
+  auto box = [&](std::uint32_t round, std::uint64_t client, std::vector<float> v) {
+    return sealed_update(client == 1 ? one : two, round, client, v);
+  };
+  open_round(e, 5, {&one, &two});
+  expect_error<std::logic_error>([&] { open_round(e, 5, {&one, &two}); }, "still open");
   e.add(1, box(5, 1, {1, 2}));
   e.add(2, box(5, 2, {3, 6}));
   EXPECT_EQ(e.finish(), (std::vector<float>{2, 4}));
-  expect_error<std::invalid_argument>([&] { e.begin(5, 2, 0, 1, false); }, "after round 5");
-  expect_error<std::invalid_argument>([&] { e.begin(4, 2, 0, 1, false); }, "after round 5");
-  e.begin(6, 2, 0, 1, false);
+  expect_error<std::invalid_argument>([&] { open_round(e, 5, {&one, &two}); }, "after round 5");
+  expect_error<std::invalid_argument>([&] { open_round(e, 4, {&one, &two}); }, "after round 5");
+  open_round(e, 6, {&one, &two});
   e.add(2, box(6, 2, {3, 6}));
   EXPECT_EQ(e.finish(), (std::vector<float>{3, 6}));
 }
@@ -242,6 +402,35 @@ TEST(TeePayload, DecodingRefusesBadBytes) {
   b = tee::encode_payload(u);
   b[0] ^= 1;
   EXPECT_THROW((void)tee::decode_payload(b), std::invalid_argument);
+}
+
+TEST(TeePayload, TheViewDecodesInPlaceWhatTheCopyDecodes) {
+  tee::update_payload u{.round = 3, .client = 5, .weight = 0.5, .dim = 6, .sparse = true, .index = {5, 1, 0xFFFFFFFFu}, .value = {1, -2, 0}};
+  for (bool sparse : {true, false}) {
+    if (!sparse) {
+      u.sparse = false;
+      u.index.clear();
+      u.value = {1, 2, 3, 4, 5, 6};
+    }
+    const auto b = tee::encode_payload(u);
+    std::vector<std::uint32_t> words(b.size() / 4 + 1);  // aligned, and one word more to shift by a byte
+    std::memcpy(words.data(), b.data(), b.size());
+    const std::span<const std::uint8_t> aligned(reinterpret_cast<const std::uint8_t*>(words.data()), b.size());
+    const auto v = tee::decode_payload_view(aligned);
+    const auto c = tee::decode_payload(b);
+    EXPECT_EQ(v.round, c.round);
+    EXPECT_EQ(v.client, c.client);
+    EXPECT_EQ(v.weight, c.weight);
+    EXPECT_EQ(v.sparse, c.sparse);
+    EXPECT_EQ(std::vector<std::uint32_t>(v.index.begin(), v.index.end()), c.index);
+    EXPECT_EQ(std::vector<float>(v.value.begin(), v.value.end()), c.value);
+    EXPECT_EQ(reinterpret_cast<const std::uint8_t*>(v.value.data()), aligned.data() + aligned.size() - 4 * u.value.size());  // no copy
+    for (std::size_t cut = 0; cut < b.size(); cut += 4)
+      EXPECT_THROW((void)tee::decode_payload_view(aligned.first(cut)), std::invalid_argument) << cut;
+    std::memmove(reinterpret_cast<std::uint8_t*>(words.data()) + 1, b.data(), b.size());
+    expect_error<std::invalid_argument>([&] { (void)tee::decode_payload_view({reinterpret_cast<const std::uint8_t*>(words.data()) + 1, b.size()}); },
+                                        "aligned");
+  }
 }
 
 TEST(TeeOblivious, DensifyMatchesTheSparseUpdatesOwnReference) {

@@ -1,6 +1,6 @@
 // libFuzzer target for what the enclave decodes from bytes others chose (`make fuzz`): a sealed
-// update's plaintext (tee::decode_payload, after the box opened: a client may still send any
-// bytes) and a TPM quote's TPMS_ATTEST (tee::check_tpm_attest). Hostile bytes must never crash
+// update's plaintext (tee::decode_payload and the enclave's in-place decode_payload_view, after
+// the box opened: a client may still send any bytes) and a TPM quote's TPMS_ATTEST (tee::check_tpm_attest). Hostile bytes must never crash
 // or hang; a refusal is std::invalid_argument (the payload) or a reason (the quote); whatever is
 // accepted must keep the decoder's promises (the oracle below).
 //
@@ -31,13 +31,31 @@ namespace {
 }
 
 void check_payload(std::span<const std::uint8_t> data) {
+  // The in-place view (what the enclave uses) on an aligned copy: it must accept and refuse what
+  // the copying decoder does, and see the same fields.
+  std::vector<std::uint32_t> aligned((data.size() + 3) / 4);
+  if (!data.empty()) std::memcpy(aligned.data(), data.data(), data.size());
+  bool view_ok = true;
+  payload_view v;
+  try {
+    v = decode_payload_view({reinterpret_cast<const std::uint8_t*>(aligned.data()), data.size()});
+  } catch (const std::invalid_argument&) {
+    view_ok = false;
+  }
   update_payload p;
   try {
     p = decode_payload(data);
   } catch (const std::invalid_argument& e) {
     if (std::string(e.what()).rfind("tee update: ", 0) != 0) broken(std::string("a refusal without its prefix: ") + e.what());
+    if (view_ok) broken("the view accepted what the copying decoder refused");
     return;
   }
+  if (!view_ok) broken("the view refused what the copying decoder accepted");
+  if (v.round != p.round || v.client != p.client || std::memcmp(&v.weight, &p.weight, sizeof p.weight) != 0 || v.dim != p.dim ||
+      v.sparse != p.sparse || v.index.size() != p.index.size() || v.value.size() != p.value.size() ||
+      (!p.index.empty() && std::memcmp(v.index.data(), p.index.data(), p.index.size() * 4) != 0) ||
+      (!p.value.empty() && std::memcmp(v.value.data(), p.value.data(), p.value.size() * 4) != 0))
+    broken("the view and the copying decoder disagree");
   // What decodes encodes back to the same bytes.
   const auto again = encode_payload(p);
   if (again.size() != data.size() || std::memcmp(again.data(), data.data(), data.size()) != 0) broken("decode then encode changed the bytes");

@@ -3,14 +3,17 @@
 /// Attested aggregation in a (simulated) enclave: `troupe fedsim --tee sim`.
 ///
 /// The aggregator runs as an enclave actor in a process of its own (a node of the run's actor
-/// system). Every round each client draws a fresh 32-byte nonce; the server relays the nonces
-/// to the enclave, which answers one quote per nonce: an Intel DCAP SGX quote (version 3) whose
-/// report data is SHA-256(enclave X25519 key || nonce) and whose MRENCLAVE is the SHA-256 of the
-/// enclave's program file. The client verifies its quote with dcap::verify_quote (attest.hpp:
-/// the same code as `troupe attest verify`), then seals its update to the enclave's key
-/// (libsodium's sealed box). The enclave opens the boxes, sums (FedAvg's weighted mean, or
-/// DP-FedAvg's clipped sum with Gaussian noise drawn from its own randomness) and releases only
-/// the aggregate.
+/// system). A client is enrolled once per enclave: with the other participants new to it, it
+/// draws a fresh 32-byte nonce and the enclave answers one Intel DCAP SGX quote (version 3) for
+/// the batch, its report data SHA-256(enclave X25519 key || SHA-256(the batch's nonces)) and its
+/// MRENCLAVE the SHA-256 of the enclave's program file; the client verifies it with
+/// dcap::verify_quote (attest.hpp: the same code as `troupe attest verify`) and derives a
+/// crypto_kx session with the key it verified. Every round each participant draws a fresh nonce
+/// and checks the enclave's tag of the round (BLAKE2b keyed by their session's key over the
+/// round, its parameters and the nonces), then seals its update under the session's key
+/// (AES-256-GCM). The enclave opens the boxes, sums (FedAvg's weighted mean, or DP-FedAvg's
+/// clipped sum with Gaussian noise drawn from its own randomness) and releases only the
+/// aggregate.
 ///
 /// Simulated: no hardware signs the quotes. sim_platform makes, at run time, a test key chain in
 /// Intel's shape (root CA, PCK platform CA, PCK certificate with the SGX extensions, TCB signing
