@@ -97,7 +97,6 @@ void add_train_command(CLI::App& app, int& rc) {
   auto* optimizer_option = cmd->get_option("--optimizer");
   auto* fp32_option = cmd->get_option("--fp32-params");
   add_dashboard_options(cmd, *dash, false);
-  auto* dashboard_option = cmd->get_option("--dashboard");
   auto* schedule = cmd->add_option("--pipeline", pipe->schedule,
                                    "train with the pipeline runtime: one stage actor per rank, this schedule (gpipe, "
                                    "1f1b, interleaved-1f1b, zb-h1, zb-v, ...); the model's layers with parameters "
