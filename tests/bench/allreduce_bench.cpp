@@ -37,19 +37,23 @@ public:
     x_.resize(n);
     for (std::uint64_t i = 0; i < n; ++i) x_[i] = static_cast<float>((i * 7 + rank * 13) % 101);
   }
-  /// Copies the input for the next run (the call moves its vector): before the clock starts.
-  void prepare() { in_ = x_; }
+  /// Copies the input for the next run (the call moves its vector) and frees the last result:
+  /// before the clock starts (as torch's tensor lives on after its all_reduce).
+  void prepare() {
+    sum_ = {};
+    in_ = x_;
+  }
   /// The all-reduce of the prepared input; every 997th element of the result.
   troupe::task<std::vector<float>> run() {
-    const auto sum = co_await member_.ask(&troupe::ring_member::allreduce, std::move(in_), troupe::reduce_op::sum);
+    sum_ = co_await member_.ask(&troupe::ring_member::allreduce, std::move(in_), troupe::reduce_op::sum);
     std::vector<float> samples;
-    for (std::size_t i = 0; i < sum.size(); i += 997) samples.push_back(sum[i]);
+    for (std::size_t i = 0; i < sum_.size(); i += 997) samples.push_back(sum_[i]);
     co_return samples;
   }
 
 private:
   troupe::actor_ref<troupe::ring_member> member_;
-  std::vector<float> x_, in_;
+  std::vector<float> x_, in_, sum_;
 };
 
 TROUPE_REMOTE(allreduce_peer, setup, prepare, run)
