@@ -31,6 +31,16 @@ std::size_t segments_of(std::size_t len, std::uint64_t seg) { return (len + seg 
 // stores the values and forwards them until s = 2p−3. Segments are independent, so each is
 // forwarded when it arrives: the ring is a pipeline of segments. A member that has not yet
 // been called keeps the segments of its next call (`early_`) and handles them when it is.
+//
+// Views instead of copies. What a member sends is a view of its own vector (`send`): the sums
+// are written into the vector first, in place, and the view shares `lease_`, which owns it. A
+// region the member has sent is written again only after a message that depends on the
+// successor having read it (a partial sum of chunk c sent at reduce-scatter comes back as c's
+// final sum at all-gather only after it went round the ring), so nobody reads a region while
+// it changes. When every segment is in, the member drops its lease; the last view to go (in a
+// successor's mailbox, or in a connection's queue until written) hands the vector back by
+// `returned`, which completes the call. A failed call drops its lease too: its vector is freed
+// when the last view goes, and its `returned` finds nothing to complete.
 
 void ring_member::join(std::vector<actor_ref<ring_member>> ring, std::uint32_t rank, std::uint64_t segment_elements,
                        std::uint64_t timeout_ms) {
@@ -52,7 +62,7 @@ void ring_member::join(std::vector<actor_ref<ring_member>> ring, std::uint32_t r
 }
 
 std::size_t ring_member::chunk_begin(std::uint32_t chunk) const {
-  return static_cast<std::size_t>(static_cast<unsigned __int128>(data_.size()) * chunk / ring_.size());
+  return static_cast<std::size_t>(static_cast<unsigned __int128>(size_) * chunk / ring_.size());
 }
 std::size_t ring_member::chunk_end(std::uint32_t chunk) const { return chunk_begin(chunk + 1); }
 
@@ -62,14 +72,28 @@ task<std::vector<float>> ring_member::allreduce(std::vector<float> data, reduce_
     throw std::logic_error("ring_member::allreduce: spawn ring members with troupe::ring_member_options() "
                            "(reentrant), or their segments cannot arrive while a call waits");
   if (!joined_) throw std::logic_error("ring_member::allreduce before join (use form_ring or spawn_ring)");
-  if (active_) throw std::logic_error("ring_member::allreduce: a call is already in progress on this member");
+  if (active_ || done_)
+    throw std::logic_error("ring_member::allreduce: a call is already in progress on this member");
   ++calls_started_;
   if (broken_)
     throw error(errc::broken_promise, "ring all-reduce call " + std::to_string(calls_started_) + " on member " +
                                           std::to_string(rank_) + ": the ring is broken: " + *broken_);
   const auto p = static_cast<std::uint32_t>(ring_.size());
   op_ = op;
-  data_ = std::move(data);
+  {
+    auto owned = std::make_unique<std::vector<float>>(std::move(data));
+    data_ = owned->data();
+    size_ = owned->size();
+    lease_ = std::shared_ptr<const void>(
+        owned.release(), [self = this_actor::self<ring_member>(), call = calls_started_](std::vector<float>* v) {
+          std::unique_ptr<std::vector<float>> back(v);
+          try {
+            self.tell(&ring_member::returned, call, std::move(*back));
+          } catch (const std::exception&) {
+            // The member is gone: nobody waits for the vector.
+          }
+        });
+  }
   segments_left_ = 0;
   if (p > 1)
     for (std::uint32_t s = 0; s + 2 < 2 * p; ++s) {
@@ -83,8 +107,7 @@ task<std::vector<float>> ring_member::allreduce(std::vector<float> data, reduce_
     const auto b = chunk_begin(rank_), e = chunk_end(rank_);
     for (std::uint32_t j = 0; b + j * segment_ < e; ++j) {
       const auto from = b + j * segment_, to = std::min<std::size_t>(e, from + segment_);
-      send(0, j, std::vector<float>(data_.begin() + static_cast<std::ptrdiff_t>(from),
-                                    data_.begin() + static_cast<std::ptrdiff_t>(to)));
+      send(0, j, from, to);
     }
     std::deque<pending_segment> early;
     early.swap(early_);
@@ -100,16 +123,17 @@ task<std::vector<float>> ring_member::allreduce(std::vector<float> data, reduce_
   co_return co_await std::move(result);
 }
 
-void ring_member::send(std::uint32_t step, std::uint32_t segment, std::vector<float> values) {
-  counters_.elements_sent += values.size();
+void ring_member::send(std::uint32_t step, std::uint32_t segment, std::size_t from, std::size_t to) {
+  counters_.elements_sent += to - from;
   counters_.messages_sent += 1;
-  counters_.largest_message = std::max<std::uint64_t>(counters_.largest_message, values.size());
+  counters_.largest_message = std::max<std::uint64_t>(counters_.largest_message, to - from);
   ring_[(rank_ + 1) % ring_.size()].tell(&ring_member::receive, calls_started_, step, segment,
-                                         static_cast<std::uint64_t>(data_.size()), std::move(values));
+                                         static_cast<std::uint64_t>(size_),
+                                         shared_span<float>({data_ + from, to - from}, lease_));
 }
 
 void ring_member::receive(std::uint64_t call, std::uint32_t step, std::uint32_t segment, std::uint64_t length,
-                          std::vector<float> values) {
+                          shared_span<float> values) {
   if (!joined_ || broken_) return;
   pending_segment m{call, step, segment, length, std::move(values)};
   if (!active_ || call > calls_started_) {
@@ -123,9 +147,9 @@ void ring_member::receive(std::uint64_t call, std::uint32_t step, std::uint32_t 
 
 void ring_member::handle(pending_segment m) {
   const auto p = static_cast<std::uint32_t>(ring_.size());
-  if (m.length != data_.size()) {
+  if (m.length != size_) {
     fail_call("member " + std::to_string((rank_ + p - 1) % p) + " reduces " + std::to_string(m.length) +
-                  " floats, member " + std::to_string(rank_) + " " + std::to_string(data_.size()) +
+                  " floats, member " + std::to_string(rank_) + " " + std::to_string(size_) +
                   ": every member must pass a vector of the same length",
               true);
     return;
@@ -141,29 +165,41 @@ void ring_member::handle(pending_segment m) {
               true);
     return;
   }
-  auto& v = m.values;
-  if (m.step + 2 <= p)  // reduce-scatter: the sum so far plus this member's values
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] += data_[from + i];
-  // The sums overwrite this member's own values in place: its own values of these elements were
-  // added (or sent, for its own chunk) before any sum of them could exist, so nothing reads them
-  // again, and the result needs no buffer of its own.
-  if (m.step + 2 >= p) std::copy(v.begin(), v.end(), data_.begin() + static_cast<std::ptrdiff_t>(from));
-  if (m.step + 3 < 2 * p) send(m.step + 1, m.segment, std::move(v));
+  // The sums overwrite this member's own values in place: its own value of an element is added
+  // (or sent, for its own chunk) once, before any sum of it exists, so nothing reads it again,
+  // and neither the result nor the messages need a buffer of their own.
+  const float* __restrict in = m.values.data();
+  float* __restrict out = data_ + from;
+  const std::size_t n = to - from;
+  if (m.step + 2 <= p) {  // reduce-scatter: the sum so far plus this member's value
+    for (std::size_t i = 0; i < n; ++i) out[i] = in[i] + out[i];
+  } else {  // all-gather: the final sums
+    std::copy(in, in + n, out);
+  }
+  m.values = {};  // done with the predecessor's memory (its frame's buffer goes back for reuse)
+  if (m.step + 3 < 2 * p) send(m.step + 1, m.segment, from, to);
   --segments_left_;
 }
 
 void ring_member::finish_if_done() {
   if (!active_ || segments_left_ != 0) return;
+  active_ = false;
+  finishing_ = true;
+  data_ = nullptr;
+  lease_.reset();  // the vector comes back by `returned` when no message refers to it any more
+}
+
+void ring_member::returned(std::uint64_t call, std::vector<float> result) {
+  if (!finishing_ || call != calls_started_ || !done_) return;  // a failed call's vector
+  finishing_ = false;
   if (op_ == reduce_op::mean) {
     const float p = static_cast<float>(ring_.size());
-    for (auto& x : data_) x /= p;
+    for (auto& x : result) x /= p;
   }
-  active_ = false;
   counters_.calls += 1;
   auto done = std::move(*done_);
   done_.reset();
-  done.set_value(std::move(data_));
-  data_ = {};
+  done.set_value(std::move(result));
 }
 
 void ring_member::fail_call(const std::string& why, bool tell_others) {
@@ -179,8 +215,10 @@ void ring_member::fail_call(const std::string& why, bool tell_others) {
       }
     }
   early_.clear();
-  if (!active_) return;
+  if (!active_) return;  // no call, or one whose every segment is in (its vector is on its way)
   active_ = false;
+  data_ = nullptr;
+  lease_.reset();  // freed when the last message that refers to it is gone
   auto done = std::move(*done_);
   done_.reset();
   done.set_exception(std::make_exception_ptr(error(

@@ -387,7 +387,7 @@ TEST(Remote, ACallThatOvertakesItsActorsSpawnWaitsForItAndHearsWhyItFailed) {
   using call = troupe::net::envelope_kind;
   std::uint64_t add = 0;
   for (std::int64_t i = 0; i < 3; ++i)
-    p.send(call::call, add, troupe::detail::encode_call<worker>(&worker::add, add, i), 10 + static_cast<std::uint64_t>(i), wire);
+    p.send(call::call, add, troupe::detail::encode_call<worker>(&worker::add, add, i).flatten(), 10 + static_cast<std::uint64_t>(i), wire);
   p.send(call::call, rogue_peer::spawn,
          troupe::encode(rogue_peer::spawn_tuple{"remote_test::worker", troupe::detail::constructor_key<std::int64_t>(), wire,
                                                 {}, troupe::encode(std::tuple<std::int64_t>{40})}),
@@ -402,7 +402,7 @@ TEST(Remote, ACallThatOvertakesItsActorsSpawnWaitsForItAndHearsWhyItFailed) {
     EXPECT_EQ(troupe::decode<std::int64_t>(sum->payload), 40 + i);
   }
   // When the constructor throws, the waiting call and a later watch hear why.
-  p.send(call::call, add, troupe::detail::encode_call<worker>(&worker::add, add, std::int64_t{1}), 20, wire + 1);
+  p.send(call::call, add, troupe::detail::encode_call<worker>(&worker::add, add, std::int64_t{1}).flatten(), 20, wire + 1);
   p.send(call::call, rogue_peer::spawn,
          troupe::encode(rogue_peer::spawn_tuple{"remote_test::worker", troupe::detail::constructor_key<std::int64_t>(), wire + 1,
                                                 {}, troupe::encode(std::tuple<std::int64_t>{-1})}),
@@ -432,7 +432,7 @@ TEST(Remote, WhatWaitsForAnActorHearsWhenItsSpawnerLeavesFirst) {
   const std::uint64_t wire = (std::uint64_t{s} << 40) | 3;
   using call = troupe::net::envelope_kind;
   std::uint64_t add = 0;
-  third.send(call::call, add, troupe::detail::encode_call<worker>(&worker::add, add, std::int64_t{1}), 7, wire);
+  third.send(call::call, add, troupe::detail::encode_call<worker>(&worker::add, add, std::int64_t{1}).flatten(), 7, wire);
   third.send(call::tell, rogue_peer::watch, troupe::encode(wire));
   std::this_thread::sleep_for(200ms);  // both are held by the head by now
   const auto t0 = std::chrono::steady_clock::now();

@@ -150,6 +150,32 @@ TEST(Transport, FramesFlowBothWaysInSendOrder) {
   EXPECT_TRUE(server.closed.empty());
 }
 
+TEST(Transport, SplicedRunsGoOutFromTheirOwnMemoryInSendOrder) {
+  // Payloads with runs of other memory spliced in, some large enough that the kernel takes them
+  // in several writes (direct, then queued and gathered): every byte arrives, in order.
+  node server("cluster-secret"), client("cluster-secret");
+  auto port = server.net->listen("127.0.0.1", 0);
+  client.net->connect("127.0.0.1", port);
+  ASSERT_TRUE(client.wait([&] { return client.opened.size() == 1; }));
+  ASSERT_TRUE(server.wait([&] { return server.opened.size() == 1; }));
+  std::mt19937 rng(5);
+  auto memory = std::make_shared<std::vector<std::byte>>(4u << 20);
+  for (auto& b : *memory) b = static_cast<std::byte>(rng());
+  std::vector<envelope> sent;
+  for (std::uint64_t i = 1; i <= 60; ++i) {
+    auto e = a_tell(i, i % 7);
+    const std::size_t len = i % 10 == 0 ? (3u << 20) : 1000 + rng() % 300'000;
+    const std::size_t from = rng() % (memory->size() - len);
+    e.splices.push_back({e.payload.size() / 2, memory, std::span<const std::byte>(*memory).subspan(from, len)});
+    sent.push_back(std::move(e));
+  }
+  for (const auto& e : sent) client.opened[0]->send(e);
+  ASSERT_TRUE(server.wait([&] { return server.received.size() == sent.size(); }));
+  std::lock_guard lock(server.mutex);
+  EXPECT_EQ(server.received, sent);  // payloads compared by their bytes, runs included
+  EXPECT_TRUE(server.closed.empty());
+}
+
 TEST(Transport, SendsQueuedBeforeTheHandshakeLeaveAfterIt) {
   node server("s"), client("s");
   auto port = server.net->listen("127.0.0.1", 0);

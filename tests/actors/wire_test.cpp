@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -103,7 +104,7 @@ TEST(Wire, LargePayloadsTravelAsTheRawBodyWithoutACopy) {
   const auto* payload_data = e.payload.data();
   auto expect = e;
   auto f = encode_frame(std::move(e));
-  EXPECT_EQ(f.body.data(), payload_data);  // moved, not copied
+  EXPECT_EQ(f.body.bytes.data(), payload_data);  // moved, not copied
   EXPECT_LT(f.head.size(), 256u);
   auto h = frame_header::read(f.head.data());
   EXPECT_EQ(h.flags, frame_header::flag_body);
@@ -111,14 +112,97 @@ TEST(Wire, LargePayloadsTravelAsTheRawBodyWithoutACopy) {
   EXPECT_EQ(h.envelope_bytes + frame_header::size, f.head.size());
 
   auto small = encode_frame(a_call(inline_payload_limit - 1));
-  EXPECT_TRUE(small.body.empty());
+  EXPECT_EQ(small.body.size(), 0u);
   EXPECT_EQ(frame_header::read(small.head.data()).flags, 0);
 
   std::vector<std::byte> stream = f.head;
-  stream.insert(stream.end(), f.body.begin(), f.body.end());
+  stream.insert(stream.end(), f.body.bytes.begin(), f.body.bytes.end());
   auto got = decode_all(stream, 4096);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0], expect);
+}
+
+TEST(Wire, SplicedRunsAreWrittenFromTheirOwnMemoryAndArriveAsOnePayload) {
+  // A payload of own bytes with two runs of other memory spliced in (at the start of the own
+  // bytes' middle and at their end), as a shared_span argument makes.
+  auto run1 = std::make_shared<std::vector<std::byte>>(random_bytes(30'000, 21));
+  auto run2 = std::make_shared<std::vector<std::byte>>(random_bytes(5'000, 22));
+  auto e = a_call(40, 20);
+  e.splices.push_back({10, run1, std::span<const std::byte>(*run1)});
+  e.splices.push_back({40, run2, std::span<const std::byte>(*run2).subspan(1000)});
+  std::vector<std::byte> flat(e.payload.begin(), e.payload.begin() + 10);
+  flat.insert(flat.end(), run1->begin(), run1->end());
+  flat.insert(flat.end(), e.payload.begin() + 10, e.payload.end());
+  flat.insert(flat.end(), run2->begin() + 1000, run2->end());
+  EXPECT_EQ(e.payload_size(), flat.size());
+  auto expect = e;
+  expect.payload = flat;
+  expect.splices.clear();
+  EXPECT_EQ(e, expect);  // equality compares the payloads' bytes
+
+  auto f = encode_frame(e);
+  EXPECT_EQ(frame_header::read(f.head.data()).body_bytes, flat.size());
+  std::vector<const std::byte*> pieces;
+  std::vector<std::byte> stream;
+  f.for_each_piece([&](std::span<const std::byte> p) {
+    pieces.push_back(p.data());
+    stream.insert(stream.end(), p.begin(), p.end());
+  });
+  ASSERT_EQ(pieces.size(), 5u);  // head, own bytes, run 1, own bytes, run 2
+  EXPECT_EQ(pieces[2], run1->data());
+  EXPECT_EQ(pieces[4], run2->data() + 1000);
+  auto got = decode_all(stream, 777);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, flat);
+  EXPECT_TRUE(got[0].splices.empty());
+
+  // A payload below inline_payload_limit with a splice travels inline, the run copied in.
+  auto small_run = std::make_shared<std::vector<std::byte>>(random_bytes(100, 23));
+  auto s = a_call(8, 24);
+  s.splices.push_back({8, small_run, std::span<const std::byte>(*small_run)});
+  auto small = encode_frame(s);
+  EXPECT_EQ(small.body.size(), 0u);
+  auto got_small = decode_all(encode_frame_bytes(s), 64);
+  ASSERT_EQ(got_small.size(), 1u);
+  EXPECT_EQ(got_small[0], s);
+}
+
+TEST(Wire, BodyBuffersComeBackForTheNextFrameWithoutAZeroFill) {
+  // Filled with a pattern, given back, taken again for a frame of the same size: the same
+  // memory, the pattern still there (no zero fill).
+  body_pool pool(1u << 20);
+  auto first = pool.take(300'000);
+  ASSERT_EQ(first.size(), 300'000u);
+  std::memset(first.data(), 0x6b, first.size());
+  const auto* at = first.data();
+  pool.give_back(std::move(first));
+  EXPECT_EQ(pool.kept(), 1u);
+  auto again = pool.take(300'000);
+  EXPECT_EQ(again.data(), at);
+  EXPECT_EQ(again[123], std::byte{0x6b});
+  EXPECT_EQ(pool.kept(), 0u);
+  // The smallest buffer that fits; none that fits: a new one.
+  auto big = pool.take(600'000);
+  const auto* big_at = big.data();
+  pool.give_back(std::move(big));
+  pool.give_back(std::move(again));
+  EXPECT_EQ(pool.take(250'000).data(), at);
+  EXPECT_EQ(pool.take(250'000).data(), big_at);
+  EXPECT_EQ(pool.take(700'000).size(), 700'000u);
+  // Bounded: beyond its bytes, and buffers too small to be bodies, are freed.
+  pool.give_back(std::vector<std::byte>(700'000));
+  pool.give_back(std::vector<std::byte>(700'000));
+  EXPECT_EQ(pool.kept(), 1u);
+  pool.give_back(std::vector<std::byte>(100));
+  EXPECT_EQ(pool.kept(), 1u);
+  // A shared payload comes back when its last owner is gone.
+  body_pool mine(1u << 20);
+  auto shared = share_payload(std::vector<std::byte>(inline_payload_limit), mine);
+  auto copy = shared;
+  shared.reset();
+  EXPECT_EQ(mine.kept(), 0u);
+  copy.reset();
+  EXPECT_EQ(mine.kept(), 1u);
 }
 
 TEST(Wire, DecodesFramesFedOneByteAtATime) {
@@ -160,12 +244,12 @@ TEST(Wire, ABodyCanBeReadStraightIntoItsFinalBuffer) {
   ASSERT_TRUE(d.feed(f.head));
   auto space = d.body_space();
   ASSERT_EQ(space.size(), f.body.size());
-  std::memcpy(space.data(), f.body.data(), 1000);
+  std::memcpy(space.data(), f.body.bytes.data(), 1000);
   ASSERT_TRUE(d.commit_body(1000));
   EXPECT_EQ(d.body_space().size(), f.body.size() - 1000);
   EXPECT_EQ(d.ready(), 0u);
   auto rest = d.body_space();
-  std::memcpy(rest.data(), f.body.data() + 1000, rest.size());
+  std::memcpy(rest.data(), f.body.bytes.data() + 1000, rest.size());
   ASSERT_TRUE(d.commit_body(rest.size()));
   auto got = d.pop();
   ASSERT_TRUE(got);

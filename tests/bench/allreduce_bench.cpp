@@ -5,8 +5,8 @@
 // repetition and checks every 997th element of every member's result against the plain sum.
 // torch_allreduce.py is the same measurement with torch.distributed and the gloo backend.
 //
-//   allreduce_bench [--processes 4] [--megabytes 100] [--repeat 5] [--segment 65536]
-//   allreduce_bench --worker HEAD:PORT          (what the head starts)
+//   allreduce_bench [--processes 4] [--megabytes 100] [--repeat 5] [--segment 65536] [--threads 2]
+//   allreduce_bench --worker HEAD:PORT [--threads 2]     (what the head starts)
 
 #include <fcntl.h>
 #include <signal.h>
@@ -37,19 +37,23 @@ public:
     x_.resize(n);
     for (std::uint64_t i = 0; i < n; ++i) x_[i] = static_cast<float>((i * 7 + rank * 13) % 101);
   }
-  /// Copies the input for the next run (the call moves its vector): before the clock starts.
-  void prepare() { in_ = x_; }
+  /// Copies the input for the next run (the call moves its vector) and frees the last result:
+  /// before the clock starts (as torch's tensor lives on after its all_reduce).
+  void prepare() {
+    sum_ = {};
+    in_ = x_;
+  }
   /// The all-reduce of the prepared input; every 997th element of the result.
   troupe::task<std::vector<float>> run() {
-    const auto sum = co_await member_.ask(&troupe::ring_member::allreduce, std::move(in_), troupe::reduce_op::sum);
+    sum_ = co_await member_.ask(&troupe::ring_member::allreduce, std::move(in_), troupe::reduce_op::sum);
     std::vector<float> samples;
-    for (std::size_t i = 0; i < sum.size(); i += 997) samples.push_back(sum[i]);
+    for (std::size_t i = 0; i < sum_.size(); i += 997) samples.push_back(sum_[i]);
     co_return samples;
   }
 
 private:
   troupe::actor_ref<troupe::ring_member> member_;
-  std::vector<float> x_, in_;
+  std::vector<float> x_, in_, sum_;
 };
 
 TROUPE_REMOTE(allreduce_peer, setup, prepare, run)
@@ -58,8 +62,8 @@ namespace {
 
 constexpr const char* token = "allreduce-bench";
 
-int run_worker(const std::string& head) {
-  troupe::system_config cfg{.threads = 2};
+int run_worker(const std::string& head, unsigned threads) {
+  troupe::system_config cfg{.threads = threads};
   cfg.node.listen = "127.0.0.1:0";
   cfg.node.head = head;
   cfg.node.token = token;
@@ -79,15 +83,16 @@ struct worker_process {
   troupe::node_id node = 0;
 };
 
-worker_process start_worker(const std::string& head) {
+worker_process start_worker(const std::string& head, unsigned threads) {
   int out[2], in[2];
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(in, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, out[1], 1);
   posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-  std::string self = std::filesystem::read_symlink("/proc/self/exe").string(), flag = "--worker", h = head;
-  char* argv[] = {self.data(), flag.data(), h.data(), nullptr};
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string(), flag = "--worker", h = head,
+              tflag = "--threads", t = std::to_string(threads);
+  char* argv[] = {self.data(), flag.data(), h.data(), tflag.data(), t.data(), nullptr};
   worker_process w;
   if (posix_spawn(&w.pid, self.c_str(), &fa, nullptr, argv, environ) != 0) throw std::runtime_error("cannot start " + self);
   posix_spawn_file_actions_destroy(&fa);
@@ -106,32 +111,45 @@ worker_process start_worker(const std::string& head) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t processes = 4, megabytes = 100, segment = 1 << 16;
+  std::size_t processes = 4, megabytes = 100, segment = 1 << 16, threads = 2;
   int repeat = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string f = argv[i], v = argv[i + 1];
-    if (f == "--worker") return run_worker(v);
-    if (f == "--processes") processes = std::stoul(v);
-    else if (f == "--megabytes") megabytes = std::stoul(v);
-    else if (f == "--repeat") repeat = std::stoi(v);
-    else if (f == "--segment") segment = std::stoul(v);
-    else {
-      std::fprintf(stderr, "allreduce_bench: unknown flag %s\n", f.c_str());
+  std::string worker_of;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string f = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "allreduce_bench: %s needs a value\n", f.c_str());
+      return 2;
+    }
+    const std::string v = argv[i + 1];
+    try {
+      if (f == "--worker") worker_of = v;
+      else if (f == "--threads") threads = std::stoul(v);
+      else if (f == "--processes") processes = std::stoul(v);
+      else if (f == "--megabytes") megabytes = std::stoul(v);
+      else if (f == "--repeat") repeat = std::stoi(v);
+      else if (f == "--segment") segment = std::stoul(v);
+      else {
+        std::fprintf(stderr, "allreduce_bench: unknown flag %s\n", f.c_str());
+        return 2;
+      }
+    } catch (const std::logic_error&) {  // std::invalid_argument, std::out_of_range
+      std::fprintf(stderr, "allreduce_bench: %s needs a number, not '%s'\n", f.c_str(), v.c_str());
       return 2;
     }
   }
-  if (processes < 2 || megabytes < 1 || repeat < 1 || segment < 1) {
-    std::fprintf(stderr, "allreduce_bench: --processes >= 2, --megabytes, --repeat and --segment >= 1\n");
+  if (processes < 2 || megabytes < 1 || repeat < 1 || segment < 1 || threads < 1 || threads > 64) {
+    std::fprintf(stderr, "allreduce_bench: --processes >= 2, --megabytes, --repeat and --segment >= 1, --threads 1 to 64\n");
     return 2;
   }
-  troupe::system_config cfg{.threads = 2};
+  if (!worker_of.empty()) return run_worker(worker_of, static_cast<unsigned>(threads));
+  troupe::system_config cfg{.threads = static_cast<unsigned>(threads)};
   cfg.node.listen = "127.0.0.1:0";
   cfg.node.token = token;
   cfg.node.node_timeout = std::chrono::seconds(10);
   troupe::actor_system head(cfg);
   const std::string address = "127.0.0.1:" + std::to_string(head.node_port());
   std::vector<worker_process> workers;
-  for (std::size_t i = 1; i < processes; ++i) workers.push_back(start_worker(address));
+  for (std::size_t i = 1; i < processes; ++i) workers.push_back(start_worker(address, static_cast<unsigned>(threads)));
   std::vector<troupe::actor_ref<troupe::ring_member>> ring{head.spawn<troupe::ring_member>(troupe::ring_member_options())};
   std::vector<troupe::actor_ref<allreduce_peer>> peers{head.spawn<allreduce_peer>()};
   for (auto& w : workers) {

@@ -6,9 +6,11 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "net/wire.hpp"
+#include "troupe/core/shared_span.hpp"
 
 using namespace troupe::net;
 
@@ -42,12 +44,19 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::vector<std::vector<std::byte>> frames;
-  envelope call{envelope_kind::call, 7, 3, 11, 12, 0, "", payload(40, 1)};
-  envelope tell{envelope_kind::tell, 9, 1, 0, 0, 0, "", payload(3, 2)};
-  envelope reply{envelope_kind::reply, 0, 0, 11, 12, 0, "", payload(100, 3)};
-  envelope err{envelope_kind::error, 0, 0, 11, 12, 5, "connection lost", {}};
-  envelope ctl{envelope_kind::control, 0, 1, 0, 0, 0, "", payload(32, 4)};
-  for (const auto& e : {call, tell, reply, err, ctl}) frames.push_back(encode_frame_bytes(e));
+  envelope call{envelope_kind::call, 7, 3, 11, 12, 0, "", payload(40, 1), {}};
+  envelope tell{envelope_kind::tell, 9, 1, 0, 0, 0, "", payload(3, 2), {}};
+  envelope reply{envelope_kind::reply, 0, 0, 11, 12, 0, "", payload(100, 3), {}};
+  envelope err{envelope_kind::error, 0, 0, 11, 12, 5, "connection lost", {}, {}};
+  envelope ctl{envelope_kind::control, 0, 1, 0, 0, 0, "", payload(32, 4), {}};
+  // A ring all-reduce segment: call, step, segment, length and 64 floats (frame_fuzz decodes
+  // every payload as one).
+  std::vector<float> values(64);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f - 3.0f;
+  envelope segment{envelope_kind::tell, 9, 2, 0, 0, 0, "", troupe::encode(std::make_tuple(
+      std::uint64_t{1}, std::uint32_t{0}, std::uint32_t{0}, std::uint64_t{256},
+      troupe::shared_span<float>::copy_of(values))), {}};
+  for (const auto& e : {call, tell, reply, err, ctl, segment}) frames.push_back(encode_frame_bytes(e));
   frames.push_back(with_body(call, 200));
   frames.push_back(with_body(reply, 1));
   std::vector<std::byte> stream;

@@ -11,7 +11,7 @@ class node_runtime::conn_responder final : public responder {
 public:
   conn_responder(std::weak_ptr<node_runtime> n, std::uint64_t conn, std::uint64_t request)
       : node_(std::move(n)), conn_(conn), request_(request) {}
-  void reply(std::vector<std::byte> payload) noexcept override {
+  void reply(encoded_pieces payload) noexcept override {
     if (payload.size() > max_payload_bytes) {
       // Sent, the frame would cost the connection (and every call on it): the caller gets why.
       auto env = make_envelope(envelope_kind::error, 0, 0, {}, request_);
@@ -20,7 +20,9 @@ public:
       send(std::move(env));
       return;
     }
-    send(make_envelope(envelope_kind::reply, 0, 0, std::move(payload), request_));
+    auto env = make_envelope(envelope_kind::reply, 0, 0, std::move(payload.bytes), request_);
+    env.splices = std::move(payload.splices);
+    send(std::move(env));
   }
   void error(std::exception_ptr e) noexcept override {
     auto [code, what] = describe(std::move(e));
@@ -43,8 +45,8 @@ private:
 
 void node_runtime::call(node_id to, envelope env, std::unique_ptr<reply_sink> sink) {
   std::exception_ptr failure;
-  if (env.payload.size() > max_payload_bytes) {
-    error e(errc::message_too_large, too_large(env.payload.size(), "a message"));
+  if (env.payload_size() > max_payload_bytes) {
+    error e(errc::message_too_large, too_large(env.payload_size(), "a message"));
     if (!sink) throw e;  // a tell has nobody else to tell
     failure = std::make_exception_ptr(e);
   } else {
@@ -95,7 +97,10 @@ void node_runtime::on_reply(const std::shared_ptr<connection>& c, node_id from, 
       return c->refuse("a reply to call " + std::to_string(env.request_id) + " from node " + std::to_string(from) +
                        ", which was made to node " + std::to_string(made_to));
   }
-  if (env.kind == envelope_kind::reply) sink->deliver(env.payload);
+  if (env.kind == envelope_kind::reply) {
+    auto owner = net::share_payload(std::move(env.payload));
+    sink->deliver(*owner, owner);
+  }
   else sink->fail(error_from(env));
 }
 
@@ -147,7 +152,9 @@ void node_runtime::on_call(const std::shared_ptr<connection>& c, envelope env) {
     return refuse(errc::decode_error, std::string(type->name) + " has no remote method with id " +
                                           std::to_string(env.method) + " (do both programs list the same TROUPE_REMOTE methods?)");
   try {
-    fn(*target, env.payload, r);
+    // Shared: views decoded from it (shared_span arguments) point into the frame's buffer.
+    auto owner = net::share_payload(std::move(env.payload));
+    fn(*target, *owner, owner, r);
   } catch (...) {
     auto [code, what] = describe(std::current_exception());
     refuse(code, "arguments of a call to " + std::string(type->name) + ": " + what);
@@ -176,13 +183,13 @@ bool remote_alive(const remote_actor& a) noexcept {
 }
 system_impl& remote_system(const remote_actor& a) noexcept { return *a.sys; }
 
-void remote_call(remote_actor& a, std::uint64_t method, std::vector<std::byte> args,
-                 std::unique_ptr<reply_sink> sink) {
+void remote_call(remote_actor& a, std::uint64_t method, encoded_pieces args, std::unique_ptr<reply_sink> sink) {
   envelope env;
   env.kind = sink ? envelope_kind::call : envelope_kind::tell;
   env.target = a.wire;
   env.method = method;
-  env.payload = std::move(args);
+  env.payload = std::move(args.bytes);
+  env.splices = std::move(args.splices);
   a.node->call(a.where, std::move(env), std::move(sink));
 }
 

@@ -19,9 +19,9 @@ public:
   ~name_sink() override {
     if (!done_) roll_back();  // the inner sink fails the future with broken_promise
   }
-  void deliver(std::span<const std::byte> payload) noexcept override {
+  void deliver(std::span<const std::byte> payload, const std::shared_ptr<const void>& owner) noexcept override {
     done_ = true;
-    inner_.deliver(payload);
+    inner_.deliver(payload, owner);
   }
   void fail(std::exception_ptr e) noexcept override {
     done_ = true;
@@ -106,7 +106,7 @@ future<void> node_runtime::publish_name(const std::string& name, cell_base* loca
       sink->fail(std::make_exception_ptr(error(code, why)));  // removes the local name it added
       throw error(code, why);  // known at once: register_name throws, even inside an actor
     }
-    sink->deliver({});
+    sink->deliver({}, nullptr);
     return f;
   }
   call(head_id, node_op(envelope_kind::call, op::register_name, encode(t)), std::move(sink));
@@ -165,7 +165,7 @@ found_tuple node_runtime::find_name(const std::string& name) {
 
 void node_runtime::op_lookup(const envelope& env, const std::shared_ptr<responder>& r) {
   auto found = encode(find_name(decode<std::string>(env.payload)));
-  if (r) r->reply(std::move(found));
+  if (r) r->reply({std::move(found), {}});
 }
 
 void node_runtime::op_register_name(const envelope& env, const std::shared_ptr<responder>& r) {

@@ -101,7 +101,7 @@ spawned node_runtime::spawn(node_id where, std::string_view type, std::uint64_t 
   auto payload = encode(record);
   struct spawn_sink final : reply_sink {
     std::string what;
-    void deliver(std::span<const std::byte>) noexcept override {}
+    void deliver(std::span<const std::byte>, const std::shared_ptr<const void>&) noexcept override {}
     void fail(std::exception_ptr e) noexcept override {
       log().warn("spawn_on of {} failed: {}", what, describe(e).second);
     }
@@ -175,7 +175,7 @@ void node_runtime::relocate(node_id lost, bool recreate) {
       continue;
     }
     struct respawn_sink final : reply_sink {
-      void deliver(std::span<const std::byte>) noexcept override {}
+      void deliver(std::span<const std::byte>, const std::shared_ptr<const void>&) noexcept override {}
       void fail(std::exception_ptr e) noexcept override {
         log().warn("troupe node 1: re-creating an actor failed: {}", describe(e).second);
       }

@@ -56,7 +56,7 @@ node_status node_runtime::local_status() {
 
 void node_runtime::op_node_stats(const std::shared_ptr<responder>& r) {
   auto report = encode(local_status());
-  if (r) r->reply(std::move(report));
+  if (r) r->reply({std::move(report), {}});
 }
 
 void node_runtime::gather_status(std::shared_ptr<responder> r) {
@@ -103,13 +103,13 @@ void node_runtime::gather_status(std::shared_ptr<responder> r) {
     void finish() {  // under mu
       done = true;
       std::sort(nodes.begin(), nodes.end(), [](auto& a, auto& b) { return a.info.id < b.info.id; });
-      r->reply(encode(nodes));
+      r->reply({encode(nodes), {}});
     }
   };
   struct status_sink final : reply_sink {
     std::shared_ptr<gather> g;
     node_info info;
-    void deliver(std::span<const std::byte> p) noexcept override {
+    void deliver(std::span<const std::byte> p, const std::shared_ptr<const void>&) noexcept override {
       try {
         auto s = decode<node_status>(p);
         s.info.alive = true;

@@ -9,6 +9,7 @@
 #include <sys/uio.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include <boost/asio/connect.hpp>
@@ -208,13 +209,15 @@ void connection::enqueue(outbound_frame f) {
   bool direct = !tls_ && !writing_now_ && queue_.empty() && now - last_direct_ > direct_write_gap;
   if (direct) last_direct_ = now;
   if (direct) {
-    iovec iov[2];
-    int parts = 0;
-    iov[parts++] = {f.head.data(), f.head.size()};
-    if (!f.body.empty()) iov[parts++] = {f.body.data(), f.body.size()};
+    // Header, envelope and the body's pieces (its own bytes and spliced runs) in one system call.
+    std::vector<iovec> iov;
+    iov.reserve(2 + 2 * f.body.splices.size());
+    f.for_each_piece([&](std::span<const std::byte> p) {
+      iov.push_back({const_cast<std::byte*>(p.data()), p.size()});
+    });
     msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<std::size_t>(parts);
+    msg.msg_iov = iov.data();
+    msg.msg_iovlen = std::min<std::size_t>(iov.size(), IOV_MAX);
     ssize_t n = ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n == static_cast<ssize_t>(f.size())) {
       frames_sent_.fetch_add(1, std::memory_order_relaxed);
@@ -252,16 +255,14 @@ void connection::write_more() {
     buffers.reserve(writing_.size() * 2);
     for (const auto& f : writing_) {
       std::size_t skip = f.written;
-      auto add = [&](const std::vector<std::byte>& part) {
+      f.for_each_piece([&](std::span<const std::byte> part) {
         if (skip >= part.size()) {
           skip -= part.size();
           return;
         }
         buffers.emplace_back(part.data() + skip, part.size() - skip);
         skip = 0;
-      };
-      add(f.head);
-      add(f.body);
+      });
     }
   }
   auto done = [self = shared_from_this()](boost::system::error_code ec, std::size_t) {

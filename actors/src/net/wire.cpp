@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <mutex>
 #include <utility>
 
 #include <capnp/message.h>
@@ -62,9 +63,27 @@ frame_header frame_header::read(const std::byte* in) noexcept {
   return h;
 }
 
+std::size_t envelope::payload_size() const noexcept {
+  std::size_t n = payload.size();
+  for (const auto& s : splices) n += s.run.size();
+  return n;
+}
+
+bool operator==(const envelope& a, const envelope& b) {
+  if (a.kind != b.kind || a.target != b.target || a.method != b.method || a.request_id != b.request_id ||
+      a.reply_to != b.reply_to || a.error_code != b.error_code || a.error_message != b.error_message)
+    return false;
+  if (a.splices.empty() && b.splices.empty()) return a.payload == b.payload;
+  return encoded_pieces{a.payload, a.splices}.flatten() == encoded_pieces{b.payload, b.splices}.flatten();
+}
+
 outbound_frame encode_frame(envelope env) {
   outbound_frame out;
-  const bool as_body = env.payload.size() >= inline_payload_limit;
+  const bool as_body = env.payload_size() >= inline_payload_limit;
+  if (!as_body && !env.splices.empty()) {
+    env.payload = encoded_pieces{std::move(env.payload), std::move(env.splices)}.flatten();
+    env.splices.clear();
+  }
 
   capnp::MallocMessageBuilder message;
   auto root = message.initRoot<schema::Envelope>();
@@ -86,8 +105,8 @@ outbound_frame encode_frame(envelope env) {
   h.envelope_bytes = static_cast<std::uint32_t>(bytes.size());
   if (as_body) {
     h.flags = frame_header::flag_body;
-    h.body_bytes = env.payload.size();
-    out.body = std::move(env.payload);
+    h.body_bytes = env.payload_size();
+    out.body = encoded_pieces{std::move(env.payload), std::move(env.splices)};
   }
   out.head.resize(frame_header::size + bytes.size());
   h.write(out.head.data());
@@ -97,8 +116,58 @@ outbound_frame encode_frame(envelope env) {
 
 std::vector<std::byte> encode_frame_bytes(envelope env) {
   auto f = encode_frame(std::move(env));
-  f.head.insert(f.head.end(), f.body.begin(), f.body.end());
+  auto body = std::move(f.body).flatten();
+  f.head.insert(f.head.end(), body.begin(), body.end());
   return std::move(f.head);
+}
+
+std::vector<std::byte> body_pool::take(std::size_t n) {
+  std::vector<std::byte> v;
+  if (n >= inline_payload_limit && n <= largest_kept) {
+    std::lock_guard lock(mu_);
+    std::size_t best = free_.size();
+    for (std::size_t i = 0; i < free_.size(); ++i)
+      if (free_[i].capacity() >= n && (best == free_.size() || free_[i].capacity() < free_[best].capacity()))
+        best = i;
+    if (best != free_.size()) {
+      bytes_ -= free_[best].capacity();
+      v = std::move(free_[best]);
+      free_[best] = std::move(free_.back());
+      free_.pop_back();
+    }
+  }
+  v.resize(n);
+  return v;
+}
+
+void body_pool::give_back(std::vector<std::byte> buffer) noexcept {
+  if (buffer.capacity() < inline_payload_limit || buffer.capacity() > largest_kept) return;
+  std::lock_guard lock(mu_);
+  if (bytes_ + buffer.capacity() > limit_) return;  // freed by the caller, after the lock
+  try {
+    free_.push_back(std::move(buffer));
+    bytes_ += free_.back().capacity();
+  } catch (const std::bad_alloc&) {
+  }
+}
+
+std::size_t body_pool::kept() const {
+  std::lock_guard lock(mu_);
+  return free_.size();
+}
+
+body_pool& body_pool::shared() {
+  static body_pool pool;
+  return pool;
+}
+
+std::shared_ptr<const std::vector<std::byte>> share_payload(std::vector<std::byte> payload, body_pool& pool) {
+  return std::shared_ptr<const std::vector<std::byte>>(new std::vector<std::byte>(std::move(payload)),
+                                                       [&pool](const std::vector<std::byte>* v) {
+                                                         std::unique_ptr<std::vector<std::byte>> own(
+                                                             const_cast<std::vector<std::byte>*>(v));
+                                                         pool.give_back(std::move(*own));
+                                                       });
 }
 
 wire_error validate(const envelope& env, const wire_limits& limits) {
@@ -291,7 +360,7 @@ bool frame_decoder::on_envelope() {
     if (!env.payload.empty())
       return fail(wire_errc::bad_envelope, "a payload both inline and in the body");
     pending_ = std::move(env);
-    pending_.payload.resize(header_.body_bytes);
+    pending_.payload = body_pool::shared().take(header_.body_bytes);
     state_ = state::body;
     return true;
   }

@@ -7,11 +7,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "troupe/core/encoded_pieces.hpp"
 
 namespace troupe::net {
 
@@ -28,7 +32,9 @@ std::string_view to_string(envelope_kind k) noexcept;
 
 /// One message between nodes, decoded. `payload` holds the argument codec's bytes (or the
 /// result's); on the wire it is inline in the envelope when small and the frame's raw body when
-/// large, and the receiver always finds it here.
+/// large, and the receiver always finds it here, in one buffer. A sender may splice runs of
+/// other memory into the payload (`splices`, at offsets of `payload`): they are written from
+/// their own memory, never copied into the payload (a received envelope has none).
 struct envelope {
   envelope_kind kind = envelope_kind::tell;
   std::uint64_t target = 0;
@@ -38,8 +44,12 @@ struct envelope {
   std::uint32_t error_code = 0;
   std::string error_message;
   std::vector<std::byte> payload;
+  std::vector<encoded_pieces::splice> splices;
 
-  friend bool operator==(const envelope&, const envelope&) = default;
+  /// The payload's length, spliced runs included.
+  std::size_t payload_size() const noexcept;
+  /// Equal fields and equal payloads (spliced runs compared by their bytes).
+  friend bool operator==(const envelope& a, const envelope& b);
 };
 
 /// The fixed frame header (little-endian on the wire).
@@ -101,19 +111,57 @@ inline constexpr std::uint64_t node_target = 1;
 inline constexpr std::size_t inline_payload_limit = 16u << 10;
 
 /// A frame ready to write: `head` is the header and the envelope, `body` the raw body (empty or
-/// the envelope's payload, moved, never copied). Write them back to back.
+/// the envelope's payload and its splices, moved, never copied). Write `pieces()` back to back.
 struct outbound_frame {
   std::vector<std::byte> head;
-  std::vector<std::byte> body;
+  encoded_pieces body;
   std::size_t written = 0;  ///< bytes of it already written (the transport's bookkeeping)
   std::size_t size() const noexcept { return head.size() + body.size(); }
+  /// Calls `f(std::span<const std::byte>)` for each non-empty piece of the frame, in order.
+  template <class F>
+  void for_each_piece(F&& f) const {
+    if (!head.empty()) f(std::span<const std::byte>(head));
+    body.for_each_piece(f);
+  }
 };
 
-/// Builds a frame; the payload moves into the body when it is `inline_payload_limit` or larger.
+/// Builds a frame; the payload (with its splices) moves into the body when it is
+/// `inline_payload_limit` or larger, and is copied into the envelope (splices included) when not.
 outbound_frame encode_frame(envelope env);
 
 /// The whole frame as one contiguous buffer (tests and the fuzzer's seeds).
 std::vector<std::byte> encode_frame_bytes(envelope env);
+
+/// Buffers for frames' bodies, used again: reading into a fresh buffer of a few hundred KiB costs
+/// a page fault per 4 KiB and a zero fill, every frame. Bounded: it keeps at most `kept_bytes` of
+/// buffers, each at most `largest_kept` bytes, and frees the rest. A buffer keeps its length when
+/// it comes back, so a frame of the same size takes it again without a zero fill (std::vector
+/// fills only what it grows by). @threadsafe
+class body_pool {
+public:
+  static constexpr std::size_t largest_kept = std::size_t{16} << 20;
+  /// A ring all-reduce keeps tens of segments of 256 KiB in flight per node.
+  explicit body_pool(std::size_t kept_bytes = std::size_t{32} << 20) noexcept : limit_(kept_bytes) {}
+  /// A buffer of `n` bytes: the smallest kept one that holds them, or a new one.
+  std::vector<std::byte> take(std::size_t n);
+  /// Keeps `buffer` for a later take, or frees it (too small, too large, or the pool is full).
+  void give_back(std::vector<std::byte> buffer) noexcept;
+  /// Buffers kept now.
+  std::size_t kept() const;
+  /// The pool the frame decoder reads bodies into.
+  static body_pool& shared();
+
+private:
+  mutable std::mutex mu_;
+  std::vector<std::vector<std::byte>> free_;
+  std::size_t bytes_ = 0;  // capacity of the buffers in free_
+  std::size_t limit_;
+};
+
+/// The payload, owned by a shared pointer that gives its buffer back to `pool` when the last copy
+/// is gone: the owner of decoded views into it (byte_reader's owner).
+std::shared_ptr<const std::vector<std::byte>> share_payload(std::vector<std::byte> payload,
+                                                            body_pool& pool = body_pool::shared());
 
 /// Checks an envelope's fields against the rules every decoder applies; empty when valid.
 wire_error validate(const envelope& env, const wire_limits& limits);

@@ -15,6 +15,12 @@
 /// most `segment_elements` floats, each forwarded as soon as it is reduced, so a large vector
 /// streams through the ring instead of moving as p whole chunks.
 ///
+/// Copies: a member sends its segments as views of its own vector (troupe::shared_span), never
+/// copied into messages: in process the successor reads them where they are; across nodes the
+/// transport writes them from there and the successor reduces straight from the frame it read.
+/// The sums overwrite the member's vector in place, which becomes the result; it is handed back
+/// once no message in flight refers to it any more.
+///
 /// Summation order: chunk c is summed along the ring starting at member c, i.e.
 /// ((x_c + x_{c+1}) + x_{c+2}) + ... + x_{c−1} (indices mod p), in float32; every member gets the
 /// same bits. Integers stored in floats (|sum| < 2^24) come out exactly equal to the plain sum.
@@ -36,6 +42,7 @@
 
 #include "troupe/actors/actor_system.hpp"
 #include "troupe/actors/remote.hpp"
+#include "troupe/core/shared_span.hpp"
 
 namespace troupe {
 
@@ -92,9 +99,10 @@ public:
   /// std::logic_error before join or when the actor is not reentrant.
   task<std::vector<float>> allreduce(std::vector<float> data, reduce_op op);
 
-  /// A chunk segment from the predecessor: call number, step (0..2p−3), segment index, values.
+  /// A chunk segment from the predecessor: call number, step (0..2p−3), segment index, values
+  /// (a view of the predecessor's vector, or of the frame it came in).
   void receive(std::uint64_t call, std::uint32_t step, std::uint32_t segment, std::uint64_t length,
-               std::vector<float> values);
+               shared_span<float> values);
   /// Another member gave up: the ring is broken for `why`.
   void abort(std::uint32_t from, std::string why);
   /// The call `call` ran past the timeout (a timer's message to itself).
@@ -111,10 +119,12 @@ private:
     std::uint32_t step;
     std::uint32_t segment;
     std::uint64_t length;
-    std::vector<float> values;
+    shared_span<float> values;
   };
   void handle(pending_segment m);
-  void send(std::uint32_t step, std::uint32_t segment, std::vector<float> values);
+  void send(std::uint32_t step, std::uint32_t segment, std::size_t from, std::size_t to);
+  /// The vector of call `call`, back from the last message that referred to it.
+  void returned(std::uint64_t call, std::vector<float> result);
   std::size_t chunk_begin(std::uint32_t chunk) const;
   std::size_t chunk_end(std::uint32_t chunk) const;
   void fail_call(const std::string& why, bool tell_others);
@@ -131,7 +141,12 @@ private:
   std::uint64_t calls_started_ = 0;
   bool active_ = false;
   reduce_op op_ = reduce_op::sum;
-  std::vector<float> data_;  // this member's values, overwritten by the sums as they are final
+  // This member's vector, overwritten by the sums; `lease_` owns it and is what the views sent
+  // share. When the last of them is gone the vector comes back by `returned`.
+  float* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::shared_ptr<const void> lease_;
+  bool finishing_ = false;  // every segment is in; the vector is on its way back
   std::uint64_t segments_left_ = 0;
   std::optional<promise<std::vector<float>>> done_;
   std::deque<pending_segment> early_;  // segments of a call not started here yet

@@ -110,13 +110,13 @@ public:
   ~typed_sink() override {
     if (st_) st_->fail(std::make_exception_ptr(error(errc::broken_promise)), true);
   }
-  void deliver(std::span<const std::byte> payload) noexcept override {
+  void deliver(std::span<const std::byte> payload, const std::shared_ptr<const void>& owner) noexcept override {
     try {
       if constexpr (std::is_void_v<R>) {
         if (!payload.empty()) byte_reader::fail("a void reply carries bytes");
         st_->complete_value(true);
       } else {
-        st_->complete_value(true, troupe::decode<R>(payload));
+        st_->complete_value(true, troupe::decode<R>(payload, owner));
       }
     } catch (...) {
       st_->fail(std::current_exception(), true);
@@ -137,7 +137,7 @@ using remote_args_t = typename member_fn<M>::args;
 
 
 template <class T, class M, class... Args>
-std::vector<std::byte> encode_call(M method, std::uint64_t& id, Args&&... args) {
+encoded_pieces encode_call(M method, std::uint64_t& id, Args&&... args) {
   constexpr auto type = remote_interface<T>::type_name;
   if constexpr (!std::is_member_function_pointer_v<M>) {
     refuse_remote_call(type, "a lambda or other callable is no method");
@@ -145,7 +145,7 @@ std::vector<std::byte> encode_call(M method, std::uint64_t& id, Args&&... args) 
     refuse_remote_call(type, "a parameter of this method has no troupe::codec");
   } else {
     id = method_id_of<T>(method);
-    return troupe::encode(remote_args_t<M>(std::forward<Args>(args)...));
+    return troupe::encode_pieces(remote_args_t<M>(std::forward<Args>(args)...));
   }
 }
 
@@ -178,22 +178,24 @@ auto remote_ask_typed(remote_actor& a, M method, Args&&... args) {
 /// Sends the reply of a call that came from another node.
 struct responder {
   virtual ~responder() = default;
-  virtual void reply(std::vector<std::byte> payload) noexcept = 0;
+  virtual void reply(encoded_pieces payload) noexcept = 0;
   virtual void error(std::exception_ptr e) noexcept = 0;
 };
 
-/// Decodes the arguments and calls the method on the local actor; `r` is null for a tell.
-/// Throws troupe::error(decode_error) when the arguments do not decode.
+/// Decodes the arguments (kept alive by `owner`: decoded views point into them) and calls the
+/// method on the local actor; `r` is null for a tell. Throws troupe::error(decode_error) when the
+/// arguments do not decode.
 using dispatch_fn = void (*)(cell_base& target, std::span<const std::byte> args,
-                             std::shared_ptr<responder> r);
+                             const std::shared_ptr<const void>& owner, std::shared_ptr<responder> r);
 /// Constructs an actor from encoded constructor arguments.
 using construct_fn = cell_ptr (*)(actor_system& sys, std::span<const std::byte> args,
                                   const spawn_options& opts);
 
 template <class T, auto P>
-void dispatch(cell_base& target, std::span<const std::byte> bytes, std::shared_ptr<responder> r) {
+void dispatch(cell_base& target, std::span<const std::byte> bytes, const std::shared_ptr<const void>& owner,
+              std::shared_ptr<responder> r) {
   using R = reply_t<typename member_fn<decltype(P)>::result>;
-  auto args = troupe::decode<remote_args_t<decltype(P)>>(bytes);
+  auto args = troupe::decode<remote_args_t<decltype(P)>>(bytes, owner);
   actor_ref<T> ref{cell_ptr(&target)};
   if (!r) {
     std::apply([&](auto&... a) { ref.tell(P, std::move(a)...); }, args);
@@ -204,7 +206,7 @@ void dispatch(cell_base& target, std::span<const std::byte> bytes, std::shared_p
   if constexpr (std::is_void_v<R>) {
     std::move(f).then([r] { r->reply({}); }, std::move(on_error));
   } else {
-    std::move(f).then([r](R v) { r->reply(troupe::encode(v)); }, std::move(on_error));
+    std::move(f).then([r](R v) { r->reply(troupe::encode_pieces(v)); }, std::move(on_error));
   }
 }
 

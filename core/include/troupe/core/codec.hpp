@@ -11,6 +11,12 @@
 ///
 /// Format: little-endian fixed-width scalars, LEB128 varint lengths. Decoding is bounds-checked
 /// and never trusts a length: a truncated or hostile buffer throws `troupe::error(errc::decode_error)`.
+///
+/// Without copying: a writer may splice a run of someone else's memory into its output instead of
+/// copying it (`write_shared`, used by `troupe::shared_span`); `encode_pieces` then gives the own
+/// bytes and the spliced runs as pieces that a transport writes with one gathered write. A reader
+/// may know the owner of the buffer it reads (`byte_reader(bytes, owner)`), so that a decoded
+/// `shared_span` is a view into that buffer instead of a copy.
 
 #include <array>
 #include <bit>
@@ -18,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -26,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "troupe/core/encoded_pieces.hpp"
 #include "troupe/core/error.hpp"
 
 namespace troupe {
@@ -36,6 +44,9 @@ static_assert(std::endian::native == std::endian::little,
 /// Appends encoded values to a growable byte buffer.
 class byte_writer {
 public:
+  /// Runs at least this long are spliced by write_shared; shorter ones are copied.
+  static constexpr std::size_t splice_threshold = 4096;
+
   void write_bytes(const void* data, std::size_t n) {
     const auto* p = static_cast<const std::byte*>(data);
     buf_.insert(buf_.end(), p, p + n);
@@ -50,19 +61,65 @@ public:
     }
     buf_.push_back(static_cast<std::byte>(v));
   }
-  std::vector<std::byte>& buffer() noexcept { return buf_; }
-  std::vector<std::byte> take() noexcept { return std::move(buf_); }
+  /// Appends `run` without copying it (when it is splice_threshold bytes or more): the writer
+  /// keeps `owner`, and the run's own memory is read when the pieces are written out, so its
+  /// owner must leave the bytes unchanged until then. With a null owner the run is copied.
+  void write_shared(std::span<const std::byte> run, std::shared_ptr<const void> owner) {
+    if (run.size() < splice_threshold || !owner) return write_bytes(run.data(), run.size());
+    spliced_ += run.size();
+    splices_.push_back({buf_.size(), std::move(owner), run});
+  }
+  /// Zero bytes up to a multiple of `alignment` from the start of the encoding.
+  void align(std::size_t alignment) {
+    while (size() % alignment != 0) buf_.push_back(std::byte{0});
+  }
+  /// Bytes written so far, spliced runs included.
+  std::size_t size() const noexcept { return buf_.size() + spliced_; }
+  /// The encoding as one buffer (spliced runs are copied in first).
+  std::vector<std::byte>& buffer() {
+    flatten();
+    return buf_;
+  }
+  /// The encoding as one buffer (spliced runs copied in).
+  std::vector<std::byte> take() {
+    flatten();
+    return std::move(buf_);
+  }
+  /// The encoding as pieces: nothing spliced is copied.
+  encoded_pieces take_pieces() noexcept {
+    encoded_pieces out{std::move(buf_), std::move(splices_)};
+    buf_.clear();
+    splices_.clear();
+    spliced_ = 0;
+    return out;
+  }
 
 private:
+  void flatten() {
+    if (splices_.empty()) return;
+    buf_ = encoded_pieces{std::move(buf_), std::move(splices_)}.flatten();
+    splices_.clear();
+    spliced_ = 0;
+  }
+
   std::vector<std::byte> buf_;
+  std::vector<encoded_pieces::splice> splices_;
+  std::size_t spliced_ = 0;
 };
 
 /// Reads encoded values from a byte span; every read is bounds-checked.
 class byte_reader {
 public:
   explicit byte_reader(std::span<const std::byte> data) noexcept : data_(data) {}
+  /// A reader of bytes that `owner` keeps alive: decoded views (shared_span) may point into them.
+  byte_reader(std::span<const std::byte> data, std::shared_ptr<const void> owner) noexcept
+      : data_(data), owner_(std::move(owner)) {}
 
   std::size_t remaining() const noexcept { return data_.size() - pos_; }
+  /// Bytes read so far.
+  std::size_t position() const noexcept { return pos_; }
+  /// What keeps the bytes alive (null: a view must copy them).
+  const std::shared_ptr<const void>& owner() const noexcept { return owner_; }
 
   /// The next `n` bytes, without copying.
   std::span<const std::byte> take(std::size_t n) {
@@ -102,11 +159,17 @@ public:
       fail("length " + std::to_string(n) + " exceeds the remaining input");
     return static_cast<std::size_t>(n);
   }
+  /// Skips the zero bytes byte_writer::align wrote; any other byte there is an error.
+  void align(std::size_t alignment) {
+    while (pos_ % alignment != 0)
+      if (take(1)[0] != std::byte{0}) fail("a non-zero padding byte");
+  }
   [[noreturn]] static void fail(const std::string& why) { throw error(errc::decode_error, why); }
 
 private:
   std::span<const std::byte> data_;
   std::size_t pos_ = 0;
+  std::shared_ptr<const void> owner_;
 };
 
 /// Specialize to make a type serializable.
@@ -251,10 +314,19 @@ std::vector<std::byte> encode(const T& v) {
   return w.take();
 }
 
-/// Decodes one value that must span the whole buffer; trailing bytes are a decode error.
+/// Encodes one value as pieces: runs written with write_shared stay in their own memory.
 template <serializable T>
-T decode(std::span<const std::byte> bytes) {
-  byte_reader r(bytes);
+encoded_pieces encode_pieces(const T& v) {
+  byte_writer w;
+  codec<T>::encode(w, v);
+  return w.take_pieces();
+}
+
+/// Decodes one value that must span the whole buffer; trailing bytes are a decode error. With an
+/// owner of the bytes, decoded views (shared_span) point into them instead of copying.
+template <serializable T>
+T decode(std::span<const std::byte> bytes, std::shared_ptr<const void> owner = nullptr) {
+  byte_reader r(bytes, std::move(owner));
   T v = codec<T>::decode(r);
   if (r.remaining() != 0)
     byte_reader::fail(std::to_string(r.remaining()) + " trailing bytes after the value");

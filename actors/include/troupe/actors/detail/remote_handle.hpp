@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "troupe/core/codec.hpp"
+
 namespace troupe {
 
 /// Identifies a node of a cluster; the head is node 1. 0 is "no node" (or, where a node is
@@ -32,10 +34,11 @@ class system_impl;
 template <class T>
 concept remote_capable = requires { remote_interface<T>::type_name; };
 
-/// Receives the reply of a call made to another node: the result's codec bytes, or an error.
+/// Receives the reply of a call made to another node: the result's codec bytes (kept alive by
+/// `owner`, so decoded views may point into them), or an error.
 struct reply_sink {
   virtual ~reply_sink() = default;
-  virtual void deliver(std::span<const std::byte> payload) noexcept = 0;
+  virtual void deliver(std::span<const std::byte> payload, const std::shared_ptr<const void>& owner) noexcept = 0;
   virtual void fail(std::exception_ptr e) noexcept = 0;
 };
 
@@ -78,9 +81,9 @@ node_id remote_node(const remote_actor& a) noexcept;
 /// False once its node is lost or the actor is known to be gone.
 bool remote_alive(const remote_actor& a) noexcept;
 system_impl& remote_system(const remote_actor& a) noexcept;
-/// Sends a call; `sink` is null for a tell.
-void remote_call(remote_actor& a, std::uint64_t method, std::vector<std::byte> args,
-                 std::unique_ptr<reply_sink> sink);
+/// Sends a call; `sink` is null for a tell. Spliced runs of `args` are written from their own
+/// memory.
+void remote_call(remote_actor& a, std::uint64_t method, encoded_pieces args, std::unique_ptr<reply_sink> sink);
 void remote_stop(remote_actor& a);
 
 // Defined in remote.hpp (instantiated only for remote_capable classes).
