@@ -71,7 +71,7 @@ tsan: deps $(TSAN_BUILD)/CMakeCache.txt
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" TROUPE_STRESS_SCALE=small \
 	  $(TSAN_BUILD)/bin/actors_test
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
-	  $(TSAN_BUILD)/bin/pipeline_test --gtest_filter='Runtime*:*RuntimeSchedules*:GptPipeline*:*GptSchedules*'
+	  $(TSAN_BUILD)/bin/pipeline_test --gtest_filter='Runtime*:*RuntimeSchedules*:GptPipeline*:*GptSchedules*:Checkpoint*:*ResumedTraining*:MeasuredTimeline*'
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  $(TSAN_BUILD)/bin/kernels_test --gtest_filter='JobPool.*:OptimizerStorage.ResultsAreIdenticalForAnyThreadCount'
 
