@@ -317,7 +317,6 @@ trainer_factory make_continual_trainer_factory(const simulation_options& o) {
   state->method = parse_cl(o.cl);
   state->task_rounds = o.task_rounds > 0 ? o.task_rounds : o.rounds / state->tasks.tasks;
   state->seed = derive_seed(o.seed, stream_continual);
-  state->lr = o.lr;
   state->ewc_proximal = o.client_optimizer == "sgd";
   return [o, state](const shared_data& data) -> std::unique_ptr<local_trainer> {
     if (!data) throw std::invalid_argument("--continual needs the training data (the noop trainer has none)");

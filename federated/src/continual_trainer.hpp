@@ -28,7 +28,6 @@ struct continual_state {
   continual_method method;
   int task_rounds = 0;
   std::uint64_t seed = 0;  // of the permutations (stream_continual)
-  double lr = 0;           // the clients' (EWC's stability bound)
   /// EWC's penalty as a proximal step after each plain SGD step (ewc_penalty::proximal); with
   /// another client optimizer its gradient is added to the step's.
   bool ewc_proximal = true;

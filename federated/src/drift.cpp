@@ -32,11 +32,15 @@ drift_signal ddm::observe(bool error) {
     s_min_ = s;
     have_min_ = true;
   }
-  if (p + s >= p_min_ + o_.drift_level * s_min_) {
+  // As MOA's DDM.java: strictly above the levels, and no test at the observation that first set
+  // the minimum (there p + s equals p_min + s_min, which with s_min = 0, a first stretch of no
+  // errors or of nothing but errors, would be at every level).
+  if (n_ == o_.min_observations) return drift_signal::none;
+  if (p + s > p_min_ + o_.drift_level * s_min_) {
     reset();
     return drift_signal::drift;
   }
-  if (p + s >= p_min_ + o_.warning_level * s_min_) return drift_signal::warning;
+  if (p + s > p_min_ + o_.warning_level * s_min_) return drift_signal::warning;
   return drift_signal::none;
 }
 

@@ -4,18 +4,38 @@
 // lanes share the digits and every step; the table is read whole at every digit, as the
 // one-point product reads it. multiply_each_portable is this path's reference
 // (tests/federated/r255_test.cpp compares them on random points, and ristretto's batches with
-// libsodium's bytes).
-
-#include <immintrin.h>
+// libsodium's bytes). Off x86-64 ifma_available() is false and the eight-lane entry points,
+// never called there, throw.
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <span>
+#include <stdexcept>
 #include <string_view>
 
 #include "r255_point.hpp"
+
+#if !defined(__x86_64__)
+
+namespace troupe::federated::r255::detail {
+
+bool ifma_available() { return false; }
+
+void pow22523_ifma(const fe*, fe*, std::size_t) {
+  throw std::logic_error("r255: the AVX-512 IFMA path called on a CPU without it");
+}
+
+void multiply_each_ifma(const scalar&, std::span<const point>, std::span<point>) {
+  throw std::logic_error("r255: the AVX-512 IFMA path called on a CPU without it");
+}
+
+}  // namespace troupe::federated::r255::detail
+
+#else
+
+#include <immintrin.h>
 
 namespace troupe::federated::r255::detail {
 
@@ -191,3 +211,5 @@ TROUPE_R255_IFMA void multiply_each_ifma(const scalar& s, std::span<const point>
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
+
+#endif  // defined(__x86_64__)

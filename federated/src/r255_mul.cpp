@@ -1,6 +1,8 @@
 // ristretto255's scalar multiplications: the constant-time windowed product, the generator's
 // product from a precomputed table, and the verifier's variable-time double product.
 
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "r255_point.hpp"
@@ -173,6 +175,9 @@ point operator*(const scalar& s, const point& p) {
 }
 
 void multiply_each(const scalar& s, std::span<const point> p, std::span<point> out) {
+  if (out.size() != p.size())
+    throw std::invalid_argument("r255::multiply_each: " + std::to_string(p.size()) + " points for " +
+                                std::to_string(out.size()) + " products");
   if (ifma_available()) multiply_each_ifma(s, p, out);
   else multiply_each_portable(s, p, out);
 }

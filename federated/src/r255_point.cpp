@@ -1,7 +1,11 @@
 // ristretto255's elements: the group law, RFC 9496's encoding, decoding and one-way map, and the
 // batch encoding of doubled points.
 
+#include <sodium.h>
+
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "r255_point.hpp"
@@ -133,6 +137,9 @@ bool decode(const bytes32& bytes, point& out) {
 }
 
 void decode_each(std::span<const bytes32> in, std::span<point> out, std::span<std::uint8_t> ok) {
+  if (out.size() != in.size() || ok.size() != in.size())
+    throw std::invalid_argument("r255::decode_each: " + std::to_string(in.size()) + " encodings for " +
+                                std::to_string(out.size()) + " points and " + std::to_string(ok.size()) + " results");
   std::vector<decode_state> st(std::min(chunk, in.size()));
   std::vector<fe> w(st.size());
   for (std::size_t base = 0; base < in.size(); base += chunk) {
@@ -149,10 +156,18 @@ point from_uniform_bytes(const bytes64& bytes) {
     lo[i] = bytes[i];
     hi[i] = bytes[32 + i];
   }
-  return map(from_bytes(lo)) + map(from_bytes(hi));
+  const point p = map(from_bytes(lo)) + map(from_bytes(hi));
+  sodium_memzero(lo.data(), lo.size());
+  sodium_memzero(hi.data(), hi.size());
+  return p;
 }
 
 void from_uniform_bytes_each(std::span<const bytes64> in, std::span<point> out) {
+  if (out.size() != in.size())
+    throw std::invalid_argument("r255::from_uniform_bytes_each: " + std::to_string(in.size()) + " inputs for " +
+                                std::to_string(out.size()) + " points");
+  // The inputs may be secret (hashed identifiers): the copies of their halves, and every value
+  // the map derives from them here, are wiped before their buffers are freed.
   std::vector<map_state> st(2 * std::min(chunk, in.size()));
   std::vector<fe> w(st.size());
   for (std::size_t base = 0; base < in.size(); base += chunk) {
@@ -165,16 +180,23 @@ void from_uniform_bytes_each(std::span<const bytes64> in, std::span<point> out) 
       }
       w[2 * i] = map_prepare(from_bytes(lo), st[2 * i]);
       w[2 * i + 1] = map_prepare(from_bytes(hi), st[2 * i + 1]);
+      sodium_memzero(lo.data(), lo.size());
+      sodium_memzero(hi.data(), hi.size());
     }
     pow22523_each(w.data(), w.data(), 2 * n);
     for (std::size_t i = 0; i < n; ++i) out[base + i] = map_finish(st[2 * i], w[2 * i]) + map_finish(st[2 * i + 1], w[2 * i + 1]);
   }
+  sodium_memzero(st.data(), st.size() * sizeof(map_state));
+  sodium_memzero(w.data(), w.size() * sizeof(fe));
 }
 
 void double_and_encode(std::span<const point> points, std::span<bytes32> out) {
   // The encoding of 2P needs no square root: with P = (X:Y:Z:T), 2P's encoding is a rational
   // function of e = 2XY, f = Z^2 + dT^2, g = Y^2 + X^2, h = Z^2 - dT^2, whose one inversion
   // (of e*f*g*h) all the points share (Montgomery's trick).
+  if (out.size() != points.size())
+    throw std::invalid_argument("r255::double_and_encode: " + std::to_string(points.size()) + " points for " +
+                                std::to_string(out.size()) + " encodings");
   struct state { fe e, f, g, h, eg, fh; };
   const std::size_t n = points.size();
   std::vector<state> st(n);

@@ -51,6 +51,7 @@ microbatches=4
 
 usage() {
   echo "usage: tests/bench/gpt_compare.sh --python PY [--text FILE] [--steps N] [--rounds R] [--build DIR]"
+  echo "                                    [--model SPEC] [--pipeline SCHEDULE --ranks P --microbatches M]"
 }
 bad() {
   echo "gpt_compare.sh: $1" >&2

@@ -303,7 +303,10 @@ TEST(ContinualEngine, EwcsProximalStepIsStableAtLambdaPastTheExplicitStepsBound)
   const summary plain = run("none"), held = run("ewc:1e6");
   ASSERT_EQ(held.task_accuracy_final.size(), 2u);
   EXPECT_TRUE(std::isfinite(held.acc));
-  std::printf("split:2, 3 rounds a task: BWT %.4f without a method, %.4f with ewc:1e6\n", plain.bwt, held.bwt);
+  std::printf("split:2, 3 rounds a task: BWT %.4f without a method, %.4f with ewc:1e6; task 2 after its rounds %.4f, %.4f\n",
+              plain.bwt, held.bwt, plain.task_accuracy_after[1], held.task_accuracy_after[1]);
+  // The penalty must not buy its BWT by never learning task 2 (chance on its five classes: 0.2).
+  EXPECT_GT(held.task_accuracy_after[1], 0.5);
   EXPECT_LT(plain.bwt, -0.3);
   EXPECT_GT(held.bwt, plain.bwt + 0.2);
 }

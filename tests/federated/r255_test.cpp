@@ -440,6 +440,42 @@ TEST(R255, BatchedDecodingAndHashingEqualTheOneByOne) {
   }
 }
 
+TEST(R255, BatchesRefuseSpansOfUnequalLengthBeforeWritingAny) {
+  // A shorter out (or ok) span would be written past its end: each batch refuses it and leaves
+  // what it was given untouched.
+  const point sentinel = random_point();
+  std::vector<bytes32> enc(5, encode(random_point()));
+  std::vector<bytes64> wide(5, random_bytes<64>());
+  std::vector<point> pts(5, random_point());
+  std::vector<point> four(4, sentinel), five(5, sentinel);
+  std::vector<std::uint8_t> ok4(4, 7), ok5(5, 7);
+  std::vector<bytes32> enc4(4);
+  const auto untouched = [&] {
+    for (const point& q : four) EXPECT_TRUE(q == sentinel);
+    for (const point& q : five) EXPECT_TRUE(q == sentinel);
+    for (std::uint8_t b : ok4) EXPECT_EQ(b, 7);
+    for (std::uint8_t b : ok5) EXPECT_EQ(b, 7);
+  };
+  EXPECT_THROW(decode_each(enc, four, ok5), std::invalid_argument);
+  EXPECT_THROW(decode_each(enc, five, ok4), std::invalid_argument);
+  EXPECT_THROW(from_uniform_bytes_each(wide, four), std::invalid_argument);
+  EXPECT_THROW(multiply_each(random_scalar(), pts, four), std::invalid_argument);
+  EXPECT_THROW(double_and_encode(pts, enc4), std::invalid_argument);
+  untouched();
+  // A longer one is refused too (its tail would be left unwritten).
+  std::vector<point> six(6);
+  EXPECT_THROW(multiply_each(random_scalar(), pts, six), std::invalid_argument);
+  EXPECT_THROW(from_uniform_bytes_each(wide, six), std::invalid_argument);
+  try {
+    multiply_each(random_scalar(), pts, four);
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("5 points for 4 products"), std::string::npos) << e.what();
+  }
+  // Equal lengths still go through.
+  decode_each(enc, five, ok5);
+  for (std::uint8_t b : ok5) EXPECT_EQ(b, 1);
+}
+
 TEST(R255, MultiScalarMultiplicationEqualsTheSumOfProducts) {
   std::mt19937_64 g(17);
   for (std::size_t n : {0u, 1u, 2u, 3u, 7u, 33u, 64u, 257u, 1000u}) {

@@ -102,7 +102,9 @@ TEST_P(MeasuredTimeline, HasTheSchedulesActionsPerRankInOrderWithoutOverlap) {
         EXPECT_EQ(row[k].what, want[k]) << name << " rank " << rank << " action " << k;
         EXPECT_GE(row[k].start_ns, 0);
         EXPECT_LE(row[k].start_ns, row[k].end_ns);
-        if (k > 0) EXPECT_GE(row[k].start_ns, row[k - 1].end_ns) << name << " rank " << rank << " action " << k;
+        if (k > 0) {
+          EXPECT_GE(row[k].start_ns, row[k - 1].end_ns) << name << " rank " << rank << " action " << k;
+        }
         if (row[k].what.kind == op::send_f || row[k].what.kind == op::send_b)
           sends[{row[k].what.kind, row[k].what.stage, row[k].what.microbatch}] = row[k];
       }
@@ -142,7 +144,7 @@ TEST(MeasuredTimeline, ReachesTheEnginesObserverEveryStep) {
   troupe::actor_system sys{{.threads = 2}};
   auto model = kernels::make_mlp("mlp:12-16-10");
   model->initialize(1);
-  const kernels::engine_setup setup{.model = *model, .sizes = {12, 16, 10}};
+  const kernels::engine_setup setup{.model = *model, .sizes = {12, 16, 10}, .hp = {}, .state = {}};
   int seen = 0;
   auto observed = pipeline::pipeline_engine(sys, pipeline::generate("1f1b", 2, 4), {},
                                             [&](const pipeline::schedule& plan, const pipeline::step_result& r) {

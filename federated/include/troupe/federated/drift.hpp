@@ -6,8 +6,10 @@
 /// - ddm: the Drift Detection Method of Gama, Medas, Castillo and Rodrigues (SBIA 2004) on a
 ///   stream of 0/1 errors. After observation i, p_i is the error rate since the last reset and
 ///   s_i = sqrt(p_i (1 - p_i) / i); from `min_observations` on, (p_min, s_min) is the (p_i, s_i)
-///   at which p_i + s_i was lowest. p_i + s_i >= p_min + 2 s_min is the warning level,
-///   p_i + s_i >= p_min + 3 s_min the drift level, at which the detector alarms and resets.
+///   at which p_i + s_i was lowest. After more than `min_observations`, p_i + s_i > p_min + 2 s_min
+///   is the warning level and p_i + s_i > p_min + 3 s_min the drift level, at which the detector
+///   alarms and resets (as MOA's DDM.java: strict inequalities, no test at the observation that
+///   first sets the minimum).
 /// - adwin: ADWIN2 of Bifet and Gavaldà (SDM 2007) on a stream of values in [0, 1]: a window
 ///   kept as an exponential histogram (at most `buckets_per_level` buckets of 2^k observations
 ///   per level k), cut while some split into an older part W0 and a newer part W1 (at a bucket
@@ -35,7 +37,7 @@ enum class drift_signal { none, warning, drift };
 class ddm {
 public:
   struct options {
-    std::int64_t min_observations = 30;  ///< no signal (and no p_min) before this many
+    std::int64_t min_observations = 30;  ///< p_min from this many on, signals only after
     double warning_level = 2;            ///< in s_min above p_min
     double drift_level = 3;
   };

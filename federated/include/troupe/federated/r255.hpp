@@ -84,12 +84,14 @@ bool decode(const bytes32& bytes, point& out);
 /// each half, the two images added); equals libsodium's crypto_core_ristretto255_from_hash.
 point from_uniform_bytes(const bytes64& bytes);
 /// decode(in[i], out[i]) for every i, ok[i] its result (1 or 0), the square roots' exponentiations
-/// run together (eight at a time on CPUs with AVX-512 IFMA): spans of equal length.
+/// run together (eight at a time on CPUs with AVX-512 IFMA): spans of equal length, else
+/// std::invalid_argument.
 void decode_each(std::span<const bytes32> in, std::span<point> out, std::span<std::uint8_t> ok);
-/// out[i] = from_uniform_bytes(in[i]) for every i, batched as decode_each is.
+/// out[i] = from_uniform_bytes(in[i]) for every i, batched as decode_each is (std::invalid_argument
+/// unless `out` is as long as `in`); the copies it makes of the inputs are wiped before it returns.
 void from_uniform_bytes_each(std::span<const bytes64> in, std::span<point> out);
 /// encode(2 * p[i]) for every i with one field inversion in all (no square root per point):
-/// `out` must be as long as `p`.
+/// `out` must be as long as `p` (std::invalid_argument otherwise).
 void double_and_encode(std::span<const point> p, std::span<bytes32> out);
 
 // --- multiplications -------------------------------------------------------------------------
@@ -101,7 +103,8 @@ point base_mul(const scalar& s);
 /// a * A + b * B, variable time (width-5 NAF for A, width-8 NAF over a table for B): public inputs.
 point vartime_double_mul(const scalar& a, const point& A, const scalar& b);
 /// s * p for every p[i] (constant time), written to out[i]: the scalar's digits are recoded once;
-/// eight points at a time on CPUs with AVX-512 IFMA.
+/// eight points at a time on CPUs with AVX-512 IFMA. std::invalid_argument unless `out` is as long
+/// as `p` (it may be `p` itself).
 void multiply_each(const scalar& s, std::span<const point> p, std::span<point> out);
 /// sum of s[i] * p[i], variable time: Pippenger's bucket method, window chosen by the count
 /// (spans of equal length; empty gives the identity).
