@@ -126,7 +126,7 @@ bool known_status(std::string_view s) noexcept {
   return std::find(std::begin(all), std::end(all), s) != std::end(all);
 }
 
-void check_document(std::string_view text, const char* what, const std::string& expected_id, std::int64_t at) {
+std::int64_t check_document(std::string_view text, const char* what, const std::string& expected_id, std::int64_t at) {
   const json j = parse(text, what);
   const auto id = text_of(j, "id", what);
   if (id != expected_id) fail(std::string(what) + " is for \"" + id + "\", the quote needs \"" + expected_id + "\"");
@@ -144,6 +144,7 @@ void check_document(std::string_view text, const char* what, const std::string& 
   }
   if (at < from || at > to)
     fail(std::string(what) + " is valid from " + issued + " to " + next + ", not at " + format_time(at));
+  return to;
 }
 
 void check_tcb_info_platform(std::string_view text, const pck_extensions& pck) {

@@ -30,7 +30,8 @@ struct tcb_level {
 
 /// A signed collateral document's header: the id expected for the quote's TEE ("SGX"/"TDX" for
 /// TCB info, "QE"/"TD_QE" for the QE identity), a supported version and a window holding `at`.
-void check_document(std::string_view json, const char* what, const std::string& expected_id, std::int64_t at);
+/// Returns its nextUpdate (seconds since the epoch).
+std::int64_t check_document(std::string_view json, const char* what, const std::string& expected_id, std::int64_t at);
 
 /// The TCB info's FMSPC and PCE-ID against the PCK certificate's.
 void check_tcb_info_platform(std::string_view tcb_info, const pck_extensions& pck);

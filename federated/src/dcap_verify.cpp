@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -130,8 +131,10 @@ std::int64_t time_of(const ASN1_TIME* t, const char* what) {
 
 // The path from chain[0] to the pinned root, with every certificate checked against `crls` (the
 // root CA CRL covers the intermediates and the TCB signing certificate, the PCK CRL the PCK
-// certificates) at time `at`.
-void verify_path(const chain& c, X509* root, const std::vector<X509_CRL*>& crls, std::int64_t at, const char* what) {
+// certificates) at time `at`. Returns the last second at which it still holds: OpenSSL holds a
+// certificate or CRL expired from its notAfter or nextUpdate on, so the second before the
+// earliest of those.
+std::int64_t verify_path(const chain& c, X509* root, const std::vector<X509_CRL*>& crls, std::int64_t at, const char* what) {
   store_ptr store(X509_STORE_new());
   if (!store || X509_STORE_add_cert(store.get(), root) != 1) fail("cannot build a certificate store: " + openssl_error());
   for (X509_CRL* crl : crls)
@@ -155,6 +158,10 @@ void verify_path(const chain& c, X509* root, const std::vector<X509_CRL*>& crls,
   STACK_OF(X509)* built = X509_STORE_CTX_get0_chain(ctx.get());
   if (static_cast<std::size_t>(sk_X509_num(built)) != c.size())
     fail(std::string(what) + " has " + std::to_string(c.size()) + " certificates, its path " + std::to_string(sk_X509_num(built)));
+  std::int64_t until = std::numeric_limits<std::int64_t>::max();
+  for (const auto& x : c) until = std::min(until, time_of(X509_get0_notAfter(x.get()), what) - 1);
+  for (X509_CRL* crl : crls) until = std::min(until, time_of(X509_CRL_get0_nextUpdate(crl), what) - 1);
+  return until;
 }
 
 void expect_name(X509* x, std::initializer_list<const char*> names, const char* what) {
@@ -213,7 +220,8 @@ pck_extensions pck_extensions_of(X509* leaf) {
   return detail::parse_pck_extensions({ASN1_STRING_get0_data(v), static_cast<std::size_t>(ASN1_STRING_length(v))});
 }
 
-void check_crl(X509_CRL* crl, X509* issuer, std::int64_t at, const char* what) {
+// Returns the CRL's nextUpdate.
+std::int64_t check_crl(X509_CRL* crl, X509* issuer, std::int64_t at, const char* what) {
   if (X509_NAME_cmp(X509_CRL_get_issuer(crl), X509_get_subject_name(issuer)) != 0)
     fail(std::string(what) + " is not issued by \"" + common_name(issuer) + "\"");
   if (X509_CRL_verify(crl, X509_get0_pubkey(issuer)) != 1) {
@@ -224,18 +232,20 @@ void check_crl(X509_CRL* crl, X509* issuer, std::int64_t at, const char* what) {
   const auto to = time_of(X509_CRL_get0_nextUpdate(crl), what);
   if (at < from || at > to)
     fail(std::string(what) + " is valid from " + format_time(from) + " to " + format_time(to) + ", not at " + format_time(at));
+  return to;
 }
 
 // A signed collateral document: its issuer chain (the TCB signing certificate, then the root), its
-// signature over the exact bytes of the JSON body, then its header.
-void check_signed_document(const std::string& issuer_chain, const std::string& body, const std::string& signature_hex,
+// signature over the exact bytes of the JSON body, then its header. Returns the earliest expiry
+// of the chain and the document.
+std::int64_t check_signed_document(const std::string& issuer_chain, const std::string& body, const std::string& signature_hex,
                            X509_CRL* root_crl, std::int64_t at, const policy& p, const char* what, const std::string& id) {
   const std::string chain_what = std::string(what) + "'s issuer chain";
   const chain c = load_chain(issuer_chain, chain_what.c_str());
   if (c.size() != 2) fail(chain_what + " has " + std::to_string(c.size()) + " certificates, not 2 (signing key, root)");
   X509* root = pinned_root(c, p.root_key_sha256, chain_what.c_str());
   expect_name(c[0].get(), {"Intel SGX TCB Signing"}, (chain_what + "'s signer").c_str());
-  verify_path(c, root, {root_crl}, at, chain_what.c_str());
+  const auto chain_until = verify_path(c, root, {root_crl}, at, chain_what.c_str());
   bytes sig;
   try {
     sig = from_hex(signature_hex);
@@ -246,7 +256,7 @@ void check_signed_document(const std::string& issuer_chain, const std::string& b
   const auto* data = reinterpret_cast<const std::uint8_t*>(body.data());
   if (!ecdsa_verify(X509_get0_pubkey(c[0].get()), {data, body.size()}, sig))
     fail(std::string(what) + "'s signature does not verify under the TCB signing key");
-  detail::check_document(body, what, id, at);
+  return std::min(chain_until, detail::check_document(body, what, id, at));
 }
 
 }  // namespace
@@ -302,6 +312,7 @@ verification verify_quote(const quote& q, const collateral& c, std::int64_t at, 
   v.debug = q.debug();
   ERR_clear_error();
 
+  auto until = [&](std::int64_t t) { v.valid_until = std::min(v.valid_until, t); };
   auto step = [&](verify_step s, auto&& body) {
     if (v.failed) return;
     try {
@@ -326,9 +337,9 @@ verification verify_quote(const quote& q, const collateral& c, std::int64_t at, 
     X509* root = pinned_root(issuers, p.root_key_sha256, "the PCK CRL's issuer chain");
     root_crl = load_crl(c.root_ca_crl, "the root CA CRL");
     pck_crl = load_crl(c.pck_crl, "the PCK CRL");
-    check_crl(root_crl.get(), root, at, "the root CA CRL");
-    verify_path(issuers, root, {root_crl.get()}, at, "the PCK CRL's issuer chain");
-    check_crl(pck_crl.get(), issuers[0].get(), at, "the PCK CRL");
+    until(check_crl(root_crl.get(), root, at, "the root CA CRL"));
+    until(verify_path(issuers, root, {root_crl.get()}, at, "the PCK CRL's issuer chain"));
+    until(check_crl(pck_crl.get(), issuers[0].get(), at, "the PCK CRL"));
   });
   step(verify_step::pck_chain, [&] {
     pck = load_chain(q.pck_chain_pem, "the PCK certificate chain");
@@ -336,18 +347,18 @@ verification verify_quote(const quote& q, const collateral& c, std::int64_t at, 
     X509* root = pinned_root(pck, p.root_key_sha256, "the PCK certificate chain");
     expect_name(pck[0].get(), {"Intel SGX PCK Certificate"}, "the PCK certificate");
     expect_name(pck[1].get(), {"Intel SGX PCK Platform CA", "Intel SGX PCK Processor CA"}, "the PCK issuer");
-    verify_path(pck, root, {root_crl.get(), pck_crl.get()}, at, "the PCK certificate chain");
+    until(verify_path(pck, root, {root_crl.get(), pck_crl.get()}, at, "the PCK certificate chain"));
     ext = pck_extensions_of(pck[0].get());
   });
   step(verify_step::tcb_info, [&] {
-    check_signed_document(c.tcb_info_issuer_chain, c.tcb_info, c.tcb_info_signature, root_crl.get(), at, p, "the TCB info",
-                          tdx ? "TDX" : "SGX");
+    until(check_signed_document(c.tcb_info_issuer_chain, c.tcb_info, c.tcb_info_signature, root_crl.get(), at, p, "the TCB info",
+                                tdx ? "TDX" : "SGX"));
     detail::check_tcb_info_platform(c.tcb_info, ext);
     v.fmspc = to_hex(ext.fmspc);
   });
   step(verify_step::qe_identity, [&] {
-    check_signed_document(c.qe_identity_issuer_chain, c.qe_identity, c.qe_identity_signature, root_crl.get(), at, p,
-                          "the QE identity", tdx ? "TD_QE" : "QE");
+    until(check_signed_document(c.qe_identity_issuer_chain, c.qe_identity, c.qe_identity_signature, root_crl.get(), at, p,
+                                "the QE identity", tdx ? "TD_QE" : "QE"));
   });
   step(verify_step::qe_report_signature, [&] {
     if (!ecdsa_verify(X509_get0_pubkey(pck[0].get()), q.qe_report_raw, q.qe_report_signature))

@@ -57,7 +57,9 @@ std::array<std::uint8_t, 32> round_tag(const key32& key, std::span<const std::ui
   return out;
 }
 
-void seal_box(const box_sender& from, std::initializer_list<std::span<const std::uint8_t>> parts, std::span<std::uint8_t> out) {
+void seal_box(const box_sender& from, std::span<const std::uint8_t> aad, std::initializer_list<std::span<const std::uint8_t>> parts,
+              std::span<std::uint8_t> out) {
+  if (aad.size() > static_cast<std::size_t>(std::numeric_limits<int>::max())) throw std::invalid_argument("tee box: associated data too long");
   std::size_t total = 0;
   for (const auto& p : parts) total += p.size();
   if (out.size() != box_overhead + total) throw std::invalid_argument("tee box: the output is not the box's length");
@@ -67,7 +69,8 @@ void seal_box(const box_sender& from, std::initializer_list<std::span<const std:
   EVP_CIPHER_CTX* c = context();
   std::uint8_t* at = out.data() + box_header;
   int n = 0;
-  bool ok = EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), nullptr, from.tx.data(), nonce) == 1;
+  bool ok = EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), nullptr, from.tx.data(), nonce) == 1 &&
+            (aad.empty() || EVP_EncryptUpdate(c, nullptr, &n, aad.data(), static_cast<int>(aad.size())) == 1);
   for (const auto& p : parts) {
     if (!ok || p.empty()) continue;
     ok = EVP_EncryptUpdate(c, at, &n, p.data(), static_cast<int>(p.size())) == 1;
@@ -82,13 +85,15 @@ void seal_box(const box_sender& from, std::initializer_list<std::span<const std:
 namespace {
 
 // Decrypts box's ciphertext into out (which may be the ciphertext itself: GCM decrypts in place).
-bool decrypt(const key32& rx, std::span<const std::uint8_t> box, std::uint8_t* out) {
+bool decrypt(const key32& rx, std::span<const std::uint8_t> aad, std::span<const std::uint8_t> box, std::uint8_t* out) {
   const std::size_t len = box.size() - box_overhead;
   EVP_CIPHER_CTX* c = context();
   int n = 0, m = 0;
   std::array<std::uint8_t, box_tag> tag{};
   std::copy(box.end() - box_tag, box.end(), tag.begin());
-  return EVP_DecryptInit_ex(c, EVP_aes_256_gcm(), nullptr, rx.data(), box.data() + 32) == 1 &&
+  return aad.size() <= static_cast<std::size_t>(std::numeric_limits<int>::max()) &&
+         EVP_DecryptInit_ex(c, EVP_aes_256_gcm(), nullptr, rx.data(), box.data() + 32) == 1 &&
+         (aad.empty() || EVP_DecryptUpdate(c, nullptr, &m, aad.data(), static_cast<int>(aad.size())) == 1) &&
          EVP_DecryptUpdate(c, out, &n, box.data() + box_header, static_cast<int>(len)) == 1 &&
          EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, box_tag, tag.data()) == 1 && EVP_DecryptFinal_ex(c, out + n, &m) == 1 &&
          static_cast<std::size_t>(n + m) == len;
@@ -100,18 +105,18 @@ bool fits(std::span<const std::uint8_t> box) {
 
 }  // namespace
 
-bool open_box(const key32& rx, std::span<const std::uint8_t> box, std::vector<std::uint8_t>& plain) {
+bool open_box(const key32& rx, std::span<const std::uint8_t> aad, std::span<const std::uint8_t> box, std::vector<std::uint8_t>& plain) {
   if (!fits(box)) return false;
   plain.resize(box.size() - box_overhead);
-  const bool ok = decrypt(rx, box, plain.data());
+  const bool ok = decrypt(rx, aad, box, plain.data());
   if (!ok) sodium_memzero(plain.data(), plain.size());
   return ok;
 }
 
-std::span<const std::uint8_t> open_box_in_place(const key32& rx, std::span<std::uint8_t> box) {
+std::span<const std::uint8_t> open_box_in_place(const key32& rx, std::span<const std::uint8_t> aad, std::span<std::uint8_t> box) {
   if (!fits(box)) return {};
   const auto plain = box.subspan(box_header, box.size() - box_overhead);
-  if (decrypt(rx, box, plain.data())) return plain;
+  if (decrypt(rx, aad, box, plain.data())) return plain;
   sodium_memzero(plain.data(), plain.size());
   return {};
 }

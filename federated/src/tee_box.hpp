@@ -6,6 +6,10 @@
 //
 //   box = client public key (32) | nonce (12, random) | AES-256-GCM(plaintext) | tag (16)
 //
+// The box's associated data (authenticated, not sent) is what it is bound to: for an update, the
+// SHA-256 of the round's statement (tee_payload.hpp's round_statement), so that a box opens only
+// in the round, with the noise, divisor, setting and nonces, that its client checked.
+//
 // The nonce is drawn at random for every box: a session key seals one box per round, far below
 // the 2^32 boxes a random 96-bit nonce allows under one key.
 
@@ -44,14 +48,16 @@ enclave_session session_with(const key32& enclave_public, const key32& enclave_s
 /// derived it with, can make it.
 std::array<std::uint8_t, 32> round_tag(const key32& key, std::span<const std::uint8_t> statement, std::uint64_t client);
 
-/// Seals the concatenation of `parts` into `out` (box_overhead + their total length bytes).
-void seal_box(const box_sender& from, std::initializer_list<std::span<const std::uint8_t>> parts, std::span<std::uint8_t> out);
+/// Seals the concatenation of `parts` into `out` (box_overhead + their total length bytes),
+/// authenticating `aad` with them.
+void seal_box(const box_sender& from, std::span<const std::uint8_t> aad, std::initializer_list<std::span<const std::uint8_t>> parts,
+              std::span<std::uint8_t> out);
 /// Opens `box` (its first 32 bytes are the sender's key; `rx` that key's session receive key)
 /// into `plain` (resized). Returns false when the box is shorter than its overhead or does not
-/// open.
-bool open_box(const key32& rx, std::span<const std::uint8_t> box, std::vector<std::uint8_t>& plain);
+/// open, under this `aad` too.
+bool open_box(const key32& rx, std::span<const std::uint8_t> aad, std::span<const std::uint8_t> box, std::vector<std::uint8_t>& plain);
 /// As open_box, decrypting in place: on success the plaintext is box[box_header, size - box_tag),
 /// returned; on failure an empty span and the ciphertext's bytes are wiped.
-std::span<const std::uint8_t> open_box_in_place(const key32& rx, std::span<std::uint8_t> box);
+std::span<const std::uint8_t> open_box_in_place(const key32& rx, std::span<const std::uint8_t> aad, std::span<std::uint8_t> box);
 
 }  // namespace troupe::federated::tee

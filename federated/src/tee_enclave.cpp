@@ -12,7 +12,6 @@
 #include <stdexcept>
 
 #include "tee_tpm.hpp"
-#include "troupe/federated/dp.hpp"
 
 TROUPE_REMOTE_CTOR(troupe::federated::tee_enclave, std::string, std::vector<std::uint8_t>, std::vector<std::uint8_t>, std::string)
 
@@ -59,6 +58,23 @@ bytes open_sealed(std::span<const std::uint8_t, 32> key, std::span<const std::ui
                                                  box.data(), key.data()) != 0)
     throw std::runtime_error("tee: the sealed blob does not open under this enclave's seal key (another measurement or platform, or changed bytes)");
   return plain;
+}
+
+void keyed_normal_draws(std::span<const std::uint8_t, 32> key, std::span<double> out) {
+  need_sodium();
+  if (out.empty()) return;
+  // Box–Muller on pairs of 53-bit uniforms: u1 in (0, 1] (safe under the logarithm), u2 in [0, 1).
+  std::vector<std::uint64_t> bits(2 * ((out.size() + 1) / 2));
+  randombytes_buf_deterministic(bits.data(), bits.size() * sizeof(std::uint64_t), key.data());
+  constexpr double two_pi = 6.283185307179586476925286766559;
+  for (std::size_t i = 0; i < out.size(); i += 2) {
+    const double u1 = (static_cast<double>(bits[i] >> 11) + 1.0) * 0x1p-53;
+    const double u2 = static_cast<double>(bits[i + 1] >> 11) * 0x1p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1)), theta = two_pi * u2;
+    out[i] = r * std::cos(theta);
+    if (i + 1 < out.size()) out[i + 1] = r * std::sin(theta);
+  }
+  sodium_memzero(bits.data(), bits.size() * sizeof(std::uint64_t));
 }
 
 int run_enclave_node(const std::string& head) {
@@ -127,18 +143,6 @@ std::vector<std::vector<std::uint8_t>> tee_enclave::tpm_quote(std::vector<std::v
   return {q.attest, q.signature};
 }
 
-const tee_enclave::client_key& tee_enclave::pin(std::uint64_t client, std::span<const std::uint8_t, 32> key) {
-  auto it = clients_.find(client);
-  if (it == clients_.end()) {
-    client_key k;
-    std::copy(key.begin(), key.end(), k.pk.begin());
-    k.keys = tee::session_with(pk_, sk_, key);
-    return clients_.emplace(client, k).first->second;
-  }
-  if (!std::equal(key.begin(), key.end(), it->second.pk.begin())) throw std::runtime_error("its key is another than its first");
-  return it->second;
-}
-
 std::vector<std::vector<std::uint8_t>> tee_enclave::begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor,
                                                           bool oblivious, std::vector<std::vector<std::uint8_t>> nonces,
                                                           std::vector<std::uint64_t> clients, std::vector<std::vector<std::uint8_t>> keys) {
@@ -151,19 +155,42 @@ std::vector<std::vector<std::uint8_t>> tee_enclave::begin(std::uint32_t round, s
     if (nonces[i].size() != 32) throw std::invalid_argument("tee enclave: a nonce has " + std::to_string(nonces[i].size()) + " bytes, not 32");
     if (keys[i].size() != 32) throw std::invalid_argument("tee enclave: a client's key has " + std::to_string(keys[i].size()) + " bytes, not 32");
   }
-  // A round is aggregated once: opening it again (with fewer boxes, or the same boxes again)
-  // would let the host difference two releases into one client's update.
+  // A round number opens once, whether its round was released or failed: opening it again (with
+  // fewer boxes, the same boxes again, or other parameters) would let the host difference two
+  // releases into one client's update, or release a box under a statement its client never saw.
   if (open_) throw std::logic_error("tee enclave: round " + std::to_string(round_) + " is still open");
-  if (last_round_ && round <= *last_round_)
-    throw std::invalid_argument("tee enclave: round " + std::to_string(round) + " after round " +
-                                std::to_string(*last_round_) + " was released");
+  if (last_begun_ && round <= *last_begun_)
+    throw std::invalid_argument("tee enclave: round " + std::to_string(round) + " after round " + std::to_string(*last_begun_) +
+                                " was begun (a round number opens once)");
+  // The participants' sessions, checked before anything changes: a client listed twice, or under
+  // another key than the one pinned at its first round, refuses the round.
+  std::vector<participant> ps(clients.size());
+  for (std::size_t i = 0; i < clients.size(); ++i) {
+    const auto who = "tee enclave: client " + std::to_string(clients[i]);
+    for (std::size_t j = 0; j < i; ++j)
+      if (clients[j] == clients[i]) throw std::invalid_argument(who + " is listed twice");
+    ps[i].id = clients[i];
+    if (const auto it = clients_.find(clients[i]); it != clients_.end()) {
+      if (!std::equal(keys[i].begin(), keys[i].end(), it->second.pk.begin())) throw std::invalid_argument(who + ": its key is another than its first");
+      ps[i].key = it->second;
+      continue;
+    }
+    std::copy(keys[i].begin(), keys[i].end(), ps[i].key.pk.begin());
+    try {
+      ps[i].key.keys = tee::session_with(pk_, sk_, std::span<const std::uint8_t, 32>(keys[i].data(), 32));
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(who + ": " + e.what());
+    }
+  }
+  last_begun_ = round;  // burnt from here on, whatever becomes of this round
+  for (const auto& p : ps) clients_.emplace(p.id, p.key);
+  participants_ = std::move(ps);
   round_ = round;
   dim_ = dim;
   stddev_ = noise_stddev;
   divisor_ = divisor;
   oblivious_ = oblivious;
   open_ = true;
-  seen_.clear();
   added_ = 0;
   error_.clear();
   if (stddev_ > 0) {
@@ -177,19 +204,14 @@ std::vector<std::vector<std::uint8_t>> tee_enclave::begin(std::uint32_t round, s
     mean_->begin(info);
   }
   // What each client checks before it seals: the enclave it attested (the only other holder of
-  // their session's key) opened this round, with these parameters, after it drew its nonce.
+  // their session's key) opened this round, with these parameters, after it drew its nonce. Its
+  // box is then sealed with this statement's digest as associated data: it opens in no other.
   const auto statement = tee::round_statement(round, dim, noise_stddev, divisor, oblivious, nonces);
+  statement_digest_ = tee::statement_digest(statement);
   std::vector<std::vector<std::uint8_t>> tags;
-  tags.reserve(clients.size());
-  for (std::size_t i = 0; i < clients.size(); ++i) {
-    const client_key* k = nullptr;
-    try {
-      k = &pin(clients[i], std::span<const std::uint8_t, 32>(keys[i].data(), 32));
-    } catch (const std::exception& e) {
-      open_ = false;
-      throw std::invalid_argument("tee enclave: client " + std::to_string(clients[i]) + ": " + e.what());
-    }
-    const auto tag = tee::round_tag(k->keys.tx, statement, clients[i]);
+  tags.reserve(participants_.size());
+  for (const auto& p : participants_) {
+    const auto tag = tee::round_tag(p.key.keys.tx, statement, p.id);
     tags.emplace_back(tag.begin(), tag.end());
   }
   return tags;
@@ -198,12 +220,16 @@ std::vector<std::vector<std::uint8_t>> tee_enclave::begin(std::uint32_t round, s
 void tee_enclave::add(std::uint64_t client, std::vector<std::byte> box) {
   if (!open_ || !error_.empty()) return;
   try {
+    const auto it = std::find_if(participants_.begin(), participants_.end(), [&](const participant& p) { return p.id == client; });
+    if (it == participants_.end()) throw std::runtime_error("it is not a participant of round " + std::to_string(round_));
+    if (it->added) throw std::runtime_error("it sent a second box");
     const std::span<std::uint8_t> sealed(reinterpret_cast<std::uint8_t*>(box.data()), box.size());
     if (sealed.size() < tee::box_overhead) throw std::runtime_error("a box shorter than its header");
-    const auto& k = pin(client, std::span<const std::uint8_t, 32>(sealed.data(), 32));
+    if (!std::equal(it->key.pk.begin(), it->key.pk.end(), sealed.begin()))
+      throw std::runtime_error("its box is under another key than its own in this round");
     // Opened where it arrived (box_header = 44 bytes in: the floats stay 4-byte aligned).
-    const auto plain = tee::open_box_in_place(k.keys.rx, sealed);
-    if (plain.empty()) throw std::runtime_error("its box does not open under its key with the enclave");
+    const auto plain = tee::open_box_in_place(it->key.keys.rx, statement_digest_, sealed);
+    if (plain.empty()) throw std::runtime_error("its box does not open under its key with the enclave and this round's statement");
     struct wipe {
       std::span<std::uint8_t> b;
       ~wipe() { sodium_memzero(b.data(), b.size()); }
@@ -212,8 +238,10 @@ void tee_enclave::add(std::uint64_t client, std::vector<std::byte> box) {
     if (p.client != client) throw std::runtime_error("its box is client " + std::to_string(p.client) + "'s");
     if (p.round != round_) throw std::runtime_error("its box is for round " + std::to_string(p.round));
     if (p.dim != dim_) throw std::runtime_error("its update has " + std::to_string(p.dim) + " coordinates");
-    if (std::find(seen_.begin(), seen_.end(), client) != seen_.end()) throw std::runtime_error("it sent a second box");
-    seen_.push_back(client);
+    if (!std::isfinite(p.weight)) throw std::runtime_error("its weight is not finite");
+    for (float v : p.value)
+      if (!std::isfinite(v)) throw std::runtime_error("its update has a value that is not finite");
+    it->added = true;
     std::span<const float> delta = p.value;
     if (p.sparse) {
       scratch_.resize(dim_);
@@ -234,23 +262,24 @@ void tee_enclave::add(std::uint64_t client, std::vector<std::byte> box) {
 std::vector<float> tee_enclave::finish() {
   if (!open_) throw std::logic_error("tee enclave: finish() without begin()");
   open_ = false;
+  participants_.clear();
   if (!error_.empty()) throw std::runtime_error("the enclave refused the round's updates: " + error_);
   if (added_ == 0) throw std::logic_error("tee enclave: no updates in this round");
-  last_round_ = round_;
   if (stddev_ == 0) return mean_->finish();
-  // DP-FedAvg's server step (as dp-gaussian does it), with noise the host cannot know: its seed
-  // comes from the enclave's own key, the round and fresh randomness.
-  std::vector<float> out(sum_.size());
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(sum_[i]);
-  std::array<std::uint8_t, 16> h{};
+  // DP-FedAvg's server step (as dp-gaussian does it), with noise the host cannot know: a
+  // ChaCha20 stream under a key derived from the enclave's own noise key, the round and fresh
+  // randomness.
+  std::array<std::uint8_t, 32> key{};
   std::array<std::uint8_t, 4 + 16> r{};
   std::memcpy(r.data(), &round_, sizeof round_);
   randombytes_buf(r.data() + 4, 16);
-  crypto_generichash(h.data(), h.size(), r.data(), r.size(), noise_key_.data(), noise_key_.size());
-  std::uint64_t seed = 0;
-  std::memcpy(&seed, h.data(), sizeof seed);
-  add_gaussian_noise(out, stddev_, seed);
-  for (float& x : out) x = static_cast<float>(x / divisor_);
+  crypto_generichash(key.data(), key.size(), r.data(), r.size(), noise_key_.data(), noise_key_.size());
+  draws_.resize(sum_.size());
+  tee::keyed_normal_draws(key, draws_);
+  sodium_memzero(key.data(), key.size());
+  std::vector<float> out(sum_.size());
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>((sum_[i] + stddev_ * draws_[i]) / divisor_);
+  sodium_memzero(draws_.data(), draws_.size() * sizeof(double));
   return out;
 }
 

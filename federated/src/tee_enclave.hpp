@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <unordered_map>
 #include <string>
 #include <vector>
@@ -23,9 +24,10 @@
 
 namespace troupe::federated {
 
-/// The enclave. Its methods run one at a time (an actor); a box that does not open, a replayed
-/// client, a box of another round or under another key than the client's first fails the round
-/// at finish().
+/// The enclave. Its methods run one at a time (an actor); a box under an id that is not the
+/// round's participant's or under another key than its own, a box that does not open under the
+/// round's statement, a replayed client, a box of another round, or a weight or value that is
+/// not finite fails the round at finish().
 class tee_enclave {
 public:
   /// `platform_secret`: the simulated CPU's 32-byte sealing secret. `tpm`: "" (DCAP quotes
@@ -44,13 +46,16 @@ public:
   /// updates' plain sum, N(0, noise_stddev²) noise from the enclave's own randomness on every
   /// coordinate, divided by `divisor` (K). `oblivious`: sparse updates densified obliviously.
   /// `nonces`, `clients`, `keys`: the participants' fresh 32-byte nonces, ids and X25519 keys
-  /// (a client's key is pinned at its first round or box; another later fails). Returns, for
-  /// each participant in order, round_tag(its session's key, round_statement(round, dim,
-  /// noise_stddev, divisor, oblivious, nonces), its id).
+  /// (a client's key is pinned at its first round; another later is refused). Each round number
+  /// opens once: a round at or below one begun before is refused, whether that one was released
+  /// or failed. Returns, for each participant in order, round_tag(its session's key,
+  /// round_statement(round, dim, noise_stddev, divisor, oblivious, nonces), its id).
   std::vector<std::vector<std::uint8_t>> begin(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor,
                                                bool oblivious, std::vector<std::vector<std::uint8_t>> nonces,
                                                std::vector<std::uint64_t> clients, std::vector<std::vector<std::uint8_t>> keys);
-  /// A client's box (tee_box.hpp: its key, then AES-256-GCM under their crypto_kx key).
+  /// A client's box (tee_box.hpp: its key, then AES-256-GCM under their crypto_kx key, the
+  /// associated data SHA-256 of the round's statement). Only the round's participants, under the
+  /// key each has in this round, once each, with finite weights and values.
   void add(std::uint64_t client, std::vector<std::byte> sealed);
   /// The aggregate (dim floats); throws when a box failed or nothing was added.
   std::vector<float> finish();
@@ -70,21 +75,33 @@ private:
     tee::key32 pk{};
     tee::enclave_session keys;
   };
-  std::unordered_map<std::uint64_t, client_key> clients_;  // pinned at each client's first round or box
-  const client_key& pin(std::uint64_t client, std::span<const std::uint8_t, 32> key);
+  std::unordered_map<std::uint64_t, client_key> clients_;  // pinned at each client's first round (begin only)
+  struct participant {
+    std::uint64_t id = 0;
+    client_key key;
+    bool added = false;
+  };
+  std::vector<participant> participants_;  // the open round's, from begin()
+  std::array<std::uint8_t, 32> statement_digest_{};  // the boxes' associated data this round
   std::uint32_t round_ = 0;
-  std::optional<std::uint32_t> last_round_;  // the last round released: each round opens once
+  std::optional<std::uint32_t> last_begun_;  // the highest round begun: each round number opens once
   std::uint64_t dim_ = 0;
   double stddev_ = 0, divisor_ = 1;
   bool oblivious_ = false, open_ = false;
   std::unique_ptr<aggregator> mean_;
-  std::vector<double> sum_;
-  std::vector<std::uint64_t> seen_;
+  std::vector<double> sum_, draws_;
   std::size_t added_ = 0;
   std::string error_;
   std::vector<float> scratch_;
 };
 
 }  // namespace troupe::federated
+
+namespace troupe::federated::tee {
+/// Standard normal draws (Box–Muller) from ChaCha20's stream under a 32-byte key
+/// (randombytes_buf_deterministic): the enclave's DP noise, under a key only it holds. The same
+/// key gives the same draws.
+void keyed_normal_draws(std::span<const std::uint8_t, 32> key, std::span<double> out);
+}  // namespace troupe::federated::tee
 
 TROUPE_REMOTE(troupe::federated::tee_enclave, public_key, attest, tpm_quote, begin, add, finish, checkpoint, restore, measurement)

@@ -13,10 +13,11 @@
 // enclave opens the round and tags round_statement(round, dim, noise, divisor, oblivious, the
 // nonces) for each participant under their session's key. apply() (each client, on its worker):
 // check its tag and its nonce in the statement; refuse to send anything if any check fails;
-// otherwise seal "TEE1 | round | client | weight | update" in its AES-256-GCM box.
-// add_encoded(): the server forwards the box, which it cannot open. finish(): the enclave's
-// aggregate. Under --tee swtpm the round's TPM quote over the nonces takes the place of the
-// enrolment and the tag.
+// otherwise seal "TEE1 | round | client | weight | update" in its AES-256-GCM box, with
+// SHA-256(the statement) as associated data. add_encoded(): the server forwards the box, which
+// it cannot open. finish(): the enclave's aggregate. Under --tee swtpm the round's TPM quote
+// over the nonces takes the place of the enrolment (it shows the enclave's key); the round's
+// tag is checked as under sim.
 
 #include <fcntl.h>
 #include <poll.h>
@@ -241,12 +242,20 @@ struct tee_state {
   std::unordered_map<std::string, std::int64_t> verified_quotes, verified_platforms;
 };
 
+// SHA-256 over each field's length (8 bytes, little-endian) and bytes: no two triples share an
+// encoding, whatever their lengths.
 std::string digest_key(std::span<const std::uint8_t> a, std::string_view b, std::span<const std::uint8_t> c) {
   crypto_hash_sha256_state st;
   crypto_hash_sha256_init(&st);
-  crypto_hash_sha256_update(&st, a.data(), a.size());
-  crypto_hash_sha256_update(&st, reinterpret_cast<const unsigned char*>(b.data()), b.size());
-  crypto_hash_sha256_update(&st, c.data(), c.size());
+  auto field = [&](const void* data, std::size_t n) {
+    std::array<std::uint8_t, 8> len{};
+    for (std::size_t i = 0; i < len.size(); ++i) len[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(n) >> (8 * i));
+    crypto_hash_sha256_update(&st, len.data(), len.size());
+    crypto_hash_sha256_update(&st, static_cast<const unsigned char*>(data), n);
+  };
+  field(a.data(), a.size());
+  field(b.data(), b.size());
+  field(c.data(), c.size());
   std::string out(32, '\0');
   crypto_hash_sha256_final(&st, reinterpret_cast<unsigned char*>(out.data()));
   return out;
@@ -262,15 +271,14 @@ public:
       throw std::logic_error("tee: client " + std::to_string(u.client) + " is not in this round");
     auto& c = it->second;
     const auto t0 = clock_type::now();
-    if (s_->swtpm) {
-      attest_tpm(u.client, c.round_nonce);
-    } else {
-      if (!c.attested) attest_session(u.client, c);
-      check_round(u.client, c, round);
-    }
+    // The enclave's key: this round's TPM quote (swtpm), or the client's enrolment quote (sim).
+    // Then, either way, the round's tag under the session with that key.
+    if (s_->swtpm) attest_tpm(u.client, c.round_nonce);
+    else if (!c.attested) attest_session(u.client, c);
+    const auto aad = check_round(u.client, c, round);
     s_->verify_us += std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - t0).count();
     ++s_->verified;
-    seal_update(u, round, *c.sender);
+    seal_update(u, round, *c.sender, aad);
   }
 
 private:
@@ -331,15 +339,17 @@ private:
     const auto v = dcap::verify_quote(q, s_->collateral, at, p);
     if (!v.ok()) refuse(client, std::string("its quote failed at ") + dcap::to_string(*v.failed) + ": " + v.error);
     if (!v.tcb_accepted) refuse(client, "TCB status " + v.tcb_status);
-    // Verified in full: remembered for an hour (well inside the test collateral's 30 days).
+    // Verified in full: remembered for an hour, or until the first certificate, CRL or collateral
+    // document it rested on expires, whichever comes first.
     std::lock_guard lock(s_->cache_m);
-    s_->verified_quotes[whole] = s_->verified_platforms[platform] = at + 3600;
+    s_->verified_quotes[whole] = s_->verified_platforms[platform] = std::min(at + 3600, v.valid_until);
   }
 
   // Every round: the enclave this client attested (the only other holder of their session's
   // key) tagged that it opened this round, with the parameters the client expects, after the
   // client drew its nonce.
-  void check_round(std::uint64_t client, const tee_state::client_session& c, const round_info& round) const {
+  // Returns the statement's digest, its box's associated data.
+  std::array<std::uint8_t, 32> check_round(std::uint64_t client, const tee_state::client_session& c, const round_info& round) const {
     if (std::find(s_->nonces.begin(), s_->nonces.end(), c.round_nonce) == s_->nonces.end())
       refuse(client, "its round nonce is not in the round's statement");
     const auto statement = round_statement(static_cast<std::uint32_t>(round.round), static_cast<std::uint64_t>(round.dim),
@@ -347,9 +357,10 @@ private:
     const auto want = round_tag(c.sender->rx, statement, client);
     if (c.round_tag.size() != want.size() || sodium_memcmp(c.round_tag.data(), want.data(), want.size()) != 0)
       refuse(client, "the round's tag is not its session's with the enclave it attested (another round, other parameters or another key)");
+    return statement_digest(statement);
   }
 
-  void seal_update(client_update& u, const round_info& round, const box_sender& sender) const {
+  void seal_update(client_update& u, const round_info& round, const box_sender& sender, std::span<const std::uint8_t> aad) const {
     if (s_->clip > 0) clip_l2(u.delta, s_->clip);
     update_payload payload;
     payload.round = static_cast<std::uint32_t>(round.round);
@@ -382,7 +393,7 @@ private:
     // Words: the box's length in bytes, then the box.
     std::vector<std::uint32_t> words(1 + (size + 3) / 4, 0u);
     words[0] = static_cast<std::uint32_t>(size);
-    seal_box(sender, {head, as_bytes(index), as_bytes(values)}, {reinterpret_cast<std::uint8_t*>(words.data() + 1), size});
+    seal_box(sender, aad, {head, as_bytes(index), as_bytes(values)}, {reinterpret_cast<std::uint8_t*>(words.data() + 1), size});
     u.words = std::move(words);
     u.wire_bytes = size;
     u.delta.clear();

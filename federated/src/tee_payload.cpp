@@ -151,6 +151,12 @@ bytes round_statement(std::uint32_t round, std::uint64_t dim, double noise_stdde
   return b;
 }
 
+std::array<std::uint8_t, 32> statement_digest(std::span<const std::uint8_t> statement) {
+  std::array<std::uint8_t, 32> out{};
+  crypto_hash_sha256(out.data(), statement.data(), statement.size());
+  return out;
+}
+
 std::array<std::uint8_t, 32> batch_qualifying(std::span<const std::uint8_t> enclave_key, const std::vector<bytes>& nonces) {
   const auto list = nonce_list_digest(nonces);
   std::array<std::uint8_t, 32> out{};

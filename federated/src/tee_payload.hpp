@@ -46,6 +46,8 @@ std::array<std::uint8_t, 32> nonce_list_digest(const std::vector<bytes>& nonces)
 /// f64 divisor | u8 oblivious | nonce_list_digest(the round's nonces, in order).
 bytes round_statement(std::uint32_t round, std::uint64_t dim, double noise_stddev, double divisor, bool oblivious,
                       const std::vector<bytes>& nonces);
+/// SHA-256(statement): the associated data of every box sealed in that round (tee_box.hpp).
+std::array<std::uint8_t, 32> statement_digest(std::span<const std::uint8_t> statement);
 /// The report data that binds an enclave's keys to a list of nonces: SHA-256(enclave key ||
 /// nonce_list_digest(nonces)), as dcap::check_policy checks it with that digest as the nonce.
 /// --tee swtpm's qualifying data (the round's nonces); --tee sim's enrolment quote (the nonces

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <limits>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -106,6 +108,27 @@ TEST(TeeSim, QuotesFailUnderIntelsRootAndOutsideTheirWindow) {
   EXPECT_EQ(*v.failed, dcap::verify_step::crls) << v.error;
 }
 
+TEST(TeeSim, AVerdictHoldsUntilTheEarliestExpiryOfItsCollateralAndChainOnly) {
+  // The test chain's certificates, CRLs, TCB info and QE identity all end 30 days after the
+  // platform's start; OpenSSL holds a certificate or CRL expired at its notAfter or nextUpdate
+  // itself, so the verdict's last second is the one before, and a second later the quote fails.
+  const auto t0 = now();
+  const tee::sim_platform p(t0);
+  const auto q = make_quoted(p);
+  const auto c = dcap::parse_collateral(p.collateral_json());
+  const auto v = dcap::verify_quote(dcap::parse_quote(q.quote), c, t0, test_policy(p, q));
+  ASSERT_TRUE(v.ok()) << v.error;
+  EXPECT_EQ(v.valid_until, t0 + 30 * 86400 - 1);
+  const auto last = dcap::verify_quote(dcap::parse_quote(q.quote), c, v.valid_until, test_policy(p, q));
+  EXPECT_TRUE(last.ok()) << last.error;
+  const auto late = dcap::verify_quote(dcap::parse_quote(q.quote), c, v.valid_until + 1, test_policy(p, q));
+  ASSERT_TRUE(late.failed.has_value());
+  // A verdict that failed before any dated step ran says nothing of expiry.
+  auto pol = test_policy(p, q);
+  pol.root_key_sha256 = dcap::intel_sgx_root_key_sha256;
+  EXPECT_EQ(dcap::verify_quote(dcap::parse_quote(q.quote), c, t0, pol).valid_until, std::numeric_limits<std::int64_t>::max());
+}
+
 TEST(TeeSim, AnotherNonceKeyOrMeasurementFailsThePolicyAndAFlippedByteTheSignature) {
   const tee::sim_platform p(now());
   const auto q = make_quoted(p);
@@ -187,13 +210,20 @@ TEST(TeeSeal, AnEnclavesCheckpointRestoresItsKeyOnTheSamePlatformOnly) {
   expect_error<std::runtime_error>([&] { other.restore(saved); }, "does not open");
 }
 
-/// A dense update of `client` for `round`, boxed by `from` to the enclave, as a client sends it.
-std::vector<std::byte> sealed_update(const tee::box_sender& from, std::uint32_t round, std::uint64_t client, std::vector<float> v) {
-  tee::update_payload u{.round = round, .client = client, .weight = 1.0, .dim = static_cast<std::uint32_t>(v.size()), .sparse = false, .index = {}, .value = v};
+/// A dense update of `client` for `round`, boxed by `from` to the enclave under the round's
+/// statement digest `aad`, as a client sends it.
+std::vector<std::byte> sealed_update(const tee::box_sender& from, std::span<const std::uint8_t> aad, std::uint32_t round, std::uint64_t client,
+                                     std::vector<float> v, double weight = 1.0) {
+  tee::update_payload u{.round = round, .client = client, .weight = weight, .dim = static_cast<std::uint32_t>(v.size()), .sparse = false, .index = {}, .value = v};
   const auto plain = tee::encode_payload(u);
   std::vector<std::byte> out(plain.size() + tee::box_overhead);
-  tee::seal_box(from, {plain}, {reinterpret_cast<std::uint8_t*>(out.data()), out.size()});
+  tee::seal_box(from, aad, {plain}, {reinterpret_cast<std::uint8_t*>(out.data()), out.size()});
   return out;
+}
+
+/// The associated data of open_round(e, round, n participants)'s boxes.
+std::array<std::uint8_t, 32> round_aad(std::uint32_t round, std::size_t n) {
+  return tee::statement_digest(tee::round_statement(round, 2, 0, 1, false, some_nonces(n, static_cast<std::uint8_t>(round))));
 }
 
 /// Opens `round` of dimension 2 (FedAvg) with these participants (ids 1, 2, ...); their tags.
@@ -224,29 +254,33 @@ TEST(TeeBox, ABoxSealedInPartsOpensToThePayloadsBytesUnderItsSessionOnly) {
   const auto plain = tee::encode_payload(u);
   const auto head = tee::payload_head(u, 3);
   std::vector<std::uint8_t> box(plain.size() + tee::box_overhead);
-  tee::seal_box(a, {head, {reinterpret_cast<const std::uint8_t*>(u.index.data()), 12}, {reinterpret_cast<const std::uint8_t*>(u.value.data()), 12}}, box);
+  const auto aad = tee::statement_digest(tee::round_statement(7, 5, 0, 1, false, some_nonces(2, 1)));
+  tee::seal_box(a, aad, {head, {reinterpret_cast<const std::uint8_t*>(u.index.data()), 12}, {reinterpret_cast<const std::uint8_t*>(u.value.data()), 12}}, box);
   const auto rx = tee::session_with(pk, sk, std::span<const std::uint8_t, 32>(box.data(), 32)).rx;
   std::vector<std::uint8_t> opened;
-  ASSERT_TRUE(tee::open_box(rx, box, opened));
+  ASSERT_TRUE(tee::open_box(rx, aad, box, opened));
   EXPECT_EQ(opened, plain);
   // Two boxes of the same bytes differ (a fresh nonce each).
   std::vector<std::uint8_t> again(box.size());
-  tee::seal_box(a, {plain}, again);
+  tee::seal_box(a, aad, {plain}, again);
   EXPECT_NE(again, box);
-  ASSERT_TRUE(tee::open_box(rx, again, opened));
+  ASSERT_TRUE(tee::open_box(rx, aad, again, opened));
   EXPECT_EQ(opened, plain);
-  // Any changed byte, a cut box, and another client's key do not open.
+  // Any changed byte, a cut box, another client's key, and another round's statement (here
+  // another noise stddev, or no associated data) do not open.
   for (std::size_t i = 32; i < box.size(); i += 7) {
     auto bad = box;
     bad[i] ^= 0x10;
-    EXPECT_FALSE(tee::open_box(rx, bad, opened)) << "byte " << i;
+    EXPECT_FALSE(tee::open_box(rx, aad, bad, opened)) << "byte " << i;
   }
-  EXPECT_FALSE(tee::open_box(rx, std::span(box).first(box.size() - 1), opened));
-  EXPECT_FALSE(tee::open_box(rx, std::span(box).first(tee::box_overhead - 1), opened));
+  EXPECT_FALSE(tee::open_box(rx, aad, std::span(box).first(box.size() - 1), opened));
+  EXPECT_FALSE(tee::open_box(rx, aad, std::span(box).first(tee::box_overhead - 1), opened));
+  EXPECT_FALSE(tee::open_box(rx, tee::statement_digest(tee::round_statement(7, 5, 0.5, 1, false, some_nonces(2, 1))), box, opened));
+  EXPECT_FALSE(tee::open_box(rx, {}, box, opened));
   std::vector<std::uint8_t> other(box.size());
-  tee::seal_box(b, {plain}, other);
-  EXPECT_FALSE(tee::open_box(rx, other, opened));
-  EXPECT_TRUE(tee::open_box(tee::session_with(pk, sk, std::span<const std::uint8_t, 32>(other.data(), 32)).rx, other, opened));
+  tee::seal_box(b, aad, {plain}, other);
+  EXPECT_FALSE(tee::open_box(rx, aad, other, opened));
+  EXPECT_TRUE(tee::open_box(tee::session_with(pk, sk, std::span<const std::uint8_t, 32>(other.data(), 32)).rx, aad, other, opened));
 }
 
 TEST(TeeEnclave, OneQuoteBindsItsKeyAndEveryNonceOfTheBatch) {
@@ -329,25 +363,25 @@ TEST(TeeEnclave, OpensSealedUpdatesAndRefusesReplaysAndOtherRounds) {
   const auto pk = key_of(e.public_key());
   const auto one = tee::make_sender(pk), two = tee::make_sender(pk);
   auto box = [&](std::uint32_t round, std::uint64_t client, std::vector<float> v) {
-    return sealed_update(client == 1 ? one : two, round, client, v);
+    return sealed_update(client == 1 ? one : two, round_aad(round, 2), round, client, v);
   };
   open_round(e, 1, {&one, &two});
   e.add(1, box(1, 1, {1, 2}));
   e.add(2, box(1, 2, {3, 6}));
   EXPECT_EQ(e.finish(), (std::vector<float>{2, 4}));
   open_round(e, 2, {&one, &two});
-  e.add(1, box(1, 1, {1, 2}));  // last round's box
-  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "round 1");
+  e.add(1, box(1, 1, {1, 2}));  // last round's box: sealed under last round's statement
+  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "does not open");
   open_round(e, 3, {&one, &two});
   e.add(1, box(3, 1, {1, 2}));
   e.add(1, box(3, 1, {1, 2}));
   expect_error<std::runtime_error>([&] { (void)e.finish(); }, "second box");
   open_round(e, 4, {&one, &two});
-  e.add(2, sealed_update(two, 4, 1, {1, 2}));  // client 1's box presented as client 2's
+  e.add(2, sealed_update(two, round_aad(4, 2), 4, 1, {1, 2}));  // client 1's box presented as client 2's
   expect_error<std::runtime_error>([&] { (void)e.finish(); }, "client 1's");
   open_round(e, 5, {&one, &two});
-  e.add(1, sealed_update(tee::make_sender(pk), 5, 1, {1, 2}));  // client 1 under a key not its first
-  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "another than its first");
+  e.add(1, sealed_update(tee::make_sender(pk), round_aad(5, 2), 5, 1, {1, 2}));  // client 1 under a key not its own
+  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "another key than its own in this round");
   open_round(e, 6, {&one, &two});
   auto changed = box(6, 1, {1, 2});
   changed[50] ^= std::byte{1};
@@ -356,6 +390,20 @@ TEST(TeeEnclave, OpensSealedUpdatesAndRefusesReplaysAndOtherRounds) {
   open_round(e, 7, {&one, &two});
   e.add(1, box(7, 1, {1, 2}));
   EXPECT_EQ(e.finish(), (std::vector<float>{1, 2}));
+  // Weights and values that are not finite are refused.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  open_round(e, 8, {&one, &two});
+  e.add(1, sealed_update(one, round_aad(8, 2), 8, 1, {1, nan}));
+  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "not finite");
+  open_round(e, 9, {&one, &two});
+  e.add(1, sealed_update(one, round_aad(9, 2), 9, 1, {-inf, 1}));
+  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "not finite");
+  open_round(e, 10, {&one, &two});
+  e.add(1, sealed_update(one, round_aad(10, 2), 10, 1, {1, 2}, std::numeric_limits<double>::infinity()));
+  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "weight is not finite");
+  open_round(e, 11, {&one, &two});
+  e.add(1, sealed_update(one, round_aad(11, 2), 10, 1, {1, 2}));  // this round's statement, another round inside
+  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "round 10");
 }
 
 TEST(TeeEnclave, ARoundIsReleasedOnceAndNeverReopened) {
@@ -367,7 +415,7 @@ TEST(TeeEnclave, ARoundIsReleasedOnceAndNeverReopened) {
   const auto pk = key_of(e.public_key());
   const auto one = tee::make_sender(pk), two = tee::make_sender(pk);
   auto box = [&](std::uint32_t round, std::uint64_t client, std::vector<float> v) {
-    return sealed_update(client == 1 ? one : two, round, client, v);
+    return sealed_update(client == 1 ? one : two, round_aad(round, 2), round, client, v);
   };
   open_round(e, 5, {&one, &two});
   expect_error<std::logic_error>([&] { open_round(e, 5, {&one, &two}); }, "still open");
@@ -379,6 +427,110 @@ TEST(TeeEnclave, ARoundIsReleasedOnceAndNeverReopened) {
   open_round(e, 6, {&one, &two});
   e.add(2, box(6, 2, {3, 6}));
   EXPECT_EQ(e.finish(), (std::vector<float>{3, 6}));
+}
+
+TEST(TeeEnclave, AFailedRoundCannotBeReopenedOrReplayed) {
+  // The host opens round 3 with noise, collects client 1's box, makes the round fail, and would
+  // open round 3 again without noise to release client 1's box alone, exactly.
+  const tee::sim_platform p(now());
+  const auto m = p.material();
+  const tee::bytes secret(32, 1);
+  tee_enclave e(m.attestation_key_pem, m.qe_part, secret, "");
+  const auto pk = key_of(e.public_key());
+  const auto one = tee::make_sender(pk), two = tee::make_sender(pk);
+  const std::vector<tee::bytes> keys{tee::bytes(one.public_key.begin(), one.public_key.end()),
+                                     tee::bytes(two.public_key.begin(), two.public_key.end())};
+  const auto nonces = some_nonces(2, 50);
+  (void)e.begin(3, 2, 1.0, 2, false, nonces, {1, 2}, keys);
+  const auto noisy = tee::statement_digest(tee::round_statement(3, 2, 1.0, 2, false, nonces));
+  const auto victim = sealed_update(one, noisy, 3, 1, {5, 7});
+  e.add(2, std::vector<std::byte>(80, std::byte{9}));  // garbage under the other id: the round fails
+  e.add(1, victim);
+  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "client 2");
+  // Its number is burnt: neither the same statement nor one without noise opens it again.
+  expect_error<std::invalid_argument>([&] { (void)e.begin(3, 2, 0, 1, false, {nonces[0]}, {1}, {keys[0]}); }, "after round 3 was begun");
+  expect_error<std::invalid_argument>([&] { (void)e.begin(3, 2, 1.0, 2, false, nonces, {1, 2}, keys); }, "after round 3 was begun");
+  // And the box is bound to the statement its client checked: an enclave with the same keys (a
+  // restored checkpoint) that opens round 3 with another noise, divisor or nonce list does not
+  // open it; under the statement it was sealed for it does.
+  auto opens_in = [&](double noise, double divisor, const std::vector<tee::bytes>& n) {
+    tee_enclave other(m.attestation_key_pem, m.qe_part, secret, "");
+    other.restore(e.checkpoint());
+    const std::vector<std::uint64_t> ids{1, 2};
+    (void)other.begin(3, 2, noise, divisor, false, n, std::vector<std::uint64_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n.size())),
+                      std::vector<tee::bytes>(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n.size())));
+    other.add(1, victim);
+    try {
+      (void)other.finish();
+      return true;
+    } catch (const std::runtime_error& err) {
+      EXPECT_NE(std::string(err.what()).find("does not open"), std::string::npos) << err.what();
+      return false;
+    }
+  };
+  EXPECT_FALSE(opens_in(0, 1, nonces));
+  EXPECT_FALSE(opens_in(1.0, 1, nonces));
+  EXPECT_FALSE(opens_in(1.0, 2, some_nonces(2, 51)));
+  EXPECT_FALSE(opens_in(1.0, 2, {nonces[0]}));
+  EXPECT_TRUE(opens_in(1.0, 2, nonces));
+}
+
+TEST(TeeEnclave, OnlyTheRoundsParticipantsAddAndKeysArePinnedByBeginOnly) {
+  const tee::sim_platform p(now());
+  const auto m = p.material();
+  tee_enclave e(m.attestation_key_pem, m.qe_part, tee::bytes(32, 1), "");
+  const auto pk = key_of(e.public_key());
+  const auto one = tee::make_sender(pk), two = tee::make_sender(pk), host = tee::make_sender(pk);
+  // Round 1 has client 1 only: a box under id 2 (here the host's own key) is refused, and pins nothing.
+  open_round(e, 1, {&one});
+  e.add(1, sealed_update(one, round_aad(1, 1), 1, 1, {1, 2}));
+  e.add(2, sealed_update(host, round_aad(1, 1), 1, 2, {100, 100}));
+  expect_error<std::runtime_error>([&] { (void)e.finish(); }, "client 2: it is not a participant of round 1");
+  // Client 2's first round, under its real key: begun, and its box adds.
+  open_round(e, 2, {&one, &two});
+  e.add(1, sealed_update(one, round_aad(2, 2), 2, 1, {1, 2}));
+  e.add(2, sealed_update(two, round_aad(2, 2), 2, 2, {3, 6}));
+  EXPECT_EQ(e.finish(), (std::vector<float>{2, 4}));
+  // Client 2 is now pinned: the host's key under its id is refused at begin.
+  expect_error<std::invalid_argument>([&] { (void)open_round(e, 3, {&one, &host}); }, "client 2: its key is another than its first");
+  // A client listed twice is refused.
+  const std::vector<tee::bytes> k1{tee::bytes(one.public_key.begin(), one.public_key.end()), tee::bytes(one.public_key.begin(), one.public_key.end())};
+  expect_error<std::invalid_argument>([&] { (void)e.begin(4, 2, 0, 1, false, some_nonces(2, 4), {1, 1}, k1); }, "listed twice");
+}
+
+TEST(TeeEnclave, ItsNoiseIsStandardNormalAndAFunctionOfItsKeyOnly) {
+  std::array<std::uint8_t, 32> key{}, other{};
+  key.fill(7);
+  other.fill(7);
+  other[31] = 8;
+  const std::size_t n = 200001;  // odd: the last draw is a pair's first half
+  std::vector<double> a(n), b(n), c(n);
+  tee::keyed_normal_draws(key, a);
+  tee::keyed_normal_draws(key, b);
+  tee::keyed_normal_draws(other, c);
+  EXPECT_EQ(a, b);
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < n; ++i) same += a[i] == c[i];
+  EXPECT_LT(same, 5u);
+  // N(0, 1): the mean within 5 standard errors of 0, the variance within 5 of 1 (its standard
+  // error is sqrt(2 / n)), and P(|z| < 1) within 5 standard errors of 0.682689.
+  const double mean = std::accumulate(a.begin(), a.end(), 0.0) / static_cast<double>(n);
+  double var = 0;
+  std::size_t inside = 0;
+  for (double x : a) {
+    var += (x - mean) * (x - mean);
+    inside += std::abs(x) < 1.0;
+    ASSERT_TRUE(std::isfinite(x));
+  }
+  var /= static_cast<double>(n - 1);
+  EXPECT_LT(std::abs(mean), 5.0 / std::sqrt(static_cast<double>(n)));
+  EXPECT_LT(std::abs(var - 1.0), 5.0 * std::sqrt(2.0 / static_cast<double>(n)));
+  const double p1 = 0.682689492137;
+  EXPECT_LT(std::abs(static_cast<double>(inside) / static_cast<double>(n) - p1), 5.0 * std::sqrt(p1 * (1 - p1) / static_cast<double>(n)));
+  // A prefix of a longer stream is the shorter stream: the draws are the key's stream, in order.
+  std::vector<double> shorter(1001);
+  tee::keyed_normal_draws(key, shorter);
+  EXPECT_TRUE(std::equal(shorter.begin(), shorter.end(), a.begin()));
 }
 
 TEST(TeeOblivious, MoreEntriesThanCoordinatesAreRefused) {

@@ -40,6 +40,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -186,6 +187,10 @@ struct verification {
   bool debug = false;
   /// tcb_status is in policy::accepted_tcb_statuses.
   bool tcb_accepted = false;
+  /// The last second at which the steps that passed still hold for this collateral: the earliest
+  /// notAfter of the certificates and nextUpdate of the CRLs, TCB info and QE identity they
+  /// checked (a verdict kept past it would outlive its collateral). INT64_MAX when none ran.
+  std::int64_t valid_until = std::numeric_limits<std::int64_t>::max();
 
   /// Every step passed (the TCB status may still be one the policy does not accept).
   bool ok() const noexcept { return !failed; }
