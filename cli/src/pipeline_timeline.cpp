@@ -3,14 +3,23 @@
 #include "pipeline_timeline.hpp"
 
 #include <cstdio>
+#include <exception>
 
+#include <troupe/core/log.hpp>
 #include <troupe/pipeline/render.hpp>
 
 namespace troupe::cli {
 
 troupe::pipeline::step_observer timeline_view::observer() {
   return [this](const troupe::pipeline::schedule& plan, const troupe::pipeline::step_result& r) {
-    steps_.add(plan, r.timeline);
+    // The step is applied already: a timeline that does not fit the plan is dropped (logged the
+    // first time) and the training goes on with the steps measured so far.
+    try {
+      steps_.add(plan, r.timeline);
+    } catch (const std::exception& e) {
+      if (!dropped_) troupe::log().warn("pipeline: a measured step is dropped ({}); training goes on (logged once)", e.what());
+      dropped_ = true;
+    }
     if (board_ && std::chrono::steady_clock::now() - published_ >= std::chrono::milliseconds(500)) publish();
   };
 }

@@ -31,6 +31,7 @@ public:
 private:
   troupe::dashboard* board_;
   troupe::pipeline::measured_steps steps_;
+  bool dropped_ = false;  // a step's timeline was refused (logged once)
   std::chrono::steady_clock::time_point published_{};
 };
 

@@ -15,7 +15,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -46,6 +48,16 @@ std::string joined(const std::vector<T>& v) {
   std::string out;
   for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
   return out;
+}
+
+/// A count as the manifest writes it: decimal digits only (no sign, no spaces), that fit in 64
+/// bits; nullopt otherwise.
+std::optional<std::int64_t> count_of(std::string_view v) {
+  std::int64_t n = 0;
+  if (v.empty() || v.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || end != v.data() + v.size()) return std::nullopt;
+  return n;
 }
 
 }  // namespace
@@ -131,8 +143,8 @@ lm_manifest read_manifest(const std::string& dir) {
       if (!read || crc.size() != 8 || parsed.ec != std::errc() || parsed.ptr != crc.data() + crc.size())
         throw bad("has a malformed shard line: " + line);
       m.shards.push_back(s);
-    } else {
-      fields[key] = value;
+    } else if (!fields.emplace(key, value).second) {
+      throw bad("has two " + key + "= lines");
     }
   }
   auto field = [&](const char* key) -> const std::string& {
@@ -142,28 +154,17 @@ lm_manifest read_manifest(const std::string& dir) {
   };
   auto integer = [&](const char* key) {
     const std::string& v = field(key);
-    std::size_t used = 0;
-    long long n = 0;
-    try {
-      n = std::stoll(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != v.size() || v.empty() || n < 0) throw bad(std::string("has ") + key + "=" + v + ", not a count");
-    return static_cast<std::int64_t>(n);
+    const auto n = count_of(v);
+    if (!n) throw bad(std::string("has ") + key + "=" + v + ", not a count");
+    return *n;
   };
   auto list = [&](const char* key) {
     std::vector<std::int64_t> out;
     std::istringstream f(field(key));
     for (std::string item; std::getline(f, item, ',');) {
-      std::size_t used = 0;
-      long long n = -1;
-      try {
-        n = std::stoll(item, &used);
-      } catch (const std::exception&) {
-      }
-      if (used != item.size() || n < 0) throw bad(std::string("has a malformed ") + key + "= line");
-      out.push_back(n);
+      const auto n = count_of(item);
+      if (!n) throw bad(std::string("has a malformed ") + key + "= line");
+      out.push_back(*n);
     }
     return out;
   };
@@ -177,8 +178,15 @@ lm_manifest read_manifest(const std::string& dir) {
     if (v.empty() || end != v.c_str() + v.size()) throw bad("has train-loss-sum=" + v + ", not a number");
   }
   m.data_rng = field("data-rng");
-  m.ranks = static_cast<int>(integer("ranks"));
-  for (auto r : list("place")) m.layout.rank_of_stage.push_back(static_cast<int>(r));
+  if (const auto ranks = integer("ranks"); ranks < 1 || ranks > std::numeric_limits<int>::max())
+    throw bad("has ranks=" + std::to_string(ranks) + " (1 to " + std::to_string(std::numeric_limits<int>::max()) + ")");
+  else
+    m.ranks = static_cast<int>(ranks);
+  for (auto r : list("place")) {
+    if (r >= m.ranks) throw bad("has place=" + field("place") + ": a stage on rank " + std::to_string(r) + " of " +
+                                std::to_string(m.ranks));
+    m.layout.rank_of_stage.push_back(static_cast<int>(r));
+  }
   for (auto n : list("cut")) m.layout.stage_tensors.push_back(static_cast<std::size_t>(n));
   m.slot = field("slot");
   if (m.slot != "a" && m.slot != "b") throw bad("has slot=" + m.slot + " (a or b)");

@@ -278,6 +278,8 @@ lm_result train_lm(const lm_options& o, const std::function<void(const lm_progre
   setup.hp.beta2 = 0.99;
   setup.hp.weight_decay = o.weight_decay;
   setup.state.storage = storage;
+  if (target) setup.checkpoint_dirs.push_back(target->dir);
+  if (!o.resume.empty()) setup.checkpoint_dirs.push_back(absolute_dir(o.resume));
   auto engine = make_engine ? make_engine(setup) : lm_in_thread(setup);
 
   std::mt19937_64 rng(o.seed * 0x9E3779B97F4A7C15ull + 1);

@@ -26,6 +26,22 @@ std::string hex(std::uint32_t v) {
   return s;
 }
 
+/// Whether every value of `t` is finite (no NaN, no infinity); true for integer tensors. bf16 and
+/// f16 hold a NaN or an infinity where every exponent bit is set.
+bool finite(const tensor& t) {
+  switch (t.type()) {
+    case dtype::f32: return all_finite(t.data<float>());
+    case dtype::bf16:
+    case dtype::f16: {
+      const std::uint16_t exponent = t.type() == dtype::bf16 ? 0x7f80 : 0x7c00;
+      for (const std::uint16_t bits : t.data<std::uint16_t>())
+        if ((bits & exponent) == exponent) return false;
+      return true;
+    }
+    default: return true;
+  }
+}
+
 /// A stage as its shard holds it, decoded and checked before anything changes.
 struct decoded_stage {
   std::vector<tensor> values;
@@ -109,7 +125,7 @@ void read_shard(const std::string& path, const shard_info& expected, const std::
         if (name != p->name || t.shape() != p->value.shape() || t.type() != p->value.type())
           fail(path, "holds parameter '" + name + "' " + t.str() + " where the model has '" + p->name + "' " +
                          p->value.str());
-        if (t.type() == dtype::f32 && !all_finite(t.data<float>()))
+        if (!finite(t))
           fail(path, "holds a value of parameter '" + name + "' that is not finite");
         d.values.push_back(std::move(t));
       }
@@ -141,6 +157,16 @@ void read_shard(const std::string& path, const shard_info& expected, const std::
     std::size_t back = 0;
     layers.load_random_state(before, back);
     if (!why.empty()) fail(path, why);
+  }
+  // Everything that can fail comes before the first change: the values go to their parameters'
+  // devices first (allocations, transfers), the optimizer checks its state before it takes it.
+  // What is left to do then is copies between tensors of one device, type and size.
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const auto params = stages[i].layers->parameters();
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      auto& v = decoded[i].values[k];
+      if (v.where() != params[k]->value.where()) v = v.to(params[k]->value.where());
+    }
   }
   try {
     opt.load_state(state);  // checks everything before it changes anything

@@ -153,6 +153,20 @@ inline portable_stage to_portable(kernels::sequential& stage, int index) {
   return out;
 }
 
+/// `dir` as a checkpoint directory a rank may hold shards in: absolute and without `.` or `..`
+/// (its lexically normal form, without a trailing `/`); std::invalid_argument otherwise.
+inline std::string checkpoint_dir(const std::string& dir) {
+  const std::filesystem::path p(dir);
+  if (dir.empty() || !p.is_absolute())
+    throw std::invalid_argument("a checkpoint directory must be an absolute path, not '" + dir + "'");
+  for (const auto& part : p)
+    if (part == "." || part == "..")
+      throw std::invalid_argument("a checkpoint directory must not hold '.' or '..', not '" + dir + "'");
+  std::string out = p.lexically_normal().string();
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out;
+}
+
 /// Throws std::invalid_argument for options that no rank could follow (the optimizer's own are
 /// checked where it is made).
 inline void check_options(const training_options& o) {
@@ -166,6 +180,7 @@ inline void check_options(const training_options& o) {
                                 std::to_string(o.warmup));
   if (!(o.min_lr >= 0) || !std::isfinite(o.min_lr)) throw std::invalid_argument("min_lr must be a number >= 0");
   if (!(o.clip >= 0) || !std::isfinite(o.clip)) throw std::invalid_argument("clip must be a number >= 0 (0: none)");
+  for (const auto& dir : o.checkpoint_dirs) checkpoint_dir(dir);
 }
 
 /// Lives with the trainer, in the driver's process: the ranks watch it, and a rank whose driver
@@ -370,11 +385,29 @@ public:
   }
 
 private:
+  /// The path may come from any peer that holds the cluster's token: only this rank's shard, in
+  /// a checkpoint directory the driver named when it made the rank (training_options::
+  /// checkpoint_dirs), and never through a symbolic link (write_file_atomically would follow one;
+  /// read_shard reads the file the link names).
   void check_shard_path(const std::string& path) const {
-    const auto name = std::filesystem::path(path).filename().string();
+    const std::filesystem::path p(path);
+    const auto name = p.filename().string();
     if (name != kernels::shard_name(rank_, "a") && name != kernels::shard_name(rank_, "b"))
       throw std::invalid_argument("rank " + std::to_string(rank_) + " writes and reads only its own shard (" +
                                   kernels::shard_name(rank_, "a") + " or " + kernels::shard_name(rank_, "b") + "), not " + path);
+    std::string dir;
+    try {
+      dir = checkpoint_dir(p.parent_path().string());
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("rank " + std::to_string(rank_) + " refuses the shard " + path + ": " + e.what());
+    }
+    if (std::find(checkpoint_dirs_.begin(), checkpoint_dirs_.end(), dir) == checkpoint_dirs_.end())
+      throw std::invalid_argument("rank " + std::to_string(rank_) + " writes and reads shards only in the checkpoint " +
+                                  "directories the trainer was given, not in " + dir);
+    std::error_code ec;
+    if (std::filesystem::is_symlink(std::filesystem::symlink_status(p, ec)))
+      throw std::invalid_argument("rank " + std::to_string(rank_) + " refuses the shard " + path +
+                                  ": it is a symbolic link");
   }
 
   std::vector<kernels::shard_stage> shard_stages() {
@@ -399,6 +432,7 @@ private:
     for (const auto& a : plan_->ranks.at(static_cast<std::size_t>(rank_)))
       if (a && a->kind == op::recompute) recomputed_.insert({a->stage, a->microbatch});
     record_ = options.record_timeline;
+    for (const auto& dir : options.checkpoint_dirs) checkpoint_dirs_.push_back(checkpoint_dir(dir));
     if (record_) times_.reserve(2 * plan_->ranks.at(static_cast<std::size_t>(rank_)).size());
     std::vector<kernels::parameter*> params;
     std::vector<std::uint64_t> keys;  // each tensor's place in the whole model
@@ -644,6 +678,7 @@ private:
 
   int rank_;
   bool record_ = false;               // training_options::record_timeline
+  std::vector<std::string> checkpoint_dirs_;  // training_options::checkpoint_dirs, as checkpoint_dir gives them
   std::vector<std::int64_t> times_;   // the step's action times as they are recorded
   double clip_ = 0;  // > 0: report the gradients' square sums for the global norm
   device where_;  // where the rank's stages compute (they share one device)
@@ -711,7 +746,7 @@ auto fields(T& o) requires std::same_as<std::remove_const_t<T>, training_options
   return std::tie(o.optimizer, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum, h.dampening, h.nesterov,
                   h.amsgrad, s.storage, s.block_size, s.min_8bit_elements, s.first_moment_fp32, s.stochastic_rounding,
                   s.percentile_scale, s.percentile_clipping, s.fp32_params, o.cosine_steps, o.step_timeout, o.seed,
-                  o.warmup, o.min_lr, o.decay_matrices_only, o.clip, o.record_timeline);
+                  o.warmup, o.min_lr, o.decay_matrices_only, o.clip, o.record_timeline, o.checkpoint_dirs);
 }
 
 /// Encodes and decodes T field by field, in the order fields() lists them.

@@ -29,10 +29,13 @@ struct trainer::impl {
   std::uint64_t steps = 0;
   double clip = 0;
   bool record = false;  // training_options::record_timeline
+  bool timeline_dropped = false;  // a step's timeline was malformed (logged once)
   std::vector<std::size_t> stage_params;  // parameter tensors of each stage
 
   /// The step's timeline from the ranks' reports: each rank's times are from its own start; the
-  /// ranks in this process share one clock and go on the earliest of their starts.
+  /// ranks in this process share one clock and go on the earliest of their starts. A rank on
+  /// another node keeps its own origin (shift 0): no offset between the clocks is measured, so a
+  /// span across nodes is approximate (docs/TRAINING.md, "The measured step").
   step_timeline timeline_of(const std::vector<std::optional<rank_report>>& reports) const {
     std::optional<std::int64_t> origin;
     for (std::size_t r = 0; r < ranks.size(); ++r)
@@ -352,7 +355,17 @@ step_result trainer::step(const tensor& x, const tensor& labels) {
     result.busy_seconds.push_back(r->busy_seconds);
     result.peak_activation_bytes.push_back(static_cast<std::size_t>(r->peak_activation_bytes));
   }
-  if (impl_->record) result.timeline = impl_->timeline_of(c->reports);
+  // The step is applied already: a timeline that does not fit the plan (a rank's report is
+  // malformed) is dropped and training goes on; only diagnostics lose it.
+  if (impl_->record) {
+    try {
+      result.timeline = impl_->timeline_of(c->reports);
+    } catch (const std::exception& e) {
+      if (!impl_->timeline_dropped)
+        troupe::log().warn("pipeline step {}: its timeline is dropped ({}); training goes on (logged once)", id, e.what());
+      impl_->timeline_dropped = true;
+    }
+  }
   result.applied = finite;
   result.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
   return result;
@@ -526,6 +539,18 @@ std::vector<std::unique_ptr<kernels::sequential>> cut_sequential(kernels::sequen
 }
 
 namespace {
+/// Shows the step to `observe` (when set). The step is applied already, and what observers do is
+/// diagnostics: an observer that throws is logged (the first time) and the training goes on.
+void show_step(const step_observer& observe, const schedule& plan, const step_result& r, bool& failed) {
+  if (!observe) return;
+  try {
+    observe(plan, r);
+  } catch (const std::exception& e) {
+    if (!failed) troupe::log().warn("pipeline: the step observer failed ({}); training goes on (logged once)", e.what());
+    failed = true;
+  }
+}
+
 class engine final : public kernels::train_engine {
 public:
   engine(actor_system& sys, const schedule& s, const std::vector<std::uint32_t>& nodes, const kernels::engine_setup& setup,
@@ -538,7 +563,7 @@ public:
                  nodes) {}
   kernels::step_outcome step(const tensor& x, const tensor& labels) override {
     const auto r = trainer_.step(x, labels);
-    if (observe_) observe_(trainer_.plan(), r);
+    show_step(observe_, trainer_.plan(), r, observer_failed_);
     return {r.loss, r.applied};
   }
   tensor predict(const tensor& x) override { return trainer_.predict(x); }
@@ -553,6 +578,7 @@ public:
 private:
   std::int64_t microbatches_;
   step_observer observe_;
+  bool observer_failed_ = false;
   trainer trainer_;
 };
 }  // namespace
@@ -567,7 +593,7 @@ public:
         trainer_(sys, checked(s, setup), cut_sequential(setup.model, s.stages()), options_of(setup, observe_), nodes) {}
   kernels::step_outcome step(const tensor& x, const tensor& y) override {
     const auto r = trainer_.step(x, y);
-    if (observe_) observe_(trainer_.plan(), r);
+    show_step(observe_, trainer_.plan(), r, observer_failed_);
     return {r.loss, r.applied};
   }
   tensor predict(const tensor& x) override { return trainer_.predict(x); }
@@ -604,9 +630,11 @@ private:
     o.decay_matrices_only = true;
     o.clip = setup.clip;
     o.record_timeline = static_cast<bool>(observe);  // recorded only for someone to see
+    o.checkpoint_dirs = setup.checkpoint_dirs;
     return o;
   }
   step_observer observe_;
+  bool observer_failed_ = false;
   trainer trainer_;
 };
 }  // namespace

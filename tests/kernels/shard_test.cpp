@@ -13,6 +13,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <troupe/core/file.hpp>
@@ -155,6 +156,53 @@ TEST(Shard, DamagedBytesWithAMatchingChecksumAreRefusedOrReadWholeNeverHalf) {
   std::filesystem::remove(bad);
 }
 
+// A parameter kept in bf16 or f16 (the loader compares types, so the model here has one too)
+// whose shard holds a NaN or an infinity is refused as an f32 one is, and nothing changes;
+// the same shard with finite values reads.
+TEST(Shard, ANonFiniteBf16OrF16ParameterIsRefusedAndChangesNothing) {
+  const std::string path = temp_path("half.shard");
+  struct half_model {
+    std::unique_ptr<sequential> model = make_gpt(spec, 11);
+    std::optional<optimizer> opt;
+    half_model(std::uint64_t seed, dtype type, std::uint16_t fill) {
+      model->initialize(seed);
+      auto params = model->parameters();
+      auto& v = params.back()->value;
+      v = tensor::empty(v.shape(), type);
+      for (auto& bits : v.data<std::uint16_t>()) bits = fill;
+      params.pop_back();  // the optimizer takes f32 parameters only
+      opt.emplace(optimizer_kind::adamw, std::vector<param_group>{{params, hyperparameters{}, state_options{}}});
+    }
+    std::vector<shard_stage> stages() { return {{0, model.get()}}; }
+    std::string values() const {
+      std::string out;
+      for (auto* p : model->parameters()) out.append(reinterpret_cast<const char*>(p->value.bytes()), p->value.nbytes());
+      return out;
+    }
+  };
+  // (bf16 0x3f80 and f16 0x3c00 are 1.0.)
+  const std::vector<std::tuple<dtype, std::uint16_t, std::uint16_t, const char*>> cases = {
+      {dtype::bf16, 0x3f80, 0x7fc0, "bf16 NaN"},  {dtype::bf16, 0x3f80, 0x7f80, "bf16 +inf"},
+      {dtype::bf16, 0x3f80, 0xff80, "bf16 -inf"}, {dtype::f16, 0x3c00, 0x7e00, "f16 NaN"},
+      {dtype::f16, 0x3c00, 0xfc00, "f16 -inf"}};
+  for (const auto& [type, one, bad, what] : cases) {
+    half_model finite(1, type, one), broken(1, type, bad), target(2, type, 0);
+    write_shard(path, broken.stages(), *broken.opt);
+    const std::string before = target.values();
+    try {
+      read_shard(path, info_of(path, read(path)), target.stages(), *target.opt);
+      ADD_FAILURE() << what << " was read";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("that is not finite"), std::string::npos) << what << ": " << e.what();
+    }
+    EXPECT_EQ(target.values(), before) << what;
+    write_shard(path, finite.stages(), *finite.opt);
+    read_shard(path, info_of(path, read(path)), target.stages(), *target.opt);
+    EXPECT_EQ(target.values(), finite.values()) << what;
+  }
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 
 #include "lm_checkpoint.hpp"
@@ -195,6 +243,55 @@ TEST(Manifest, ReadsBackWhatWasWrittenToTheBit) {
   EXPECT_EQ(r.data_rng, m.data_rng);
   EXPECT_EQ(r.slot, "b");
   EXPECT_EQ(r.shards, m.shards);
+  std::filesystem::remove_all(dir);
+}
+
+/// `body` (the manifest without its crc= line) written to `dir`'s manifest with its CRC-32; what
+/// read_manifest says of it ("" when it reads it).
+std::string read_error(const std::string& dir, const std::string& body) {
+  char crc[16];
+  std::snprintf(crc, sizeof crc, "crc=%08x\n", crc32(std::as_bytes(std::span(body.data(), body.size()))));
+  write(dir + "/manifest", body + crc);
+  try {
+    (void)troupe::kernels::detail::read_manifest(dir);
+    return "";
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+}
+
+// A key twice (the last would win silently), a count with a sign or a space (which std::stoll
+// took), ranks beyond an int (which a cast cut to a small count) and a stage on a rank past
+// them are refused, naming the line.
+TEST(Manifest, RefusesDuplicateKeysSignedOrSpacedCountsAndRanksOutOfRange) {
+  const std::string dir = temp_path("manifest_strict");
+  std::filesystem::create_directories(dir);
+  troupe::kernels::detail::write_manifest(dir, sample_manifest());
+  const std::string good = read(dir + "/manifest");
+  const std::string body = good.substr(0, good.rfind("crc="));
+  ASSERT_EQ(read_error(dir, body), "");
+  auto edited = [&](const std::string& from, const std::string& to) {
+    std::string b = body;
+    const auto at = b.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return b.replace(at, from.size(), to);
+  };
+  EXPECT_NE(read_error(dir, edited("step=3\n", "step=3\nstep=5\n")).find("has two step= lines"), std::string::npos);
+  EXPECT_NE(read_error(dir, edited("slot=b\n", "slot=a\nslot=b\n")).find("has two slot= lines"), std::string::npos);
+  for (const std::string step : {"+3", " 3", "3 ", "\t3", "-0", "0x3", "99999999999999999999"})
+    EXPECT_NE(read_error(dir, edited("step=3\n", "step=" + step + "\n")).find("has step=" + step + ", not a count"),
+              std::string::npos)
+        << step;
+  for (const std::string place : {"+0,1,1,0", "0, 1,1,0"})
+    EXPECT_NE(read_error(dir, edited("place=0,1,1,0\n", "place=" + place + "\n")).find("has a malformed place= line"),
+              std::string::npos)
+        << place;
+  // 2^32 + 2 was 2 once cut to an int, as many as the shard lines.
+  EXPECT_NE(read_error(dir, edited("ranks=2\n", "ranks=4294967298\n")).find("has ranks=4294967298 (1 to 2147483647)"),
+            std::string::npos);
+  EXPECT_NE(read_error(dir, edited("ranks=2\n", "ranks=0\n")).find("has ranks=0"), std::string::npos);
+  EXPECT_NE(read_error(dir, edited("place=0,1,1,0\n", "place=0,1,4294967296,0\n")).find("a stage on rank 4294967296 of 2"),
+            std::string::npos);
   std::filesystem::remove_all(dir);
 }
 

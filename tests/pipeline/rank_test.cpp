@@ -96,9 +96,12 @@ step_plan plan_for(std::uint64_t step, int microbatches, std::int64_t each = 2) 
 /// A connected one-rank pipeline on a listening node.
 struct one_rank_pipeline {
   troupe::actor_system sys{listening()};
-  troupe::actor_ref<rank_actor> rank = spawn_rank(sys, 0, one_rank, {small_stage()});
+  troupe::actor_ref<rank_actor> rank;
   troupe::actor_ref<pipeline::detail::driver_actor> driver = sys.spawn<pipeline::detail::driver_actor>();
-  one_rank_pipeline() { rank.ask(&rank_actor::connect, std::vector{rank}, driver).get(); }
+  explicit one_rank_pipeline(pipeline::training_options options = {})
+      : rank(spawn_rank(sys, 0, one_rank, {small_stage()}, std::move(options))) {
+    rank.ask(&rank_actor::connect, std::vector{rank}, driver).get();
+  }
   std::vector<tensor> weights() { return rank.ask(&rank_actor::parameter_values, 0).get(); }
 };
 
@@ -234,10 +237,16 @@ TEST(RuntimeRank, NothingIsAppliedOrDroppedWhileAStepRuns) {
 
 namespace {
 
-TEST(RuntimeRank, ARankWritesAndReadsOnlyItsOwnShard) {
-  one_rank_pipeline p;
+// The shard paths come in messages that any peer holding the cluster's token may send: a rank
+// writes and reads only its own shard, only in a directory the driver named when it made the
+// rank, and never through a symbolic link.
+TEST(RuntimeRank, ARankWritesAndReadsOnlyItsOwnShardInTheDirectoriesItWasGiven) {
   const std::string dir = (std::filesystem::temp_directory_path() / ("troupe_rank_shard_" + std::to_string(::getpid()))).string();
+  const std::string other = dir + "_other";
+  std::filesystem::remove_all(dir);  // (what a failed run left)
+  std::filesystem::remove_all(other);
   std::filesystem::create_directories(dir);
+  std::filesystem::create_directories(other);
   auto error_of = [](auto&& call) {
     try {
       call();
@@ -246,13 +255,33 @@ TEST(RuntimeRank, ARankWritesAndReadsOnlyItsOwnShard) {
       return std::string(e.what());
     }
   };
-  // Any other file name, whatever directory, is refused before anything is written.
+  pipeline::training_options options;
+  options.checkpoint_dirs = {dir + "/"};  // (as the driver may spell it)
+  one_rank_pipeline p(options);
+  // Any other file name is refused before anything is written.
   for (const std::string name : {"rank1-a.shard", "rank0-c.shard", "weights.trpw", "manifest"})
     EXPECT_NE(error_of([&] { p.rank.ask(&rank_actor::save_shard, dir + "/" + name).get(); })
                   .find("rank 0 writes and reads only its own shard (rank0-a.shard or rank0-b.shard), not " + dir + "/" + name),
               std::string::npos)
         << name;
-  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  // Its own name in another directory (writable, and the same one by another spelling) is refused.
+  EXPECT_NE(error_of([&] { p.rank.ask(&rank_actor::save_shard, other + "/rank0-a.shard").get(); })
+                .find("writes and reads shards only in the checkpoint directories the trainer was given, not in " + other),
+            std::string::npos);
+  const std::string base = std::filesystem::path(dir).filename().string();
+  EXPECT_NE(error_of([&] { p.rank.ask(&rank_actor::save_shard, dir + "/../" + base + "/rank0-a.shard").get(); })
+                .find("must not hold '.' or '..'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { p.rank.ask(&rank_actor::save_shard, std::string("rank0-a.shard")).get(); })
+                .find("must be an absolute path"),
+            std::string::npos);
+  // A shard planted as a symbolic link (to a file elsewhere) is neither followed nor replaced.
+  std::filesystem::create_symlink(other + "/planted", dir + "/rank0-a.shard");
+  EXPECT_NE(error_of([&] { p.rank.ask(&rank_actor::save_shard, dir + "/rank0-a.shard").get(); })
+                .find("refuses the shard " + dir + "/rank0-a.shard: it is a symbolic link"),
+            std::string::npos);
+  EXPECT_TRUE(std::filesystem::is_empty(other));
+  EXPECT_TRUE(std::filesystem::is_symlink(dir + "/rank0-a.shard"));
   // Its own: written, then read back after a step changed the weights.
   const auto start = p.weights();
   const auto info = p.rank.ask(&rank_actor::save_shard, dir + "/rank0-b.shard").get();
@@ -262,9 +291,35 @@ TEST(RuntimeRank, ARankWritesAndReadsOnlyItsOwnShard) {
   EXPECT_FALSE(same(p.weights(), start));
   EXPECT_NE(error_of([&] { p.rank.ask(&rank_actor::load_shard, dir + "/../rank7-a.shard", info).get(); }).find("not "),
             std::string::npos);
+  // A copy of the shard elsewhere, and a link to it in the directory: neither is read.
+  std::filesystem::copy_file(dir + "/rank0-b.shard", other + "/rank0-b.shard");
+  EXPECT_NE(error_of([&] { p.rank.ask(&rank_actor::load_shard, other + "/rank0-b.shard", info).get(); })
+                .find("not in " + other),
+            std::string::npos);
+  std::filesystem::remove(dir + "/rank0-a.shard");
+  std::filesystem::create_symlink(other + "/rank0-b.shard", dir + "/rank0-a.shard");
+  auto linked = info;
+  linked.file = "rank0-a.shard";
+  EXPECT_NE(error_of([&] { p.rank.ask(&rank_actor::load_shard, dir + "/rank0-a.shard", linked).get(); })
+                .find("it is a symbolic link"),
+            std::string::npos);
+  EXPECT_FALSE(same(p.weights(), start));
   p.rank.ask(&rank_actor::load_shard, dir + "/rank0-b.shard", info).get();
   EXPECT_TRUE(same(p.weights(), start));
   std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(other);
+}
+
+// The directories come from the driver: a rank refuses a relative one, or one with '..'.
+TEST(RuntimeRank, ARankRefusesCheckpointDirectoriesThatAreNotAbsoluteAndNormal) {
+  troupe::actor_system sys{listening()};
+  for (const std::string dir : {"ck", "", "/tmp/../etc", "/tmp/./ck"}) {
+    pipeline::training_options options;
+    options.checkpoint_dirs = {dir};
+    EXPECT_NE(construction_error(sys, 0, one_rank, {small_stage()}, options).find("a checkpoint directory must"),
+              std::string::npos)
+        << dir;
+  }
 }
 
 }  // namespace

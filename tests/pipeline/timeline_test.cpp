@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -156,6 +158,50 @@ TEST(MeasuredTimeline, ReachesTheEnginesObserverEveryStep) {
   EXPECT_EQ(seen, 3);
 }
 
+// The observer runs after the step was applied: a timeline that fails its check there (here a
+// measured_steps given the step with two actions swapped, as a malformed report would give it)
+// is logged and dropped, and the step counts: the weights are those of an engine without one.
+TEST(MeasuredTimeline, ATimelineThatFailsItsCheckDoesNotFailTheStep) {
+  troupe::actor_system sys{{.threads = 2}};
+  auto observed_model = kernels::make_mlp("mlp:12-16-10"), plain_model = kernels::make_mlp("mlp:12-16-10");
+  observed_model->initialize(1);
+  plain_model->initialize(1);
+  const kernels::engine_setup observed_setup{.model = *observed_model, .sizes = {12, 16, 10}, .hp = {}, .state = {}};
+  const kernels::engine_setup plain_setup{.model = *plain_model, .sizes = {12, 16, 10}, .hp = {}, .state = {}};
+  pipeline::measured_steps steps;
+  int refused = 0;
+  auto observed = pipeline::pipeline_engine(sys, pipeline::generate("1f1b", 2, 4), {},
+                                            [&](const pipeline::schedule& plan, const pipeline::step_result& r) {
+                                              auto t = r.timeline;
+                                              std::swap(t[0][0].what, t[0][1].what);
+                                              try {
+                                                steps.add(plan, t);
+                                              } catch (const std::invalid_argument&) {
+                                                ++refused;
+                                                throw;  // on to the engine, as an observer that does not catch it
+                                              }
+                                            })(observed_setup);
+  auto plain = pipeline::pipeline_engine(sys, pipeline::generate("1f1b", 2, 4))(plain_setup);
+  for (int k = 0; k < 3; ++k) {
+    const auto x = random_batch(8, 12, 5 + k);
+    const auto y = random_labels(8, 6 + k);
+    const auto a = observed->step(x, y);
+    const auto b = plain->step(x, y);
+    EXPECT_TRUE(a.applied);
+    EXPECT_EQ(a.loss, b.loss) << "step " << k;
+  }
+  EXPECT_EQ(refused, 3);
+  EXPECT_EQ(steps.count(), 0);
+  observed->sync(*observed_model);
+  plain->sync(*plain_model);
+  const auto pa = observed_model->parameters(), pb = plain_model->parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (std::size_t i = 0; i < pa.size(); ++i)
+    EXPECT_EQ(std::vector<float>(pa[i]->value.data<float>().begin(), pa[i]->value.data<float>().end()),
+              std::vector<float>(pb[i]->value.data<float>().begin(), pb[i]->value.data<float>().end()))
+        << pa[i]->name;
+}
+
 TEST(CheckTimeline, RefusesAnotherOrderAnOverlapAndAMissingAction) {
   const auto plan = pipeline::lower(pipeline::generate("1f1b", 2, 2));
   const auto good = simulated_timeline(plan, stage_costs(plan, 10));
@@ -267,6 +313,39 @@ TEST(MeasuredTimeline, DrawsAndWritesAsJson) {
             std::string::npos)
       << json;
   EXPECT_NE(json.find("\"kind\":\"SEND_F\""), std::string::npos);
+}
+
+// JSON is UTF-8: a name with ill-formed bytes (a stray continuation byte, a cut sequence, an
+// overlong form, a surrogate, a byte that never begins one) still gives JSON that a strict
+// parser reads, each bad byte as U+FFFD; well-formed UTF-8 (2, 3 and 4 bytes) passes unchanged.
+TEST(MeasuredTimeline, JsonOfANameWithIllFormedUtf8IsValidJson) {
+  auto plan = pipeline::lower(pipeline::generate("1f1b", 2, 2));
+  const auto t = simulated_timeline(plan, stage_costs(plan, 2000));
+  const std::string good = "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80";
+  plan.name = good;
+  auto j = nlohmann::json::parse(pipeline::timeline_json(plan, t, 1));
+  EXPECT_EQ(j["schedule"].get<std::string>(), good);
+  EXPECT_NE(pipeline::timeline_json(plan, t, 1).find(good), std::string::npos) << "passed through, not escaped";
+  const std::string fffd = "\xef\xbf\xbd";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"a\x80" "b", "a" + fffd + "b"},                   // a continuation byte alone
+      {"a\xc3", "a" + fffd},                              // cut at the end
+      {"\xe2\x82z", fffd + fffd + "z"},                  // cut in the middle
+      {"\xc0\xaf", fffd + fffd},                         // overlong '/'
+      {"\xe0\x80\xaf", fffd + fffd + fffd},             // overlong, 3 bytes
+      {"\xed\xa0\x80", fffd + fffd + fffd},             // a surrogate (U+D800)
+      {"\xf4\x90\x80\x80", fffd + fffd + fffd + fffd}, // above U+10FFFF
+      {"\xff\xfe", fffd + fffd},                         // never in UTF-8
+  };
+  for (const auto& [name, read] : bad) {
+    plan.name = name;
+    const auto json = pipeline::timeline_json(plan, t, 1);
+    try {
+      EXPECT_EQ(nlohmann::json::parse(json)["schedule"].get<std::string>(), read) << json;
+    } catch (const nlohmann::json::exception& e) {
+      ADD_FAILURE() << "not valid JSON: " << e.what() << " in " << json;
+    }
+  }
 }
 
 }  // namespace

@@ -150,6 +150,9 @@ struct lm_engine_setup {
   std::int64_t decay_steps = 1;
   double min_lr = 0;
   double clip = 0;            ///< global gradient norm over the whole model; 0: none
+  /// The directories save_shards and load_shards will be given (absolute, lexically normal):
+  /// an engine whose ranks live elsewhere lets them hold shards there and nowhere else.
+  std::vector<std::string> checkpoint_dirs{};
 };
 
 /// Runs a GPT's steps: the whole model in this thread (lm_in_thread), or cut into pipeline stage
@@ -168,7 +171,8 @@ public:
   /// Which rank holds each stage, and each stage's parameter tensors.
   virtual shard_layout layout() = 0;
   /// Between steps: each rank writes its shard (its stages' weights and random state, its
-  /// optimizer's state), named shard_name(rank, slot), into directory `dir`. In rank order.
+  /// optimizer's state), named shard_name(rank, slot), into directory `dir` (one of the setup's
+  /// checkpoint_dirs where the ranks live elsewhere). In rank order.
   virtual std::vector<shard_info> save_shards(const std::string& dir, const std::string& slot) = 0;
   /// Before the first step: each rank r reads shards[r] from `dir` (read_shard).
   virtual void load_shards(const std::string& dir, const std::vector<shard_info>& shards) = 0;

@@ -89,6 +89,11 @@ struct training_options {
   /// Each rank records when each of its actions ran (step_result::timeline): two clock reads
   /// an action, into a buffer allocated once. false: step_result::timeline stays empty.
   bool record_timeline = true;
+  /// The directories the ranks write their checkpoint shards into and read them from
+  /// (trainer::save_shards, load_shards), as the driver names them: absolute, without `.` or `..`.
+  /// A rank refuses any other directory, a file not named as its own shard, and a shard that is a
+  /// symbolic link, whoever asks. Empty: no shard is written or read.
+  std::vector<std::string> checkpoint_dirs{};
 };
 
 /// What one step did.
@@ -189,7 +194,8 @@ std::vector<std::unique_ptr<kernels::sequential>> cut_sequential(kernels::sequen
 int pieces_of(kernels::sequential& model);
 
 /// Called by the engines below after every step, on the training thread, with the trainer's
-/// plan (lowered) and what the step did (its measured timeline included).
+/// plan (lowered) and what the step did (its measured timeline included). The step is applied
+/// when it is called: an exception it throws is logged (once per engine) and training goes on.
 using step_observer = std::function<void(const schedule& plan, const step_result& step)>;
 
 /// An engine for kernels::train: the model cut into the schedule's stages (cut_mlp) and trained
