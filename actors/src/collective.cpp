@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -22,6 +23,25 @@ const char* reason_name(exit_reason r) {
 
 std::size_t segments_of(std::size_t len, std::uint64_t seg) { return (len + seg - 1) / seg; }
 
+// The vector whose lease this thread is dropping now, and where the lease's deleter puts it when
+// that drop was the last reference: then the member completes its call at once, with its own
+// vector. The last reference dropped on any other thread (or later) sends the vector back by
+// `returned` instead. Per thread, so a deleter running elsewhere never sees it.
+struct lease_catch {
+  const std::vector<float>* vector = nullptr;
+  std::unique_ptr<std::vector<float>> caught;
+};
+thread_local lease_catch* t_catch = nullptr;
+
+// Drops `lease` (which owns `v`); the vector when that was the last reference, else nullptr.
+std::unique_ptr<std::vector<float>> drop_lease(std::shared_ptr<const void>& lease, const std::vector<float>* v) {
+  lease_catch c{v, nullptr};
+  t_catch = &c;
+  lease.reset();
+  t_catch = nullptr;
+  return std::move(c.caught);
+}
+
 }  // namespace
 
 // The protocol. Member r, at step s (0..2p−3), sends chunk (r − s) mod p to member r+1, cut
@@ -37,10 +57,14 @@ std::size_t segments_of(std::size_t len, std::uint64_t seg) { return (len + seg 
 // region the member has sent is written again only after a message that depends on the
 // successor having read it (a partial sum of chunk c sent at reduce-scatter comes back as c's
 // final sum at all-gather only after it went round the ring), so nobody reads a region while
-// it changes. When every segment is in, the member drops its lease; the last view to go (in a
-// successor's mailbox, or in a connection's queue until written) hands the vector back by
-// `returned`, which completes the call. A failed call drops its lease too: its vector is freed
-// when the last view goes, and its `returned` finds nothing to complete.
+// it changes. When every segment is in, nobody writes the vector any more. The member drops its
+// lease: when that was the last reference the call completes at once; otherwise the last view
+// to go (in a successor's mailbox, or in a connection's queue until written) hands the vector
+// back by `returned`, which completes the call. Views may never go (a peer that stops reading
+// without closing, a dial that hangs), so the member keeps a weak reference: at the timeout, or
+// when the ring breaks, it completes with a copy of the vector made through it. A failed call
+// drops its lease too: its vector is freed when the last view goes, and its `returned` finds
+// nothing to complete.
 
 void ring_member::join(std::vector<actor_ref<ring_member>> ring, std::uint32_t rank, std::uint64_t segment_elements,
                        std::uint64_t timeout_ms) {
@@ -84,9 +108,14 @@ task<std::vector<float>> ring_member::allreduce(std::vector<float> data, reduce_
     auto owned = std::make_unique<std::vector<float>>(std::move(data));
     data_ = owned->data();
     size_ = owned->size();
+    vector_ = owned.get();
     lease_ = std::shared_ptr<const void>(
         owned.release(), [self = this_actor::self<ring_member>(), call = calls_started_](std::vector<float>* v) {
           std::unique_ptr<std::vector<float>> back(v);
+          if (t_catch && t_catch->vector == v) {  // the member dropped the last reference itself
+            t_catch->caught = std::move(back);
+            return;
+          }
           try {
             self.tell(&ring_member::returned, call, std::move(*back));
           } catch (const std::exception&) {
@@ -186,12 +215,42 @@ void ring_member::finish_if_done() {
   active_ = false;
   finishing_ = true;
   data_ = nullptr;
-  lease_.reset();  // the vector comes back by `returned` when no message refers to it any more
+  held_ = lease_;
+  if (auto mine = drop_lease(lease_, vector_)) {  // no message refers to it: complete now
+    complete(std::move(*mine));
+    return;
+  }
+  // Else it comes back by `returned` when no message refers to it any more, or the timer's
+  // `expire` (still armed) completes the call with a copy.
+}
+
+void ring_member::finish_with_copy() {
+  if (!finishing_) return;
+  auto lease = held_.lock();
+  if (!lease) return;  // the last view is gone: `returned` is on its way
+  // Only this member holds a weak reference, so a count of 1 cannot grow: the views went
+  // meanwhile, and dropping `lease` hands the vector over here.
+  if (lease.use_count() == 1)
+    if (auto mine = drop_lease(lease, vector_)) {
+      complete(std::move(*mine));
+      return;
+    }
+  // Safe to read while views are out: nobody writes the vector any more. `lease` is dropped
+  // only after the copy; the vector's own `returned` then finds nothing to complete.
+  std::vector<float> copy(*vector_);
+  if (auto mine = drop_lease(lease, vector_)) copy = std::move(*mine);  // the views went meanwhile
+  complete(std::move(copy));
 }
 
 void ring_member::returned(std::uint64_t call, std::vector<float> result) {
-  if (!finishing_ || call != calls_started_ || !done_) return;  // a failed call's vector
+  if (!finishing_ || call != calls_started_ || !done_) return;  // a failed or completed call's vector
+  complete(std::move(result));
+}
+
+void ring_member::complete(std::vector<float> result) {
   finishing_ = false;
+  held_.reset();
+  vector_ = nullptr;
   if (op_ == reduce_op::mean) {
     const float p = static_cast<float>(ring_.size());
     for (auto& x : result) x /= p;
@@ -215,8 +274,12 @@ void ring_member::fail_call(const std::string& why, bool tell_others) {
       }
     }
   early_.clear();
-  if (!active_) return;  // no call, or one whose every segment is in (its vector is on its way)
+  // A call whose every segment is in has its result: it completes now rather than wait for
+  // views that a broken ring may never release.
+  if (finishing_) finish_with_copy();
+  if (!active_) return;
   active_ = false;
+  vector_ = nullptr;
   data_ = nullptr;
   lease_.reset();  // freed when the last message that refers to it is gone
   auto done = std::move(*done_);
@@ -232,7 +295,12 @@ void ring_member::abort(std::uint32_t from, std::string why) {
 }
 
 void ring_member::expire(std::uint64_t call) {
-  if (!active_ || call != calls_started_) return;
+  if (call != calls_started_) return;
+  if (finishing_) {  // every segment is in, but views of the vector are still out
+    finish_with_copy();
+    return;
+  }
+  if (!active_) return;
   fail_call("call " + std::to_string(call) + " on member " + std::to_string(rank_) + " took longer than " +
                 std::to_string(timeout_ms_) + " ms",
             true);

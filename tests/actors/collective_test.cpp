@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -190,6 +191,77 @@ TEST(RingAllreduce, AMemberThatNeverCallsFailsTheOthersAtTheTimeout) {
     } catch (const troupe::error& e) {
       EXPECT_NE(std::string(e.what()).find("took longer than 100 ms"), std::string::npos) << e.what();
     }
+  }
+}
+
+// A ring of two whose member 1 never calls: the views member 0 sends it wait among its early
+// segments for good, as they would in the queue of a connection whose peer stops reading. The
+// test plays member 1's part towards member 0, telling it the segments member 1 would send, so
+// that member 0 has every segment of its call while its own views are still out.
+struct held_views_ring {
+  static constexpr std::size_t n = 40, segment = 8;
+  troupe::test_system sys;
+  std::vector<troupe::actor_ref<ring_member>> ring;
+  explicit held_views_ring(std::chrono::milliseconds timeout)
+      : ring(troupe::spawn_ring(sys, 2, {.segment_elements = segment, .timeout = timeout})) {}
+
+  // Starts call `call` on member 0 and tells it all of member 1's segments; the sum it must get.
+  vec play(std::uint64_t call, troupe::future<vec>& result) {
+    auto x = random_integers(2, n, static_cast<std::uint32_t>(30 + call));
+    vec sum(n);
+    for (std::size_t i = 0; i < n; ++i) sum[i] = x[0][i] + x[1][i];  // exact: small integers
+    result = ring[0].ask(&ring_member::allreduce, x[0], reduce_op::sum);
+    sys.run_until_idle();
+    auto tell = [&](std::uint32_t step, std::size_t b, std::size_t e, const vec& v) {
+      for (std::uint32_t j = 0; b + j * segment < e; ++j) {
+        const auto from = b + j * segment, to = std::min(e, from + segment);
+        ring[0].tell(&ring_member::receive, call, step, j, std::uint64_t{n},
+                     troupe::shared_span<float>::copy_of(std::span<const float>(v).subspan(from, to - from)));
+      }
+    };
+    tell(0, n / 2, n, x[1]);  // step 0: member 1's own values of chunk 1
+    tell(1, 0, n / 2, sum);   // step 1: the final sums of chunk 0
+    sys.run_until_idle();
+    // Member 0 sent all of its segments (3 per step), and they wait at member 1.
+    EXPECT_EQ(ring[0].ask(&ring_member::counters).get().messages_sent, 6 * call);
+    return sum;
+  }
+};
+
+TEST(RingAllreduce, ACallWhoseViewsAreNeverReleasedCompletesAtTheTimeoutWithItsResult) {
+  held_views_ring r(100ms);
+  for (std::uint64_t call = 1; call <= 2; ++call) {
+    troupe::future<vec> f;
+    auto sum = r.play(call, f);
+    // The vector is not handed back while member 1 holds views of it ...
+    EXPECT_FALSE(f.ready()) << "call " << call;
+    // ... but the timer completes the call with a copy, and the next call is accepted.
+    r.sys.advance(150ms);
+    ASSERT_TRUE(f.ready()) << "call " << call << " still waits for views its successor never releases";
+    EXPECT_EQ(f.get(), sum) << "call " << call;
+  }
+  EXPECT_EQ(r.ring[0].ask(&ring_member::counters).get().calls, 2u);
+  // The views go at last (member 1 stops): their vectors come back to calls completed already.
+  r.ring[1].stop();
+  r.sys.run_until_idle();
+  EXPECT_EQ(r.ring[0].ask(&ring_member::counters).get().calls, 2u);
+}
+
+TEST(RingAllreduce, ACallWithEverySegmentInCompletesWhenTheRingBreaksThoughViewsAreOut) {
+  held_views_ring r(0ms);  // no timer: only the break ends the wait
+  troupe::future<vec> f;
+  auto sum = r.play(1, f);
+  r.sys.advance(10s);
+  EXPECT_FALSE(f.ready());
+  r.ring[0].tell(&ring_member::abort, std::uint32_t{1}, std::string("member 1 gave up"));
+  r.sys.run_until_idle();
+  ASSERT_TRUE(f.ready()) << "a call with its result waits for views a broken ring may never release";
+  EXPECT_EQ(f.get(), sum);
+  try {
+    (void)r.ring[0].ask(&ring_member::allreduce, vec(held_views_ring::n), reduce_op::sum).get();
+    ADD_FAILURE() << "a broken ring ran another call";
+  } catch (const troupe::error& e) {
+    EXPECT_NE(std::string(e.what()).find("the ring is broken"), std::string::npos) << e.what();
   }
 }
 

@@ -18,7 +18,8 @@
 // sender writes header+envelope and the payload's own buffer with one gathered write, and the
 // receiver reads the body straight into the vector that becomes `envelope::payload`. Runs spliced
 // into the payload (shared_span arguments) are pieces of that gathered write, read from their
-// owners' memory; the receiver's body buffers come from a pool (wire.hpp, body_pool) and go back
+// owners' memory (on plain TCP; under TLS, Asio encrypts the gathered buffers into records of
+// its own, a copy); the receiver's body buffers come from a pool (wire.hpp, body_pool) and go back
 // to it when the payload and every view decoded from it are gone. The
 // decoder checks every length against `wire_limits` before it allocates, checks the segment
 // table against the bytes present, reads the envelope with Cap'n Proto's traversal and nesting

@@ -125,15 +125,13 @@ std::vector<std::byte> body_pool::take(std::size_t n) {
   std::vector<std::byte> v;
   if (n >= inline_payload_limit && n <= largest_kept) {
     std::lock_guard lock(mu_);
-    std::size_t best = free_.size();
-    for (std::size_t i = 0; i < free_.size(); ++i)
-      if (free_[i].capacity() >= n && (best == free_.size() || free_[i].capacity() < free_[best].capacity()))
-        best = i;
-    if (best != free_.size()) {
-      bytes_ -= free_[best].capacity();
-      v = std::move(free_[best]);
-      free_[best] = std::move(free_.back());
-      free_.pop_back();
+    // The smallest kept buffer that holds n bytes, if it is at most twice as large: a small
+    // body never holds on to a large buffer (a view of it would keep the whole buffer alive).
+    auto it = free_.lower_bound(n);
+    if (it != free_.end() && it->first <= 2 * n) {
+      bytes_ -= it->first;
+      v = std::move(it->second);
+      free_.erase(it);
     }
   }
   v.resize(n);
@@ -141,12 +139,14 @@ std::vector<std::byte> body_pool::take(std::size_t n) {
 }
 
 void body_pool::give_back(std::vector<std::byte> buffer) noexcept {
-  if (buffer.capacity() < inline_payload_limit || buffer.capacity() > largest_kept) return;
+  const auto capacity = buffer.capacity();
+  if (capacity < inline_payload_limit || capacity > largest_kept) return;
   std::lock_guard lock(mu_);
-  if (bytes_ + buffer.capacity() > limit_) return;  // freed by the caller, after the lock
+  if (bytes_ + capacity > limit_) return;  // freed by the caller, after the lock
   try {
-    free_.push_back(std::move(buffer));
-    bytes_ += free_.back().capacity();
+    // Before its equals: the buffer given back last is taken first, while its pages are warm.
+    free_.emplace_hint(free_.lower_bound(capacity), capacity, std::move(buffer));
+    bytes_ += capacity;
   } catch (const std::bad_alloc&) {
   }
 }
@@ -157,8 +157,10 @@ std::size_t body_pool::kept() const {
 }
 
 body_pool& body_pool::shared() {
-  static body_pool pool;
-  return pool;
+  // Leaked on purpose: payloads released after static destruction (a static actor system, a
+  // detached thread) still give their buffers back to a live pool.
+  static auto* pool = new body_pool;
+  return *pool;
 }
 
 std::shared_ptr<const std::vector<std::byte>> share_payload(std::vector<std::byte> payload, body_pool& pool) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -142,18 +143,20 @@ public:
   static constexpr std::size_t largest_kept = std::size_t{16} << 20;
   /// A ring all-reduce keeps tens of segments of 256 KiB in flight per node.
   explicit body_pool(std::size_t kept_bytes = std::size_t{32} << 20) noexcept : limit_(kept_bytes) {}
-  /// A buffer of `n` bytes: the smallest kept one that holds them, or a new one.
+  /// A buffer of `n` bytes: the smallest kept one that holds them if its capacity is at most
+  /// 2n, else a new one. O(log kept).
   std::vector<std::byte> take(std::size_t n);
   /// Keeps `buffer` for a later take, or frees it (too small, too large, or the pool is full).
   void give_back(std::vector<std::byte> buffer) noexcept;
   /// Buffers kept now.
   std::size_t kept() const;
-  /// The pool the frame decoder reads bodies into.
+  /// The pool the frame decoder reads bodies into. Never destroyed, so that payloads released
+  /// during or after static destruction can still give their buffers back.
   static body_pool& shared();
 
 private:
   mutable std::mutex mu_;
-  std::vector<std::vector<std::byte>> free_;
+  std::multimap<std::size_t, std::vector<std::byte>> free_;  // by capacity
   std::size_t bytes_ = 0;  // capacity of the buffers in free_
   std::size_t limit_;
 };

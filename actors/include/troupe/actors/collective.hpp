@@ -17,9 +17,12 @@
 ///
 /// Copies: a member sends its segments as views of its own vector (troupe::shared_span), never
 /// copied into messages: in process the successor reads them where they are; across nodes the
-/// transport writes them from there and the successor reduces straight from the frame it read.
-/// The sums overwrite the member's vector in place, which becomes the result; it is handed back
-/// once no message in flight refers to it any more.
+/// transport writes them from there (on plain TCP; TLS encrypts from them into records of its
+/// own) and the successor reduces straight from the frame it read. The sums overwrite the
+/// member's vector in place, which becomes the result; it is handed back once no message in
+/// flight refers to it any more, or, when views are still out at the ring's timeout or when the
+/// ring breaks (a peer that stopped reading, a dial that hangs), as a copy: a member that has
+/// every segment of its call completes it.
 ///
 /// Summation order: chunk c is summed along the ring starting at member c, i.e.
 /// ((x_c + x_{c+1}) + x_{c+2}) + ... + x_{c−1} (indices mod p), in float32; every member gets the
@@ -129,6 +132,9 @@ private:
   std::size_t chunk_end(std::uint32_t chunk) const;
   void fail_call(const std::string& why, bool tell_others);
   void finish_if_done();
+  /// Completes a finishing call now, with a copy of the vector while views of it are still out.
+  void finish_with_copy();
+  void complete(std::vector<float> result);
 
   std::vector<actor_ref<ring_member>> ring_;
   std::uint32_t rank_ = 0;
@@ -145,8 +151,10 @@ private:
   // share. When the last of them is gone the vector comes back by `returned`.
   float* data_ = nullptr;
   std::size_t size_ = 0;
+  const std::vector<float>* vector_ = nullptr;  // the vector `lease_` owns
   std::shared_ptr<const void> lease_;
   bool finishing_ = false;  // every segment is in; the vector is on its way back
+  std::weak_ptr<const void> held_;  // while finishing: the vector, to copy if views never go
   std::uint64_t segments_left_ = 0;
   std::optional<promise<std::vector<float>>> done_;
   std::deque<pending_segment> early_;  // segments of a call not started here yet
@@ -164,7 +172,9 @@ inline spawn_options ring_member_options() {
 /// Settings of a ring.
 struct ring_options {
   std::uint64_t segment_elements = 1u << 16;  ///< floats per message at most (256 KiB)
-  std::chrono::milliseconds timeout{0};       ///< per call; 0: only the monitors end a stuck call
+  /// Per call; 0: only the monitors end a stuck call, and a member with every segment in waits
+  /// until no message refers to its vector any more.
+  std::chrono::milliseconds timeout{0};
 };
 
 /// Makes `members` (spawned with ring_member_options(), on any nodes) one ring, in this order,

@@ -9,11 +9,12 @@
 /// A shared_span is a view of `T`s and the owner that keeps their memory alive; copying one copies
 /// the reference. In process, the receiving actor reads the sender's memory. Across nodes, the
 /// sender's transport writes the values straight from that memory (a gathered write, no encoding
-/// copy), and the receiver's span points into the frame it read (no decoding copy): the values
-/// are copied only by the kernel. The sender promises not to change the values until every
-/// receiver has read them (in process: until the receiving method has run; across nodes: until
-/// the message has been written, which is before it can arrive). The owner is released when the
-/// last copy is gone, on whatever thread drops it.
+/// copy), and the receiver's span points into the frame it read (no decoding copy): on plain TCP
+/// the values are copied only by the kernel; with TLS, the encryption reads them from there
+/// into its own records, which is a copy. The sender promises not to change the values until
+/// the owner is released: the owner is released when the last copy of the span is gone
+/// (receivers, mailboxes and connection queues hold copies), on whatever thread drops it, which
+/// is what tells the sender that nobody reads the values any more.
 ///
 /// On the wire: the count (varint), zero bytes up to alignof(T) from the start of the encoding,
 /// and the values' bytes. A decoded span whose bytes are not aligned for T (or whose reader has no
